@@ -1,0 +1,135 @@
+"""``day0`` command line. Each subcommand hands off to a plain module; errors are one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from day0 import profile as profiles
+from day0.record import RecordError
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+
+
+def _cmd_profiles(args: argparse.Namespace) -> int:
+    for name in profiles.preset_names():
+        p = profiles.load_profile(name)
+        print(f"{name:<24} {p.description}")
+    return 0
+
+
+def _cmd_profile_show(args: argparse.Namespace) -> int:
+    overrides: dict = {}
+    for text in args.set:
+        overrides = profiles.deep_merge(overrides, profiles.parse_override(text))
+    p = profiles.load_profile(args.name, overrides=overrides or None)
+    data = p.resolved(redact=True)
+    print(json.dumps(data, indent=2) if args.json else _toml(data).rstrip("\n"))
+    return 0
+
+
+def _toml(data: dict, prefix: str = "") -> str:
+    """A readable TOML rendering of the resolved profile (scalars first, then tables)."""
+    out: list[str] = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    if prefix and (scalars or not tables):
+        out.append(f"[{prefix}]")
+    for k, v in scalars.items():
+        if v is None:
+            out.append(f"# {k} is not set")
+        else:
+            out.append(f"{k} = {json.dumps(v)}")
+    if out:
+        out.append("")
+    for k, v in tables.items():
+        out.append(_toml(v, f"{prefix}.{k}" if prefix else k))
+    return "\n".join(out)
+
+
+def _cmd_tiny_build(args: argparse.Namespace) -> int:
+    from day0.tiny import build
+
+    spec = profiles.load_profile(args.profile).model.tiny
+    out = build(spec, Path(args.dir))
+    print(f"built tiny model in {out}")
+    return 0
+
+
+def _cmd_record_rebuild(args: argparse.Namespace) -> int:
+    from day0.record import rebuild
+
+    record = rebuild(Path(args.dir))
+    print(f"{Path(args.dir) / 'run.json'}: verdict {record.verdict} ({record.reason})")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+
+    if not SUITES_DIR.is_dir():
+        print(f"day0: suites not found at {SUITES_DIR} (install day0 from its source tree)", file=sys.stderr)
+        return 2
+    argv = [str(SUITES_DIR), "-m", args.marker, "--day0-profile", args.profile, *args.pytest_args]
+    return int(pytest.main(argv))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="day0", description="Day0 acceptance harness for vLLM deployments")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run the Day0 suites (pytest -m day0) against a profile")
+    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
+    p.add_argument("-m", "--marker", default="day0", help="pytest marker expression (default: day0)")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("profiles", help="list the preset profiles")
+    p.set_defaults(func=_cmd_profiles)
+
+    p = sub.add_parser("profile", help="work with one profile")
+    psub = p.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
+    q = psub.add_parser("show", help="print the resolved profile (presets and extends applied)")
+    q.add_argument("name", help="preset name or TOML file")
+    q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_cmd_profile_show)
+
+    p = sub.add_parser("tiny", help="the embedded tiny model")
+    psub = p.add_subparsers(dest="tiny_command", required=True, metavar="ACTION")
+    q = psub.add_parser("build", help="build the tiny model into DIR")
+    q.add_argument("dir")
+    q.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="profile whose [model.tiny] spec to use")
+    q.set_defaults(func=_cmd_tiny_build)
+
+    p = sub.add_parser("record", help="run records")
+    psub = p.add_subparsers(dest="record_command", required=True, metavar="ACTION")
+    q = psub.add_parser("rebuild", help="rebuild run.json from a run folder's event log (e.g. after a crash)")
+    q.add_argument("dir")
+    q.set_defaults(func=_cmd_record_rebuild)
+
+    for register in _plugins():
+        register(sub)
+    return parser
+
+
+def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands that live beside their module (each module exposes ``add_cli``)."""
+    return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (profiles.ProfileError, RecordError, FileNotFoundError) as exc:
+        print(f"day0: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""The pytest plugin (entry point ``pytest11: day0``): thin hooks over :class:`Day0Session`.
+
+It stays inert unless the selected tests carry the ``day0`` marker, so installing day0 never
+changes an unrelated test run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from day0.engine import EngineError, ViewUnavailable
+from day0.profile import DEFAULT_PROFILE, ProfileError, load_profile, parse_override
+from day0.record import Check, measured, one_line
+from day0.session import Day0Session
+from day0.stages import STAGE_NAMES, STAGES
+
+SESSION_KEY = pytest.StashKey[Day0Session]()
+RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
+BLOCKED_KEY = pytest.StashKey[bool]()
+
+
+class CheckRecorder:
+    """What a Day0 test uses to record checks; failed checks fail the test after it returns,
+    so one test can report every problem it found rather than stopping at the first."""
+
+    def __init__(self, session: Day0Session, stage: str, nodeid: str) -> None:
+        self._session = session
+        self.stage = stage
+        self.nodeid = nodeid
+        self.checks: list[Check] = []
+
+    def add(self, check: Check) -> Check:
+        check.nodeid = self.nodeid
+        self.checks.append(self._session.add_check(self.stage, check))
+        return check
+
+    def extend(self, checks: list[Check]) -> list[Check]:
+        return [self.add(c) for c in checks]
+
+    def measured(self, id: str, title: str, value: Any, limit: Any = None, **kw: Any) -> Check:
+        return self.add(measured(id, title, value, limit, **kw))
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.failed]
+
+
+# --------------------------------------------------------------------------- options and set-up
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("day0", "day0 acceptance harness")
+    group.addoption("--day0-profile", default=None,
+                    help=f"target profile: a preset name or a TOML file (default: {DEFAULT_PROFILE})")
+    group.addoption("--day0-out", default=None, help="folder for run records (default: profile report.out_dir)")
+    group.addoption("--day0-no-gate", action="store_true", default=False,
+                    help="run every stage even when an earlier stage failed")
+    group.addoption("--day0-set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override a profile value, e.g. engine.args.max_num_seqs=8 (repeatable)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "day0: a Day0 acceptance check against the live engine")
+    for st in STAGES:
+        config.addinivalue_line("markers", f"{st.name}: Day0 stage '{st.title}': {st.question}")
+    if config.getoption("--day0-profile"):
+        _profile(config)  # an explicit profile is checked before collection: fail in a second
+
+
+def _profile(config: pytest.Config):
+    cached = getattr(config, "_day0_profile", None)
+    if cached is not None:
+        return cached
+    overrides: dict[str, Any] = {}
+    try:
+        for text in config.getoption("--day0-set"):
+            from day0.profile import deep_merge
+
+            overrides = deep_merge(overrides, parse_override(text))
+        profile = load_profile(config.getoption("--day0-profile"), overrides=overrides or None)
+    except ProfileError as exc:
+        raise pytest.UsageError(f"day0: {exc}") from None
+    config._day0_profile = profile  # type: ignore[attr-defined]
+    return profile
+
+
+def stage_of(item: pytest.Item) -> str | None:
+    names = [m.name for m in item.iter_markers() if m.name in STAGE_NAMES]
+    return names[0] if names else None
+
+
+def is_day0(item: pytest.Item) -> bool:
+    return item.get_closest_marker("day0") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_day0(item) and stage_of(item) is None:
+            raise pytest.UsageError(
+                f"day0: {item.nodeid} is marked day0 but has no stage marker (one of {', '.join(STAGE_NAMES)})")
+    order = {name: n for n, name in enumerate(STAGE_NAMES)}
+    # Stages run in order; non-day0 tests keep their place in front.
+    items.sort(key=lambda it: order[stage_of(it)] + 1 if is_day0(it) else 0)  # type: ignore[index]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if not any(is_day0(it) for it in session.items) or SESSION_KEY in config.stash:
+        return
+    profile = _profile(config)
+    out = Path(config.getoption("--day0-out") or profile.report.out_dir)
+    if not out.is_absolute():
+        out = Path(config.invocation_params.dir) / out
+    day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config))
+    day0.start()
+    config.stash[SESSION_KEY] = day0
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # A CI runner's SIGTERM becomes an interrupt, so teardown stops the engine and the
+        # record is written; a SIGKILL still leaves the event log (and PDEATHSIG stops the server).
+        def _term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt("SIGTERM")
+
+        signal.signal(signal.SIGTERM, _term)
+
+
+def _progress(config: pytest.Config) -> Callable[[str], None]:
+    """Progress lines that reach the terminal even while pytest captures output (engine start-up
+    takes a minute; silence would look like a hang)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+
+    def log(msg: str) -> None:
+        ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+        with ctx:
+            print(f"[day0] {msg}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def _session(config: pytest.Config) -> Day0Session | None:
+    return config.stash.get(SESSION_KEY, None)
+
+
+# --------------------------------------------------------------------------- running
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    day0 = _session(item.config)
+    if day0 is None or not is_day0(item):
+        return
+    stage = stage_of(item)
+    assert stage is not None
+    item.stash[RECORDER_KEY] = CheckRecorder(day0, stage, item.nodeid)
+    reason = day0.blocked_by(stage)
+    if reason:
+        item.stash[BLOCKED_KEY] = True
+        day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="blocked",
+                                    message=reason, nodeid=item.nodeid))
+        pytest.skip(f"day0 blocked: {reason}")
+
+
+def auto_id(item: pytest.Item, stage: str) -> str:
+    name = getattr(item, "originalname", None) or item.name
+    name = re.sub(r"^test_", "", name)
+    param = re.search(r"\[(.*)\]$", item.name)
+    return f"{stage}.{name}" + (f"[{param.group(1)}]" if param else "")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    rep = yield
+    day0 = _session(item.config)
+    if day0 is None or not is_day0(item) or item.stash.get(BLOCKED_KEY, False):
+        return rep
+    stage = stage_of(item)
+    assert stage is not None
+    rec = item.stash.get(RECORDER_KEY, None)
+    recorded = rec.checks if rec else []
+    if call.when == "call" and rep.passed and rec and rec.failed:
+        rep.outcome = "failed"
+        rep.longrepr = "\n".join(f"{c.id}: {c.message}" for c in rec.failed)
+        return rep
+    if call.excinfo is None:
+        return rep
+    exc = call.excinfo.value
+    if rep.skipped:
+        if not recorded:
+            reason = getattr(exc, "msg", None) or str(exc)
+            day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="skip",
+                                        message=reason, nodeid=item.nodeid))
+        return rep
+    if isinstance(exc, EngineError):
+        message = f"engine failed: {exc}"
+        rep.longrepr = f"day0: {message}" + (f"\n(engine log: {exc.log_path})" if exc.log_path else "")
+        evidence = {"log_excerpt": exc.log_excerpt} if exc.log_excerpt else {}
+    else:
+        message = one_line(f"{type(exc).__name__}: {exc}")
+        evidence = {"traceback": str(rep.longrepr)[-8000:]}
+    status = "fail" if isinstance(exc, AssertionError) else "error"
+    day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status=status,
+                                message=message, evidence=evidence, nodeid=item.nodeid))
+    return rep
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    day0 = _session(session.config)
+    if day0 is not None and day0.record is None:
+        day0.finish(int(exitstatus))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    day0 = _session(config)
+    if day0 is None or day0.record is None:
+        return
+    tr = terminalreporter
+    record = day0.record
+    tr.section("day0")
+    for st in record.stages:
+        counts: dict[str, int] = {}
+        for c in st.checks:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
+        tr.write_line(f"  {st.name:<12} {st.verdict:<8} ({detail})")
+    for c in record.checks():
+        if c.failed:
+            tr.write_line(f"  FAILED {c.id}: {c.message}", red=True)
+    colour = {"accepted": {"green": True}, "rejected": {"red": True}}.get(record.verdict, {"yellow": True})
+    tr.write_line(f"verdict: {record.verdict.upper()} - {record.reason}", bold=True, **colour)
+    tr.write_line(f"run record: {day0.run_json}")
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _need_session(request: pytest.FixtureRequest) -> Day0Session:
+    day0 = _session(request.config)
+    if day0 is None:
+        raise pytest.UsageError("day0 fixtures are only available to tests marked day0")
+    return day0
+
+
+@pytest.fixture(scope="session")
+def day0_session(request: pytest.FixtureRequest) -> Day0Session:
+    return _need_session(request)
+
+
+@pytest.fixture(scope="session")
+def day0_profile(day0_session: Day0Session):
+    return day0_session.profile
+
+
+@pytest.fixture(scope="session")
+def engine(day0_session: Day0Session) -> Any:
+    """The primary engine of the profile's mode, started once per session."""
+    return day0_session.engines.primary()
+
+
+@pytest.fixture(scope="session")
+def http_engine(day0_session: Day0Session) -> Any:
+    """The engine's OpenAI-compatible HTTP API (server or external mode, or started beside)."""
+    try:
+        return day0_session.engines.http()
+    except ViewUnavailable as exc:
+        pytest.skip(f"day0: no HTTP view: {exc}")
+
+
+@pytest.fixture(scope="session")
+def scheduler_engine(day0_session: Day0Session) -> Any:
+    """An in-process engine whose scheduler can be sampled (started on demand on CPU targets)."""
+    try:
+        return day0_session.engines.scheduler()
+    except ViewUnavailable as exc:
+        pytest.skip(f"day0: no scheduler view: {exc}")
+
+
+@pytest.fixture
+def day0_checks(request: pytest.FixtureRequest) -> CheckRecorder:
+    rec = request.node.stash.get(RECORDER_KEY, None)
+    if rec is None:
+        raise pytest.UsageError("day0_checks is only available to tests marked day0 with a stage marker")
+    return rec

@@ -1,0 +1,99 @@
+"""State of one Day0 run: profile, run folder, event log, engines, stage gating.
+
+Kept free of pytest so it can be driven and tested directly; ``day0.plugin`` only translates
+pytest's hooks into calls on this object (stored under ``config.stash``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from day0 import environment
+from day0.engine import EngineInfo, Engines
+from day0.profile import Profile
+from day0.record import RUN_FILE, Check, EventLog, RunRecord, rebuild
+from day0.stages import STAGE_NAMES, stage_index
+
+
+def new_run_id(profile_name: str, now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    return f"{now:%Y%m%dT%H%M%SZ}-{profile_name}-{secrets.token_hex(3)}"
+
+
+def point_latest(out_dir: Path, run_dir: Path) -> Path:
+    """``out_dir/latest`` -> the run folder, replaced atomically (a relative link, so the tree moves)."""
+    link = out_dir / "latest"
+    tmp = out_dir / f".latest-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name)
+    tmp.replace(link)
+    return link
+
+
+@dataclass
+class Day0Session:
+    profile: Profile
+    out_dir: Path
+    gate: bool = True
+    log: Callable[[str], None] = field(default=lambda msg: print(f"[day0] {msg}", file=sys.stderr, flush=True))
+    run_id: str = ""
+    run_dir: Path = field(init=False)
+    events: EventLog = field(init=False)
+    engines: Engines = field(init=False)
+    record: RunRecord | None = None
+    _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        self.run_id = self.run_id or new_run_id(self.profile.name)
+        self.run_dir = self.out_dir / self.run_id
+        self.events = EventLog(self.run_dir / "events.jsonl")
+        self.engines = Engines(self.profile, self.run_dir, self.log)
+        self.engines.on_start = self._engine_started
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.events.run_started(self.run_id, environment.collect(), self.profile.resolved(), STAGE_NAMES)
+        point_latest(self.out_dir, self.run_dir)
+        self.log(f"run {self.run_id}: recording to {self.run_dir}")
+
+    def _engine_started(self, info: EngineInfo) -> None:
+        self.events.note(f"engine.{info.view}", info.__dict__)
+
+    # -- checks and gating ---------------------------------------------------------------
+
+    def add_check(self, stage: str, check: Check) -> Check:
+        check.stage = stage
+        self.events.check(stage, check)
+        if check.failed and stage not in self._failed_stage:
+            self._failed_stage[stage] = f"{check.id}: {check.message}"
+        return check
+
+    def blocked_by(self, stage: str) -> str | None:
+        """Why ``stage`` must not run: the first earlier stage that failed (None when gating is off)."""
+        if not self.gate or stage not in STAGE_NAMES:
+            return None
+        for name in STAGE_NAMES[: stage_index(stage)]:
+            if name in self._failed_stage:
+                return f"stage {name} failed ({self._failed_stage[name]})"
+        return None
+
+    # -- end of run ----------------------------------------------------------------------
+
+    def finish(self, exit_status: int | None) -> RunRecord:
+        self.engines.stop()
+        self.events.run_finished(exit_status)
+        self.record = rebuild(self.run_dir)
+        return self.record
+
+    @property
+    def run_json(self) -> Path:
+        return self.run_dir / RUN_FILE

