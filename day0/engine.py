@@ -38,10 +38,12 @@ Log = Callable[[str], None]
 class EngineError(RuntimeError):
     """The engine could not be started or died; ``str()`` is the engine's own root-cause line."""
 
-    def __init__(self, message: str, *, log_excerpt: str = "", log_path: Path | None = None) -> None:
+    def __init__(self, message: str, *, log_excerpt: str = "", log_path: Path | None = None,
+                 pgid: int | None = None) -> None:
         super().__init__(message)
         self.log_excerpt = log_excerpt
         self.log_path = log_path
+        self.pgid = pgid  # the process group that was stopped, so a test can prove it is gone
 
 
 class ViewUnavailable(RuntimeError):
@@ -101,6 +103,25 @@ _PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO|DEBUG)\s
 
 
 def root_cause(log_text: str) -> str | None:
+    found = _root_cause_at(log_text)
+    return found[1] if found else None
+
+
+def excerpt(log_text: str, before: int = 12, after: int = 3, last: int = 15) -> str:
+    """The log lines around the root cause, then the log's end: what a person reads first."""
+    lines = log_text.splitlines()
+    found = _root_cause_at(log_text)
+    end = lines[-last:]
+    if not found:
+        return "\n".join(end)
+    n = found[0]
+    around = lines[max(0, n - before): n + after + 1]
+    if n + after + 1 >= len(lines) - last:
+        return "\n".join(lines[max(0, n - before):])
+    return "\n".join([*around, "[...]", *end])
+
+
+def _root_cause_at(log_text: str) -> tuple[int, str] | None:
     """The line that says why the engine failed, from its log (first non-wrapper exception).
 
     vLLM reports an engine-core failure twice: the real exception in the core process, then a
@@ -111,7 +132,7 @@ def root_cause(log_text: str) -> str | None:
     for n, line in enumerate(lines):
         m = _ARGPARSE.match(line)
         if m:
-            return f"vLLM rejected its arguments: {m.group(1)}"
+            return n, f"vLLM rejected its arguments: {m.group(1)}"
         m = _EXC_LINE.match(line)
         if not m or any(w in line for w in _WRAPPERS):
             continue
@@ -119,16 +140,8 @@ def root_cause(log_text: str) -> str | None:
         if name == "ValidationError":  # pydantic: the reason is on the following lines
             detail = [ln.strip() for ln in lines[n + 1 : n + 4] if ln.strip() and "errors.pydantic.dev" not in ln]
             text = text + ": " + " ".join(detail)
-        return f"{name}: {text}"
+        return n, f"{name}: {text}"
     return None
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        data = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(data[-lines:])
 
 
 # --------------------------------------------------------------------------- engines
@@ -246,11 +259,12 @@ class ServerEngine:
             return False
 
     def _fail(self, what: str) -> None:
+        pgid = self.proc.pid if self.proc else None
         self.stop()
         text = self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
         cause = root_cause(text)
         raise EngineError(f"{cause} ({what})" if cause else what,
-                          log_excerpt=tail(self.log_path), log_path=self.log_path)
+                          log_excerpt=excerpt(text), log_path=self.log_path, pgid=pgid)
 
     def alive(self) -> str | None:
         """None while the server runs, else a one-line reason (for stages that see it die)."""

@@ -24,6 +24,7 @@ from day0.stages import STAGE_NAMES, STAGES
 SESSION_KEY = pytest.StashKey[Day0Session]()
 RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
 BLOCKED_KEY = pytest.StashKey[bool]()
+SIGTERM_KEY = pytest.StashKey[Any]()
 
 
 class CheckRecorder:
@@ -128,6 +129,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             raise KeyboardInterrupt("SIGTERM")
 
         signal.signal(signal.SIGTERM, _term)
+        config.stash[SIGTERM_KEY] = _term
 
 
 def _progress(config: pytest.Config) -> Callable[[str], None]:
@@ -199,7 +201,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if isinstance(exc, EngineError):
         message = f"engine failed: {exc}"
         rep.longrepr = f"day0: {message}" + (f"\n(engine log: {exc.log_path})" if exc.log_path else "")
-        evidence = {"log_excerpt": exc.log_excerpt} if exc.log_excerpt else {}
+        evidence = {"log_excerpt": exc.log_excerpt, "log_path": exc.log_path, "engine_pgid": exc.pgid}
     else:
         message = one_line(f"{type(exc).__name__}: {exc}")
         evidence = {"traceback": str(rep.longrepr)[-8000:]}
@@ -214,6 +216,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     day0 = _session(session.config)
     if day0 is not None and day0.record is None:
         day0.finish(int(exitstatus))
+    handler = session.config.stash.get(SIGTERM_KEY, None)
+    if handler is not None and signal.getsignal(signal.SIGTERM) is handler:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -205,7 +205,11 @@ def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         return data
     if not isinstance(parent, str):
         raise ProfileError(f"{path}: extends: expected a string (a preset name or a path)")
-    base = _read_chain(_locate(parent, base=path.parent), (*seen, path))
+    try:
+        parent_path = _locate(parent, base=path.parent)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: extends: {exc}") from None
+    base = _read_chain(parent_path, (*seen, path))
     base.pop("name", None)
     base.pop("description", None)
     return deep_merge(base, data)

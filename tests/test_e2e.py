@@ -1,0 +1,84 @@
+"""End to end: `pytest -m day0` for real, against a live vLLM engine serving the tiny model.
+
+Each test starts its own pytest session (and so its own engine) in a subprocess; they are the
+slow part of the suite (about a minute each on 2 cores), so they cover one thing each.
+"""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from day0.engine import group_alive
+from day0.record import load
+
+REPO = Path(__file__).resolve().parent.parent
+SUITES = REPO / "suites"
+
+
+def day0_run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(SUITES), "-m", "day0", "--day0-out", str(tmp_path / "reports"),
+         "-p", "no:cacheprovider", "-rA", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_default_profile_runs_against_a_live_server(tmp_path):
+    proc = day0_run(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    assert rec.environment["vllm"] and rec.environment["torch"] and rec.environment["python"]
+    assert rec.environment["devices"][0]["kind"] == "cpu"
+    assert rec.profile["name"] == "cpu-tiny"
+    smoke = {c.id: c for c in rec.stage("weights").checks}
+    assert smoke["weights.smoke.tokens"].status == "pass"
+    assert smoke["weights.smoke.deterministic"].status == "pass"
+    assert smoke["weights.smoke.tokens"].source == "http"
+    engine = rec.notes["engine.http"]
+    assert engine["mode"] == "server" and engine["startup_s"] > 0
+    # the server's whole process group is gone once the session is over
+    assert not group_alive(engine["pgid"])
+    assert Path(engine["log_path"]).is_file()
+    assert "verdict:" in out and "run record:" in out
+
+
+def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
+    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    assert {c.source for c in rec.stage("weights").checks} == {"scheduler"}
+    assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
+
+
+def test_engine_start_failure_is_one_root_cause_line(tmp_path):
+    t0 = time.monotonic()
+    proc = day0_run(tmp_path, "--day0-set", "engine.args.block_size=16", "--day0-set", "engine.startup_timeout_s=240")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert time.monotonic() - t0 < 300
+    assert "day0: engine failed: ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])" in out
+    error_section = out.split("= ERRORS =")[1].split("= day0 =")[0]
+    assert "Traceback" not in error_section
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    assert rec.verdict == "rejected"
+    (check,) = rec.stage("weights").checks
+    assert check.status == "error" and "No common block size for 16" in check.message
+    assert "No common block size" in check.evidence["log_excerpt"]
+    assert not group_alive(check.evidence["engine_pgid"])
+
+
+def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
+    t0 = time.monotonic()
+    proc = day0_run(tmp_path, "--day0-set", "engine.startup_timeout_s=4")
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "vLLM server not healthy within engine.startup_timeout_s = 4 s" in out
+    assert elapsed < 120, elapsed
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    (check,) = rec.stage("weights").checks
+    assert check.status == "error"
+    assert check.evidence["engine_pgid"] and not group_alive(check.evidence["engine_pgid"])
+    assert "engine.http" not in rec.notes  # it never became healthy
