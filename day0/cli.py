@@ -67,6 +67,32 @@ def _cmd_record_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from day0.plan import format_table, parse_what_if
+    from day0.preflight import ConfigUnavailable, preflight
+
+    what_if = parse_what_if(args.what_if) if args.what_if else None
+    try:
+        result = preflight(profiles.load_profile(args.profile), what_if)
+    except ConfigUnavailable as exc:
+        print(f"day0: {exc}", file=sys.stderr)
+        return 2
+    print(f"config: {result.config_source}")
+    if result.findings:
+        print("\nfindings:")
+        for f in result.findings:
+            print(f"  {f.severity.upper():<8} {f.key} = {f.value!r}: {f.why}")
+            print(f"  {'':<8} fix: {f.fix}")
+    else:
+        print("\nfindings: none")
+    print()
+    if result.plan is None:
+        print(f"no plan: {result.plan_error}")
+        return 1
+    print(format_table(result.plan))
+    return 1 if result.errors else 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
@@ -86,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--marker", default="day0", help="pytest marker expression (default: day0)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("plan", help="lint the profile against vLLM's rules and plan memory per rank (stage 0)")
+    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
+    p.add_argument("--what-if", default=None, metavar="K=V,...",
+                   help="recompute with changes, e.g. tp=8,pp=4,max_model_len=1000000")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("profiles", help="list the preset profiles")
     p.set_defaults(func=_cmd_profiles)
@@ -126,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (profiles.ProfileError, RecordError, FileNotFoundError) as exc:
+    except (profiles.ProfileError, RecordError, FileNotFoundError, ValueError) as exc:
         print(f"day0: {exc}", file=sys.stderr)
         return 2
 

@@ -57,6 +57,8 @@ class ModelSection(_Section):
     source: Literal["tiny", "path"] = "tiny"
     path: Optional[str] = None  # local HF directory or hub id, as vLLM's --model takes it
     served_model_name: Optional[str] = None
+    # config.json for planning without weights: a path, or a bundled example (day0/archconfigs)
+    config: Optional[str] = None
     tiny: TinySpec = TinySpec()
 
     @model_validator(mode="after")
@@ -116,6 +118,11 @@ class CollectivesSection(_Section):
     timeout_s: float = Field(120.0, gt=0)
 
 
+class PreflightSection(_Section):
+    # peak activations, graphs and communicator buffers per rank, which vLLM measures at start-up
+    activation_headroom_gib: float = Field(2.0, ge=0)
+
+
 class Signatory(_Section):
     name: str
     role: str
@@ -135,6 +142,7 @@ class Profile(_Section):
     model: ModelSection = ModelSection()
     engine: EngineSection = EngineSection()
     topology: TopologySection = TopologySection()
+    preflight: PreflightSection = PreflightSection()
     sla: SlaSection = SlaSection()
     kvcache: KvCacheSection = KvCacheSection()
     collectives: CollectivesSection = CollectivesSection()

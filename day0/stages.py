@@ -13,6 +13,7 @@ class Stage:
 
 
 STAGES: tuple[Stage, ...] = (
+    Stage("preflight", "Preflight: config lint and memory plan", "can this profile work at all, before any GPU-hour?"),
     Stage("weights", "Weight-shard loading", "are the shards complete and loaded right, within memory?"),
     Stage("collectives", "Collective communication", "are collectives correct and fast on this topology?"),
     Stage("latency", "Prefill/decode latency", "do TTFT, TPOT and throughput meet the SLA?"),

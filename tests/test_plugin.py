@@ -33,9 +33,13 @@ def _run_json(pytester) -> dict:
     return json.loads((pytester.path / "out" / "latest" / "run.json").read_text())
 
 
+def _stage(run: dict, name: str) -> dict:
+    return next(s for s in run["stages"] if s["name"] == name)
+
+
 def test_markers_are_registered(pytester):
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.day0:*", "@pytest.mark.weights:*", "@pytest.mark.collectives:*",
+    result.stdout.fnmatch_lines(["@pytest.mark.day0:*", "@pytest.mark.preflight:*", "@pytest.mark.weights:*", "@pytest.mark.collectives:*",
                                  "@pytest.mark.latency:*", "@pytest.mark.kvcache:*"])
 
 
@@ -66,7 +70,7 @@ def test_a_failed_stage_blocks_later_stages_and_runs_in_stage_order(pytester):
                                  "*verdict: REJECTED*"])
     run = _run_json(pytester)
     assert run["verdict"] == "rejected"
-    weights, _, latency, _ = run["stages"]
+    weights, latency = _stage(run, "weights"), _stage(run, "latency")
     assert [c["status"] for c in weights["checks"]] == ["pass", "fail", "fail"]  # every problem, not the first
     assert latency["verdict"] == "blocked"
     assert "stage weights failed (weights.b: 3 shards missing)" in latency["checks"][0]["message"]
@@ -77,7 +81,7 @@ def test_no_gate_runs_every_stage(pytester):
     result = pytester.runpytest("--day0-out", "out", "--day0-no-gate")
     result.assert_outcomes(failed=1, passed=1)
     run = _run_json(pytester)
-    assert run["stages"][2]["checks"][0]["status"] == "pass"
+    assert _stage(run, "latency")["checks"][0]["status"] == "pass"
 
 
 def test_exceptions_and_skips_become_checks(pytester):
@@ -93,7 +97,7 @@ def test_exceptions_and_skips_become_checks(pytester):
     """)
     result = pytester.runpytest("--day0-out", "out", "--day0-no-gate")
     result.assert_outcomes(failed=2, skipped=1)
-    checks = {c["id"]: c for c in _run_json(pytester)["stages"][3]["checks"]}
+    checks = {c["id"]: c for c in _stage(_run_json(pytester), "kvcache")["checks"]}
     assert checks["kvcache.boom"]["status"] == "error"
     assert checks["kvcache.boom"]["message"] == "RuntimeError: engine died second line"
     assert checks["kvcache.assert"]["status"] == "fail" and "fragmentation 7%" in checks["kvcache.assert"]["message"]
