@@ -14,6 +14,7 @@ demo: install
 	$(VENV)/bin/python -m pytest suites -m day0 --day0-profile $(PROFILE) -v $(PYTEST_ARGS)
 
 test: install
+	@bash scripts/install-browser.sh
 	$(VENV)/bin/python -m pytest tests -v $(PYTEST_ARGS)
 
 clean-reports:

@@ -63,6 +63,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--day0-out", default=None, help="folder for run records (default: profile report.out_dir)")
     group.addoption("--day0-no-gate", action="store_true", default=False,
                     help="run every stage even when an earlier stage failed")
+    group.addoption("--day0-template-dir", default=None,
+                    help="folder of Jinja2 templates overriding the report's blocks (default: report.template_dir)")
     group.addoption("--day0-set", action="append", default=[], metavar="KEY.PATH=VALUE",
                     help="override a profile value, e.g. engine.args.max_num_seqs=8 (repeatable)")
 
@@ -119,7 +121,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     out = Path(config.getoption("--day0-out") or profile.report.out_dir)
     if not out.is_absolute():
         out = Path(config.invocation_params.dir) / out
-    day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config))
+    template_dir = config.getoption("--day0-template-dir")
+    day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config),
+                       template_dir=Path(template_dir) if template_dir else None)
     day0.start()
     config.stash[SESSION_KEY] = day0
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -234,12 +238,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             counts[c.status] = counts.get(c.status, 0) + 1
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
         tr.write_line(f"  {st.name:<12} {st.verdict:<8} ({detail})")
-    for c in record.checks():
-        if c.failed:
-            tr.write_line(f"  FAILED {c.id}: {c.message}", red=True)
+    from day0.report import summary_lines
+
     colour = {"accepted": {"green": True}, "rejected": {"red": True}}.get(record.verdict, {"yellow": True})
-    tr.write_line(f"verdict: {record.verdict.upper()} - {record.reason}", bold=True, **colour)
-    tr.write_line(f"run record: {day0.run_json}")
+    lines = summary_lines(record, day0.outputs)
+    tr.write_line(lines[0], bold=True, **colour)
+    for line in lines[1:]:
+        tr.write_line(line)
+    if day0.report_error:
+        tr.write_line(day0.report_error, red=True)
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -48,7 +48,10 @@ class Day0Session:
     run_dir: Path = field(init=False)
     events: EventLog = field(init=False)
     engines: Engines = field(init=False)
+    template_dir: Path | None = None
     record: RunRecord | None = None
+    outputs: dict[str, Path] = field(default_factory=dict)  # label -> path, for the summary
+    report_error: str = ""
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
 
     def __post_init__(self) -> None:
@@ -92,6 +95,17 @@ class Day0Session:
         self.engines.stop()
         self.events.run_finished(exit_status)
         self.record = rebuild(self.run_dir)
+        self.outputs = {"run record": self.run_json}
+        try:
+            from day0.report import publish
+
+            template_dir = self.template_dir or (
+                Path(self.profile.report.template_dir) if self.profile.report.template_dir else None)
+            self.outputs = publish(self.run_json, template_dir=template_dir,
+                                   signatories=self.profile.report.signatories)
+        except Exception as exc:  # a broken site template must not cost the measurements
+            self.report_error = f"report not rendered: {type(exc).__name__}: {exc}"
+            self.log(self.report_error)
         return self.record
 
     @property

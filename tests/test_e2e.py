@@ -42,6 +42,12 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
     assert not group_alive(engine["pgid"])
     assert Path(engine["log_path"]).is_file()
     assert "verdict:" in out and "run record:" in out
+    # the report and the JUnit file are rendered from the record at the end of the session
+    latest = tmp_path / "reports" / "latest"
+    html = (latest / "report.html").read_text()
+    assert rec.run_id in html and "weights.smoke.tokens" in html
+    assert 'classname="weights"' in (latest / "junit.xml").read_text()
+    assert f"report: {latest.resolve() / 'report.html'}" in out
 
 
 def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
