@@ -190,13 +190,13 @@ class ServerEngine:
 
     view = "http"
 
-    def __init__(self, profile: Profile, run_dir: Path, log: Log) -> None:
+    def __init__(self, profile: Profile, run_dir: Path, log: Log, name: str = "server") -> None:
         self.profile = profile
         self.run_dir = Path(run_dir)
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: EngineInfo | None = None
-        self.log_path = self.run_dir / "engine-server.log"
+        self.log_path = self.run_dir / f"engine-{name}.log"
 
     @property
     def base_url(self) -> str:
@@ -572,6 +572,22 @@ class Engines:
             if self.on_start:
                 self.on_start(info)
         return self._engines[view]
+
+    @contextlib.contextmanager
+    def variant(self, name: str, args: dict[str, Any], env: dict[str, str] | None = None) -> Iterator[ServerEngine]:
+        """A short-lived second server with some engine args changed (e.g. TP=2 against TP=1),
+        stopped as soon as the caller is done so it does not compete with the main engine."""
+        eng = self.profile.engine
+        profile = self.profile.model_copy(update={"engine": eng.model_copy(
+            update={"args": {**eng.args, **args}, "env": {**eng.env, **(env or {})}})})
+        server = ServerEngine(profile, self.run_dir, self.log, name=name)
+        try:
+            info = server.start()
+            if self.on_start:
+                self.on_start(EngineInfo(**{**info.__dict__, "view": f"variant:{name}"}))
+            yield server
+        finally:
+            server.stop()
 
     def started(self) -> list[EngineInfo]:
         return [e.info for e in self._engines.values() if e.info is not None]

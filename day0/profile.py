@@ -14,10 +14,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 DEFAULT_PROFILE = "cpu-tiny"
+# [collectives] keys the stage reads itself (the rest go to CollectivesSettings)
+LOCAL_COLLECTIVES_KEYS = ("results_file", "tp_equivalence")
 # Whole-key match, so `num_key_value_heads` or `max_num_batched_tokens` are not mistaken for secrets.
 _SECRET_KEY = re.compile(r"^(?:.*_)?(?:api_?key|key|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
 
@@ -113,11 +115,6 @@ class KvCacheSection(_Section):
     target_concurrency: int = Field(1, ge=1)
 
 
-class CollectivesSection(_Section):
-    world_size: Optional[int] = Field(None, ge=1)
-    timeout_s: float = Field(120.0, gt=0)
-
-
 class PreflightSection(_Section):
     # peak activations, graphs and communicator buffers per rank, which vLLM measures at start-up
     activation_headroom_gib: float = Field(2.0, ge=0)
@@ -145,10 +142,22 @@ class Profile(_Section):
     preflight: PreflightSection = PreflightSection()
     sla: SlaSection = SlaSection()
     kvcache: KvCacheSection = KvCacheSection()
-    collectives: CollectivesSection = CollectivesSection()
+    # validated by day0.collectives.CollectivesSettings (its field names are the TOML keys)
+    collectives: dict[str, Any] = {}
     report: ReportSection = ReportSection()
     # Where the profile came from (file path or preset name); not a TOML key.
     origin: str = Field("", exclude=True)
+
+    @field_validator("collectives")
+    @classmethod
+    def _collectives(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from day0.collectives import CollectivesSettings, SettingsError
+
+        try:
+            CollectivesSettings.from_mapping({k: v for k, v in value.items() if k not in LOCAL_COLLECTIVES_KEYS})
+        except SettingsError as exc:
+            raise ValueError(str(exc).removeprefix("collectives.")) from None
+        return value
 
     def resolved(self, *, redact: bool = True) -> dict[str, Any]:
         """The profile as it will be used, for run.json; secret-looking values are removed."""
