@@ -93,6 +93,42 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 1 if result.errors else 0
 
 
+def _cmd_weights_audit(args: argparse.Namespace) -> int:
+    from day0.weights import audit
+
+    checks = audit(Path(args.dir), verify_manifest=not args.no_manifest, progress=True)
+    for c in checks:
+        print(f"{c.status.upper():<5} {c.id}: {c.message}")
+    return 1 if any(c.failed for c in checks) else 0
+
+
+def _cmd_weights_manifest(args: argparse.Namespace) -> int:
+    from day0.manifest import ManifestError
+    from day0.weights import write_manifest
+
+    try:
+        path = write_manifest(Path(args.dir), progress=True)
+    except ManifestError as exc:
+        print(f"day0: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_weights_golden(args: argparse.Namespace) -> int:
+    from day0.engine import Engines, served_name
+    from day0.loaded import write_golden
+
+    profile = profiles.load_profile(args.profile)
+    engines = Engines(profile, Path(args.out).resolve().parent, lambda m: print(f"[day0] {m}", file=sys.stderr))
+    try:
+        path = write_golden(engines.primary(), Path(args.out), model=served_name(profile))
+    finally:
+        engines.stop()
+    print(f"wrote {path}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
@@ -118,6 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--what-if", default=None, metavar="K=V,...",
                    help="recompute with changes, e.g. tp=8,pp=4,max_model_len=1000000")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("weights", help="checkpoint audit, integrity manifest, golden tokens")
+    psub = p.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
+    q = psub.add_parser("audit", help="audit shards, index and headers against config.json (no tensor data read)")
+    q.add_argument("dir")
+    q.add_argument("--no-manifest", action="store_true", help="do not verify day0-manifest.json hashes")
+    q.set_defaults(func=_cmd_weights_audit)
+    q = psub.add_parser("manifest", help="write day0-manifest.json with the SHA-256 of every shard")
+    q.add_argument("dir")
+    q.set_defaults(func=_cmd_weights_manifest)
+    q = psub.add_parser("golden", help="record greedy tokens from a trusted engine as a golden file")
+    q.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
+    q.add_argument("-o", "--out", required=True)
+    q.set_defaults(func=_cmd_weights_golden)
 
     p = sub.add_parser("profiles", help="list the preset profiles")
     p.set_defaults(func=_cmd_profiles)

@@ -115,6 +115,16 @@ class KvCacheSection(_Section):
     target_concurrency: int = Field(1, ge=1)
 
 
+class WeightsSection(_Section):
+    verify_manifest: bool = True  # check day0-manifest.json's SHA-256 per shard when present
+    manifest: str = "day0-manifest.json"
+    hash_workers: int = Field(0, ge=0)  # 0: one per usable CPU
+    max_checks_per_category: int = Field(200, ge=1)
+    memory_tolerance: float = Field(0.10, ge=0)  # measured weights per rank vs plan, relative
+    load_time_limit_s: Optional[float] = Field(None, gt=0)  # engine start-up incl. weight loading
+    golden: Optional[str] = None  # greedy tokens from a trusted run (day0 weights golden)
+
+
 class PreflightSection(_Section):
     # peak activations, graphs and communicator buffers per rank, which vLLM measures at start-up
     activation_headroom_gib: float = Field(2.0, ge=0)
@@ -140,6 +150,7 @@ class Profile(_Section):
     engine: EngineSection = EngineSection()
     topology: TopologySection = TopologySection()
     preflight: PreflightSection = PreflightSection()
+    weights: WeightsSection = WeightsSection()
     sla: SlaSection = SlaSection()
     kvcache: KvCacheSection = KvCacheSection()
     # validated by day0.collectives.CollectivesSettings (its field names are the TOML keys)

@@ -1,0 +1,334 @@
+"""Reading and validating safetensors headers without touching tensor data.
+
+Why not ``safetensors.safe_open``: it stops at the first inconsistency with a terse error
+("invalid header length", "incomplete metadata") and maps the whole file. A Day-0 audit of a
+multi-terabyte checkpoint must read only the first kilobytes of each shard and report *every*
+broken tensor by name, so the format (8-byte little-endian header length, a JSON header, then
+one byte buffer the header's ``data_offsets`` index into) is parsed here directly. The rules
+match safetensors' own validation (tests check both agree on arbitrary mutated headers):
+tensors tile the byte buffer exactly, in offset order, with no hole and no overlap, each tensor
+spans ``numel x element size`` bytes, and the last tensor ends where the file ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, Literal
+
+MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers (HeaderTooLarge)
+LENGTH_FIELD_BYTES = 8
+
+# Bits per element for every dtype safetensors 0.8 knows. Sub-byte types (F4, F6_*) pack several
+# elements per byte; a tensor of them must still occupy a whole number of bytes.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
+
+ProblemKind = Literal["layout", "size"]
+
+
+def loads_json(raw: bytes | str) -> Any:
+    """``json.loads``, through msgspec's decoder when it is installed (vLLM depends on it).
+
+    Why: a 1,000-shard checkpoint carries ~40 MB of header and index JSON; msgspec parses it
+    several times faster. Anything msgspec refuses (NaN, integers beyond 64 bits, bad syntax) goes
+    to the standard library, which either accepts it or raises the familiar JSONDecodeError.
+    """
+    if _msgspec_decode is not None:
+        try:
+            return _msgspec_decode(raw)
+        except Exception:
+            pass
+    return json.loads(raw)
+
+
+try:
+    from msgspec.json import decode as _msgspec_decode
+except ImportError:  # pragma: no cover - msgspec ships with vLLM
+    _msgspec_decode = None
+
+
+class HeaderError(ValueError):
+    """The header cannot be read at all; the message is one line naming the file."""
+
+
+@dataclass(slots=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    valid: bool = True  # False: dtype or shape unusable (reported); only its offsets are trusted
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One inconsistency inside a header. ``kind`` 'size' = the file is shorter/longer than the header says."""
+
+    kind: ProblemKind
+    message: str
+    tensor: str | None = None
+    value: Any = None
+    limit: Any = None
+
+
+@dataclass
+class ShardHeader:
+    """What a shard's header declares, plus every problem found in it."""
+
+    name: str
+    file_size: int
+    header_len: int
+    tensors: dict[str, TensorEntry] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def data_start(self) -> int:
+        return LENGTH_FIELD_BYTES + self.header_len
+
+    @property
+    def declared_size(self) -> int:
+        """The file size the header implies: length field + header + end of the last tensor."""
+        end = max((t.end for t in self.tensors.values()), default=0)
+        return self.data_start + end
+
+
+def read_header(path: Path, name: str | None = None) -> ShardHeader:
+    """Parse and validate one shard's header, reading only ``8 + header length`` bytes.
+
+    Raises :class:`HeaderError` when there is no usable header (too short, absurd length, not
+    UTF-8/JSON/an object); every other inconsistency lands in ``ShardHeader.problems``.
+    """
+    label = name or Path(path).name
+    raw, file_size = read_header_bytes(path, label)
+    return parse_header(raw, file_size, label)
+
+
+def read_header_bytes(path: Path, label: str) -> tuple[bytes, int]:
+    """(raw JSON header bytes, file size): the I/O half of :func:`read_header`.
+
+    Kept apart so many shards can be read by threads (I/O releases the GIL) while the parsing,
+    which holds it, runs in one thread.
+    """
+    try:
+        with open(path, "rb") as fh:
+            file_size = os.fstat(fh.fileno()).st_size
+            head = fh.read(LENGTH_FIELD_BYTES)
+            if len(head) < LENGTH_FIELD_BYTES:
+                raise HeaderError(
+                    f"{label}: file is {file_size} bytes, shorter than the 8-byte header length field"
+                )
+            n = int.from_bytes(head, "little")
+            if n > MAX_HEADER_BYTES:
+                raise HeaderError(
+                    f"{label}: header length field says {n} bytes (safetensors allows at most "
+                    f"{MAX_HEADER_BYTES}); not a safetensors file, or its first bytes are corrupt"
+                )
+            if LENGTH_FIELD_BYTES + n > file_size:
+                raise HeaderError(
+                    f"{label}: header length field says {n} bytes but only "
+                    f"{file_size - LENGTH_FIELD_BYTES} follow it (file truncated inside the header?)"
+                )
+            raw = fh.read(n)
+    except OSError as exc:
+        raise HeaderError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) != n:
+        raise HeaderError(f"{label}: header changed size while being read ({len(raw)} of {n} bytes)")
+    return raw, file_size
+
+
+def parse_header(raw: bytes, file_size: int, label: str) -> ShardHeader:
+    """Decode the JSON header bytes and validate them against the file size."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HeaderError(f"{label}: header is not UTF-8 (byte {exc.start} of the header)") from None
+    try:
+        obj = loads_json(raw)
+    except json.JSONDecodeError as exc:
+        raise HeaderError(f"{label}: header is not JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(obj, dict):
+        raise HeaderError(f"{label}: header JSON is a {type(obj).__name__}, not an object (starts {text[:16]!r})")
+    header = ShardHeader(name=label, file_size=file_size, header_len=len(raw))
+    metadata = obj.pop("__metadata__", None)
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            header.problems.append(
+                Problem("layout", f"{label}: __metadata__ must map strings to strings", "__metadata__")
+            )
+        else:
+            header.metadata = metadata
+    data_start = LENGTH_FIELD_BYTES + len(raw)
+    header.tensors, problems = validate_entries(obj, file_size - data_start, label, data_start)
+    header.problems.extend(problems)
+    return header
+
+
+def validate_entries(
+    entries: dict[str, Any], data_len: int, label: str = "shard", data_start: int = 0
+) -> tuple[dict[str, TensorEntry], list[Problem]]:
+    """Check tensor entries against each other and a byte buffer of ``data_len`` bytes.
+
+    Returns the well-formed entries and every problem: malformed entries, byte lengths that
+    disagree with dtype x shape, holes and overlaps between tensors, and a buffer that is shorter
+    (truncated) or longer (padded) than the tensors cover.
+    """
+    tensors: dict[str, TensorEntry] = {}
+    problems: list[Problem] = []
+    # (dtype, shape) -> byte length, or None when not a whole number of bytes. Checkpoints repeat
+    # a handful of shapes thousands of times (one per layer or expert), so this is mostly hits.
+    nbytes_of: dict[tuple[str, tuple[int, ...]], int | None] = {}
+    for tname, info in entries.items():
+        entry = None
+        try:  # fast path: a well-formed entry, the overwhelmingly common case
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            key = (dtype, shape)
+            nbytes = nbytes_of[key] if key in nbytes_of else nbytes_of.setdefault(key, _nbytes(dtype, shape))
+            if nbytes != -1 and type(begin) is int and type(end) is int and 0 <= begin <= end:
+                entry = TensorEntry(tname, dtype, shape, begin, end)
+        except (TypeError, KeyError, ValueError):
+            pass
+        if entry is None:
+            entry = _entry(tname, info, label, problems)
+            if entry is None:
+                continue
+            nbytes = _nbytes(entry.dtype, entry.shape) if entry.valid else -1
+        tensors[tname] = entry
+        if not entry.valid:
+            continue  # reported by _entry; its offsets still take part in the tiling check
+        if nbytes is None:
+            problems.append(Problem(
+                "layout",
+                f"{label}: tensor {tname}: {entry.numel} x {entry.dtype} is {entry.numel * DTYPE_BITS[entry.dtype]} "
+                "bits, not a whole number of bytes",
+                tname,
+            ))
+        elif entry.end - entry.begin != nbytes:
+            problems.append(Problem(
+                "layout",
+                f"{label}: tensor {tname}: data_offsets span {entry.end - entry.begin} bytes, "
+                f"but {entry.dtype} x {list(entry.shape)} needs {nbytes}",
+                tname, entry.end - entry.begin, nbytes,
+            ))
+    problems.extend(_tiling_problems(tensors, data_len, label, data_start))
+    return tensors, problems
+
+
+def _entry(tname: str, info: Any, label: str, problems: list[Problem]) -> TensorEntry | None:
+    """The entry as declared; ``valid=False`` when its dtype or shape is unusable.
+
+    An entry whose offsets are readable still takes part in the tiling check even if its dtype or
+    shape is broken, so one bad field gives one problem, not a cascade of holes and size errors.
+    """
+
+    def bad(why: str) -> None:
+        problems.append(Problem("layout", f"{label}: tensor {tname}: {why}", tname))
+
+    if not isinstance(info, dict):
+        bad(f"entry is a {type(info).__name__}, not an object")
+        return None
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
+        bad(f"data_offsets {offsets!r} is not a pair of non-negative integers")
+        return None
+    begin, end = offsets
+    if end < begin:
+        bad(f"data_offsets [{begin}, {end}] end before they begin")
+        return None
+    valid = True
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        bad(f"shape {shape!r} is not a list of non-negative integers")
+        shape, valid = [], False
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        bad(f"dtype {dtype!r} is not a safetensors dtype")
+        dtype, valid = str(dtype), False
+    return TensorEntry(tname, dtype, tuple(shape), begin, end, valid)
+
+
+def _nbytes(dtype: Any, shape: tuple[Any, ...]) -> int | None:
+    """Bytes a tensor occupies; None if not whole bytes; -1 if dtype or shape is malformed."""
+    bits = DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
+    if bits is None or not all(_is_uint(d) for d in shape):
+        return -1
+    total = math.prod(shape) * bits
+    return None if total % 8 else total // 8
+
+
+def _is_uint(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _tiling_problems(
+    tensors: dict[str, TensorEntry], data_len: int, label: str, data_start: int
+) -> list[Problem]:
+    """Tensors must tile [0, data_len) exactly: sorted by offset, each begins where the last ended."""
+    problems: list[Problem] = []
+    ordered = sorted(tensors.values(), key=attrgetter("begin", "end"))
+    cursor = 0
+    last: TensorEntry | None = None  # the tensor that reaches furthest so far
+    for t in ordered:
+        if t.begin > cursor:
+            after = f"after {last.name}" if last else "at the start of the data"
+            problems.append(Problem(
+                "layout",
+                f"{label}: {t.begin - cursor} bytes [{cursor}, {t.begin}) {after} belong to no tensor "
+                f"(hole before {t.name})",
+                t.name, t.begin, cursor,
+            ))
+        elif t.begin < cursor and last is not None:
+            problems.append(Problem(
+                "layout",
+                f"{label}: tensor {t.name} [{t.begin}, {t.end}) overlaps {last.name} "
+                f"[{last.begin}, {last.end})",
+                t.name, t.begin, cursor,
+            ))
+        if last is None or t.end >= cursor:
+            cursor, last = t.end, t
+    if cursor != data_len:
+        if cursor > data_len:
+            cut = [t.name for t in ordered if t.end > data_len]
+            what = f"truncated: {cursor - data_len} bytes missing, {len(cut)} tensor(s) cut off, first {cut[0]}"
+        else:
+            what = f"padded: {data_len - cursor} bytes after the end of the last tensor"
+        problems.append(Problem(
+            "size",
+            f"{label}: header says {data_start + cursor} bytes, file has {data_start + data_len} ({what})",
+            None, data_start + data_len, data_start + cursor,
+        ))
+    return problems
