@@ -104,9 +104,14 @@ class TopologySection(_Section):
 class SlaSection(_Section):
     ttft_p99_ms: Optional[float] = Field(None, gt=0)
     tpot_p99_ms: Optional[float] = Field(None, gt=0)
+    itl_p99_ms: Optional[float] = Field(None, gt=0)
     e2e_p99_ms: Optional[float] = Field(None, gt=0)
     min_output_throughput_tok_s: Optional[float] = Field(None, ge=0)
+    min_request_throughput_req_s: Optional[float] = Field(None, ge=0)
+    min_goodput_req_s: Optional[float] = Field(None, ge=0)
     max_error_rate: float = Field(0.0, ge=0, le=1)
+    # other percentiles, e.g. {ttft_p90_ms = 800, tpot_p99_9_ms = 300}
+    limits: dict[str, float] = {}
 
 
 class KvCacheSection(_Section):
@@ -155,6 +160,8 @@ class Profile(_Section):
     kvcache: KvCacheSection = KvCacheSection()
     # validated by day0.collectives.CollectivesSettings (its field names are the TOML keys)
     collectives: dict[str, Any] = {}
+    # validated by day0.latency.LatencySettings (its field names are the TOML keys)
+    latency: dict[str, Any] = {}
     report: ReportSection = ReportSection()
     # Where the profile came from (file path or preset name); not a TOML key.
     origin: str = Field("", exclude=True)
@@ -168,6 +175,17 @@ class Profile(_Section):
             CollectivesSettings.from_mapping({k: v for k, v in value.items() if k not in LOCAL_COLLECTIVES_KEYS})
         except SettingsError as exc:
             raise ValueError(str(exc).removeprefix("collectives.")) from None
+        return value
+
+    @field_validator("latency")
+    @classmethod
+    def _latency(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from day0.latency import LatencySettings, SettingsError as LatencySettingsError
+
+        try:
+            LatencySettings.from_table(value)
+        except (LatencySettingsError, ValueError, TypeError) as exc:
+            raise ValueError(str(exc).removeprefix("latency.")) from None
         return value
 
     def resolved(self, *, redact: bool = True) -> dict[str, Any]:

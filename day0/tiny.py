@@ -19,7 +19,12 @@ from typing import Any, Callable
 
 from day0.profile import TinySpec
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
+# A plain role-tagged template, so /v1/chat/completions works on the tiny model too.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 
 _WORDS = (
@@ -79,6 +84,7 @@ def build(spec: TinySpec, out_dir: Path) -> Path:
         "add_bos_token": False,
         "model_max_length": spec.max_position_embeddings,
         "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
     })
     _write_json(out_dir / "special_tokens_map.json", {"bos_token": BOS, "eos_token": EOS})
     config = model_config(spec, vocab_size=vocab, bos_token_id=bos, eos_token_id=eos)

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 SUITES = REPO / "suites"
 
 
-def day0_run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", str(SUITES), "-m", "day0", "--day0-out", str(tmp_path / "reports"),
+        [sys.executable, "-m", "pytest", str(SUITES), "-m", marker, "--day0-out", str(tmp_path / "reports"),
          "-p", "no:cacheprovider", "-rA", *args],
         cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
     )
@@ -32,6 +32,7 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
     assert rec.environment["vllm"] and rec.environment["torch"] and rec.environment["python"]
     assert rec.environment["devices"][0]["kind"] == "cpu"
     assert rec.profile["name"] == "cpu-tiny"
+    assert rec.stage("preflight").verdict == "pass" and rec.stage("collectives").verdict == "pass"
     smoke = {c.id: c for c in rec.stage("weights").checks}
     assert smoke["weights.smoke.tokens"].status == "pass"
     assert smoke["weights.smoke.deterministic"].status == "pass"
@@ -51,16 +52,18 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
 
 
 def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
-    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"')
+    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"', marker="day0 and weights")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = load(tmp_path / "reports" / "latest" / "run.json")
-    assert {c.source for c in rec.stage("weights").checks} == {"scheduler"}
+    live = [c for c in rec.stage("weights").checks if c.id.startswith("weights.smoke")]
+    assert {c.source for c in live} == {"scheduler"} and all(c.status == "pass" for c in live)
     assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
 
 
 def test_engine_start_failure_is_one_root_cause_line(tmp_path):
     t0 = time.monotonic()
-    proc = day0_run(tmp_path, "--day0-set", "engine.args.block_size=16", "--day0-set", "engine.startup_timeout_s=240")
+    proc = day0_run(tmp_path, "--day0-set", "engine.args.block_size=16", "--day0-set", "engine.startup_timeout_s=240",
+                    "-k", "engine_is_live")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert time.monotonic() - t0 < 300
@@ -69,23 +72,22 @@ def test_engine_start_failure_is_one_root_cause_line(tmp_path):
     assert "Traceback" not in error_section
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     assert rec.verdict == "rejected"
-    (check,) = rec.stage("weights").checks
-    assert check.status == "error" and "No common block size for 16" in check.message
+    (check,) = [c for c in rec.stage("weights").checks if c.status == "error"]
+    assert "No common block size for 16" in check.message
     assert "No common block size" in check.evidence["log_excerpt"]
     assert not group_alive(check.evidence["engine_pgid"])
 
 
 def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
     t0 = time.monotonic()
-    proc = day0_run(tmp_path, "--day0-set", "engine.startup_timeout_s=4")
+    proc = day0_run(tmp_path, "--day0-set", "engine.startup_timeout_s=4", "-k", "engine_is_live")
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "vLLM server not healthy within engine.startup_timeout_s = 4 s" in out
     assert elapsed < 120, elapsed
     rec = load(tmp_path / "reports" / "latest" / "run.json")
-    (check,) = rec.stage("weights").checks
-    assert check.status == "error"
+    (check,) = [c for c in rec.stage("weights").checks if c.status == "error"]
     assert check.evidence["engine_pgid"] and not group_alive(check.evidence["engine_pgid"])
     assert "engine.http" not in rec.notes  # it never became healthy
 
@@ -114,3 +116,22 @@ def test_one_cpu_run_gives_both_views_of_the_same_model(tmp_path):
     assert rec.notes["engine.http"]["mode"] == "server"
     assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
     assert not group_alive(rec.notes["engine.http"]["pgid"])
+
+
+def test_golden_tokens_pass_then_catch_different_weights(tmp_path):
+    """`day0 weights golden` records a trusted run; the stage compares against it, and the same
+    golden file rejects an engine serving other weights (a tiny model with another seed)."""
+    prof = tmp_path / "inproc.toml"
+    prof.write_text('extends = "cpu-tiny"\n[engine]\nmode = "inprocess"\n')
+    golden = tmp_path / "golden.json"
+    made = subprocess.run([sys.executable, "-m", "day0.cli", "weights", "golden", "--profile", str(prof),
+                           "-o", str(golden)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    same = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"')
+    assert same.returncode == 0, same.stdout + same.stderr
+    other = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"',
+                     "--day0-set", "model.tiny.seed=7")
+    assert other.returncode == 1, other.stdout + other.stderr
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    (check,) = [c for c in rec.stage("weights").checks if c.id == "weights.golden_tokens"]
+    assert check.status == "fail" and "greedy tokens differ from" in check.message

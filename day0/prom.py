@@ -1,0 +1,189 @@
+"""The engine's own latency view: Prometheus histograms scraped from ``/metrics``.
+
+Histograms are cumulative since the server started, so a run's view is the bucket-wise
+difference of a scrape taken after the run and one taken before. Means come from the
+``_sum``/``_count`` deltas (exact); percentiles are interpolated inside buckets the way
+Prometheus' ``histogram_quantile`` does it, so they are only as fine as the bucket edges.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# What each client-side metric is compared with, in order of preference (names without suffix).
+SERVER_METRICS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    # per engine step of a request, i.e. between token-carrying messages; the older name
+    # meant the same thing before vLLM renamed it
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "tpot": ("vllm:request_time_per_output_token_seconds",),  # per request: decode / (n - 1)
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+}
+
+
+class PromError(ValueError):
+    """Unreadable or inconsistent metrics; the message names the URL or metric."""
+
+
+@dataclass
+class Histogram:
+    """A cumulative histogram: ``buckets`` are (upper bound, cumulative count), +Inf last."""
+
+    name: str
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+    sum: float = 0.0
+    count: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.buckets[-1][1] if self.buckets else self.count
+
+    def mean(self) -> float:
+        return self.sum / self.count if self.count > 0 else math.nan
+
+    def quantile(self, q: float) -> float:
+        return histogram_quantile(q, self.buckets)
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus' ``histogram_quantile``: linear interpolation inside the bucket holding rank q.
+
+    The lowest bucket starts at 0 (unless its bound is <= 0); a rank that lands in the +Inf
+    bucket returns the highest finite bound, as Prometheus does.
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} is outside [0, 1]")
+    if not buckets or not math.isinf(buckets[-1][0]):
+        raise PromError("histogram has no +Inf bucket")
+    total = buckets[-1][1]
+    if total <= 0 or len(buckets) < 2:
+        return math.nan
+    rank = q * total
+    b = next(i for i, (_, c) in enumerate(buckets) if c >= rank)
+    if b == len(buckets) - 1:
+        return buckets[-2][0]
+    if b == 0 and buckets[0][0] <= 0:
+        return buckets[0][0]
+    start = 0.0 if b == 0 else buckets[b - 1][0]
+    prev = 0.0 if b == 0 else buckets[b - 1][1]
+    end, cum = buckets[b]
+    in_bucket = cum - prev
+    if in_bucket <= 0:
+        return end
+    return start + (end - start) * (rank - prev) / in_bucket
+
+
+def parse_histograms(text: str, labels: dict[str, str] | None = None) -> dict[str, Histogram]:
+    """Every histogram in an exposition, summed over label sets (engines, ranks) that match.
+
+    Grouping goes by sample name (``*_bucket`` with an ``le`` label), so an exposition without
+    ``# TYPE`` lines still parses.
+    """
+    want = labels or {}
+    out: dict[str, Histogram] = {}
+    bucket_acc: dict[str, dict[float, float]] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueErrors with the offending line
+        raise PromError(f"not a Prometheus exposition: {exc}") from None
+    for fam in families:
+        for s in fam.samples:
+            if any(s.labels.get(k) != v for k, v in want.items()):
+                continue
+            name = s.name
+            if name.endswith("_bucket") and "le" in s.labels:
+                base = name[: -len("_bucket")]
+                le = float(s.labels["le"])
+                acc = bucket_acc.setdefault(base, {})
+                acc[le] = acc.get(le, 0.0) + s.value
+            elif name.endswith("_sum"):
+                out.setdefault(name[:-4], Histogram(name[:-4])).sum += s.value
+            elif name.endswith("_count"):
+                out.setdefault(name[:-6], Histogram(name[:-6])).count += s.value
+    for base, acc in bucket_acc.items():
+        h = out.setdefault(base, Histogram(base))
+        h.buckets = sorted(acc.items())
+    return {k: h for k, h in out.items() if h.buckets}
+
+
+def delta(before: Histogram | None, after: Histogram) -> Histogram:
+    """What was observed between two scrapes; a decrease means the server restarted."""
+    if before is None:
+        return Histogram(after.name, list(after.buckets), after.sum, after.count)
+    b = dict(before.buckets)
+    if set(b) - {le for le, _ in after.buckets}:
+        raise PromError(f"{after.name}: bucket bounds changed between scrapes")
+    buckets = [(le, c - b.get(le, 0.0)) for le, c in after.buckets]
+    d = Histogram(after.name, buckets, after.sum - before.sum, after.count - before.count)
+    if d.count < 0 or any(c < 0 for _, c in buckets):
+        raise PromError(f"{after.name}: counts went down between scrapes (server restarted?)")
+    return d
+
+
+@dataclass
+class ServerFigure:
+    """One server-side latency distribution over the run, in milliseconds."""
+
+    metric: str  # ttft | itl | tpot | e2e
+    source: str  # the Prometheus metric name used
+    count: float
+    mean_ms: float
+    quantiles_ms: dict[str, float]  # "p50" -> ms, interpolated from buckets
+    bucket_bounds_ms: list[float]
+
+
+def server_view(before: str | None, after: str, *, labels: dict[str, str] | None = None,
+                percentiles: Iterable[float] = (50, 90, 99)) -> dict[str, ServerFigure]:
+    """Server TTFT/ITL/TPOT/E2E over the interval between two /metrics texts."""
+    h_before = parse_histograms(before, labels) if before is not None else {}
+    h_after = parse_histograms(after, labels)
+    out: dict[str, ServerFigure] = {}
+    pcts = list(percentiles)
+    for metric, names in SERVER_METRICS.items():
+        present = [(n, delta(h_before.get(n), h_after[n])) for n in names if n in h_after]
+        if not present:
+            continue
+        # preferred name first, but not one that saw nothing when another did (both exported)
+        name, d = next(((n, d) for n, d in present if d.count > 0), present[0])
+        out[metric] = ServerFigure(
+            metric=metric,
+            source=name,
+            count=d.count,
+            mean_ms=d.mean() * 1000.0,
+            quantiles_ms={pct_name(p): d.quantile(p / 100.0) * 1000.0 for p in pcts},
+            bucket_bounds_ms=[le * 1000.0 for le, _ in d.buckets if math.isfinite(le)],
+        )
+    return out
+
+
+def pct_name(p: float) -> str:
+    """99 -> 'p99', 99.9 -> 'p99.9' (the names used in check ids use '_' for '.')."""
+    return f"p{p:g}"
+
+
+async def scrape(session, base_url: str) -> str:  # session: aiohttp.ClientSession
+    """GET /metrics as text; raises PromError naming the URL when it cannot be read."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                raise PromError(f"{url}: HTTP {resp.status}")
+            return await resp.text()
+    except PromError:
+        raise
+    except Exception as exc:
+        raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None
+
+
+def scrape_sync(base_url: str, timeout_s: float = 10.0) -> str:
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.read().decode("utf-8", "replace")
+    except Exception as exc:
+        raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,234 @@
+"""Synthetic request workloads with exact token lengths, reproducible from a seed.
+
+Prompts are token-id lists (vLLM's /v1/completions accepts ``prompt`` as a list of ints), so
+the input length the server sees is exactly the one we asked for: no tokenizer round trip can
+add or merge tokens. Output length is pinned with ``max_tokens`` plus ``ignore_eos``. Ids are
+drawn from ``[0, vocab_size)`` minus the special ids, because vLLM rejects ids outside the
+vocabulary and special ids (BOS/EOS/pad) change what the model does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence, Union
+
+LengthSpec = Union[int, Sequence[int]]  # an exact length, or [lo, hi] drawn uniformly (inclusive)
+
+_WORDS = (
+    "time year people way day man thing woman life child world school state family student group "
+    "country problem hand part place case week company system program question work government "
+    "number night point home water room mother area money story fact month lot right study book "
+    "eye job word business issue side kind head house service friend father power hour game line"
+).split()
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be built; the message names the setting at fault."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One synthetic request. ``prompt`` is a token-id list (completions) or text (chat)."""
+
+    index: int
+    prompt: list[int] | str
+    input_len: int  # exact for token-id prompts; the requested length for text prompts
+    output_len: int
+    prefix_group: int | None = None  # which shared prefix it starts with, if any
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """What the workload needs to know about a tokenizer: its size and the ids to avoid."""
+
+    size: int
+    special_ids: frozenset[int] = frozenset()
+
+    def usable(self) -> int:
+        return self.size - len({i for i in self.special_ids if 0 <= i < self.size})
+
+
+def read_vocab(model_dir: Path) -> Vocab:
+    """Vocab size and special ids from a HF ``tokenizer.json`` (+ ``config.json``), json only.
+
+    Reading the files directly keeps this usable where the tokenizer library is absent (an
+    external deployment checked from a laptop); the model's ``config.json`` ``vocab_size`` wins
+    over the tokenizer's count because the embedding matrix is what rejects an id.
+    """
+    model_dir = Path(model_dir)
+    tok_path = model_dir / "tokenizer.json"
+    try:
+        tok = json.loads(tok_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WorkloadError(f"{tok_path}: not found; pass vocab_size explicitly") from None
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{tok_path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    model = tok.get("model") or {}
+    vocab = model.get("vocab") or {}
+    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+    special: set[int] = set()
+    for added in tok.get("added_tokens") or []:
+        ids.add(int(added["id"]))
+        if added.get("special"):
+            special.add(int(added["id"]))
+    size = max(ids) + 1 if ids else 0
+    cfg_path = model_dir / "config.json"
+    if cfg_path.exists():
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{cfg_path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        cfg_size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        if isinstance(cfg_size, int) and cfg_size > 0:
+            size = min(size, cfg_size) if size else cfg_size
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            v = cfg.get(key)
+            for x in v if isinstance(v, list) else [v]:
+                if isinstance(x, int):
+                    special.add(x)
+    if size <= 0:
+        raise WorkloadError(f"{tok_path}: no vocabulary found")
+    return Vocab(size, frozenset(special))
+
+
+def _length_bounds(name: str, spec: LengthSpec, minimum: int) -> tuple[int, int]:
+    if isinstance(spec, bool):
+        raise WorkloadError(f"{name}: expected an int or [lo, hi], got {spec!r}")
+    if isinstance(spec, int):
+        lo = hi = spec
+    elif isinstance(spec, Sequence) and not isinstance(spec, str) and len(spec) == 2 and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in spec
+    ):
+        lo, hi = int(spec[0]), int(spec[1])
+    else:
+        raise WorkloadError(f"{name}: expected an int or [lo, hi], got {spec!r}")
+    if lo < minimum or hi < lo:
+        raise WorkloadError(f"{name}: need {minimum} <= lo <= hi, got {spec!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The request mix. Lengths are an int (fixed) or ``[lo, hi]`` (uniform, inclusive).
+
+    ``prefix_len > 0`` makes the shared-prefix workload: each prompt starts with one of
+    ``num_prefixes`` fixed prefixes of that many tokens (round-robin), then a unique suffix,
+    which is what exercises prefix caching. ``input_len`` counts the prefix.
+    """
+
+    input_len: LengthSpec = 128
+    output_len: LengthSpec = 64
+    prefix_len: int = 0
+    num_prefixes: int = 1
+    seed: int = 0
+
+    def validate(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        ilo, ihi = _length_bounds("input_len", self.input_len, 1)
+        olo, ohi = _length_bounds("output_len", self.output_len, 1)
+        if self.prefix_len < 0:
+            raise WorkloadError(f"prefix_len: must be >= 0, got {self.prefix_len}")
+        if self.prefix_len and self.prefix_len >= ilo:
+            raise WorkloadError(
+                f"prefix_len: {self.prefix_len} must be below the shortest input_len ({ilo}) "
+                "so every prompt has a unique suffix"
+            )
+        if self.num_prefixes < 1:
+            raise WorkloadError(f"num_prefixes: must be >= 1, got {self.num_prefixes}")
+        return (ilo, ihi), (olo, ohi)
+
+
+def _id_sampler(vocab: Vocab):
+    """A function rng -> token id, uniform over the usable ids, O(1) per draw."""
+    if vocab.size <= 0:
+        raise WorkloadError(f"vocab_size: must be > 0, got {vocab.size}")
+    specials = sorted(i for i in vocab.special_ids if 0 <= i < vocab.size)
+    usable = vocab.size - len(specials)
+    if usable <= 0:
+        raise WorkloadError(f"vocab_size {vocab.size}: every id is special; nothing to draw from")
+
+    # The x-th usable id is x plus the number of specials at or below it; with
+    # shifted[j] = specials[j] - j that count is bisect_right(shifted, x): O(log n) per draw.
+    shifted = [s - j for j, s in enumerate(specials)]
+
+    def draw(rng: random.Random) -> int:
+        x = rng.randrange(usable)
+        return x + bisect.bisect_right(shifted, x)
+
+    return draw
+
+
+def build_requests(spec: WorkloadSpec, vocab: Vocab | int, count: int, *, start_index: int = 0,
+                   stream: str = "main") -> list[Request]:
+    """``count`` token-id requests; the same (spec, vocab, count, stream) always gives the same list.
+
+    ``stream`` names an independent random stream, so warm-up requests never shift the
+    measured ones (changing the warm-up count leaves the measured prompts identical).
+    """
+    if isinstance(vocab, int):
+        vocab = Vocab(vocab)
+    (ilo, ihi), (olo, ohi) = spec.validate()
+    if count < 0:
+        raise WorkloadError(f"count: must be >= 0, got {count}")
+    draw = _id_sampler(vocab)
+    prefix_rng = random.Random(f"{spec.seed}:prefix")
+    prefixes = [[draw(prefix_rng) for _ in range(spec.prefix_len)] for _ in range(spec.num_prefixes)]
+    rng = random.Random(f"{spec.seed}:{stream}")
+    out: list[Request] = []
+    for k in range(count):
+        n_in = rng.randint(ilo, ihi)
+        n_out = rng.randint(olo, ohi)
+        group = None
+        ids: list[int] = []
+        if spec.prefix_len:
+            group = k % spec.num_prefixes
+            ids = list(prefixes[group])
+        ids.extend(draw(rng) for _ in range(n_in - len(ids)))
+        out.append(Request(start_index + k, ids, n_in, n_out, group))
+    return out
+
+
+def as_text(requests: Sequence[Request], seed: int = 0) -> list[Request]:
+    """Text versions of token-id requests for chat endpoints, which take no token ids.
+
+    Without the server's tokenizer the input length cannot be exact: one common English word
+    per requested token is a fair approximation for BPE vocabularies; the true count comes back
+    in ``usage.prompt_tokens`` and is what the results report.
+    """
+    out = []
+    for r in requests:
+        rng = random.Random(f"{seed}:text:{r.index}")
+        words = [_WORDS[t % len(_WORDS)] for t in r.prompt] if isinstance(r.prompt, list) else []
+        if not words:
+            words = [rng.choice(_WORDS) for _ in range(r.input_len)]
+        out.append(Request(r.index, " ".join(words), r.input_len, r.output_len, r.prefix_group))
+    return out
+
+
+def arrival_offsets(count: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Scheduled send times (s from the start) of an open-loop arrival process.
+
+    Gaps are gamma distributed with shape ``burstiness`` and mean ``1/rate`` (vLLM's
+    convention): burstiness 1 is a Poisson process, below 1 burstier, above 1 more regular.
+    The first request goes at t=0. ``rate = inf`` sends everything at once.
+    """
+    if count <= 0:
+        return []
+    if not rate > 0:
+        raise WorkloadError(f"request_rate: must be > 0, got {rate}")
+    if not burstiness > 0:
+        raise WorkloadError(f"burstiness: must be > 0, got {burstiness}")
+    if math.isinf(rate):
+        return [0.0] * count
+    rng = random.Random(f"{seed}:arrivals")
+    t = 0.0
+    out = [0.0]
+    for _ in range(count - 1):
+        gap = 1.0 / rate if math.isinf(burstiness) else rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+        t += gap
+        out.append(t)
+    return out

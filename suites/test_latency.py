@@ -1,0 +1,39 @@
+"""Stage 3 - latency: a reproducible streaming workload against the engine's HTTP API, judged
+against the SLA (TTFT, TPOT, ITL, E2E percentiles, throughput, goodput, error rate), with the
+engine's own /metrics as a cross-check."""
+
+from pathlib import Path
+
+import pytest
+
+from day0.engine import served_name
+from day0.latency import LatencySettings, SlaSettings, run_latency
+from day0.workload import read_vocab
+
+pytestmark = [pytest.mark.day0, pytest.mark.latency]
+
+
+def _model_dir(profile) -> Path | None:
+    if profile.model.source == "tiny":
+        from day0.tiny import cached_model
+
+        return cached_model(profile.model.tiny)
+    path = Path(str(profile.model.path))
+    return path if (path / "tokenizer.json").is_file() else None
+
+
+@pytest.fixture(scope="module")
+def latency_run(http_engine, day0_profile, day0_session):
+    model_dir = _model_dir(day0_profile)
+    if model_dir is None:
+        pytest.skip(f"synthetic prompts need the model's tokenizer.json locally; model.path "
+                    f"{day0_profile.model.path!r} is not a local directory with one")
+    settings = LatencySettings.from_table(day0_profile.latency)
+    sla = SlaSettings.from_table(day0_profile.sla.model_dump(exclude_none=True))
+    return run_latency(http_engine.base_url, served_name(day0_profile), read_vocab(model_dir), settings, sla,
+                       progress=day0_session.log)
+
+
+def test_latency_meets_sla(latency_run, day0_checks):
+    """TTFT/TPOT/ITL/E2E percentiles, throughput, goodput and errors against [sla]; client vs engine."""
+    day0_checks.extend(latency_run.checks())

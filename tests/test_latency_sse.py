@@ -1,0 +1,171 @@
+"""Stream parsing: the SSE parser (any byte split, line ending, comments, multi-line data parse
+the same) and the per-message token accounting (real vLLM chunks, generated streams, bad events)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from day0.loadgen import SSEEvent, SSEParser, TokenAccountant, _Failed
+
+# field values: any text without line breaks (surrogates cannot be UTF-8 encoded)
+line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=30)
+
+event_st = st.fixed_dictionaries({
+    "data": st.lists(line_text, max_size=4),
+    "event": st.one_of(st.none(), line_text.filter(lambda s: s != "")),
+    "comments": st.lists(line_text, max_size=2),
+})
+
+
+def serialize(events: list[dict], eol: str) -> bytes:
+    out = []
+    for ev in events:
+        for c in ev["comments"]:
+            out.append(":" + c + eol)
+        if ev["event"] is not None:
+            out.append("event: " + ev["event"] + eol)
+        for d in ev["data"]:
+            out.append("data: " + d + eol)
+        out.append(eol)
+    return "".join(out).encode("utf-8")
+
+
+def expected(events: list[dict]) -> list[tuple[str, str]]:
+    return [("\n".join(ev["data"]), ev["event"] or "message") for ev in events if ev["data"]]
+
+
+def feed_split(payload: bytes, cuts: list[int]) -> list[SSEEvent]:
+    p = SSEParser()
+    out: list[SSEEvent] = []
+    prev = 0
+    for c in sorted(set(cuts)) + [len(payload)]:
+        out.extend(p.feed(payload[prev:c]))
+        prev = c
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(event_st, max_size=6), st.sampled_from(["\n", "\r\n", "\r"]), st.data())
+def test_any_split_gives_the_events(events, eol, data):
+    payload = serialize(events, eol)
+    cuts = data.draw(st.lists(st.integers(0, len(payload)), max_size=12))
+    got = feed_split(payload, cuts)
+    assert [(e.data, e.event) for e in got] == expected(events)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(event_st, min_size=1, max_size=4), st.sampled_from(["\n", "\r\n"]))
+def test_byte_at_a_time_equals_whole(events, eol):
+    payload = serialize(events, eol)
+    whole = SSEParser().feed(payload)
+    p = SSEParser()
+    single = [e for i in range(len(payload)) for e in p.feed(payload[i:i + 1])]
+    assert [(e.data, e.event) for e in single] == [(e.data, e.event) for e in whole]
+
+
+@given(line_text.filter(lambda s: s != ""))
+def test_unterminated_event_is_not_dispatched_and_is_pending(text):
+    p = SSEParser()
+    assert p.feed(("data: " + text + "\n").encode()) == []  # no blank line yet: a cut stream
+    assert p.pending
+
+
+def test_data_field_rules():
+    p = SSEParser()
+    evs = p.feed(b"data:no-space\n\ndata:  two spaces\n\ndata\n\nid: 7\ndata: {\"a\": 1}\n\n: ping\n\n")
+    assert [e.data for e in evs] == ["no-space", " two spaces", "", '{"a": 1}']
+    assert evs[-1].id == "7"
+
+
+def test_utf8_split_inside_a_character():
+    payload = "data: héllo ✓\n\n".encode("utf-8")
+    cut = payload.index("✓".encode()) + 1  # in the middle of the 3-byte sequence
+    p = SSEParser()
+    assert p.feed(payload[:cut]) == []
+    assert [e.data for e in p.feed(payload[cut:])] == ["héllo ✓"]
+
+
+def test_bom_and_crlf_split_across_reads():
+    p = SSEParser()
+    out = p.feed(b"\xef\xbb")
+    out += p.feed(b"\xbfdata: x\r")
+    out += p.feed(b"\n\r")
+    out += p.feed(b"\ndata: y\r\n\r\n")
+    assert [e.data for e in out] == ["x", "y"]
+
+
+# ----------------------------------------------------------------------------- token accounting
+
+# A real vLLM 0.32 chat stream (tiny byte-level model, continuous usage): the role chunk, then a
+# token whose text is half a UTF-8 character (empty content), then two visible tokens, then usage.
+VLLM_CHAT = [
+    '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant",'
+    '"content":""},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":3,"total_tokens":3,"completion_tokens":0}}',
+    '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},'
+    '"logprobs":null,"finish_reason":null,"token_ids":null}],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1}}',
+    '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"\\u0786"},'
+    '"logprobs":null,"finish_reason":null,"token_ids":null}],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}',
+    '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"ry"},'
+    '"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}],"usage":{"prompt_tokens":3,'
+    '"total_tokens":6,"completion_tokens":3}}',
+    '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,'
+    '"total_tokens":6,"completion_tokens":3}}',
+]
+
+
+def test_real_vllm_chat_stream_counts_the_empty_text_token_and_not_the_role():
+    a = TokenAccountant()
+    assert [a.tokens_in(d) for d in VLLM_CHAT] == [0, 1, 1, 1, 0]
+    assert (a.final_tokens, a.prompt_tokens, a.weakest) == (3, 3, 1)
+
+
+def test_without_usage_the_empty_text_token_is_missed_and_marked():
+    a = TokenAccountant()
+    stripped = [json.dumps({k: v for k, v in json.loads(d).items() if k != "usage"}) for d in VLLM_CHAT[:4]]
+    assert [a.tokens_in(d) for d in stripped] == [0, 0, 1, 1]
+    assert a.weakest == 2 and a.final_tokens is None
+
+
+@st.composite
+def token_messages(draw):
+    n = draw(st.integers(1, 20))
+    counts = draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    texts = draw(st.lists(st.sampled_from(["", "a", "tok tok", "\u00e9"]), min_size=n, max_size=n))
+    return counts, texts
+
+
+@given(token_messages(), st.sampled_from(["completions", "chat"]))
+def test_accounting_recovers_the_tokens_of_every_message(msgs, endpoint):
+    counts, texts = msgs
+
+    def choice(text, extra):
+        base = {"index": 0, "text": text} if endpoint == "completions" else {"index": 0, "delta": {"content": text}}
+        return {**base, **extra}
+
+    cont, ids, plain = TokenAccountant(), TokenAccountant(), TokenAccountant()
+    cum = 0
+    for k, text in zip(counts, texts):
+        cum += k
+        assert cont.tokens_in(json.dumps({"choices": [choice(text, {})], "usage": {"completion_tokens": cum}})) == k
+        assert ids.tokens_in(json.dumps({"choices": [choice(text, {"token_ids": list(range(k))})]})) == k
+        assert plain.tokens_in(json.dumps({"choices": [choice(text, {})]})) == (1 if text else 0)
+    assert cont.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": cum, "prompt_tokens": 5}})) == 0
+    assert cont.final_tokens == cum and cont.prompt_tokens == 5
+    assert (cont.weakest, ids.weakest, plain.weakest) == (1, 0, 2)
+
+
+@pytest.mark.parametrize("data, kind", [
+    ('{"choices": [{"text": "x"', "malformed_event"),
+    ('[1, 2]', "malformed_event"),
+    ('{"choices": ["not an object"]}', "malformed_event"),
+    ('{"choices": [{"text": "x"}], "usage": {"completion_tokens": "many"}}', "malformed_event"),
+    ('{"error": {"message": "engine dead", "code": 500}}', "server_error"),
+])
+def test_bad_events_fail_the_request(data, kind):
+    with pytest.raises(_Failed) as exc:
+        TokenAccountant().tokens_in(data)
+    assert exc.value.kind == kind

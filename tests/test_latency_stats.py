@@ -1,0 +1,193 @@
+"""Latency formulas, metrics from request results, settings and the SLA judge (no network)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from day0.latency import (
+    LatencyRun,
+    LatencySettings,
+    SettingsError,
+    SlaSettings,
+    SweepPoint,
+    compute_metrics,
+    latency_checks,
+    per_token_itl,
+    percentile,
+    summarize,
+    tpot_of,
+)
+from day0.loadgen import LoadShape, PhaseResult, RequestResult
+from day0.prom import ServerFigure
+
+floats = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(floats, min_size=1, max_size=200), st.floats(0, 100))
+def test_percentile_matches_numpy_linear(values, p):
+    assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)), rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0, 1e4), min_size=1, max_size=100))
+def test_summary_matches_numpy(values):
+    s = summarize(values, [50, 99, 99.9])
+    assert s.count == len(values)
+    assert s.mean == pytest.approx(float(np.mean(values)), rel=1e-9, abs=1e-9)
+    assert s.std == pytest.approx(float(np.std(values)), rel=1e-6, abs=1e-6)
+    assert s.percentiles["p99.9"] == pytest.approx(float(np.percentile(values, 99.9)), rel=1e-9, abs=1e-9)
+    assert summarize([], [50]).count == 0 and math.isnan(summarize([], [50]).percentiles["p50"])
+
+
+@st.composite
+def messages(draw):
+    n = draw(st.integers(1, 30))
+    gaps = draw(st.lists(st.floats(0, 0.5), min_size=n, max_size=n))
+    t = np.cumsum(gaps).tolist()
+    counts = draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
+    return t, counts
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages())
+def test_per_token_itl_sums_to_decode_time(msgs):
+    t, n = msgs
+    itl = per_token_itl(t, n)
+    assert len(itl) == sum(n) - 1
+    assert math.fsum(itl) == pytest.approx(t[-1] - t[0], abs=1e-9)
+    if sum(n) > 1:  # its mean is the request's TPOT when usage agrees with the messages
+        r = result(0, t, n)
+        assert tpot_of(r) == pytest.approx(math.fsum(itl) / len(itl), abs=1e-12)
+
+
+def result(index: int, msg_t: list[float], msg_n: list[int], *, ok: bool = True, error: str | None = None,
+           scheduled: float = 100.0, lag: float = 0.0) -> RequestResult:
+    r = RequestResult(index, "measure", scheduled, scheduled + lag, 8, sum(msg_n) or 4)
+    r.msg_t, r.msg_n = list(msg_t), list(msg_n)
+    r.output_tokens = sum(msg_n)
+    r.ok, r.error, r.reason = ok, error, (f"{error} reason" if error else "")
+    r.finished = scheduled + (msg_t[-1] if msg_t else 0.5)
+    r.token_source = "continuous_usage"
+    return r
+
+
+def phase_of(results: list[RequestResult], duration: float = 2.0) -> PhaseResult:
+    return PhaseResult("measure", LoadShape(), results, 100.0, 100.0 + duration)
+
+
+def test_metrics_keep_failures_out_of_every_statistic():
+    good = [result(i, [0.010, 0.015, 0.020], [1, 1, 2]) for i in range(3)]
+    bad = [result(3, [5.0, 6.0], [1, 1], ok=False, error="dropped_stream"),
+           result(4, [], [], ok=False, error="http_error"),
+           result(5, [9.0], [1], ok=False, error="timeout")]
+    m = compute_metrics(phase_of(good + bad), [50, 99], {"ttft": 50.0})
+    assert (m.sent, m.completed, m.failed) == (6, 3, 3)
+    assert m.errors == {"dropped_stream": 1, "http_error": 1, "timeout": 1}
+    assert m.error_rate == pytest.approx(0.5)
+    assert m.stats["ttft"].count == 3 and m.stats["ttft"].max == pytest.approx(10.0)
+    assert m.stats["itl"].count == 6 and m.stats["itl_token"].count == 9
+    assert m.stats["tpot"].mean == pytest.approx((20.0 - 10.0) / 3)
+    assert m.output_tokens == 12 and m.output_throughput == pytest.approx(6.0)
+    assert m.good_requests == 3 and m.goodput == pytest.approx(1.5)
+
+
+def test_goodput_uses_every_slo_and_single_token_requests_have_no_tpot():
+    rs = [result(0, [0.010], [1]),  # one token: no TPOT, counts as meeting the TPOT SLO
+          result(1, [0.010, 0.110], [1, 1]),  # TPOT 100 ms: misses
+          result(2, [0.060, 0.070], [1, 1])]  # TTFT 60 ms: misses
+    m = compute_metrics(phase_of(rs, 1.0), [50], {"ttft": 50.0, "tpot": 50.0})
+    assert m.stats["tpot"].count == 2
+    assert tpot_of(rs[0]) is None
+    assert m.good_requests == 1
+
+
+def test_ttft_is_from_scheduled_and_server_comparison_from_sent():
+    rs = [result(0, [0.050, 0.060], [1, 1], lag=0.030)]
+    m = compute_metrics(phase_of(rs), [50])
+    assert m.stats["ttft"].mean == pytest.approx(50.0)
+    assert m.stats["ttft_from_send"].mean == pytest.approx(20.0)
+    assert m.stats["send_lag"].mean == pytest.approx(30.0)
+
+
+def test_sla_table_parsing_and_limits():
+    sla = SlaSettings.from_table({"ttft_p99_ms": 500, "ttft_p90_ms": 200, "tpot_p99_9_ms": 80,
+                                  "max_error_rate": 0.01, "e2e_p50_ms": 1000})
+    assert sla.latency_limits() == [("ttft", 90.0, 200.0), ("ttft", 99.0, 500.0), ("tpot", 99.9, 80.0),
+                                    ("e2e", 50.0, 1000.0)]
+    assert sla.per_request_slo() == {"ttft": 500.0, "tpot": 80.0, "e2e": 1000.0}
+    with pytest.raises(SettingsError, match="sla.ttft_ms"):
+        SlaSettings.from_table({"ttft_ms": 3})
+    with pytest.raises(SettingsError, match="sla.max_error_rate"):
+        SlaSettings(max_error_rate=2)
+    with pytest.raises(SettingsError, match="sla.tpot_p99_ms"):
+        SlaSettings(tpot_p99_ms=-1)
+
+
+@pytest.mark.parametrize("table, key", [
+    ({"endpoint": "embeddings"}, "latency.endpoint"),
+    ({"load": "rate", "request_rate": 0}, "latency.request_rate"),
+    ({"concurrency": 0}, "latency.concurrency"),
+    ({"input_len": [10, 2]}, "latency.input_len"),
+    ({"sweep_rates": [4, 2]}, "latency.sweep_rates"),
+    ({"percentiles": [101]}, "latency.percentiles"),
+    ({"bogus": 1}, "latency.bogus"),
+])
+def test_latency_settings_errors_name_the_key(table, key):
+    with pytest.raises(SettingsError, match=key):
+        LatencySettings.from_table(table)
+
+
+def run_of(results: list[RequestResult], sla: SlaSettings, server=None, sweep=None, **kw) -> LatencyRun:
+    s = LatencySettings(**kw)
+    m = compute_metrics(phase_of(results), sorted(set(s.percentiles) | {99.0}), sla.per_request_slo())
+    return LatencyRun("http://x", "m", s, sla, m, None, server, None if server else "no /metrics", sweep or [])
+
+
+def by_id(checks):
+    return {c.id: c for c in checks}
+
+
+def test_checks_judge_limits_and_errors():
+    rs = [result(i, [0.010 * (i + 1), 0.010 * (i + 1) + 0.004], [1, 1]) for i in range(10)]
+    rs.append(result(10, [], [], ok=False, error="timeout"))
+    sla = SlaSettings(ttft_p99_ms=50.0, tpot_p99_ms=10.0, max_error_rate=0.2, limits={"ttft_p50_ms": 100.0})
+    c = by_id(latency_checks(run_of(rs, sla)))
+    assert c["latency.ttft_p99"].status == "fail" and c["latency.ttft_p99"].value == pytest.approx(99.1, abs=0.01)
+    assert c["latency.ttft_p50"].status == "pass"
+    assert c["latency.tpot_p99"].status == "pass" and c["latency.tpot_p99"].value == pytest.approx(4.0)
+    assert c["latency.itl_p99"].limit is None and c["latency.e2e_p99"].status == "pass"
+    assert c["latency.error_rate"].status == "pass" and c["latency.error_rate"].value == pytest.approx(1 / 11, abs=1e-6)
+    assert "timeout" in c["latency.error_rate"].message
+    assert len(c["latency.ttft_p99"].evidence["samples"]) == 10
+    assert c["latency.goodput"].status == "pass"
+    assert c["latency.server_agreement"].status == "skip"
+    tight = by_id(latency_checks(run_of(rs, SlaSettings(max_error_rate=0.0))))
+    assert tight["latency.error_rate"].status == "fail"
+    assert tight["latency.goodput"].status == "skip"
+
+
+def test_agreement_check_flags_disagreement():
+    rs = [result(i, [0.040, 0.050, 0.060], [1, 1, 1]) for i in range(5)]
+    fig = lambda metric, mean: ServerFigure(metric, "vllm:x", 5, mean, {"p50": mean, "p99": mean}, [])  # noqa: E731
+    close = {"ttft": fig("ttft", 38.0), "itl": fig("itl", 10.5)}
+    c = by_id(latency_checks(run_of(rs, SlaSettings(), close, agreement_abs_ms=5.0)))["latency.server_agreement"]
+    assert c.status == "pass" and c.value == pytest.approx(2.0)
+    far = {"ttft": fig("ttft", 20.0), "itl": fig("itl", 10.0)}
+    c = by_id(latency_checks(run_of(rs, SlaSettings(), far, agreement_abs_ms=5.0)))["latency.server_agreement"]
+    assert c.status == "fail" and "DISAGREE" in c.message and c.limit == pytest.approx(10.0)
+
+
+def test_sweep_check_reports_the_highest_passing_rate():
+    rs = [result(i, [0.01, 0.02], [1, 1]) for i in range(4)]
+    sla = SlaSettings(ttft_p99_ms=30.0)
+    m = compute_metrics(phase_of(rs), [50, 99], sla.per_request_slo())
+    sweep = [SweepPoint(1.0, m, True, []), SweepPoint(2.0, m, True, []), SweepPoint(4.0, m, False, ["ttft_p99"])]
+    c = by_id(latency_checks(run_of(rs, sla, sweep=sweep)))["latency.sla_sweep"]
+    assert c.value == 2.0 and "4 req/s misses" in c.message
+    assert c.evidence["charts"][0]["series"][0]["x"] == [1.0, 2.0, 4.0]

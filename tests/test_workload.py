@@ -1,0 +1,149 @@
+"""Synthetic workloads: exact lengths, ids inside the vocabulary, seeds, prefixes, arrivals."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from day0.workload import (
+    Vocab,
+    WorkloadError,
+    WorkloadSpec,
+    _id_sampler,
+    arrival_offsets,
+    as_text,
+    build_requests,
+    read_vocab,
+)
+
+
+class FixedDraw:
+    """An rng stand-in whose randrange returns a chosen value, to enumerate the id mapping."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def randrange(self, n: int) -> int:
+        assert 0 <= self.x < n
+        return self.x
+
+
+@given(st.integers(1, 300), st.data())
+def test_id_mapping_is_a_bijection_onto_the_non_special_ids(size, data):
+    specials = frozenset(data.draw(st.sets(st.integers(0, size + 5), max_size=size - 1)))
+    vocab = Vocab(size, specials)
+    draw = _id_sampler(vocab)
+    usable = vocab.usable()
+    got = [draw(FixedDraw(x)) for x in range(usable)]  # type: ignore[arg-type]
+    assert got == sorted(set(range(size)) - specials)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5000), st.integers(1, 64), st.integers(1, 64), st.integers(0, 2**32), st.data())
+def test_lengths_exact_and_ids_in_vocab(size, n_in, n_out, seed, data):
+    specials = frozenset(data.draw(st.sets(st.integers(0, size - 1), max_size=min(size - 1, 8))))
+    reqs = build_requests(WorkloadSpec(n_in, n_out, seed=seed), Vocab(size, specials), 5)
+    for r in reqs:
+        assert isinstance(r.prompt, list)
+        assert len(r.prompt) == r.input_len == n_in
+        assert r.output_len == n_out
+        assert all(0 <= t < size and t not in specials for t in r.prompt)
+
+
+def test_seed_reproduces_and_streams_are_independent():
+    spec = WorkloadSpec([8, 40], [4, 9], seed=7)
+    a = build_requests(spec, 1000, 20)
+    assert a == build_requests(spec, 1000, 20)
+    assert a != build_requests(WorkloadSpec([8, 40], [4, 9], seed=8), 1000, 20)
+    assert build_requests(spec, 1000, 20, stream="warmup") != a
+    assert build_requests(spec, 1000, 30)[:20] == a  # asking for more keeps the first ones
+
+
+def test_uniform_ranges_are_inclusive_and_used():
+    reqs = build_requests(WorkloadSpec([3, 6], [1, 2], seed=1), 50, 400)
+    assert {r.input_len for r in reqs} == {3, 4, 5, 6}
+    assert {r.output_len for r in reqs} == {1, 2}
+
+
+def test_shared_prefix_groups():
+    spec = WorkloadSpec(40, 4, prefix_len=32, num_prefixes=3, seed=3)
+    reqs = build_requests(spec, 30000, 9)
+    prefixes = {r.prefix_group: tuple(r.prompt[:32]) for r in reqs}
+    assert len(set(prefixes.values())) == 3
+    for r in reqs:
+        assert tuple(r.prompt[:32]) == prefixes[r.prefix_group] and len(r.prompt) == 40
+    assert len({tuple(r.prompt[32:]) for r in reqs}) == 9  # unique suffixes
+    warm = build_requests(spec, 30000, 3, stream="warmup")
+    assert {tuple(r.prompt[:32]) for r in warm} <= set(prefixes.values())  # warm-up warms the same prefixes
+
+
+@pytest.mark.parametrize("spec, key", [
+    (WorkloadSpec(0, 4), "input_len"),
+    (WorkloadSpec([9, 3], 4), "input_len"),
+    (WorkloadSpec(8, "x"), "output_len"),  # type: ignore[arg-type]
+    (WorkloadSpec(8, 4, prefix_len=8), "prefix_len"),
+    (WorkloadSpec(8, 4, num_prefixes=0), "num_prefixes"),
+])
+def test_bad_specs_name_the_key(spec, key):
+    with pytest.raises(WorkloadError, match=key):
+        build_requests(spec, 100, 1)
+
+
+def test_all_special_vocab_is_refused():
+    with pytest.raises(WorkloadError, match="every id is special"):
+        build_requests(WorkloadSpec(4, 4), Vocab(2, frozenset({0, 1})), 1)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_arrivals_have_the_asked_rate_and_burstiness(burstiness):
+    rate = 50.0
+    t = arrival_offsets(20001, rate, burstiness, seed=11)
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert t[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(1 / rate, rel=0.05)
+    cv = statistics.pstdev(gaps) / statistics.fmean(gaps)
+    assert cv == pytest.approx(1 / burstiness ** 0.5, rel=0.1)  # gamma shape k: CV = 1/sqrt(k)
+    assert arrival_offsets(100, rate, burstiness, seed=11) == t[:100]
+
+
+def test_infinite_rate_sends_everything_at_once():
+    assert arrival_offsets(5, float("inf"), 1.0, 0) == [0.0] * 5
+    with pytest.raises(WorkloadError, match="request_rate"):
+        arrival_offsets(5, 0.0, 1.0, 0)
+
+
+def test_read_vocab_from_a_real_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>", "<unk>"])
+    tok.train_from_iterator(["hello world", "day zero latency check"] * 50, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": tok.get_vocab_size(), "eos_token_id": 1}))
+    v = read_vocab(tmp_path)
+    assert v.size == tok.get_vocab_size()
+    assert {tok.token_to_id(s) for s in ("<s>", "</s>", "<unk>")} <= v.special_ids
+    reqs = build_requests(WorkloadSpec(16, 4), v, 10)
+    for r in reqs:
+        assert len(tok.decode(r.prompt, skip_special_tokens=False)) > 0  # the tokenizer accepts every id
+        assert not set(r.prompt) & v.special_ids
+
+
+def test_read_vocab_errors_name_the_file(tmp_path):
+    with pytest.raises(WorkloadError, match="tokenizer.json: not found"):
+        read_vocab(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{broken")
+    with pytest.raises(WorkloadError, match="tokenizer.json: not JSON"):
+        read_vocab(tmp_path)
+
+
+def test_chat_text_keeps_indices_and_lengths():
+    reqs = build_requests(WorkloadSpec(12, 3), 500, 4)
+    text = as_text(reqs)
+    assert [r.index for r in text] == [0, 1, 2, 3]
+    assert all(isinstance(r.prompt, str) and len(r.prompt.split()) == 12 for r in text)
