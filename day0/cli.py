@@ -207,7 +207,11 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if args.command != "run":
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.pytest_args = [*rest, *args.pytest_args]  # pytest's own options pass through
     try:
         return int(args.func(args) or 0)
     except (profiles.ProfileError, RecordError, FileNotFoundError, ValueError) as exc:
