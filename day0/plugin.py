@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from day0.engine import EngineError, ViewUnavailable
-from day0.profile import DEFAULT_PROFILE, ProfileError, load_profile, parse_override
+from day0.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
 from day0.record import Check, measured, one_line
 from day0.session import Day0Session
 from day0.stages import STAGE_NAMES, STAGES
@@ -25,6 +25,7 @@ SESSION_KEY = pytest.StashKey[Day0Session]()
 RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
 BLOCKED_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey[Any]()
+PROFILE_KEY = pytest.StashKey[Profile]()
 
 
 class CheckRecorder:
@@ -77,20 +78,18 @@ def pytest_configure(config: pytest.Config) -> None:
         _profile(config)  # an explicit profile is checked before collection: fail in a second
 
 
-def _profile(config: pytest.Config):
-    cached = getattr(config, "_day0_profile", None)
+def _profile(config: pytest.Config) -> Profile:
+    cached = config.stash.get(PROFILE_KEY, None)
     if cached is not None:
         return cached
     overrides: dict[str, Any] = {}
     try:
         for text in config.getoption("--day0-set"):
-            from day0.profile import deep_merge
-
             overrides = deep_merge(overrides, parse_override(text))
         profile = load_profile(config.getoption("--day0-profile"), overrides=overrides or None)
     except ProfileError as exc:
         raise pytest.UsageError(f"day0: {exc}") from None
-    config._day0_profile = profile  # type: ignore[attr-defined]
+    config.stash[PROFILE_KEY] = profile
     return profile
 
 
