@@ -15,7 +15,7 @@ demo: install
 
 test: install
 	@bash scripts/install-browser.sh
-	$(VENV)/bin/python -m pytest tests -v $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -v --durations=15 $(PYTEST_ARGS)
 
 clean-reports:
 	rm -rf reports/*/ reports/latest

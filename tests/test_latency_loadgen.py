@@ -228,7 +228,8 @@ def test_run_latency_end_to_end_with_server_agreement(server):
     assert run.server["ttft"].count == 12  # warm-up excluded from the engine view too
     assert checks["latency.token_accounting"].value == "continuous_usage"
 
-    server.set_script(Script(ttft_ms=[20, 30], gaps_ms=[4], metrics_ttft_bias_ms=40.0,
+    # a bias far beyond any scheduling noise, so the disagreement shows on a loaded box too
+    server.set_script(Script(ttft_ms=[20, 30], gaps_ms=[4], metrics_ttft_bias_ms=400.0,
                              itl_metric="vllm:time_per_output_token_seconds"))
     run = run_latency(server.url, "scripted", VOCAB, s, SlaSettings())
     c = {c.id: c for c in run.checks()}["latency.server_agreement"]
