@@ -200,9 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their module (each module exposes ``add_cli``)."""
-    from day0 import collectives, latency, report
+    from day0 import collectives, compare, latency, report
 
-    return [report.add_cli, collectives.add_cli, latency.add_cli]
+    return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,6 +68,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="folder of Jinja2 templates overriding the report's blocks (default: report.template_dir)")
     group.addoption("--day0-set", action="append", default=[], metavar="KEY.PATH=VALUE",
                     help="override a profile value, e.g. engine.args.max_num_seqs=8 (repeatable)")
+    group.addoption("--day0-baseline", default=None, metavar="PATH|latest-accepted|latest",
+                    help="compare the run with this baseline run (a regression rejects the run; see docs/ci.md)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -122,7 +124,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         out = Path(config.invocation_params.dir) / out
     template_dir = config.getoption("--day0-template-dir")
     day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config),
-                       template_dir=Path(template_dir) if template_dir else None)
+                       template_dir=Path(template_dir) if template_dir else None,
+                       baseline=config.getoption("--day0-baseline"))
     day0.start()
     config.stash[SESSION_KEY] = day0
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -219,6 +222,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     day0 = _session(session.config)
     if day0 is not None and day0.record is None:
         day0.finish(int(exitstatus))
+        from day0.compare import regressed
+
+        if regressed(day0.record) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a regression fails the nightly job
     handler = session.config.stash.get(SIGTERM_KEY, None)
     if handler is not None and signal.getsignal(signal.SIGTERM) is handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -24,6 +24,7 @@ import jinja2
 from markupsafe import Markup
 
 from day0 import charts
+from day0.compare import REGRESSION_STAGE, SUMMARY_ID
 from day0.junit import write_junit
 from day0.record import RUN_FILE, Check, RecordError, RunRecord, load
 from day0.signoff import (
@@ -45,7 +46,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "report.html.j2"
 REPORT_FILE = "report.html"
 JUNIT_FILE = "junit.xml"
-KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt")
+KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
 MAX_TABLE_ROWS = 500
 MAX_LOG_CHARS = 20_000
 MAX_JSON_CHARS = 16_000
@@ -262,7 +263,7 @@ def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
 
 
 def stage_views(record: RunRecord) -> list[StageView]:
-    meta = {s.name: s for s in STAGES}
+    meta = {s.name: s for s in (*STAGES, REGRESSION_STAGE)}
     seen: set[str] = set()
     out = []
     for s in record.stages:
@@ -279,6 +280,42 @@ def stage_views(record: RunRecord) -> list[StageView]:
             StageView(s.name, m.title if m else s.name, m.question if m else "", s.verdict, counts, views)
         )
     return out
+
+
+@dataclass
+class RegressionView:
+    """The comparison with the baseline, from the record's regression stage (day0.compare)."""
+
+    verdict: str
+    message: str
+    baseline: list[tuple[str, str]]
+    counts: list[tuple[str, int]]
+    table: TableView | None
+    charts: list[ChartView]
+    notes: list[str]
+
+
+def regression_view(record: RunRecord) -> RegressionView | None:
+    """None when the run was not compared; changes first in the table, unchanged rows last."""
+    stage = next((s for s in record.stages if s.name == REGRESSION_STAGE.name), None)
+    summary = next((c for c in stage.checks if c.id == SUMMARY_ID), None) if stage else None
+    if stage is None or summary is None:
+        return None
+    ev = summary.evidence if isinstance(summary.evidence, dict) else {}
+    base = ev.get("baseline") if isinstance(ev.get("baseline"), dict) else {}
+    facts = [(k, fmt_value(base.get(key))) for k, key in (("Baseline", "label"), ("Baseline file", "path")) if base.get(key)]
+    counts = ev.get("counts") if isinstance(ev.get("counts"), dict) else {}
+    table, _ = _table(ev["table"], f"{SUMMARY_ID} evidence.table") if "table" in ev else (None, None)
+    charts_out: list[ChartView] = []
+    for i, raw in enumerate(ev.get("trend_charts") or []):
+        where = f"{SUMMARY_ID} evidence.trend_charts[{i}]"
+        try:
+            charts_out.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
+        except charts.ChartError as exc:
+            charts_out.append(ChartView(problem=f"{where}: {exc}"))
+    notes = [str(n) for n in ev.get("notes") or []]
+    return RegressionView(stage.verdict, summary.message, facts, [(str(k), int(v)) for k, v in counts.items()],
+                          table, charts_out, notes)
 
 
 def resolve_signatories(record: RunRecord, signatories: Iterable[Any] | None) -> list[Signatory]:
@@ -345,6 +382,7 @@ def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Sig
         "profile_sections": sections,
         "notes_rows": flatten(record.notes or {}),
         "stages": stages,
+        "regression": regression_view(record),
         "failed": failed,
         "totals": {k: sum(s.counts[k] for s in stages) for k in ("pass", "fail", "error", "skip", "blocked")},
         "signoff": signoff,

@@ -52,6 +52,7 @@ class Day0Session:
     record: RunRecord | None = None
     outputs: dict[str, Path] = field(default_factory=dict)  # label -> path, for the summary
     report_error: str = ""
+    baseline: str | None = None  # --day0-baseline: a run.json path, or latest-accepted / latest (day0.compare)
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
 
     def __post_init__(self) -> None:
@@ -95,6 +96,9 @@ class Day0Session:
         self.engines.stop()
         self.events.run_finished(exit_status)
         self.record = rebuild(self.run_dir)
+        from day0.compare import finish_run
+
+        self.record = finish_run(self)  # regression vs baseline (before the report), then store in history
         self.outputs = {"run record": self.run_json}
         try:
             from day0.report import publish
