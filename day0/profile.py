@@ -12,9 +12,11 @@ import copy
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from day0.risk_settings import AccuracySettings, CostSettings, IsolationSettings
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 DEFAULT_PROFILE = "cpu-tiny"
@@ -115,9 +117,38 @@ class SlaSection(_Section):
 
 
 class KvCacheSection(_Section):
+    """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
+
     fragmentation_limit: float = Field(0.05, gt=0, lt=1)
     target_context: int = Field(16384, gt=0)
     target_concurrency: int = Field(1, ge=1)
+    # Workload: total context (prompt + output) of each long request; empty: target_context, /2, /4, /8.
+    context_lengths: list[int] = []
+    short_requests: int = Field(4, ge=0)  # short requests mixed in (chat-sized)
+    short_lengths: list[int] = [128, 1024]  # [lo, hi] total context (prompt + output) of a short request
+    shared_prefix_tokens: int = Field(3000, ge=0)  # 0: no shared-prefix requests
+    shared_prefix_requests: int = Field(2, ge=0)  # requests starting with that one prefix
+    output_tokens: int = Field(64, ge=3)  # per request (ignore_eos); must outlast the prefill of the rest
+    workload_timeout_s: float = Field(600.0, gt=0)
+    # Thresholds
+    max_preemptions: int = Field(0, ge=0)
+    min_capacity_margin: float = Field(0.0, ge=0)  # KV pool / (target_context x concurrency) - 1
+    agreement_limit: float = Field(0.01, gt=0, lt=1)  # |exact - /metrics estimate|, absolute (0.01 = 1 pp)
+    # Prefix-cache correctness: greedy tokens of a long prompt, cold then warm
+    prefix_check_tokens: int = Field(4096, gt=1)
+    prefix_check_output_tokens: int = Field(16, gt=0)
+    scrape_interval_s: float = Field(0.1, gt=0)  # /metrics sampling period of the black-box view
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _workload(self) -> "KvCacheSection":
+        if any(n <= self.output_tokens for n in self.context_lengths):
+            raise ValueError(f"context_lengths: every length must exceed output_tokens ({self.output_tokens})")
+        if len(self.short_lengths) != 2 or not self.output_tokens < self.short_lengths[0] <= self.short_lengths[1]:
+            raise ValueError(f"short_lengths: expected [lo, hi] with output_tokens ({self.output_tokens}) < lo <= hi")
+        if self.prefix_check_output_tokens >= self.prefix_check_tokens:
+            raise ValueError("prefix_check_output_tokens: must be below prefix_check_tokens")
+        return self
 
 
 class WeightsSection(_Section):
@@ -135,6 +166,14 @@ class PreflightSection(_Section):
     activation_headroom_gib: float = Field(2.0, ge=0)
 
 
+class RisksSection(_Section):
+    """[risks]: tenant isolation, quantization accuracy, cost (tables in day0.risk_settings)."""
+
+    isolation: IsolationSettings = IsolationSettings()
+    accuracy: AccuracySettings = AccuracySettings()
+    cost: CostSettings = CostSettings()
+
+
 class Signatory(_Section):
     name: str
     role: str
@@ -145,6 +184,35 @@ class ReportSection(_Section):
     out_dir: str = "reports"
     template_dir: Optional[str] = None
     signatories: list[Signatory] = []
+
+
+class CompareSection(_Section):
+    """[compare]: history and regression against a baseline run (day0.history, day0.compare)."""
+
+    history: bool = True  # keep every run's run.json under history_dir/<profile>/<machine>/
+    history_dir: str = "history"  # absolute, or relative to report.out_dir
+    machine: str = ""  # history folder for this hardware; "" = derived from the recorded devices
+    default_tolerance: Union[str, float] = "5%"  # "5%" of the baseline value, or absolute in the unit
+    tolerances: dict[str, Union[str, float]] = {}  # check id, id suffix or glob -> tolerance
+    alpha: float = Field(0.05, gt=0, lt=0.5)  # significance level where samples exist
+    method: Literal["auto", "mann-whitney", "bootstrap", "none"] = "auto"
+    min_samples: int = Field(5, ge=2)
+    bootstrap: int = Field(1000, ge=100)
+    fail_on_missing: bool = False
+    trend_runs: int = Field(10, ge=2)
+    trend_checks: list[str] = []  # ids/globs charted; [] = the compared metrics, regressions first
+
+    @field_validator("default_tolerance", "tolerances")
+    @classmethod
+    def _tolerance(cls, value: Any) -> Any:
+        from day0.compare import CompareError, Tolerance
+
+        try:
+            for key, raw in (value.items() if isinstance(value, dict) else [("", value)]):
+                Tolerance.parse(raw, key)
+        except CompareError as exc:
+            raise ValueError(str(exc).removeprefix(": ")) from None
+        return value
 
 
 class Profile(_Section):
@@ -163,6 +231,8 @@ class Profile(_Section):
     # validated by day0.latency.LatencySettings (its field names are the TOML keys)
     latency: dict[str, Any] = {}
     report: ReportSection = ReportSection()
+    risks: RisksSection = RisksSection()
+    compare: CompareSection = CompareSection()
     # Where the profile came from (file path or preset name); not a TOML key.
     origin: str = Field("", exclude=True)
 

@@ -18,6 +18,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("collectives", "Collective communication", "are collectives correct and fast on this topology?"),
     Stage("latency", "Prefill/decode latency", "do TTFT, TPOT and throughput meet the SLA?"),
     Stage("kvcache", "KV cache at long context", "is PagedAttention fragmentation under the limit?"),
+    Stage("risks", "Risks: tenant isolation, accuracy, cost",
+          "are tenants kept apart, is the served model as accurate as its reference, and is it within budget?"),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 

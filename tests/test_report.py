@@ -446,3 +446,17 @@ def test_any_samples_draw_or_name_the_problem(xs: list[float], limit: float | No
         except charts.ChartError:
             continue
         assert "inf" not in svg and "nan" not in svg
+
+
+def test_declared_items_are_apart_from_measured_ones(tmp_path: Path) -> None:
+    from day0.record import Check
+
+    measured_check = Check(id="risks.isolation.cache_salt", title="salted tenants share no cache", status="pass",
+                           value=0, limit=0, message="tenant B got 0 cached tokens")
+    declared_check = Check(id="risks.isolation.network", title="network isolation", status="skip",
+                           message="declared, not measured: per-tenant VLANs", evidence={"declared": True})
+    _, html, _ = rendered(tmp_path, rf.make_record({"risks": [measured_check, declared_check]}))
+    measured_part, declared_part = html.split("Declared, not measured: a person confirms these at sign-off")
+    assert "risks.isolation.cache_salt" in measured_part.split('id="stage-risks"')[1]
+    assert "risks.isolation.network" in declared_part.split("</table>")[0]
+    assert "risks.isolation.network" not in measured_part.split('id="stage-risks"')[1].split("</table>")[0]

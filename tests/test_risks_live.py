@@ -1,0 +1,126 @@
+"""Stage risks against live vLLM servers on the tiny model: each check passes and fails for real.
+
+Two servers for the whole module, started side by side (start-up is the slow part, ~1 min each
+on 2 cores): the cpu-tiny deployment, and a reference serving a copy of its weights redrawn from
+another seed (same tokenizer and config), started through ``reference_engine`` as the stage does.
+"""
+
+import contextlib
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from day0.accuracy import accuracy_checks, compare, fetch_prompt_logprobs, reference_engine, tokenize
+from day0.cost import cost_checks, estimate, measure_throughput
+from day0.engine import ServerEngine, served_name
+from day0.isolation import isolation_checks, run_isolation
+from day0.profile import load_profile
+from day0.risk_settings import AccuracySettings, CostSettings, IsolationSettings
+from day0.tiny import cached_model
+from day0.workload import read_vocab
+
+
+def perturbed_copy(src: Path, dst: Path, seed: int) -> Path:
+    """The same checkpoint layout, tokenizer and config; every matrix redrawn from ``seed``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(str(src / shard))
+        out = {k: (torch.randn(v.shape, generator=gen) * 0.02 if v.ndim == 2 else v).contiguous()
+               for k, v in tensors.items()}
+        save_file(out, str(dst / shard), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    profile = load_profile("cpu-tiny")
+    run_dir = tmp_path_factory.mktemp("risks-live")
+    model_dir = cached_model(profile.model.tiny)
+    other = perturbed_copy(model_dir, run_dir / "tiny-other-seed", seed=profile.model.tiny.seed + 1)
+    # the first arg set is one vLLM rejects: the reference must fall back to the next one
+    settings = AccuracySettings(reference="variant", reference_model=str(other),
+                                reference_args=[{"day0_no_such_flag": True}, {}])
+    deployed = ServerEngine(profile, run_dir, print, name="deployed")
+    stack = contextlib.ExitStack()
+    # PR_SET_PDEATHSIG fires when the *thread* that started a server exits, so the reference is
+    # started on a pool thread that lives until the servers are stopped.
+    pool = ThreadPoolExecutor(max_workers=1)
+    reference = pool.submit(lambda: stack.enter_context(reference_engine(profile, settings, run_dir, print)))
+    try:
+        try:
+            deployed.start()
+        finally:
+            ref = reference.result()
+        yield profile, deployed, ref, model_dir
+    finally:
+        stack.close()
+        deployed.stop()
+        pool.shutdown()
+
+
+def _checks(checks):
+    return {c.id: c for c in checks}
+
+
+def test_salts_keep_tenants_apart_and_unsalted_tenants_share(live):
+    profile, deployed, _, _ = live
+    model = served_name(profile)
+    base = dict(tenants=2, prompt_tokens=256, timing_samples=2, network="loopback", storage="memory")
+    salted = _checks(isolation_checks(run_isolation(deployed.base_url, model, IsolationSettings(**base))))
+    assert salted["risks.isolation.cache_salt"].status == "pass", salted["risks.isolation.cache_salt"].message
+    assert salted["risks.isolation.cache_salt"].evidence["tenant_a_repeat_cached_tokens"] > 0
+    assert salted["risks.isolation.tenant_policy"].status == "pass"
+    timing = salted["risks.isolation.timing_signal"]
+    assert timing.evidence["hit_cached_tokens"] == [salted["risks.isolation.cache_salt"]
+                                                   .evidence["tenant_a_repeat_cached_tokens"]] * 2
+    assert timing.evidence["miss_cached_tokens"] == [0, 0]
+
+    unsalted = _checks(isolation_checks(run_isolation(deployed.base_url, model,
+                                                      IsolationSettings(**{**base, "salt": "none"}))))
+    policy = unsalted["risks.isolation.tenant_policy"]
+    assert policy.status == "fail" and policy.value > 0
+    assert "requests carry no cache_salt" in policy.message
+    assert unsalted["risks.isolation.cache_salt"].status == "pass"  # explicit salts still separate
+
+
+def test_identical_weights_pass_and_perturbed_weights_fail(live):
+    profile, deployed, reference, _ = live
+    settings = AccuracySettings(max_tokens=48)
+    model = served_name(profile)
+    ids = tokenize(deployed.base_url, model, settings.text)[: settings.max_tokens]
+    mine = fetch_prompt_logprobs(deployed.base_url, model, ids, settings.top_k)
+    again = fetch_prompt_logprobs(deployed.base_url, model, ids, settings.top_k)
+    same = _checks(accuracy_checks(compare(again, mine), settings, "the deployment itself"))
+    assert {c.status for c in same.values()} == {"pass"}
+    assert same["risks.accuracy.ppl_delta"].value == 0 and same["risks.accuracy.top1_agreement"].value == 1.0
+
+    assert tokenize(reference.base_url, reference.model, settings.text)[: settings.max_tokens] == ids
+    theirs = fetch_prompt_logprobs(reference.base_url, reference.model, ids, settings.top_k)
+    cmp = compare(mine, theirs)
+    other = _checks(accuracy_checks(cmp, settings, reference.description))
+    assert other["risks.accuracy.top1_agreement"].status == "fail", other["risks.accuracy.top1_agreement"].message
+    assert cmp.ppl_delta != 0 and cmp.mean_kl > 0
+    assert "weights" in reference.description
+    (failed,) = reference.attempts
+    assert failed["args"] == {"day0_no_such_flag": True} and "day0-no-such-flag" in failed["error"]
+
+
+def test_budget_above_passes_and_below_fails(live):
+    profile, deployed, _, model_dir = live
+    tput = measure_throughput(deployed.base_url, served_name(profile), read_vocab(model_dir),
+                              {**profile.latency, "input_len": 64, "output_len": 16}, 4)
+    est = estimate(tput.tok_s, 1, 0.10)
+    cost = est.per_million_output_tokens
+    above = _checks(cost_checks(est, CostSettings(max_per_million_output_tokens=cost * 1.5), tput.source, "t"))
+    below = _checks(cost_checks(est, CostSettings(max_per_million_output_tokens=cost / 1.5), tput.source, "t"))
+    assert above["risks.cost.per_million_output_tokens"].status == "pass"
+    assert below["risks.cost.per_million_output_tokens"].status == "fail"
+    assert tput.tok_s > 0 and "own measurement" in tput.source
