@@ -177,6 +177,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a SIGKILLed harness still stops its server
 
 
+def auth_headers(profile: Profile) -> dict[str, str]:
+    """The bearer header for ``engine.api_key_env`` (the variable's name is in the profile, never the key)."""
+    name = profile.engine.api_key_env
+    return {"Authorization": f"Bearer {os.environ[name]}"} if name and name in os.environ else {}
+
+
 def http_json(url: str, payload: dict[str, Any] | None = None, *, timeout: float = 120.0,
               headers: dict[str, str] | None = None) -> Any:
     data = json.dumps(payload).encode() if payload is not None else None
@@ -299,17 +305,13 @@ class ExternalEngine:
     def base_url(self) -> str:
         return str(self.profile.engine.url).rstrip("/")
 
-    def _headers(self) -> dict[str, str]:
-        name = self.profile.engine.api_key_env
-        return {"Authorization": f"Bearer {os.environ[name]}"} if name and name in os.environ else {}
-
     def start(self) -> EngineInfo:
         t0 = time.perf_counter()
         deadline = t0 + self.profile.engine.startup_timeout_s
         last_err = ""
         while time.perf_counter() < deadline:
             try:
-                models = http_json(self.base_url + "/v1/models", timeout=5, headers=self._headers())
+                models = http_json(self.base_url + "/v1/models", timeout=5, headers=auth_headers(self.profile))
                 break
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last_err = str(getattr(exc, "reason", exc))
@@ -339,7 +341,7 @@ class ExternalEngine:
     def greedy(self, prompts: list[str], max_tokens: int) -> list["Completion"]:
         assert self.info is not None
         return [http_greedy(self.base_url, self.info.served_model_name, p, max_tokens,
-                            timeout=self.profile.engine.request_timeout_s, headers=self._headers())
+                            timeout=self.profile.engine.request_timeout_s, headers=auth_headers(self.profile))
                 for p in prompts]
 
 

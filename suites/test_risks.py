@@ -2,7 +2,6 @@
 its reference, and serving stays within budget. Declared-only items (network and storage
 isolation) are recorded as skips that say "declared, not measured" for sign-off."""
 
-import os
 import time
 from pathlib import Path
 
@@ -12,14 +11,10 @@ from day0.accuracy import (NoReference, accuracy_checks, compare, fetch_prompt_l
                            tokenize)
 from day0.cost import cost_checks, device_count, estimate, measure_throughput, throughput_from_events, unpriced_checks
 from day0.isolation import isolation_checks, run_evidence, run_isolation
+from day0.engine import auth_headers
 from day0.record import Check
 
 pytestmark = [pytest.mark.day0, pytest.mark.risks]
-
-
-def _headers(profile) -> dict[str, str]:
-    name = profile.engine.api_key_env
-    return {"Authorization": f"Bearer {os.environ[name]}"} if name and name in os.environ else {}
 
 
 def _model(http_engine) -> str:
@@ -32,7 +27,7 @@ def test_tenant_isolation(http_engine, day0_profile, day0_checks):
     settings = day0_profile.risks.isolation
     if not settings.enabled:
         pytest.skip("[risks.isolation].enabled = false")
-    run = run_isolation(http_engine.base_url, _model(http_engine), settings, headers=_headers(day0_profile),
+    run = run_isolation(http_engine.base_url, _model(http_engine), settings, headers=auth_headers(day0_profile),
                         timeout_s=day0_profile.engine.request_timeout_s)
     checks = isolation_checks(run)
     checks[0].evidence["probes"] = run_evidence(run)["probes"]
@@ -83,7 +78,7 @@ def test_quantization_accuracy(http_engine, day0_profile, day0_session, day0_che
     settings = day0_profile.risks.accuracy
     if not settings.enabled:
         pytest.skip("[risks.accuracy].enabled = false")
-    base, model, headers = http_engine.base_url, _model(http_engine), _headers(day0_profile)
+    base, model, headers = http_engine.base_url, _model(http_engine), auth_headers(day0_profile)
     timeout = day0_profile.engine.request_timeout_s
     ids = tokenize(base, model, settings.text, headers=headers)[: settings.max_tokens]
     t0 = time.perf_counter()

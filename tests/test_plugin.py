@@ -1,12 +1,10 @@
 """The pytest plugin, driven through pytester: markers, profile errors, gating, records, signals."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 

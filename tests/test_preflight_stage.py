@@ -4,7 +4,6 @@ finding blocks the later stages before any engine starts."""
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +61,6 @@ def test_day0_plan_cli_exit_codes():
 
 
 def test_an_error_finding_blocks_every_later_stage_without_starting_an_engine(tmp_path):
-    t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "suites"), "-m", "day0", "--day0-out", str(tmp_path),
          "--day0-set", 'engine.args.dtype="int4"', "-p", "no:cacheprovider", "-rs"],

@@ -1,6 +1,5 @@
 """Profiles: presets, extends, strict validation with key paths, overrides, secret removal."""
 
-from pathlib import Path
 
 import pytest
 from hypothesis import given
