@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from day0.stats import percentile as _percentile
+
 KINDS = ("line", "scatter", "bar")
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#8C6D1F", "#000000")
 REF_COLOR = "#B2182B"
@@ -88,17 +90,10 @@ def clean_samples(raw: Any, where: str) -> list[float]:
 
 
 def percentile(sorted_xs: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks: numpy's default, as vLLM's bench serve uses."""
+    """The latency checks' definition (day0.stats); a chart of no samples is a caller's bug."""
     if not sorted_xs:
         raise ValueError("percentile of no samples")
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile {q} outside [0, 100]")
-    pos = (len(sorted_xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    frac = pos - lo
-    a, b = sorted_xs[lo], sorted_xs[hi]
-    return a + (b - a) * frac if frac else a
+    return _percentile(sorted_xs, q, presorted=True)
 
 
 def sample_stats(sorted_xs: Sequence[float]) -> dict[str, float]:

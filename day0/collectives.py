@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from day0.record import jsonable
 from day0.busbw import OPS, algbw_gbps, bus_factor, busbw_gbps, canonical_op, plan
 
 RESULT_FILE = "collectives.json"
@@ -333,7 +334,7 @@ class CollectivesResult:
         return [r for r in self.rows if r.op == op]
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        return jsonable(asdict(self))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CollectivesResult":
@@ -380,16 +381,6 @@ def load_result(path: Path) -> CollectivesResult:
     if data.get("schema") != RESULT_SCHEMA:
         raise ValueError(f"{path}: schema {data.get('schema')!r} is not {RESULT_SCHEMA}")
     return CollectivesResult.from_dict(data)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    return obj
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

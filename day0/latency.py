@@ -42,6 +42,7 @@ from day0.loadgen import (
 )
 from day0.prom import PromError, ServerFigure, pct_name, scrape, server_view
 from day0.record import Check, measured
+from day0.stats import percentile
 from day0.workload import Vocab, WorkloadSpec, as_text, build_requests, read_vocab
 
 SOURCE = "http"
@@ -235,20 +236,6 @@ class SlaSettings:
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def percentile(values: Sequence[float], p: float, *, presorted: bool = False) -> float:
-    """Linear interpolation between closest ranks (numpy's default, what vLLM bench uses)."""
-    if not values:
-        return math.nan
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile {p} is outside [0, 100]")
-    v = values if presorted else sorted(values)
-    rank = (len(v) - 1) * p / 100.0
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(v) - 1)
-    frac = rank - lo
-    return v[lo] + (v[hi] - v[lo]) * frac if frac else float(v[lo])
 
 
 @dataclass

@@ -70,7 +70,7 @@ class Check:
         return self.status in ("fail", "error")
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        return jsonable(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Check":
@@ -142,12 +142,12 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Make measurement payloads JSON-safe (numpy scalars, paths, NaN) without losing data."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, (str, int, bool)) or obj is None:
@@ -157,12 +157,12 @@ def _jsonable(obj: Any) -> Any:
     item = getattr(obj, "item", None)  # numpy / torch scalars
     if callable(item):
         try:
-            return _jsonable(item())
+            return jsonable(item())
         except (TypeError, ValueError):
             pass
     tolist = getattr(obj, "tolist", None)
     if callable(tolist):
-        return _jsonable(tolist())
+        return jsonable(tolist())
     return str(obj)
 
 
@@ -177,7 +177,7 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, event: dict[str, Any]) -> None:
-        line = json.dumps(_jsonable({"at": utcnow(), **event}), sort_keys=False)
+        line = json.dumps(jsonable({"at": utcnow(), **event}), sort_keys=False)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")
             fh.flush()
@@ -298,9 +298,9 @@ class RunRecord:
             "finished_at": self.finished_at,
             "verdict": self.verdict,
             "reason": self.reason,
-            "environment": _jsonable(self.environment),
-            "profile": _jsonable(self.profile),
-            "notes": _jsonable(self.notes),
+            "environment": jsonable(self.environment),
+            "profile": jsonable(self.profile),
+            "notes": jsonable(self.notes),
             "stages": [
                 {"name": s.name, "verdict": s.verdict, "checks": [c.to_dict() for c in s.checks]}
                 for s in self.stages
