@@ -96,10 +96,14 @@ class Day0Session:
         self.engines.stop()
         self.events.run_finished(exit_status)
         self.record = rebuild(self.run_dir)
-        from day0.compare import finish_run
-
-        self.record = finish_run(self)  # regression vs baseline (before the report), then store in history
         self.outputs = {"run record": self.run_json}
+        try:
+            from day0.compare import finish_run
+
+            self.record = finish_run(self)  # regression vs baseline (before the report), then store in history
+        except Exception as exc:  # the measured record is already on disk; say why the comparison is missing
+            self.report_error = f"baseline comparison/history failed: {type(exc).__name__}: {exc}"
+            self.log(self.report_error)
         try:
             from day0.report import publish
 
@@ -108,7 +112,8 @@ class Day0Session:
             self.outputs = publish(self.run_json, template_dir=template_dir,
                                    signatories=self.profile.report.signatories)
         except Exception as exc:  # a broken site template must not cost the measurements
-            self.report_error = f"report not rendered: {type(exc).__name__}: {exc}"
+            self.report_error = "; ".join(filter(None, [self.report_error,
+                                                        f"report not rendered: {type(exc).__name__}: {exc}"]))
             self.log(self.report_error)
         return self.record
 
