@@ -41,6 +41,11 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
     assert engine["mode"] == "server" and engine["startup_s"] > 0
     # one CPU run gives both views: the kvcache stage started the in-process scheduler view beside it
     assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
+    # stage 3 drove vLLM's engine directly and cross-checked with vLLM's own per-request TTFT
+    latency = {c.id: c for c in rec.stage("latency").checks}
+    assert latency["latency.ttft_p99"].status == "pass" and latency["latency.ttft_p99"].source == "scheduler"
+    assert latency["latency.engine_agreement"].status == "pass"
+    assert "engine.http" not in rec.notes  # no server was started beside it
     assert {c.source for c in rec.stage("kvcache").checks} >= {"scheduler", "http"}
     # the server's whole process group is gone once the session is over
     assert not group_alive(engine["pgid"])
@@ -55,7 +60,7 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
 
 
 def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
-    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"', marker="day0 and weights")
+    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"', marker="day0 and (weights or latency)")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     live = [c for c in rec.stage("weights").checks if c.id.startswith("weights.smoke")]

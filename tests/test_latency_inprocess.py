@@ -1,0 +1,30 @@
+"""The in-process latency path's pure parts (the live path runs in tests/test_e2e.py)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from day0.latency import LatencySettings, SettingsError
+from day0.latency_inprocess import engine_agreement, run_latency_inprocess
+
+ms = st.lists(st.floats(min_value=1.0, max_value=5000.0), min_size=1, max_size=50)
+
+
+@given(ms, st.floats(min_value=0.0, max_value=1000.0))
+def test_agreement_fails_exactly_when_the_means_differ_beyond_tolerance(client, shift):
+    s = LatencySettings(agreement_abs_ms=20.0, agreement_rel=0.0)
+    engine = [x + shift for x in client]
+    check = engine_agreement(client, engine, s)
+    diff = abs(sum(client) / len(client) - sum(engine) / len(engine))
+    assert check.status == ("pass" if round(diff, 3) <= 20.0 else "fail")
+
+
+def test_agreement_without_engine_figures_is_a_skip_with_the_reason():
+    check = engine_agreement([10.0], [], LatencySettings())
+    assert check.status == "skip" and "first_token_latency" in check.message
+
+
+@pytest.mark.parametrize("table, key", [({"endpoint": "chat"}, "latency.endpoint"), ({"load": "rate"}, "latency.load")])
+def test_settings_the_engine_cannot_honour_are_refused(table, key):
+    with pytest.raises(SettingsError, match=key):
+        run_latency_inprocess(object(), "m", 300, LatencySettings.from_table(table))
