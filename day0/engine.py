@@ -63,6 +63,17 @@ def resolve_model(profile: Profile, log: Log | None = None) -> str:
     return profile.model.path
 
 
+def local_model_dir(profile: Profile) -> Path | None:
+    """The model's directory on this machine (the tiny build, or model.path when it is a local
+    directory), else None: a hub id or a remote deployment's path has nothing to read here."""
+    if profile.model.source == "tiny":
+        from day0.tiny import cached_model
+
+        return cached_model(profile.model.tiny)
+    path = Path(str(profile.model.path))
+    return path if path.is_dir() else None
+
+
 def served_name(profile: Profile) -> str:
     return profile.model.served_model_name or (
         "day0-tiny" if profile.model.source == "tiny" else str(profile.model.path)

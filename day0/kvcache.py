@@ -1382,17 +1382,11 @@ def run_side_by_side(foreground: Callable[[], Any], background: Callable[[], Any
 def workload_vocab(profile: Any) -> tuple[int, frozenset[int]]:
     """(vocab size, special ids) for prompts the engine accepts: the local tokenizer when there is
     one, else config.json's ``vocab_size`` minus its BOS/EOS/pad ids."""
-    from pathlib import Path
-
+    from day0.engine import local_model_dir
     from day0.workload import read_vocab
 
-    if profile.model.source == "tiny":
-        from day0.tiny import cached_model
-
-        v = read_vocab(cached_model(profile.model.tiny))
-        return v.size, v.special_ids
-    path = Path(str(profile.model.path))
-    if (path / "tokenizer.json").is_file():
+    path = local_model_dir(profile)
+    if path is not None and (path / "tokenizer.json").is_file():
         v = read_vocab(path)
         return v.size, v.special_ids
     from day0.preflight import model_config

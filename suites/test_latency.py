@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from day0.engine import served_name
+from day0.engine import local_model_dir, served_name
 from day0.latency import LatencySettings, SlaSettings, run_latency
 from day0.latency_inprocess import run_latency_inprocess
 from day0.workload import read_vocab
@@ -15,12 +15,8 @@ pytestmark = [pytest.mark.day0, pytest.mark.latency]
 
 
 def _model_dir(profile) -> Path | None:
-    if profile.model.source == "tiny":
-        from day0.tiny import cached_model
-
-        return cached_model(profile.model.tiny)
-    path = Path(str(profile.model.path))
-    return path if (path / "tokenizer.json").is_file() else None
+    path = local_model_dir(profile)
+    return path if path is not None and (path / "tokenizer.json").is_file() else None
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ its reference, and serving stays within budget. Declared-only items (network and
 isolation) are recorded as skips that say "declared, not measured" for sign-off."""
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +10,7 @@ from day0.accuracy import (NoReference, accuracy_checks, compare, fetch_prompt_l
                            tokenize)
 from day0.cost import cost_checks, device_count, estimate, measure_throughput, throughput_from_events, unpriced_checks
 from day0.isolation import isolation_checks, run_evidence, run_isolation
-from day0.engine import auth_headers
+from day0.engine import auth_headers, local_model_dir
 from day0.record import Check
 
 pytestmark = [pytest.mark.day0, pytest.mark.risks]
@@ -37,12 +36,8 @@ def test_tenant_isolation(http_engine, day0_profile, day0_checks):
 def _vocab(profile):
     from day0.workload import read_vocab
 
-    if profile.model.source == "tiny":
-        from day0.tiny import cached_model
-
-        return read_vocab(cached_model(profile.model.tiny))
-    path = Path(str(profile.model.path))
-    return read_vocab(path) if (path / "tokenizer.json").is_file() else None
+    path = local_model_dir(profile)
+    return read_vocab(path) if path is not None and (path / "tokenizer.json").is_file() else None
 
 
 def test_cost_within_budget(http_engine, day0_profile, day0_session, day0_checks):

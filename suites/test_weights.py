@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from day0.engine import local_model_dir
 from day0.loaded import read_golden, weight_bytes_per_rank
 from day0.preflight import ConfigUnavailable, preflight
 from day0.record import Check
@@ -18,12 +19,8 @@ SMOKE_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def model_dir(day0_profile) -> Path:
-    if day0_profile.model.source == "tiny":
-        from day0.tiny import cached_model
-
-        return cached_model(day0_profile.model.tiny)
-    path = Path(str(day0_profile.model.path))
-    if not path.is_dir():
+    path = local_model_dir(day0_profile)
+    if path is None:
         pytest.skip(f"model.path {day0_profile.model.path!r} is not a local directory: nothing to audit here")
     return path
 
