@@ -211,9 +211,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     else:
         message = one_line(f"{type(exc).__name__}: {exc}")
         evidence = {"traceback": str(rep.longrepr)[-8000:]}
-    status = "fail" if isinstance(exc, AssertionError) else "error"
+    # An engine that does not start or dies is the deployment measured not working (fail); any
+    # other exception is the harness unable to measure (error: the run is INCOMPLETE, not REJECTED).
+    status = "fail" if isinstance(exc, (AssertionError, EngineError)) else "error"
     day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status=status,
-                                message=message, evidence=evidence, nodeid=item.nodeid))
+                                message=message, evidence=evidence, nodeid=item.nodeid, repeat=repeat_of(item)))
     return rep
 
 

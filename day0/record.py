@@ -54,6 +54,10 @@ class Check:
     message: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # which view of the engine produced the number: http, scheduler, static, ...
+    # A performance figure (latency, throughput, bandwidth, cost) that a nightly compares with the
+    # spread of earlier runs; cross-checks, counts and correctness checks are judged by their limit only.
+    performance: bool = False
+    repeat: int | None = None  # 1..N under --day0-repeat N: the same check measured again on the same engine
     stage: str = ""
     nodeid: str = ""
     finished_at: str = field(default_factory=utcnow)
@@ -67,6 +71,7 @@ class Check:
 
     @property
     def failed(self) -> bool:
+        """Not a pass: the deployment is outside its limit (fail) or the harness could not tell (error)."""
         return self.status in ("fail", "error")
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,6 +113,7 @@ def measured(
     message: str = "",
     evidence: dict[str, Any] | None = None,
     source: str = "",
+    performance: bool = False,
 ) -> Check:
     """A check whose status follows from comparing value with limit in the given direction."""
     ok = judge(value, limit, direction)
@@ -124,6 +130,7 @@ def measured(
         message=message,
         evidence=evidence or {},
         source=source,
+        performance=performance,
     )
 
 
@@ -254,11 +261,19 @@ def stage_verdict(checks: list[Check]) -> str:
 
 
 def run_verdict(stages: list[StageRecord], finished: bool) -> tuple[str, str]:
-    """(verdict, one-line reason). Accepted needs every stage to have run and passed."""
-    bad = [s for s in stages if s.verdict in ("fail", "error")]
-    if bad:
-        first = next(c for c in bad[0].checks if c.failed)
-        return "rejected", f"stage {bad[0].name} {bad[0].verdict}: {first.id}: {first.message}"
+    """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
+    the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
+    method that did not resolve can never be mistaken for a verdict on the deployment."""
+    for s in stages:
+        failed = [c for c in s.checks if c.status == "fail"]
+        if failed:
+            return "rejected", f"stage {s.name} fail: {failed[0].id}: {failed[0].message}"
+    for s in stages:
+        errors = [c for c in s.checks if c.status == "error"]
+        if errors:
+            more = sum(c.status == "error" for st in stages for c in st.checks) - 1
+            tail = f" (and {more} more not measured)" if more else ""
+            return "incomplete", f"could not measure: {errors[0].id}: {errors[0].message}{tail}"
     if not finished:
         return "incomplete", "the run did not finish (no run_finished event); the record holds what was measured"
     missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]

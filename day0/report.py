@@ -474,8 +474,8 @@ def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[
     """Lines for the terminal at the end of a run: verdict, what failed, where the files are."""
     lines = [f"day0 verdict: {str(record.verdict).upper()}: {record.reason}"]
     failed = [(s.name, c) for s in record.stages for c in s.checks if c.failed]
-    for _, c in failed[:20]:
-        lines.append(f"  {c.status.upper():5} {c.id}: {c.message}")
+    for _, c in failed[:20]:  # an error is the harness's, never the deployment's: say so
+        lines.append(f"  {'ERROR (could not measure)' if c.status == 'error' else c.status.upper()} {c.id}: {c.message}")
     if len(failed) > 20:
         lines.append(f"  … and {len(failed) - 20} more failed checks (see the report)")
     blocked = sum(c.status == "blocked" for c in record.checks())

@@ -77,7 +77,9 @@ class Day0Session:
     def add_check(self, stage: str, check: Check) -> Check:
         check.stage = stage
         self.events.check(stage, check)
-        if check.failed and stage not in self._failed_stage:
+        # Only a measured failure gates later stages; a check the harness could not measure (error)
+        # says nothing about the deployment, and the stages after it still have something to tell.
+        if check.status == "fail" and stage not in self._failed_stage:
             self._failed_stage[stage] = f"{check.id}: {check.message}"
         return check
 

@@ -82,7 +82,7 @@ def test_engine_start_failure_is_one_root_cause_line(tmp_path):
     assert "Traceback" not in error_section
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     assert rec.verdict == "rejected"
-    (check,) = [c for c in rec.stage("weights").checks if c.status == "error"]
+    (check,) = [c for c in rec.stage("weights").checks if c.status == "fail"]  # the deployment does not start
     assert "No common block size for 16" in check.message
     assert "No common block size" in check.evidence["log_excerpt"]
     assert not group_alive(check.evidence["engine_pgid"])

@@ -85,6 +85,20 @@ def test_a_failed_check_rejects_with_its_reason(tmp_path):
     assert rec.stage("latency").verdict == "blocked"
 
 
+def test_a_check_that_could_not_measure_leaves_the_run_incomplete_not_rejected(tmp_path):
+    _log(tmp_path, checks=(("weights", "pass"), ("latency", "error"), ("latency", "error")))
+    rec = rebuild(tmp_path)
+    assert rec.verdict == "incomplete"
+    assert rec.reason.startswith("could not measure: latency.c1") and "1 more not measured" in rec.reason
+    assert rec.stage("latency").verdict == "error"
+
+
+def test_a_fail_rejects_even_beside_an_error(tmp_path):
+    _log(tmp_path, checks=(("weights", "error"), ("latency", "fail")))
+    rec = rebuild(tmp_path)
+    assert rec.verdict == "rejected" and rec.reason.startswith("stage latency fail: latency.c1")
+
+
 def test_stages_not_run_leave_the_run_incomplete(tmp_path):
     _log(tmp_path)
     rec = rebuild(tmp_path)
