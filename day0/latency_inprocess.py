@@ -10,10 +10,12 @@ request, exactly what a stream would carry. vLLM's own per-request metrics
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Sequence
 
-from day0.latency import LatencyRun, LatencySettings, SettingsError, SlaSettings, compute_metrics
+from day0.latency import (LatencyRun, LatencySettings, SettingsError, SlaSettings, agreement_allowance,
+                          compute_metrics)
 from day0.loadgen import PhaseResult, RequestResult
 from day0.record import Check, measured
 from day0.workload import Request, Vocab, build_requests
@@ -125,12 +127,13 @@ def engine_agreement(client_ttft_ms: Sequence[float], engine_ttft_ms: Sequence[f
                      message="vLLM reported no per-request first_token_latency (disable_log_stats?)")
     client = sum(client_ttft_ms) / len(client_ttft_ms)
     engine = sum(engine_ttft_ms) / len(engine_ttft_ms)
-    tol = max(settings.agreement_abs_ms, settings.agreement_rel * client)
+    std = math.sqrt(sum((x - client) ** 2 for x in client_ttft_ms) / len(client_ttft_ms))
+    tol = agreement_allowance(settings.agreement_rel, client, std, len(client_ttft_ms))
     return measured(
         "latency.engine_agreement", title, round(abs(client - engine), 3), round(tol, 3), unit="ms",
         direction="lower_is_better", source="scheduler",
         message=f"TTFT mean: step output {client:.1f} ms vs vLLM {engine:.1f} ms (|diff| "
-                f"{abs(client - engine):.2f} ms, tolerance {tol:.1f} ms)",
+                f"{abs(client - engine):.2f} ms, tolerance {tol:.2f} ms: {settings.agreement_rel:g} x mean + 3 SE)",
         evidence={"table": {"columns": ["view", "n", "mean ms"],
                             "rows": [["step output", len(client_ttft_ms), round(client, 3)],
                                      ["vLLM first_token_latency", len(engine_ttft_ms), round(engine, 3)]]}},

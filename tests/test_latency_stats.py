@@ -173,14 +173,35 @@ def test_checks_judge_limits_and_errors():
 
 
 def test_agreement_check_flags_disagreement():
-    rs = [result(i, [0.040, 0.050, 0.060], [1, 1, 1]) for i in range(5)]
+    rs = [result(i, [0.040, 0.050, 0.060], [1, 1, 1]) for i in range(5)]  # TTFT 40 ms, ITL 10 ms, no spread
     fig = lambda metric, mean: ServerFigure(metric, "vllm:x", 5, mean, {"p50": mean, "p99": mean}, [])  # noqa: E731
     close = {"ttft": fig("ttft", 38.0), "itl": fig("itl", 10.5)}
-    c = by_id(latency_checks(run_of(rs, SlaSettings(), close, agreement_abs_ms=5.0)))["latency.server_agreement"]
-    assert c.status == "pass" and c.value == pytest.approx(2.0)
-    far = {"ttft": fig("ttft", 20.0), "itl": fig("itl", 10.0)}
-    c = by_id(latency_checks(run_of(rs, SlaSettings(), far, agreement_abs_ms=5.0)))["latency.server_agreement"]
-    assert c.status == "fail" and "DISAGREE" in c.message and c.limit == pytest.approx(10.0)
+    checks = by_id(latency_checks(run_of(rs, SlaSettings(), close, agreement_rel=0.1)))
+    c = checks["latency.server_agreement"]
+    assert c.status == "pass" and c.value == pytest.approx(0.5)  # ITL 0.5 ms apart; TTFT: engine below client
+    assert checks["latency.frontend_overhead"].value == pytest.approx(2.0)
+    # a client far slower than the engine is front-end overhead, not a disagreement (the busy-box case)
+    slow_front = {"ttft": fig("ttft", 5.0), "itl": fig("itl", 10.0)}
+    checks = by_id(latency_checks(run_of(rs, SlaSettings(), slow_front, agreement_rel=0.1)))
+    assert checks["latency.server_agreement"].status == "pass"
+    assert checks["latency.frontend_overhead"].value == pytest.approx(35.0)
+    # the engine reporting a longer TTFT than the client saw is a measurement error
+    engine_late = {"ttft": fig("ttft", 60.0), "itl": fig("itl", 10.0)}
+    c = by_id(latency_checks(run_of(rs, SlaSettings(), engine_late, agreement_rel=0.1)))["latency.server_agreement"]
+    assert c.status == "fail" and "DISAGREE" in c.message and c.limit == pytest.approx(4.0) and c.value == 20.0
+    # ITL apart beyond the relative tolerance (no spread in these samples, so no noise allowance)
+    itl_far = {"ttft": fig("ttft", 38.0), "itl": fig("itl", 14.0)}
+    c = by_id(latency_checks(run_of(rs, SlaSettings(), itl_far, agreement_rel=0.1)))["latency.server_agreement"]
+    assert c.status == "fail" and c.value == pytest.approx(4.0) and c.limit == pytest.approx(1.0)
+
+
+def test_agreement_allowance_grows_with_the_runs_own_noise():
+    from day0.latency import agreement_allowance
+
+    quiet = agreement_allowance(0.1, 10.0, 0.0, 100)
+    noisy = agreement_allowance(0.1, 10.0, 5.0, 100)
+    assert quiet == pytest.approx(1.0) and noisy == pytest.approx(1.0 + 3 * 5.0 / 10)
+    assert agreement_allowance(0.1, 10.0, 5.0, 10_000) < noisy  # more samples, tighter mean
 
 
 def test_sweep_check_reports_the_highest_passing_rate():
