@@ -125,10 +125,10 @@ class KvCacheSection(_Section):
     # Workload: total context (prompt + output) of each long request; empty: target_context, /2, /4, /8.
     context_lengths: list[int] = []
     short_requests: int = Field(4, ge=0)  # short requests mixed in (chat-sized)
-    short_lengths: list[int] = [128, 1024]  # [lo, hi] total context (prompt + output) of a short request
+    short_lengths: list[int] = [256, 1024]  # [lo, hi] total context (prompt + output) of a short request
     shared_prefix_tokens: int = Field(3000, ge=0)  # 0: no shared-prefix requests
     shared_prefix_requests: int = Field(2, ge=0)  # requests starting with that one prefix
-    output_tokens: int = Field(64, ge=3)  # per request (ignore_eos); must outlast the prefill of the rest
+    output_tokens: int = Field(160, ge=3)  # per request (ignore_eos); must outlast the prefill of the rest
     workload_timeout_s: float = Field(600.0, gt=0)
     # Thresholds
     max_preemptions: int = Field(0, ge=0)
@@ -137,7 +137,9 @@ class KvCacheSection(_Section):
     # Prefix-cache correctness: greedy tokens of a long prompt, cold then warm
     prefix_check_tokens: int = Field(4096, gt=1)
     prefix_check_output_tokens: int = Field(16, gt=0)
-    scrape_interval_s: float = Field(0.1, gt=0)  # /metrics sampling period of the black-box view
+    scrape_interval_s: float = Field(0.05, gt=0)  # /metrics period of the black-box view in the steady window
+    blackbox_passes: int = Field(3, ge=1)  # the workload again (fresh cache salt) until enough scrapes resolve
+    min_resolved_scrapes: int = Field(5, ge=1)  # resolved /metrics scrapes that end the passes early
     seed: int = 0
 
     @model_validator(mode="after")

@@ -39,8 +39,8 @@ def test_kv_capacity(engine, day0_profile, day0_checks):
 
 
 def test_fragmentation_at_long_context(day0_session, settings, workload, runs, day0_checks):
-    """The same long-context workload on the scheduler view (exact, every step) and on the HTTP
-    view (/metrics estimate), side by side; a dead engine keeps the samples taken so far."""
+    """The same long-context workload on the HTTP view (/metrics estimate), then on the scheduler
+    view (exact, every step); a dead engine keeps the samples taken so far."""
     engines = day0_session.engines
     try:
         http = engines.http()  # started here (main thread) when this is its first use
@@ -62,11 +62,12 @@ def test_fragmentation_at_long_context(day0_session, settings, workload, runs, d
         return kv.run_blackbox(http.base_url, http.info.served_model_name, workload,
                                interval_s=settings.scrape_interval_s, samples=bb_samples,
                                timeout_s=settings.workload_timeout_s, alive=http.alive,
-                               headers=auth_headers(day0_session.profile))
+                               headers=auth_headers(day0_session.profile), passes=settings.blackbox_passes,
+                               min_resolved=settings.min_resolved_scrapes)
 
     exact_run = bb_run = None
     try:
-        exact_run, bb_run = kv.run_side_by_side(exact, blackbox)
+        bb_run, exact_run = kv.run_in_turn(blackbox, exact)
     finally:
         if exact_run is None and exact_samples:  # interrupted: keep what was sampled
             exact_run = kv.ExactRun(samples=exact_samples, error="interrupted")
