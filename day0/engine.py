@@ -505,6 +505,11 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    # SIGKILL is delivered asynchronously: on a busy host a grandchild can still be running when
+    # its parent has been reaped. Return only once the whole group is gone (bounded).
+    deadline = time.monotonic() + 5.0
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def group_alive(pgid: int) -> bool:
