@@ -1374,7 +1374,7 @@ def _op_checks(result: CollectivesResult, op: str, outcome: OpOutcome, exp: Busb
         msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}) {verdict} {exp.pass_fraction:g} x "
                f"expected {expected:g} GB/s = {limit:g} GB/s ({scope})")
     bw = measured(cid_b, t_b, value, limit, unit="GB/s", direction="higher_is_better", message=msg,
-                  evidence=evidence, source=src)
+                  evidence=evidence, source=src, performance=True)
     return [correct, bw]
 
 

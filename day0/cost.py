@@ -115,7 +115,7 @@ def cost_checks(est: CostEstimate, settings: CostSettings, source: str, devices_
     budget = settings.max_per_million_output_tokens
     per_token = measured(
         "risks.cost.per_million_output_tokens", "Cost per million output tokens", round(per_m, 6), budget,
-        unit=f"{c}/Mtok", direction="lower_is_better", source="http", evidence=evidence,
+        unit=f"{c}/Mtok", direction="lower_is_better", source="http", evidence=evidence, performance=True,
         message=(f"{per_m:.4g} {c} per 1M output tokens at {est.throughput_tok_s:.4g} tok/s on {est.devices} "
                  f"device(s) x {est.price_per_device_hour:g} {c}/h"
                  + (f" (budget {budget:g})" if budget is not None else " (no budget set)")

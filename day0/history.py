@@ -1,8 +1,9 @@
 """Run history: every run's ``run.json`` kept, append-only, per profile and machine.
 
 Like pytest-benchmark's storage, each run becomes one numbered file whose name carries what a
-person scans for (number, start time, git commit, verdict), so ``latest-accepted`` and the
-trend chart need no index that could drift from the files:
+person scans for (number, start time, git commit, verdict), so ``latest``, ``latest-accepted``
+(the runs a nightly is judged against) and the trend chart need no index that could drift from
+the files:
 
     <history_dir>/<profile>/<machine>/0007_20261130T090000Z_0123456789ab_accepted.json
 
@@ -21,7 +22,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -181,35 +182,38 @@ def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
     raise HistoryError(f"{folder}: could not claim a history number after {attempts} attempts")
 
 
-def find_baseline(spec: str, candidate: RunRecord, folder: Path) -> tuple[Entry, RunRecord] | None:
-    """``latest-accepted`` / ``latest`` in ``folder`` (never the candidate itself), or None."""
-    if spec not in BASELINE_KEYWORDS:
-        raise HistoryError(f"baseline {spec!r}: expected a run.json path, a run folder, or one of {BASELINE_KEYWORDS}")
-    for e in reversed(entries(folder)):
-        if spec == LATEST_ACCEPTED and e.verdict != "accepted":
-            continue
-        rec = e.load()
-        if rec.run_id == candidate.run_id:
-            continue
-        if spec == LATEST_ACCEPTED and rec.verdict != "accepted":
-            continue
-        return e, rec
-    return None
-
-
-def recent(folder: Path, n: int, exclude_run_id: str = "") -> list[tuple[Entry, RunRecord]]:
-    """The last ``n`` stored runs (oldest first), for trend charts; unreadable files are skipped."""
+def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "") -> list[tuple[Entry, RunRecord]]:
+    """The last ``n`` stored runs (oldest first), never the run ``exclude_run_id`` itself, only
+    those with ``verdict`` when one is given (``latest-accepted``); unreadable files are skipped.
+    The nightly judges a run against these, and the trend charts draw them."""
     out: list[tuple[Entry, RunRecord]] = []
     for e in reversed(entries(folder)):
         if len(out) >= n:
             break
+        if verdict and e.verdict != verdict:
+            continue
         try:
             rec = e.load()
         except RecordError:
             continue
-        if rec.run_id != exclude_run_id:
+        if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict):
             out.append((e, rec))
     return list(reversed(out))
+
+
+def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], None]) -> Entry | None:
+    """End of a run: append its run.json to the history, unless the profile says
+    ``compare.history = false``. Never raises: a run that cannot be stored is a log line, not a
+    lost report."""
+    if not compare_section(record.profile).get("history", True):
+        return None
+    try:
+        entry = store(Path(run_dir) / RUN_FILE, folder_for(history_root(record.profile, Path(out_dir)), record))
+    except (OSError, RecordError, HistoryError) as exc:
+        log(f"history: run not stored: {exc}")
+        return None
+    log(f"history: stored as {entry.path}")
+    return entry
 
 
 # --------------------------------------------------------------------------- CLI

@@ -69,7 +69,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--day0-set", action="append", default=[], metavar="KEY.PATH=VALUE",
                     help="override a profile value, e.g. engine.args.max_num_seqs=8 (repeatable)")
     group.addoption("--day0-baseline", default=None, metavar="PATH|latest-accepted|latest",
-                    help="compare the run with this baseline run (a regression rejects the run; see docs/ci.md)")
+                    help="judge the run's performance figures against the last runs in the history (latest, "
+                         "latest-accepted) or a baseline run file; a regression rejects the run (docs/ci.md)")
+    group.addoption("--day0-repeat", type=_positive_int, default=1, metavar="N",
+                    help="measure the collectives, latency and kvcache stages N times on the same engine and "
+                         "report each check's spread and any verdict that flipped (default 1)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise pytest.UsageError(f"day0: --day0-repeat {text!r}: expected a whole number >= 1")
+    return n
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -189,17 +189,16 @@ class ReportSection(_Section):
 
 
 class CompareSection(_Section):
-    """[compare]: history and regression against a baseline run (day0.history, day0.compare)."""
+    """[compare]: run history and the nightly judgement against it (day0.history, day0.regression)."""
 
     history: bool = True  # keep every run's run.json under history_dir/<profile>/<machine>/
     history_dir: str = "history"  # absolute, or relative to report.out_dir
     machine: str = ""  # history folder for this hardware; "" = derived from the recorded devices
-    default_tolerance: Union[str, float] = "5%"  # "5%" of the baseline value, or absolute in the unit
+    history_runs: int = Field(5, ge=2)  # runs a nightly is judged against; fewer: gross changes only
+    spread_k: float = Field(2.5, ge=0)  # a regression is worse than the median by > k x spread + tolerance
+    gross_factor: float = Field(2.0, gt=1)  # with a short history: doubled (lower is better) or halved
+    default_tolerance: Union[str, float] = "5%"  # "5%" of the history's median, or absolute in the unit
     tolerances: dict[str, Union[str, float]] = {}  # check id, id suffix or glob -> tolerance
-    alpha: float = Field(0.05, gt=0, lt=0.5)  # significance level where samples exist
-    method: Literal["auto", "mann-whitney", "bootstrap", "none"] = "auto"
-    min_samples: int = Field(5, ge=2)
-    bootstrap: int = Field(1000, ge=100)
     fail_on_missing: bool = False
     trend_runs: int = Field(10, ge=2)
     trend_checks: list[str] = []  # ids/globs charted; [] = the compared metrics, regressions first
@@ -207,7 +206,7 @@ class CompareSection(_Section):
     @field_validator("default_tolerance", "tolerances")
     @classmethod
     def _tolerance(cls, value: Any) -> Any:
-        from day0.compare import CompareError, Tolerance
+        from day0.regression import CompareError, Tolerance
 
         try:
             for key, raw in (value.items() if isinstance(value, dict) else [("", value)]):

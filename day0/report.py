@@ -24,7 +24,7 @@ import jinja2
 from markupsafe import Markup
 
 from day0 import charts
-from day0.compare import REGRESSION_STAGE, SUMMARY_ID
+from day0.compare import SUMMARY_ID
 from day0.junit import write_junit
 from day0.record import RUN_FILE, Check, RecordError, RunRecord, load
 from day0.signoff import (
@@ -38,7 +38,7 @@ from day0.signoff import (
     signoff_block,
     verify_report,
 )
-from day0.stages import STAGES
+from day0.stages import REGRESSION_STAGE, REPEAT_STAGE, STAGES
 
 __all__ = ["render", "write_junit", "summary_lines", "publish", "add_cli", "ReportError", "Signatory"]
 
@@ -263,7 +263,7 @@ def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
 
 
 def stage_views(record: RunRecord) -> list[StageView]:
-    meta = {s.name: s for s in (*STAGES, REGRESSION_STAGE)}
+    meta = {s.name: s for s in (*STAGES, REGRESSION_STAGE, REPEAT_STAGE)}
     seen: set[str] = set()
     out = []
     for s in record.stages:

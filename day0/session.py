@@ -53,6 +53,7 @@ class Day0Session:
     outputs: dict[str, Path] = field(default_factory=dict)  # label -> path, for the summary
     report_error: str = ""
     baseline: str | None = None  # --day0-baseline: a run.json path, or latest-accepted / latest (day0.compare)
+    repeats: int = 1  # --day0-repeat: the measuring stages ran this many times on one engine (day0.repeats)
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
 
     def __post_init__(self) -> None:
@@ -99,10 +100,22 @@ class Day0Session:
         self.events.run_finished(exit_status)
         self.record = rebuild(self.run_dir)
         self.outputs = {"run record": self.run_json}
-        try:
-            from day0.compare import finish_run
+        if self.repeats > 1:  # the spread of each repeated check, and any verdict that flipped
+            from day0.repeats import REPEAT_STAGE, stability_check
 
-            self.record = finish_run(self)  # regression vs baseline (before the report), then store in history
+            self.add_check(REPEAT_STAGE.name, stability_check(self.record, self.repeats))
+            self.record = rebuild(self.run_dir)
+        try:
+            from day0 import compare, history
+
+            if self.baseline:  # judged against earlier runs before the report, as the regression stage's checks
+                checks, note = compare.nightly_checks(self.record, self.out_dir, self.baseline, self.log)
+                for c in checks:
+                    self.add_check("regression", c)
+                if note:
+                    self.events.note("regression", note)
+                self.record = rebuild(self.run_dir)
+            history.keep(self.record, self.run_dir, self.out_dir, self.log)  # the next night's history
         except Exception as exc:  # the measured record is already on disk; say why the comparison is missing
             self.report_error = f"baseline comparison/history failed: {type(exc).__name__}: {exc}"
             self.log(self.report_error)

@@ -141,20 +141,6 @@ def test_machine_id_groups_devices_and_nodes():
     assert history.machine_id(rec, override="Site A / rack 3") == "site-a-rack-3"
 
 
-def test_latest_accepted_skips_rejected_and_the_run_itself(tmp_path):
-    folder = tmp_path / "h"
-    for i, ok in enumerate([True, True, False]):
-        history.store(_write(_record(f"run-{i}", ok), tmp_path), folder)
-    cand = _record("run-1")  # the candidate already stored (e.g. `day0 compare` after the run)
-    e, rec = history.find_baseline(history.LATEST_ACCEPTED, cand, folder)
-    assert (e.number, rec.run_id) == (1, "run-0")
-    e, rec = history.find_baseline(history.LATEST, _record("run-9"), folder)
-    assert (e.number, rec.verdict) == (3, "rejected")
-    assert history.find_baseline(history.LATEST_ACCEPTED, cand, tmp_path / "empty") is None
-    with pytest.raises(history.HistoryError, match="expected a run.json path"):
-        history.find_baseline("newest", cand, folder)
-
-
 def test_recent_returns_the_last_n_oldest_first_and_skips_unreadable(tmp_path):
     folder = tmp_path / "h"
     for i in range(5):
@@ -162,6 +148,33 @@ def test_recent_returns_the_last_n_oldest_first_and_skips_unreadable(tmp_path):
     (folder / history.entry_name(6, _record("x"))).write_text("{not json")
     got = history.recent(folder, 3, exclude_run_id="run-4")
     assert [r.run_id for _, r in got] == ["run-1", "run-2", "run-3"]
+    assert history.recent(tmp_path / "empty", 5) == []
+
+
+def test_latest_accepted_runs_skip_rejected_ones_and_the_run_itself(tmp_path):
+    folder = tmp_path / "h"
+    for i, ok in enumerate([True, True, False, True, False]):
+        history.store(_write(_record(f"run-{i}", ok), tmp_path), folder)
+    got = history.recent(folder, 5, exclude_run_id="run-3", verdict="accepted")
+    assert [(e.number, r.run_id) for e, r in got] == [(1, "run-0"), (2, "run-1")]
+    assert [r.run_id for _, r in history.recent(folder, 2, verdict="accepted")] == ["run-1", "run-3"]
+    assert [r.verdict for _, r in history.recent(folder, 2)] == ["accepted", "rejected"]
+
+
+def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
+    out = tmp_path / "reports"
+    rec = _record("run-kept")
+    run_dir = out / rec.run_id
+    rf.write(rec, run_dir)
+    logged: list[str] = []
+    entry = history.keep(rec, run_dir, out, logged.append)
+    assert entry is not None and entry.path.parent == history.folder_for(out / "history", rec)
+    assert entry.path.read_bytes() == (run_dir / "run.json").read_bytes() and "stored as" in logged[-1]
+    rec.profile = {**rec.profile, "compare": {"history": False}}
+    assert history.keep(rec, run_dir, out, logged.append) is None and len(history.entries(entry.path.parent)) == 1
+    rec.profile = {**rec.profile, "compare": {"history": True}}
+    assert history.keep(rec, tmp_path / "no-such-run", out, logged.append) is None  # a log line, not a crash
+    assert "run not stored" in logged[-1]
 
 
 def test_history_root_and_folder_follow_the_profile(tmp_path):

@@ -1,5 +1,7 @@
 """A real nightly on the CPU target: three pytest runs of the collective sweep (gloo ranks on
-loopback, no vLLM engine, ~15-20 s each), the later two compared with the first.
+loopback, no vLLM engine, ~15-20 s each), the later two compared with the first. One earlier run
+is a history shorter than ``compare.history_runs``, so only gross changes count (a factor of 2,
+or the tolerance where that is wider).
 
 The slowdown is injected through a real profile knob, not test-only code: the third run sets
 ``collectives.min_bytes``/``max_bytes`` to 64 KiB, where all_reduce is latency-bound, so the
@@ -7,7 +9,7 @@ busbw the ``collectives.all_reduce.busbw`` check reports drops ~10-20x. (``colle
 "float16"`` slows gloo's reduction only ~2x, and on this shared 2-core box two identical runs
 were measured up to 2.4x apart in busbw under the other helpers' load, so one run per side
 cannot tell a 2x slowdown from noise here.) For the same reason the nightly profile below gives
-busbw a wide 70% tolerance; a dedicated runner keeps the default 5%.
+busbw a wide 70% tolerance, wider than the gross factor; a dedicated runner keeps the default 5%.
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ def test_a_slowdown_is_flagged_and_an_identical_run_is_not(tmp_path, capsys):
     failed = {ch.id: ch for ch in rc.stage("regression").checks if ch.failed}
     assert set(failed) == {"regression.baseline", "regression.collectives.all_reduce.busbw"}, seen
     bw = failed["regression.collectives.all_reduce.busbw"]
-    assert "worse beyond the 70% (collectives.*.busbw) tolerance" in bw.message
-    assert bw.evidence["significance"]["significant"]  # 20 per-iteration samples on each side
+    assert "history median" in bw.message and "tolerance 70% (collectives.*.busbw)" in bw.message
+    assert bw.evidence["gross"] and bw.evidence["runs"] == 1  # one earlier run: gross changes only
     assert rc.stage("collectives").verdict == "pass"  # the stage itself still meets its own floor
     assert "REJECTED" in c.stdout and "regression.collectives.all_reduce.busbw" in c.stdout
 
