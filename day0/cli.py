@@ -132,10 +132,14 @@ def _cmd_weights_golden(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
+    if args.repeat < 1:
+        print(f"day0 run: --repeat {args.repeat}: expected a whole number >= 1", file=sys.stderr)
+        return 2
     if not SUITES_DIR.is_dir():
         print(f"day0: suites not found at {SUITES_DIR} (install day0 from its source tree)", file=sys.stderr)
         return 2
-    argv = [str(SUITES_DIR), "-m", args.marker, "--day0-profile", args.profile, *args.pytest_args]
+    argv = [str(SUITES_DIR), "-m", args.marker, "--day0-profile", args.profile,
+            *(["--day0-repeat", str(args.repeat)] if args.repeat > 1 else []), *args.pytest_args]
     return int(pytest.main(argv))
 
 
@@ -146,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the Day0 suites (pytest -m day0) against a profile")
     p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
     p.add_argument("-m", "--marker", default="day0", help="pytest marker expression (default: day0)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="measure the collectives, latency and kvcache stages N times on the same engine; the "
+                        "report shows each check's spread and names any verdict that flipped (--day0-repeat)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments")
     p.set_defaults(func=_cmd_run)
 

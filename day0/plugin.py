@@ -19,7 +19,7 @@ from day0.engine import EngineError, ViewUnavailable
 from day0.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
 from day0.record import Check, measured, one_line
 from day0.session import Day0Session
-from day0.stages import STAGE_NAMES, STAGES
+from day0.stages import REPEATABLE, STAGE_NAMES, STAGES
 
 SESSION_KEY = pytest.StashKey[Day0Session]()
 RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
@@ -32,14 +32,16 @@ class CheckRecorder:
     """What a Day0 test uses to record checks; failed checks fail the test after it returns,
     so one test can report every problem it found rather than stopping at the first."""
 
-    def __init__(self, session: Day0Session, stage: str, nodeid: str) -> None:
+    def __init__(self, session: Day0Session, stage: str, nodeid: str, repeat: int | None = None) -> None:
         self._session = session
         self.stage = stage
         self.nodeid = nodeid
+        self.repeat = repeat
         self.checks: list[Check] = []
 
     def add(self, check: Check) -> Check:
         check.nodeid = self.nodeid
+        check.repeat = self.repeat
         self.checks.append(self._session.add_check(self.stage, check))
         return check
 
@@ -88,6 +90,8 @@ def _positive_int(text: str) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "day0: a Day0 acceptance check against the live engine")
+    config.addinivalue_line("markers", "day0_once: measured once even under --day0-repeat (a correctness probe "
+                                       "that starts its own engine)")
     for st in STAGES:
         config.addinivalue_line("markers", f"{st.name}: Day0 stage '{st.title}': {st.question}")
     if config.getoption("--day0-profile"):
@@ -118,6 +122,25 @@ def is_day0(item: pytest.Item) -> bool:
     return item.get_closest_marker("day0") is not None
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Under --day0-repeat N, a repeatable stage's tests run N times as a module: pytest groups
+    module-scoped parameters, so each repeat re-creates the measuring fixtures that ask for
+    ``day0_repeat`` and reruns the stage in order, on the session's one engine."""
+    n = metafunc.config.getoption("--day0-repeat", 1) or 1
+    definition = metafunc.definition
+    if n < 2 or "day0_repeat" not in metafunc.fixturenames or not is_day0(definition):
+        return
+    if stage_of(definition) not in REPEATABLE or definition.get_closest_marker("day0_once"):
+        return
+    metafunc.parametrize("day0_repeat", range(1, n + 1), indirect=True, scope="module",
+                         ids=[f"repeat{i}" for i in range(1, n + 1)])
+
+
+def repeat_of(item: pytest.Item) -> int | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("day0_repeat") if callspec is not None else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if is_day0(item) and stage_of(item) is None:
@@ -139,7 +162,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     template_dir = config.getoption("--day0-template-dir")
     day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config),
                        template_dir=Path(template_dir) if template_dir else None,
-                       baseline=config.getoption("--day0-baseline"))
+                       baseline=config.getoption("--day0-baseline"), repeats=config.getoption("--day0-repeat"))
     day0.start()
     config.stash[SESSION_KEY] = day0
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -179,12 +202,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     stage = stage_of(item)
     assert stage is not None
-    item.stash[RECORDER_KEY] = CheckRecorder(day0, stage, item.nodeid)
+    item.stash[RECORDER_KEY] = CheckRecorder(day0, stage, item.nodeid, repeat_of(item))
     reason = day0.blocked_by(stage)
     if reason:
         item.stash[BLOCKED_KEY] = True
         day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="blocked",
-                                    message=reason, nodeid=item.nodeid))
+                                    message=reason, nodeid=item.nodeid, repeat=repeat_of(item)))
         pytest.skip(f"day0 blocked: {reason}")
 
 
@@ -192,7 +215,9 @@ def auto_id(item: pytest.Item, stage: str) -> str:
     name = getattr(item, "originalname", None) or item.name
     name = re.sub(r"^test_", "", name)
     param = re.search(r"\[(.*)\]$", item.name)
-    return f"{stage}.{name}" + (f"[{param.group(1)}]" if param else "")
+    # the repeat is the check's `repeat` field, not part of its id (ids stay stable across repeats)
+    ids = [p for p in param.group(1).split("-") if not re.fullmatch(r"repeat\d+", p)] if param else []
+    return f"{stage}.{name}" + (f"[{'-'.join(ids)}]" if ids else "")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -216,7 +241,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if not recorded:
             reason = getattr(exc, "msg", None) or str(exc)
             day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="skip",
-                                        message=reason, nodeid=item.nodeid))
+                                        message=reason, nodeid=item.nodeid, repeat=repeat_of(item)))
         return rep
     if isinstance(exc, EngineError):
         message = f"engine failed: {exc}"
@@ -315,8 +340,15 @@ def scheduler_engine(day0_session: Day0Session) -> Any:
         pytest.skip(f"day0: no scheduler view: {exc}")
 
 
+@pytest.fixture(scope="module")
+def day0_repeat(request: pytest.FixtureRequest) -> int | None:
+    """Which repeat this is (1..N) under --day0-repeat N, else None. A measuring fixture that
+    asks for it is re-created for each repeat; one that does not is shared by all of them."""
+    return getattr(request, "param", None)
+
+
 @pytest.fixture
-def day0_checks(request: pytest.FixtureRequest) -> CheckRecorder:
+def day0_checks(request: pytest.FixtureRequest, day0_repeat: int | None) -> CheckRecorder:
     rec = request.node.stash.get(RECORDER_KEY, None)
     if rec is None:
         raise pytest.UsageError("day0_checks is only available to tests marked day0 with a stage marker")

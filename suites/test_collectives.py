@@ -22,12 +22,14 @@ def settings(day0_profile):
 
 
 @pytest.fixture(scope="module")
-def sweep(settings, day0_profile, day0_session):
-    """Ranks spawned here (one per local device), or the results torchrun/srun ranks wrote."""
+def sweep(settings, day0_profile, day0_session, day0_repeat):
+    """Ranks spawned here (one per local device), or the results torchrun/srun ranks wrote;
+    swept again for each --day0-repeat."""
     results_file = day0_profile.collectives.get("results_file")
     if results_file:
         return load_result(Path(results_file))
-    return run_local(settings, settings.world_size, day0_session.run_dir / "collectives")
+    out = day0_session.run_dir / "collectives" / (f"repeat{day0_repeat}" if day0_repeat else "")
+    return run_local(settings, settings.world_size, out)
 
 
 def test_collectives_exact_and_fast(sweep, settings, day0_checks):
@@ -43,6 +45,7 @@ def test_transport_matches_topology(sweep, day0_profile, day0_checks):
         day0_checks.add(check)
 
 
+@pytest.mark.day0_once
 def test_engine_tp2_matches_tp1(engine, day0_profile, day0_session, day0_checks):
     """vLLM's own communicator path: greedy tokens of a TP=2 engine equal the TP=1 engine's."""
     if not day0_profile.collectives.get("tp_equivalence", False):

@@ -23,8 +23,8 @@ def workload(day0_profile, settings):
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict:
-    """Results of the long-context workload, per view, for the agreement test."""
+def runs(day0_repeat) -> dict:
+    """Results of the long-context workload, per view, for the agreement test (one per repeat)."""
     return {}
 
 

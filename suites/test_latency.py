@@ -20,7 +20,8 @@ def _model_dir(profile) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def latency_checks(engine, day0_profile, day0_session):
+def latency_checks(engine, day0_profile, day0_session, day0_repeat):
+    """The measured load, run again for each --day0-repeat on the same engine."""
     model_dir = _model_dir(day0_profile)
     if model_dir is None:
         pytest.skip(f"synthetic prompts need the model's tokenizer.json locally; model.path "
