@@ -11,7 +11,7 @@ install:
 	@bash scripts/install.sh
 
 demo: install
-	$(VENV)/bin/python -m pytest suites -m day0 --day0-profile $(PROFILE) -v $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest day0/suites -m day0 --day0-profile $(PROFILE) -v $(PYTEST_ARGS)
 
 test: install
 	@bash scripts/install-browser.sh

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from day0.busbw import busbw_gbps, plan  # noqa: E402
-from day0.collectives import CollectivesSettings, free_port, parse_size, run_local  # noqa: E402
+from day0.stages.collectives import CollectivesSettings, free_port, parse_size, run_local  # noqa: E402
+from day0.stages.collectives.busbw import busbw_gbps, plan  # noqa: E402
 
 BARE = r"""
 import json, sys, time, datetime

@@ -4,7 +4,7 @@ Writes ``--files`` files of ``--mb`` MB of random bytes in a temporary folder, r
 so both contenders hash from the page cache (this measures hashing, not the disk), then times,
 alternating the two so a neighbour's load hits both alike:
 
-* one core: ``sha256sum f1 f2 ...`` (one process) vs ``day0.manifest.hash_files(workers=1)``;
+* one core: ``sha256sum f1 f2 ...`` (one process) vs ``day0.stages.weights.manifest.hash_files(workers=1)``;
 * all cores: one ``sha256sum`` process per core (files dealt round-robin) vs
   ``hash_files(workers=cores)`` (threads; hashlib releases the GIL on large updates).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from day0.manifest import CHUNK_BYTES, hash_files  # noqa: E402
+from day0.stages.weights.manifest import CHUNK_BYTES, hash_files  # noqa: E402
 
 
 def make_files(root: Path, count: int, mb: int) -> list[str]:

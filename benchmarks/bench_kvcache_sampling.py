@@ -28,9 +28,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the figures reada
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from day0 import kvcache as kv  # noqa: E402
+from day0.config.profile import load_profile  # noqa: E402
 from day0.engine import InprocessEngine  # noqa: E402
-from day0.profile import load_profile  # noqa: E402
+from day0.stages import kvcache as kv  # noqa: E402
 
 
 def fake_scheduler(requests: int, blocks_per_request: int, shared_blocks: int, block_size: int = 16) -> Any:

@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sse_server import Script, SSEServer  # noqa: E402
+from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
+from day0.client.workload import WorkloadSpec, build_requests  # noqa: E402
 
-from day0.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
-from day0.workload import WorkloadSpec, build_requests  # noqa: E402
+from sse_server import Script, SSEServer  # noqa: E402
 
 VOCAB = 300
 

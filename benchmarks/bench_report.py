@@ -60,7 +60,7 @@ MPL_SCRIPT = textwrap.dedent(
 
 def chart_jobs(record) -> list[dict]:
     """The charts the report draws, as plain specs matplotlib can draw too (samples -> CDF + bars)."""
-    from day0 import charts
+    from day0.results import charts
 
     jobs = []
     for c in record.checks():
@@ -86,11 +86,11 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    import run_factory as rf
+    from day0.results import charts
+    from day0.results.report import render
+    from day0.results.signoff import Signatory, keygen, sign_report, verify_report
 
-    from day0 import charts
-    from day0.report import render
-    from day0.signoff import Signatory, keygen, sign_report, verify_report
+    import run_factory as rf
 
     import_s = time.perf_counter() - t0
     record = rf.huge(n_samples=args.samples, n_stages=args.stages)
@@ -129,20 +129,20 @@ def main() -> None:
     first, best = times[0], min(times)
     print(f"record: {args.stages} stages, {sum(1 for _ in record.checks())} checks, {n_samples:,} samples "
           f"(run.json {run_mb:.2f} MB)")
-    print(f"import day0.report: {import_s:.3f} s")
+    print(f"import day0.results.report: {import_s:.3f} s")
     print(f"render: first {first:.3f} s, best of {args.repeat} {best:.3f} s "
           f"(target < {TARGET_S} s: {'met' if first < TARGET_S else 'MISSED'}); "
           f"CPU time first {cpu[0]:.3f} s, best {min(cpu):.3f} s (wall > CPU means a shared, busy machine)")
     print(f"report size: {size / 1e6:.2f} MB (target < {TARGET_BYTES / 2**20:.0f} MiB: "
           f"{'met' if size < TARGET_BYTES else 'MISSED'})")
     print(f"sign: {sign_s:.3f} s, verify: {verify_s:.3f} s (ok={ok})")
-    print(f"charts: {len(jobs)} drawn by day0.charts in {ours_s:.3f} s, {svg_bytes / 1e3:.0f} kB")
+    print(f"charts: {len(jobs)} drawn by day0.results.charts in {ours_s:.3f} s, {svg_bytes / 1e3:.0f} kB")
     if mpl is None:
         print(f"matplotlib baseline: not run ({(proc.stderr.strip().splitlines() or ['?'])[-1]})")
     else:
         print(f"matplotlib baseline: same {len(jobs)} charts in {mpl['total_s']:.3f} s "
               f"(import {mpl['import_s']:.3f} s), {mpl['bytes'] / 1e3:.0f} kB")
-        print(f"ratio matplotlib / day0.charts: {mpl['total_s'] / max(ours_s, 1e-9):.0f}x time, "
+        print(f"ratio matplotlib / day0.results.charts: {mpl['total_s'] / max(ours_s, 1e-9):.0f}x time, "
               f"{mpl['bytes'] / max(svg_bytes, 1):.1f}x bytes; "
               f"matplotlib alone would use {mpl['total_s'] / TARGET_S:.0%} of the render budget")
 

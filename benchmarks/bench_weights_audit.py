@@ -4,7 +4,7 @@ Builds, in a temporary folder, a checkpoint with ``--shards`` shards and about `
 tensors (a Qwen3-MoE-shaped config with tiny dimensions, so headers are full-size but the data is
 a few bytes per tensor, written sparse), then times:
 
-* the full headers-only :func:`day0.weights.audit` (index, presence, orphans, every header,
+* the full headers-only :func:`day0.stages.weights.audit` (index, presence, orphans, every header,
   placement, dtypes and shapes against config.json, parameter count), with 1 worker and with the
   default thread count;
 * the baseline, measured in the same run: opening every shard with ``safetensors.safe_open`` and
@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from day0 import archs  # noqa: E402
-from day0.safetensors_header import DTYPE_BITS  # noqa: E402
-from day0.weights import audit  # noqa: E402
+from day0.model import archs  # noqa: E402
+from day0.model.safetensors_header import DTYPE_BITS  # noqa: E402
+from day0.stages.weights import audit  # noqa: E402
 
 
 def moe_config(target_tensors: int) -> dict:

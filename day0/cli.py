@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from day0 import profile as profiles
-from day0.record import RecordError
+from day0.config import profile as profiles
+from day0.core.record import RecordError
 
-SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+SUITES_DIR = Path(__file__).resolve().parent / "suites"  # shipped in the package (day0.suites)
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
@@ -51,7 +51,7 @@ def _toml(data: dict, prefix: str = "") -> str:
 
 
 def _cmd_tiny_build(args: argparse.Namespace) -> int:
-    from day0.tiny import build
+    from day0.model.tiny import build
 
     spec = profiles.load_profile(args.profile).model.tiny
     out = build(spec, Path(args.dir))
@@ -60,7 +60,7 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_record_rebuild(args: argparse.Namespace) -> int:
-    from day0.record import rebuild
+    from day0.core.record import rebuild
 
     record = rebuild(Path(args.dir))
     print(f"{Path(args.dir) / 'run.json'}: verdict {record.verdict} ({record.reason})")
@@ -68,8 +68,8 @@ def _cmd_record_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from day0.plan import format_table, parse_what_if
-    from day0.preflight import ConfigUnavailable, preflight
+    from day0.model.plan import format_table, parse_what_if
+    from day0.stages.preflight import ConfigUnavailable, preflight
 
     what_if = parse_what_if(args.what_if) if args.what_if else None
     try:
@@ -94,7 +94,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_weights_audit(args: argparse.Namespace) -> int:
-    from day0.weights import audit
+    from day0.stages.weights import audit
 
     checks = audit(Path(args.dir), verify_manifest=not args.no_manifest, progress=True)
     for c in checks:
@@ -103,8 +103,8 @@ def _cmd_weights_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_weights_manifest(args: argparse.Namespace) -> int:
-    from day0.manifest import ManifestError
-    from day0.weights import write_manifest
+    from day0.stages.weights import write_manifest
+    from day0.stages.weights.manifest import ManifestError
 
     try:
         path = write_manifest(Path(args.dir), progress=True)
@@ -117,7 +117,7 @@ def _cmd_weights_manifest(args: argparse.Namespace) -> int:
 
 def _cmd_weights_golden(args: argparse.Namespace) -> int:
     from day0.engine import Engines, served_name
-    from day0.loaded import write_golden
+    from day0.engine.loaded import write_golden
 
     profile = profiles.load_profile(args.profile)
     engines = Engines(profile, Path(args.out).resolve().parent, lambda m: print(f"[day0] {m}", file=sys.stderr))
@@ -136,7 +136,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"day0 run: --repeat {args.repeat}: expected a whole number >= 1", file=sys.stderr)
         return 2
     if not SUITES_DIR.is_dir():
-        print(f"day0: suites not found at {SUITES_DIR} (install day0 from its source tree)", file=sys.stderr)
+        print(f"day0: suites not found at {SUITES_DIR} (a broken installation of day0?)", file=sys.stderr)
         return 2
     argv = [str(SUITES_DIR), "-m", args.marker, "--day0-profile", args.profile,
             *(["--day0-repeat", str(args.repeat)] if args.repeat > 1 else []), *args.pytest_args]
@@ -207,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their module (each module exposes ``add_cli``)."""
-    from day0 import collectives, compare, latency, report
+    from day0.results import compare, report
+    from day0.stages import collectives, latency
 
     return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli]
 

@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from day0.config.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
+from day0.core.record import Check, measured, one_line
+from day0.core.stages import REPEATABLE, STAGE_NAMES, STAGES
 from day0.engine import EngineError, ViewUnavailable
-from day0.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
-from day0.record import Check, measured, one_line
 from day0.session import Day0Session
-from day0.stages import REPEATABLE, STAGE_NAMES, STAGES
 
 SESSION_KEY = pytest.StashKey[Day0Session]()
 RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
@@ -263,7 +263,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     day0 = _session(session.config)
     if day0 is not None and day0.record is None:
         day0.finish(int(exitstatus))
-        from day0.compare import regressed
+        from day0.results.compare import regressed
 
         if regressed(day0.record) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a regression fails the nightly job
@@ -285,7 +285,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             counts[c.status] = counts.get(c.status, 0) + 1
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
         tr.write_line(f"  {st.name:<12} {st.verdict:<8} ({detail})")
-    from day0.report import summary_lines
+    from day0.results.report import summary_lines
 
     colour = {"accepted": {"green": True}, "rejected": {"red": True}}.get(record.verdict, {"yellow": True})
     lines = summary_lines(record, day0.outputs)

@@ -15,11 +15,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from day0 import environment
+from day0.config.profile import Profile
+from day0.core import environment
+from day0.core.record import RUN_FILE, Check, EventLog, RunRecord, rebuild
+from day0.core.stages import STAGE_NAMES, stage_index
 from day0.engine import EngineInfo, Engines
-from day0.profile import Profile
-from day0.record import RUN_FILE, Check, EventLog, RunRecord, rebuild
-from day0.stages import STAGE_NAMES, stage_index
 
 
 def new_run_id(profile_name: str, now: datetime | None = None) -> str:
@@ -101,12 +101,12 @@ class Day0Session:
         self.record = rebuild(self.run_dir)
         self.outputs = {"run record": self.run_json}
         if self.repeats > 1:  # the spread of each repeated check, and any verdict that flipped
-            from day0.repeats import REPEAT_STAGE, stability_check
+            from day0.results.repeats import REPEAT_STAGE, stability_check
 
             self.add_check(REPEAT_STAGE.name, stability_check(self.record, self.repeats))
             self.record = rebuild(self.run_dir)
         try:
-            from day0 import compare, history
+            from day0.results import compare, history
 
             if self.baseline:  # judged against earlier runs before the report, as the regression stage's checks
                 checks, note = compare.nightly_checks(self.record, self.out_dir, self.baseline, self.log)
@@ -120,7 +120,7 @@ class Day0Session:
             self.report_error = f"baseline comparison/history failed: {type(exc).__name__}: {exc}"
             self.log(self.report_error)
         try:
-            from day0.report import publish
+            from day0.results.report import publish
 
             template_dir = self.template_dir or (
                 Path(self.profile.report.template_dir) if self.profile.report.template_dir else None)

@@ -11,7 +11,7 @@
 #   DAY0_OUT       run folders, reports/latest and the history      [/reports]
 #   DAY0_MARKER    pytest -m expression                             [day0]
 #   DAY0_BASELINE  compare with PATH | latest-accepted | latest     [none]
-#   DAY0_SUITES    the staged suites                                [/opt/day0/suites]
+#   DAY0_SUITES    the staged suites                                [/opt/day0/day0/suites]
 #   DAY0_PYTHON    the interpreter that has vLLM and day0           [python3]
 #
 # The last step is exec'd, so `docker stop` (SIGTERM) reaches pytest, which stops the engine
@@ -21,7 +21,7 @@ set -euo pipefail
 profile=${DAY0_PROFILE:-/profiles/profile.toml}
 out=${DAY0_OUT:-/reports}
 marker=${DAY0_MARKER:-day0}
-suites=${DAY0_SUITES:-/opt/day0/suites}
+suites=${DAY0_SUITES:-/opt/day0/day0/suites}
 python=${DAY0_PYTHON:-python3}
 
 die() {

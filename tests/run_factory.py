@@ -1,6 +1,6 @@
-"""Fixture run records built in code with day0.record classes, so they cannot drift from the contract.
+"""Fixture run records built in code with day0.core.record classes, so they cannot drift from the contract.
 
-Verdicts and reasons are derived with ``day0.record.stage_verdict``/``run_verdict`` (never
+Verdicts and reasons are derived with ``day0.core.record.stage_verdict``/``run_verdict`` (never
 written by hand), and numbers come from seeded generators: a test that reads a value back
 from a report compares it with what the factory produced.
 """
@@ -11,7 +11,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from day0.record import (
+from day0.core.record import (
     Check,
     RunRecord,
     StageRecord,

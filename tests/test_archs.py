@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0 import archs
+from day0.model import archs
 
 # Published totals from the model cards (parameters, active parameters where the card gives one).
 PUBLISHED = [

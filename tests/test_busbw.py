@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.busbw import (
+from day0.stages.collectives.busbw import (
     OPS,
     UnknownCollective,
     algbw_gbps,

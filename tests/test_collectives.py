@@ -15,8 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.busbw import bus_factor
-from day0.collectives import (
+from day0.stages.collectives import (
     OP_MODES,
     CollectivesResult,
     CollectivesSettings,
@@ -31,6 +30,7 @@ from day0.collectives import (
     result_checks,
     run_local,
 )
+from day0.stages.collectives.busbw import bus_factor
 
 # --------------------------------------------------------------------------- settings
 

@@ -19,7 +19,7 @@ def test_stage_reads_a_result_written_by_the_per_rank_entry_point(tmp_path):
     result = out / "collectives.json"
     assert result.is_file()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "suites"), "-m", "day0 and collectives", "-k", "exact_and_fast",
+        [sys.executable, "-m", "pytest", str(REPO / "day0" / "suites"), "-m", "day0 and collectives", "-k", "exact_and_fast",
          "--day0-out", str(tmp_path / "reports"), "-p", "no:cacheprovider",
          "--day0-set", f'collectives.results_file="{result}"'],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)

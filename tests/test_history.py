@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from day0.core.record import RecordError, RunRecord, load
+from day0.results import history
+
 import run_factory as rf
-from day0 import history
-from day0.record import RecordError, RunRecord, load
 
 
 def _record(run_id: str, verdict_ok: bool = True, started: str = "2026-11-30T09:00:00.000+00:00") -> RunRecord:

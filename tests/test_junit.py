@@ -5,12 +5,13 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import run_factory as rf
 from hypothesis import given
 from hypothesis import strategies as st
 
-from day0.junit import write_junit, xml_text
-from day0.record import Check
+from day0.core.record import Check
+from day0.results.junit import write_junit, xml_text
+
+import run_factory as rf
 
 KIND = {"fail": "failure", "error": "error", "skip": "skipped", "blocked": "skipped", "pass": None}
 

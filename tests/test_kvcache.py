@@ -12,9 +12,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from day0 import kvcache as kv
-from day0.profile import KvCacheSection, load_profile
-from day0.prom import PromError
+from day0.client.prom import PromError
+from day0.config.profile import KvCacheSection, load_profile
+from day0.stages import kvcache as kv
 
 # --------------------------------------------------------------------------- the formula
 

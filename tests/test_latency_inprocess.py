@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from day0.latency import LatencySettings, SettingsError
-from day0.latency_inprocess import engine_agreement, run_latency_inprocess
+from day0.stages.latency import LatencySettings, SettingsError
+from day0.stages.latency.inprocess import engine_agreement, run_latency_inprocess
 
 ms = st.lists(st.floats(min_value=1.0, max_value=5000.0), min_size=1, max_size=50)
 

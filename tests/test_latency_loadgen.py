@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sse_server import Script, SSEServer, schedule  # noqa: E402
+from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
+from day0.client.workload import WorkloadSpec, as_text, build_requests  # noqa: E402
+from day0.stages.latency import LatencySettings, SlaSettings, compute_metrics, main, run_latency  # noqa: E402
 
-from day0.latency import LatencySettings, SlaSettings, compute_metrics, main, run_latency  # noqa: E402
-from day0.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
-from day0.workload import WorkloadSpec, as_text, build_requests  # noqa: E402
+from sse_server import Script, SSEServer, schedule  # noqa: E402
 
 TOL_MS = 1.0  # the bound: TTFT, TPOT and ITL within 1 ms of the scripted truth at p50 and p99
 E2E_TOL_MS = 2.0  # E2E ends at the last token plus stream framing; seen 1.1-1.5 ms off on a busy 2-core CI box

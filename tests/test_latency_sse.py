@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.loadgen import SSEEvent, SSEParser, TokenAccountant, _Failed
+from day0.client.loadgen import SSEEvent, SSEParser, TokenAccountant, _Failed
 
 # field values: any text without line breaks (surrogates cannot be UTF-8 encoded)
 line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=30)

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.latency import (
+from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
+from day0.client.prom import ServerFigure
+from day0.stages.latency import (
     LatencyRun,
     LatencySettings,
     SettingsError,
@@ -22,8 +24,6 @@ from day0.latency import (
     summarize,
     tpot_of,
 )
-from day0.loadgen import LoadShape, PhaseResult, RequestResult
-from day0.prom import ServerFigure
 
 floats = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 
@@ -196,7 +196,7 @@ def test_agreement_check_flags_disagreement():
 
 
 def test_agreement_allowance_grows_with_the_runs_own_noise():
-    from day0.latency import agreement_allowance
+    from day0.stages.latency import agreement_allowance
 
     quiet = agreement_allowance(0.1, 10.0, 0.0, 100)
     noisy = agreement_allowance(0.1, 10.0, 5.0, 100)

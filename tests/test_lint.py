@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from day0 import archs
-from day0.lint import Finding, VllmRules, lint, lint_checks, vllm_rules
+from day0.model import archs
+from day0.stages.preflight.lint import Finding, VllmRules, lint, lint_checks, vllm_rules
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,

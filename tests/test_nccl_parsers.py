@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from day0.busbw import algbw_gbps, busbw_gbps
-from day0.collectives import CollectivesSettings, import_nccl_tests, result_checks
-from day0.nccl_logs import (
+from day0.stages.collectives import CollectivesSettings, import_nccl_tests, result_checks
+from day0.stages.collectives.busbw import algbw_gbps, busbw_gbps
+from day0.stages.collectives.nccl_logs import (
     NcclParseError,
     TransportTopology,
     parse_nccl_debug,

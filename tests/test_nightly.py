@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from day0 import compare, history
-from day0.record import load
+from day0.core.record import load
+from day0.results import compare, history
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = """
@@ -48,7 +48,7 @@ SLOWER = ["--day0-set", 'collectives.min_bytes="64K"', "--day0-set", 'collective
 def nightly(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "reports"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites", "-m", "day0 and collectives", "-k", "exact_and_fast",
+        [sys.executable, "-m", "pytest", "day0/suites", "-m", "day0 and collectives", "-k", "exact_and_fast",
          "--day0-profile", str(tmp_path / "nightly.toml"), "--day0-out", str(out), "-q", "-p", "no:cacheprovider",
          *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=240,

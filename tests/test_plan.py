@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0 import archs
-from day0 import plan as P
+from day0.model import archs
+from day0.model import plan as P
 
 GIB = 1024**3
 H200_GIB = 140.0  # "141 GB" H200: CUDA reports ~143,700 MiB

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from day0.record import load
+from day0.core.record import load
 
 PASSING_AND_FAILING = """
 import pytest

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from day0.lint import vllm_rules
-from day0.preflight import ConfigUnavailable, model_config, preflight
-from day0.profile import load_profile, preset_names
+from day0.config.profile import load_profile, preset_names
+from day0.model.config import ConfigUnavailable, model_config
+from day0.stages.preflight import preflight
+from day0.stages.preflight.lint import vllm_rules
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,7 +63,7 @@ def test_day0_plan_cli_exit_codes():
 
 def test_an_error_finding_blocks_every_later_stage_without_starting_an_engine(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "suites"), "-m", "day0", "--day0-out", str(tmp_path),
+        [sys.executable, "-m", "pytest", str(REPO / "day0" / "suites"), "-m", "day0", "--day0-out", str(tmp_path),
          "--day0-set", 'engine.args.dtype="int4"', "-p", "no:cacheprovider", "-rs"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

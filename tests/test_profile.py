@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from day0.profile import (
+from day0.config.profile import (
     ProfileError,
     deep_merge,
     load_profile,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from day0.prom import PromError, delta, histogram_quantile, parse_histograms, server_view
+from day0.client.prom import PromError, delta, histogram_quantile, parse_histograms, server_view
 
 BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5]
 

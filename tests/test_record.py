@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from day0.record import (
+from day0.core.record import (
     SCHEMA_VERSION,
     Check,
     EventLog,

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from day0.record import Check, EventLog, rebuild
-from day0.repeats import STABILITY_ID, series, stability_check
+from day0.core.record import Check, EventLog, rebuild
+from day0.results.repeats import STABILITY_ID, series, stability_check
 
 SUITE = """
 import pytest

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import run_factory as rf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0 import charts
-from day0.record import RecordError, measured
-from day0.report import ReportError, add_cli, fmt_value, publish, render, summary_lines
-from day0.signoff import parse_report, sha256_hex
+from day0.core.record import RecordError, measured
+from day0.results import charts
+from day0.results.report import ReportError, add_cli, fmt_value, publish, render, summary_lines
+from day0.results.signoff import parse_report, sha256_hex
+
+import run_factory as rf
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -449,7 +450,7 @@ def test_any_samples_draw_or_name_the_problem(xs: list[float], limit: float | No
 
 
 def test_declared_items_are_apart_from_measured_ones(tmp_path: Path) -> None:
-    from day0.record import Check
+    from day0.core.record import Check
 
     measured_check = Check(id="risks.isolation.cache_salt", title="salted tenants share no cache", status="pass",
                            value=0, limit=0, message="tenant B got 0 cached tokens")

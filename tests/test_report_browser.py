@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import run_factory as rf
 
-from day0.report import render
+from day0.results.report import render
+
+import run_factory as rf
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = (

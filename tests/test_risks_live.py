@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from day0.accuracy import accuracy_checks, compare, fetch_prompt_logprobs, reference_engine, tokenize
-from day0.cost import cost_checks, estimate, measure_throughput
+from day0.client.workload import read_vocab
+from day0.config.profile import load_profile
+from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
 from day0.engine import ServerEngine, served_name
-from day0.isolation import isolation_checks, run_isolation
-from day0.profile import load_profile
-from day0.risk_settings import AccuracySettings, CostSettings, IsolationSettings
-from day0.tiny import cached_model
-from day0.workload import read_vocab
+from day0.model.tiny import cached_model
+from day0.stages.risks.accuracy import accuracy_checks, compare, fetch_prompt_logprobs, reference_engine, tokenize
+from day0.stages.risks.cost import cost_checks, estimate, measure_throughput
+from day0.stages.risks.isolation import isolation_checks, run_isolation
 
 
 def perturbed_copy(src: Path, dst: Path, seed: int) -> Path:

@@ -8,15 +8,41 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from day0.accuracy import (AccuracyError, PromptLogprobs, accuracy_checks, cell_kl, compare, parse_prompt_logprobs,
-                           perplexity, relative_delta, top1_agreement)
-from day0.cost import (CostEstimate, cost_checks, device_count, estimate, throughput_from_events, unpriced_checks)
-from day0.isolation import (IsolationRun, Probe, counter_delta, counter_total, declared_checks, fresh_prompt,
-                            isolation_checks, median, separability, tenant_salt)
-from day0.profile import ProfileError, load_profile, validate
-from day0.prom import PromError
-from day0.record import Check, EventLog, measured
-from day0.risk_settings import AccuracySettings, CostSettings, IsolationSettings
+from day0.client.prom import PromError
+from day0.config.profile import ProfileError, load_profile, validate
+from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
+from day0.core.record import Check, EventLog, measured
+from day0.stages.risks.accuracy import (
+    AccuracyError,
+    PromptLogprobs,
+    accuracy_checks,
+    cell_kl,
+    compare,
+    parse_prompt_logprobs,
+    perplexity,
+    relative_delta,
+    top1_agreement,
+)
+from day0.stages.risks.cost import (
+    CostEstimate,
+    cost_checks,
+    device_count,
+    estimate,
+    throughput_from_events,
+    unpriced_checks,
+)
+from day0.stages.risks.isolation import (
+    IsolationRun,
+    Probe,
+    counter_delta,
+    counter_total,
+    declared_checks,
+    fresh_prompt,
+    isolation_checks,
+    median,
+    separability,
+    tenant_salt,
+)
 
 # --------------------------------------------------------------------------- distributions
 

@@ -12,13 +12,12 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import run_factory as rf
 from cryptography.hazmat.primitives import serialization
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from day0.report import add_cli, render
-from day0.signoff import (
+from day0.results.report import add_cli, render
+from day0.results.signoff import (
     Signatory,
     SignoffError,
     decode_run,
@@ -29,6 +28,8 @@ from day0.signoff import (
     sign_report,
     verify_report,
 )
+
+import run_factory as rf
 
 ADA = Signatory("Ada Lovelace", "Infra lead")
 GRACE = Signatory("Grace Hopper", "SRE")
@@ -251,7 +252,7 @@ def test_embedding_of_literal_escape_falls_back_to_base64() -> None:
 def test_gzip_bomb_is_bounded(monkeypatch) -> None:
     import gzip
 
-    import day0.signoff as so
+    import day0.results.signoff as so
 
     monkeypatch.setattr(so, "DECODE_MAX", 1000)
     payload = base64.b64encode(gzip.compress(b"0" * 100_000)).decode()

@@ -5,8 +5,8 @@ import json
 
 from safetensors import safe_open
 
-from day0.profile import TinySpec
-from day0.tiny import build, cached_model, spec_digest
+from day0.config.profile import TinySpec
+from day0.model.tiny import build, cached_model, spec_digest
 
 
 def _digest(d):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from day0 import kvcache as kv
-from day0.profile import KvCacheSection
-from day0.record import Check, EventLog, rebuild
+from day0.config.profile import KvCacheSection
+from day0.core.record import Check, EventLog, rebuild
+from day0.stages import kvcache as kv
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sse_server import SSEServer  # noqa: E402

@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
+from day0.core.record import Check
+from day0.model import archs
+from day0.model.safetensors_header import DTYPE_BITS, HeaderError, read_header, validate_entries
+from day0.stages.weights import CATEGORIES, audit, write_manifest
+from day0.stages.weights.manifest import MANIFEST_NAME, sha256_file
+
 import ckpt_factory as cf
-from day0 import archs
-from day0.manifest import MANIFEST_NAME, sha256_file
-from day0.record import Check
-from day0.safetensors_header import DTYPE_BITS, HeaderError, read_header, validate_entries
-from day0.weights import CATEGORIES, audit, write_manifest
 
 
 def by_id(checks: list[Check]) -> dict[str, list[Check]]:
@@ -71,7 +72,7 @@ def test_whole_llama_checkpoint_passes_every_category(ckpt: cf.Ckpt) -> None:
 
 
 def test_factory_layout_agrees_with_archs(ckpt: cf.Ckpt) -> None:
-    """The hand-written Llama/Mixtral tensor lists and day0.archs describe the same checkpoint."""
+    """The hand-written Llama/Mixtral tensor lists and day0.model.archs describe the same checkpoint."""
     assert archs.expected_tensors(ckpt.config) == cf.llama_tensors(ckpt.config)
     mix = cf.mixtral_config()
     assert archs.expected_tensors(mix) == cf.llama_tensors(mix)
@@ -311,7 +312,7 @@ def test_failures_beyond_the_cap_are_folded_into_one_check_listing_them(ckpt: cf
 
 def test_threaded_header_reads_give_the_same_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread pool used on slow (network) file systems must not change any result."""
-    import day0.weights as w
+    import day0.stages.weights as w
 
     ck = cf.make_checkpoint(tmp_path / "m", num_shards=12)
     cf.truncate_shard(ck, 9, 3)
@@ -523,7 +524,7 @@ def test_progress_bar_goes_to_stderr(ckpt: cf.Ckpt, capsys: pytest.CaptureFixtur
 
 
 def test_a_bug_in_the_audit_becomes_an_error_check_not_an_exception(ckpt: cf.Ckpt, monkeypatch: pytest.MonkeyPatch) -> None:
-    import day0.weights as w
+    import day0.stages.weights as w
 
     def boom(self: object) -> None:
         raise RuntimeError("placement exploded")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from day0.profile import TinySpec
-from day0.tiny import build
+from day0.config.profile import TinySpec
+from day0.model.tiny import build
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_broken_checkpoint_fails_the_stage_and_still_reports(tiny, tmp_path, bre
     shutil.copytree(tiny, model)
     expected = breaker(model)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(REPO / "suites"), "-m", "day0 and weights", "-k", "checkpoint_audit",
+        [sys.executable, "-m", "pytest", str(REPO / "day0" / "suites"), "-m", "day0 and weights", "-k", "checkpoint_audit",
          "--day0-out", str(tmp_path / "reports"), "-p", "no:cacheprovider",
          "--day0-set", 'model.source="path"', "--day0-set", f'model.path="{model}"'],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)

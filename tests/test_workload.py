@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.workload import (
+from day0.client.workload import (
     Vocab,
     WorkloadError,
     WorkloadSpec,

@@ -1,0 +1,406 @@
+"""Target profiles: one TOML file describes the deployment under test.
+
+Presets ship in ``day0/presets``; a user's file may say ``extends = "h200x8"`` (or a path) and
+override any key. Validation is strict (unknown keys, wrong types, missing values) and every
+error is one line that names the file and the dotted key path, because a typo in a profile for
+a 32-GPU allocation should cost seconds, not the allocation.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
+
+PRESETS_DIR = Path(__file__).with_name("presets")
+DEFAULT_PROFILE = "cpu-tiny"
+# [collectives] keys the stage reads itself (the rest go to CollectivesSettings)
+LOCAL_COLLECTIVES_KEYS = ("results_file", "tp_equivalence")
+# Whole-key match, so `num_key_value_heads` or `max_num_batched_tokens` are not mistaken for secrets.
+_SECRET_KEY = re.compile(r"^(?:.*_)?(?:api_?key|key|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message is one line naming file and key path."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TinySpec(_Section):
+    """The embedded model: a Llama shaped for the CPU attention backend (head_dim 64)."""
+
+    hidden_size: int = Field(256, gt=0)
+    intermediate_size: int = Field(512, gt=0)
+    num_hidden_layers: int = Field(4, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    vocab_size: int = Field(384, ge=300, description="BPE target; 256 byte tokens + merges")
+    max_position_embeddings: int = Field(131072, gt=0)
+    num_shards: int = Field(3, ge=1)
+    seed: int = 0
+    rope_theta: float = 10000.0
+
+    @model_validator(mode="after")
+    def _heads(self) -> "TinySpec":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+        return self
+
+
+class ModelSection(_Section):
+    source: Literal["tiny", "path"] = "tiny"
+    path: Optional[str] = None  # local HF directory or hub id, as vLLM's --model takes it
+    served_model_name: Optional[str] = None
+    # config.json for planning without weights: a path, or a bundled example (day0/archconfigs)
+    config: Optional[str] = None
+    tiny: TinySpec = TinySpec()
+
+    @model_validator(mode="after")
+    def _path(self) -> "ModelSection":
+        if self.source == "path" and not self.path:
+            raise ValueError("path: required when source = \"path\"")
+        return self
+
+
+class EngineSection(_Section):
+    mode: Literal["inprocess", "server", "external"] = "server"
+    url: Optional[str] = None  # external mode: base URL, e.g. http://10.0.0.5:8000
+    startup_timeout_s: float = Field(600.0, gt=0)
+    shutdown_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(120.0, gt=0)
+    api_key_env: Optional[str] = None  # name of the env var holding the API key, never the key
+    env: dict[str, str] = {}
+    args: dict[str, Any] = {}  # vLLM engine arguments, passed through unchanged
+
+    @model_validator(mode="after")
+    def _url(self) -> "EngineSection":
+        if self.mode == "external" and not self.url:
+            raise ValueError("url: required when mode = \"external\"")
+        return self
+
+
+class TopologySection(_Section):
+    device: Literal["cpu", "cuda"] = "cpu"
+    accelerator: str = "cpu"
+    nodes: int = Field(1, ge=1)
+    devices_per_node: int = Field(1, ge=1)
+    device_memory_gib: float = Field(24.0, gt=0)
+    intra_node: Literal["shm", "pcie", "nvlink"] = "shm"
+    inter_node: Literal["none", "ethernet", "roce", "infiniband", "nvlink"] = "none"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+class SlaSection(_Section):
+    ttft_p99_ms: Optional[float] = Field(None, gt=0)
+    tpot_p99_ms: Optional[float] = Field(None, gt=0)
+    itl_p99_ms: Optional[float] = Field(None, gt=0)
+    e2e_p99_ms: Optional[float] = Field(None, gt=0)
+    min_output_throughput_tok_s: Optional[float] = Field(None, ge=0)
+    min_request_throughput_req_s: Optional[float] = Field(None, ge=0)
+    min_goodput_req_s: Optional[float] = Field(None, ge=0)
+    max_error_rate: float = Field(0.0, ge=0, le=1)
+    # other percentiles, e.g. {ttft_p90_ms = 800, tpot_p99_9_ms = 300}
+    limits: dict[str, float] = {}
+
+
+class KvCacheSection(_Section):
+    """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
+
+    fragmentation_limit: float = Field(0.05, gt=0, lt=1)
+    target_context: int = Field(16384, gt=0)
+    target_concurrency: int = Field(1, ge=1)
+    # Workload: total context (prompt + output) of each long request; empty: target_context, /2, /4, /8.
+    context_lengths: list[int] = []
+    short_requests: int = Field(4, ge=0)  # short requests mixed in (chat-sized)
+    short_lengths: list[int] = [256, 1024]  # [lo, hi] total context (prompt + output) of a short request
+    shared_prefix_tokens: int = Field(3000, ge=0)  # 0: no shared-prefix requests
+    shared_prefix_requests: int = Field(2, ge=0)  # requests starting with that one prefix
+    output_tokens: int = Field(160, ge=3)  # per request (ignore_eos); must outlast the prefill of the rest
+    workload_timeout_s: float = Field(600.0, gt=0)
+    # Thresholds
+    max_preemptions: int = Field(0, ge=0)
+    min_capacity_margin: float = Field(0.0, ge=0)  # KV pool / (target_context x concurrency) - 1
+    agreement_limit: float = Field(0.01, gt=0, lt=1)  # |exact - /metrics estimate|, absolute (0.01 = 1 pp)
+    # Prefix-cache correctness: greedy tokens of a long prompt, cold then warm
+    prefix_check_tokens: int = Field(4096, gt=1)
+    prefix_check_output_tokens: int = Field(16, gt=0)
+    scrape_interval_s: float = Field(0.05, gt=0)  # /metrics period of the black-box view in the steady window
+    blackbox_passes: int = Field(3, ge=1)  # the workload again (fresh cache salt) until enough scrapes resolve
+    min_resolved_scrapes: int = Field(5, ge=1)  # resolved /metrics scrapes that end the passes early
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _workload(self) -> "KvCacheSection":
+        if any(n <= self.output_tokens for n in self.context_lengths):
+            raise ValueError(f"context_lengths: every length must exceed output_tokens ({self.output_tokens})")
+        if len(self.short_lengths) != 2 or not self.output_tokens < self.short_lengths[0] <= self.short_lengths[1]:
+            raise ValueError(f"short_lengths: expected [lo, hi] with output_tokens ({self.output_tokens}) < lo <= hi")
+        if self.prefix_check_output_tokens >= self.prefix_check_tokens:
+            raise ValueError("prefix_check_output_tokens: must be below prefix_check_tokens")
+        return self
+
+
+class WeightsSection(_Section):
+    verify_manifest: bool = True  # check day0-manifest.json's SHA-256 per shard when present
+    manifest: str = "day0-manifest.json"
+    hash_workers: int = Field(0, ge=0)  # 0: one per usable CPU
+    max_checks_per_category: int = Field(200, ge=1)
+    memory_tolerance: float = Field(0.10, ge=0)  # measured weights per rank vs plan, relative
+    load_time_limit_s: Optional[float] = Field(None, gt=0)  # engine start-up incl. weight loading
+    golden: Optional[str] = None  # greedy tokens from a trusted run (day0 weights golden)
+
+
+class PreflightSection(_Section):
+    # peak activations, graphs and communicator buffers per rank, which vLLM measures at start-up
+    activation_headroom_gib: float = Field(2.0, ge=0)
+
+
+class RisksSection(_Section):
+    """[risks]: tenant isolation, quantization accuracy, cost (tables in day0.config.risks)."""
+
+    isolation: IsolationSettings = IsolationSettings()
+    accuracy: AccuracySettings = AccuracySettings()
+    cost: CostSettings = CostSettings()
+
+
+class Signatory(_Section):
+    name: str
+    role: str
+
+
+class ReportSection(_Section):
+    title: str = "Day0 acceptance report"
+    out_dir: str = "reports"
+    template_dir: Optional[str] = None
+    signatories: list[Signatory] = []
+
+
+class CompareSection(_Section):
+    """[compare]: run history and the nightly judgement against it (day0.results.history, day0.results.regression)."""
+
+    history: bool = True  # keep every run's run.json under history_dir/<profile>/<machine>/
+    history_dir: str = "history"  # absolute, or relative to report.out_dir
+    machine: str = ""  # history folder for this hardware; "" = derived from the recorded devices
+    history_runs: int = Field(5, ge=2)  # runs a nightly is judged against; fewer: gross changes only
+    spread_k: float = Field(2.5, ge=0)  # a regression is worse than the median by > k x spread + tolerance
+    gross_factor: float = Field(2.0, gt=1)  # with a short history: doubled (lower is better) or halved
+    default_tolerance: Union[str, float] = "5%"  # "5%" of the history's median, or absolute in the unit
+    tolerances: dict[str, Union[str, float]] = {}  # check id, id suffix or glob -> tolerance
+    fail_on_missing: bool = False
+    trend_runs: int = Field(10, ge=2)
+    trend_checks: list[str] = []  # ids/globs charted; [] = the compared metrics, regressions first
+
+    @field_validator("default_tolerance", "tolerances")
+    @classmethod
+    def _tolerance(cls, value: Any) -> Any:
+        from day0.results.regression import CompareError, Tolerance
+
+        try:
+            for key, raw in (value.items() if isinstance(value, dict) else [("", value)]):
+                Tolerance.parse(raw, key)
+        except CompareError as exc:
+            raise ValueError(str(exc).removeprefix(": ")) from None
+        return value
+
+
+class Profile(_Section):
+    name: str
+    description: str = ""
+    extends: Optional[str] = None
+    model: ModelSection = ModelSection()
+    engine: EngineSection = EngineSection()
+    topology: TopologySection = TopologySection()
+    preflight: PreflightSection = PreflightSection()
+    weights: WeightsSection = WeightsSection()
+    sla: SlaSection = SlaSection()
+    kvcache: KvCacheSection = KvCacheSection()
+    # validated by day0.collectives.CollectivesSettings (its field names are the TOML keys)
+    collectives: dict[str, Any] = {}
+    # validated by day0.latency.LatencySettings (its field names are the TOML keys)
+    latency: dict[str, Any] = {}
+    report: ReportSection = ReportSection()
+    risks: RisksSection = RisksSection()
+    compare: CompareSection = CompareSection()
+    # Where the profile came from (file path or preset name); not a TOML key.
+    origin: str = Field("", exclude=True)
+
+    @field_validator("collectives")
+    @classmethod
+    def _collectives(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from day0.stages.collectives import CollectivesSettings, SettingsError
+
+        try:
+            CollectivesSettings.from_mapping({k: v for k, v in value.items() if k not in LOCAL_COLLECTIVES_KEYS})
+        except SettingsError as exc:
+            raise ValueError(str(exc).removeprefix("collectives.")) from None
+        return value
+
+    @field_validator("latency")
+    @classmethod
+    def _latency(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from day0.stages.latency import LatencySettings
+        from day0.stages.latency import SettingsError as LatencySettingsError
+
+        try:
+            LatencySettings.from_table(value)
+        except (LatencySettingsError, ValueError, TypeError) as exc:
+            raise ValueError(str(exc).removeprefix("latency.")) from None
+        return value
+
+    def resolved(self, *, redact: bool = True) -> dict[str, Any]:
+        """The profile as it will be used, for run.json; secret-looking values are removed."""
+        data = self.model_dump(mode="json")
+        return redact_secrets(data) if redact else data
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def preset_path(name: str) -> Path:
+    return PRESETS_DIR / f"{name}.toml"
+
+
+def load_profile(ref: str | Path | None = None, *, overrides: dict[str, Any] | None = None) -> Profile:
+    """Load a preset name or a TOML path, following ``extends``; raise ProfileError on any problem."""
+    ref = str(ref) if ref is not None else DEFAULT_PROFILE
+    path = _locate(ref, base=Path.cwd())
+    data = _read_chain(path, seen=())
+    if overrides:
+        data = deep_merge(data, overrides)
+    data.setdefault("name", path.stem)
+    return validate(data, origin=str(path))
+
+
+def validate(data: dict[str, Any], origin: str = "<profile>") -> Profile:
+    try:
+        return Profile.model_validate({**data, "origin": origin})
+    except ValidationError as exc:
+        raise ProfileError(f"{origin}: {_first_error(exc)}") from None
+
+
+def _locate(ref: str, base: Path) -> Path:
+    candidate = Path(ref)
+    if candidate.suffix == ".toml" or "/" in ref or candidate.exists():
+        path = candidate if candidate.is_absolute() else (base / candidate)
+        if not path.is_file():
+            raise ProfileError(f"{path}: profile file not found")
+        return path.resolve()
+    path = preset_path(ref)
+    if not path.is_file():
+        raise ProfileError(f"{ref}: no such preset and no such file (presets: {', '.join(preset_names())})")
+    return path
+
+
+def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    if path in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path))
+        raise ProfileError(f"{path}: extends forms a cycle ({chain})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
+    parent = data.get("extends")
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ProfileError(f"{path}: extends: expected a string (a preset name or a path)")
+    try:
+        parent_path = _locate(parent, base=path.parent)
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: extends: {exc}") from None
+    base = _read_chain(parent_path, (*seen, path))
+    base.pop("name", None)
+    base.pop("description", None)
+    return deep_merge(base, data)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Tables merge key by key; any other value (arrays included) is replaced whole."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+_EXPECTED = {
+    "float_type": "expected a number",
+    "int_type": "expected an integer",
+    "string_type": "expected a string",
+    "bool_type": "expected true or false",
+    "dict_type": "expected a table",
+    "model_type": "expected a table",
+    "list_type": "expected an array",
+    "extra_forbidden": "unknown key",
+    "missing": "required value missing",
+}
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",))
+    kind = err["type"]
+    if kind in _EXPECTED:
+        msg = _EXPECTED[kind]
+    elif kind == "literal_error":
+        msg = f"expected {err['ctx']['expected']}, got {err['input']!r}"
+    elif kind == "value_error":
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        # model validators report "field: why"; attach the field to the section path
+        if ": " in msg and msg.split(": ", 1)[0].isidentifier():
+            field, why = msg.split(": ", 1)
+            loc = f"{loc}.{field}" if loc else field
+            msg = why
+    else:
+        msg = f"{err['msg'].lower()}, got {err['input']!r}"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def redact_secrets(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {
+            k: ("<redacted>" if _SECRET_KEY.match(str(k)) and isinstance(v, (str, int)) else redact_secrets(v))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [redact_secrets(v) for v in data]
+    return data
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``engine.args.max_num_seqs=8`` -> nested dict; the value is parsed as TOML (falls back to a string)."""
+    if "=" not in text:
+        raise ProfileError(f"override {text!r}: expected KEY.PATH=VALUE")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    out: dict[str, Any] = {}
+    cur = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out

@@ -1,0 +1,91 @@
+"""The profile's ``[risks]`` tables: tenant isolation, quantization accuracy, cost.
+
+Kept apart from ``day0.config.profile`` (which only holds the ``RisksSection`` that groups them) so the
+stage's settings sit beside the code that reads them; this module imports nothing from day0, so
+``day0.config.profile`` can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# A fixed evaluation text: plain prose that any tokenizer splits into ordinary tokens. Only the
+# first ``max_tokens`` tokens are scored, so the same text serves a 384-token toy vocabulary and
+# a 128K one; both the deployed and the reference engine score exactly the same token ids.
+EVAL_TEXT = (
+    "The river rose slowly through the night, and by morning the lower fields were under water. "
+    "Farmers moved their animals to the hills, while the children watched the brown current "
+    "carry branches, fences and a small wooden boat past the old stone bridge. In the village, "
+    "the baker kept his ovens burning so that everyone who came in from the rain could have "
+    "bread and something warm to drink. Nobody remembered a flood like it, although the oldest "
+    "woman in the valley said her grandmother had told stories of a winter when the whole plain "
+    "became a lake and the church bell rang for three days. When the water finally went down, "
+    "the soil was dark and rich, and that summer the harvest was the best in forty years."
+)
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class IsolationSettings(_Table):
+    """``[risks.isolation]``: who shares the deployment and how their requests are kept apart."""
+
+    enabled: bool = True
+    # Declared: how many tenants send requests to this one deployment.
+    tenants: int = Field(1, ge=1)
+    # Declared: how production requests are salted. "per_tenant": the gateway sets vLLM's
+    # cache_salt to a per-tenant value; "none": requests carry no salt. Measured as declared.
+    salt: Literal["per_tenant", "none"] = "per_tenant"
+    # Prompt length of the probes: long enough to span many KV blocks and make a cache hit visible.
+    prompt_tokens: int = Field(1024, ge=64)
+    timing_samples: int = Field(5, ge=1, le=100)  # TTFT samples per side (hit, miss)
+    # Declared, not measured: what keeps tenants apart outside the engine; a person confirms
+    # these at sign-off. Empty with tenants > 1 fails the check (nothing to confirm).
+    network: str = ""
+    storage: str = ""
+
+
+class AccuracySettings(_Table):
+    """``[risks.accuracy]``: the deployed model scored against a reference on a fixed text."""
+
+    enabled: bool = True
+    # "variant": a second server started beside the deployment with ``reference_args`` (and
+    # ``reference_model``) changed; "url": a reference deployment someone else runs; "none": skip.
+    reference: Literal["variant", "url", "none"] = "variant"
+    # Engine-arg changes for the reference, tried in order until one starts (a CPU kernel that
+    # dies with SIGILL on one box may work on the next).
+    reference_args: list[dict[str, Any]] = [{"dtype": "bfloat16"}]
+    reference_env: dict[str, str] = {}
+    reference_model: Optional[str] = None  # other weights for the reference (a local dir or hub id)
+    reference_url: Optional[str] = None
+    reference_served_name: Optional[str] = None  # model name at reference_url (default: its first)
+    text: str = Field(EVAL_TEXT, min_length=1)
+    max_tokens: int = Field(128, ge=8)  # tokens of ``text`` scored (prompt_logprobs is slow on CPU)
+    top_k: int = Field(5, ge=1, le=20)  # vLLM's default max_logprobs is 20
+    max_ppl_delta: float = Field(0.02, gt=0)  # |PPL_deployed / PPL_reference - 1|
+    min_top1_agreement: float = Field(0.9, ge=0, le=1)
+    max_mean_kl: float = Field(0.01, gt=0)  # nats per token, top-k lower bound
+
+    @model_validator(mode="after")
+    def _args(self) -> "AccuracySettings":
+        if self.reference == "variant" and not self.reference_args and not self.reference_model:
+            raise ValueError("reference_args: a variant reference needs changed args or reference_model")
+        return self
+
+
+class CostSettings(_Table):
+    """``[risks.cost]``: price assumptions and budgets; throughput comes from the run."""
+
+    enabled: bool = True
+    currency: str = "USD"
+    price_per_device_hour: Optional[float] = Field(None, ge=0)
+    devices: Optional[int] = Field(None, ge=1)  # default: topology nodes x devices_per_node
+    # Share of the hours the deployment serves at the measured throughput (1 = always busy).
+    utilization: float = Field(1.0, gt=0, le=1)
+    max_per_million_output_tokens: Optional[float] = Field(None, gt=0)
+    max_per_hour: Optional[float] = Field(None, gt=0)
+    # Own short measurement when stage 3 did not record latency.output_throughput in this run.
+    measure_requests: int = Field(8, ge=1)

@@ -1,0 +1,48 @@
+"""The memory plan for a profile: the profile's topology, engine args and targets as
+:func:`day0.model.plan.plan` arguments, so stage 0 and the stages that compare a live engine with
+the plan (kvcache capacity, weights per rank) price the same thing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from day0.config.profile import Profile
+from day0.model.config import ConfigUnavailable, model_config
+from day0.model.plan import Plan, plan, plan_kwargs
+
+
+def kv_cache_memory_bytes(profile: Profile) -> int | None:
+    """On the CPU backend the KV pool is VLLM_CPU_KVCACHE_SPACE GiB, not a memory fraction."""
+    args = profile.engine.args
+    if args.get("kv_cache_memory_bytes"):
+        return int(args["kv_cache_memory_bytes"])
+    space = profile.engine.env.get("VLLM_CPU_KVCACHE_SPACE")
+    if profile.topology.device == "cpu" and space:
+        return int(float(space) * 2**30)
+    return None
+
+
+def plan_arguments(profile: Profile, what_if: dict[str, Any] | None = None) -> dict[str, Any]:
+    t = profile.topology
+    kw: dict[str, Any] = {
+        "device_memory_gib": t.device_memory_gib,
+        "devices_per_node": t.devices_per_node,
+        "nodes": t.nodes,
+        "target_context": profile.kvcache.target_context,
+        "target_concurrency": profile.kvcache.target_concurrency,
+        "activation_headroom_gib": profile.preflight.activation_headroom_gib,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes(profile),
+    }
+    kw.update(plan_kwargs(profile.engine.args))
+    if what_if:
+        kw.update(what_if)
+    return kw
+
+
+def plan_for(profile: Profile) -> Plan | None:
+    """The stage-0 plan for this profile (None when it cannot be priced), without the lint."""
+    try:
+        config, _ = model_config(profile)
+        return plan(config, **plan_arguments(profile))
+    except (ConfigUnavailable, ValueError):
+        return None

@@ -1,0 +1,199 @@
+"""The embedded tiny model: a real Llama checkpoint built offline, deterministically.
+
+The harness must run end to end on a machine that cannot download weights, so it makes its own
+target: a byte-level BPE tokenizer trained on a generated corpus and random Llama weights split
+over several safetensors shards with an index, exactly the layout real checkpoints use. The same
+spec gives the same bytes, so the cache key (a hash of the spec) is safe to reuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from day0.config.profile import TinySpec
+
+BUILDER_VERSION = 2
+# A plain role-tagged template, so /v1/chat/completions works on the tiny model too.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+_WORDS = (
+    "the model serves tokens across nodes while the cache keeps blocks of keys and values "
+    "prefill decode latency throughput shard tensor weight layer attention head rank ring "
+    "tree bandwidth link switch memory page block fragment context window request batch "
+    "queue schedule sample greedy token byte vocabulary merge pipeline tensor parallel "
+    "supernode acceptance report signed baseline nightly regression check verdict stage"
+).split()
+
+
+def spec_digest(spec: TinySpec) -> str:
+    payload = json.dumps({"builder": BUILDER_VERSION, **spec.model_dump()}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    if env := os.environ.get("DAY0_CACHE_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "day0"
+
+
+def cached_model(spec: TinySpec, *, log: Callable[[str], None] | None = None) -> Path:
+    """Path of the model for ``spec``, building it once; concurrent builders race harmlessly."""
+    target = cache_root() / f"tiny-{spec_digest(spec)}"
+    if (target / "model.safetensors.index.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    try:
+        if log:
+            log(f"building tiny model {target.name} (spec hash {spec_digest(spec)})")
+        build(spec, staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "model.safetensors.index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def build(spec: TinySpec, out_dir: Path) -> Path:
+    """Write tokenizer, config and sharded weights into ``out_dir`` (created if missing)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _train_tokenizer(spec)
+    vocab = tokenizer.get_vocab_size()
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    _write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "add_bos_token": False,
+        "model_max_length": spec.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    })
+    _write_json(out_dir / "special_tokens_map.json", {"bos_token": BOS, "eos_token": EOS})
+    config = model_config(spec, vocab_size=vocab, bos_token_id=bos, eos_token_id=eos)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos})
+    _write_shards(_weights(spec, vocab), out_dir, spec.num_shards)
+    return out_dir
+
+
+def model_config(spec: TinySpec, *, vocab_size: int, bos_token_id: int, eos_token_id: int) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.hidden_size // spec.num_attention_heads,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": spec.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+
+
+def _corpus(seed: int, sentences: int = 3000) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + "." for _ in range(sentences)]
+
+
+def _train_tokenizer(spec: TinySpec):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    return tok
+
+
+def _weights(spec: TinySpec, vocab: int) -> dict[str, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(spec.seed)
+    h, i = spec.hidden_size, spec.intermediate_size
+    head_dim = h // spec.num_attention_heads
+    kv = spec.num_key_value_heads * head_dim
+
+    def normal(*shape: int) -> "torch.Tensor":
+        return (torch.randn(*shape, generator=gen) * 0.02).contiguous()
+
+    tensors: dict[str, Any] = {"model.embed_tokens.weight": normal(vocab, h)}
+    for n in range(spec.num_hidden_layers):
+        p = f"model.layers.{n}."
+        tensors[p + "input_layernorm.weight"] = torch.ones(h)
+        tensors[p + "self_attn.q_proj.weight"] = normal(h, h)
+        tensors[p + "self_attn.k_proj.weight"] = normal(kv, h)
+        tensors[p + "self_attn.v_proj.weight"] = normal(kv, h)
+        tensors[p + "self_attn.o_proj.weight"] = normal(h, h)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(h)
+        tensors[p + "mlp.gate_proj.weight"] = normal(i, h)
+        tensors[p + "mlp.up_proj.weight"] = normal(i, h)
+        tensors[p + "mlp.down_proj.weight"] = normal(h, i)
+    tensors["model.norm.weight"] = torch.ones(h)
+    tensors["lm_head.weight"] = normal(vocab, h)
+    return tensors
+
+
+def _write_shards(tensors: dict[str, Any], out_dir: Path, num_shards: int) -> None:
+    """Split in insertion order into shards of roughly equal bytes, as HF's sharding does."""
+    from safetensors.torch import save_file
+
+    names = list(tensors)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    num_shards = max(1, min(num_shards, len(names)))
+    per_shard = total / num_shards
+    groups: list[list[str]] = [[] for _ in range(num_shards)]
+    acc = 0
+    for idx, name in enumerate(names):
+        remaining_names = len(names) - idx
+        shard = min(int(acc // per_shard), num_shards - 1)
+        # never leave a later shard empty
+        shard = max(shard, num_shards - remaining_names)
+        groups[shard].append(name)
+        acc += tensors[name].numel() * tensors[name].element_size()
+    weight_map: dict[str, str] = {}
+    for k, group in enumerate(groups, 1):
+        fname = f"model-{k:05d}-of-{num_shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in group}, str(out_dir / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in group})
+    _write_json(out_dir / "model.safetensors.index.json", {
+        "metadata": {"total_size": total},
+        "weight_map": dict(sorted(weight_map.items())),
+    })
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,285 @@
+"""Run history: every run's ``run.json`` kept, append-only, per profile and machine.
+
+Like pytest-benchmark's storage, each run becomes one numbered file whose name carries what a
+person scans for (number, start time, git commit, verdict), so ``latest``, ``latest-accepted``
+(the runs a nightly is judged against) and the trend chart need no index that could drift from
+the files:
+
+    <history_dir>/<profile>/<machine>/0007_20261130T090000Z_0123456789ab_accepted.json
+
+The file is a byte-for-byte copy of ``run.json`` (so the signed report's digest still matches
+it) and is read back with :func:`day0.core.record.load`, which keeps older schema versions loading.
+Numbers are claimed with ``os.link`` (fails if taken), so two jobs sharing one history folder
+never overwrite each other. The machine is part of the path because numbers from different
+hardware are not comparable; it is derived from the recorded devices, not the host name, since
+CI runners get a fresh host name every night.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from day0.core.record import RUN_FILE, RecordError, RunRecord, load
+
+DEFAULT_HISTORY_DIR = "history"
+LATEST_ACCEPTED = "latest-accepted"
+LATEST = "latest"
+BASELINE_KEYWORDS = (LATEST_ACCEPTED, LATEST)
+NAME = re.compile(
+    r"^(?P<number>\d{4,})_(?P<stamp>\d{8}T\d{6}Z)_(?P<commit>[0-9a-z]+(?:-dirty)?)_(?P<verdict>[a-z_]+)\.json$"
+)
+_SLUG = re.compile(r"[^a-z0-9.]+")
+
+
+class HistoryError(ValueError):
+    """History that cannot be used as asked; the message names the folder or file."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored run, described by its file name alone (loading it is the caller's choice)."""
+
+    path: Path
+    number: int
+    stamp: str
+    commit: str
+    verdict: str
+
+    @property
+    def label(self) -> str:
+        return f"#{self.number}"
+
+    def load(self) -> RunRecord:
+        return load(self.path)
+
+
+def slug(text: str, limit: int = 80) -> str:
+    s = _SLUG.sub("-", str(text).lower()).strip("-.")
+    return (s[:limit].rstrip("-.") or "unknown")
+
+
+def machine_id(record: RunRecord, override: str = "") -> str:
+    """The hardware a run measured, as a folder name: ``cuda-8x-nvidia-h200`` or ``cpu-2c-...``.
+
+    Host names are left out on purpose (they change per CI runner); a profile's
+    ``compare.machine`` wins when a site wants its own grouping.
+    """
+    if override:
+        return slug(override)
+    devices = record.environment.get("devices") if isinstance(record.environment, Mapping) else None
+    parts: list[str] = []
+    topo = record.profile.get("topology") if isinstance(record.profile, Mapping) else None
+    nodes = topo.get("nodes") if isinstance(topo, Mapping) else None
+    if isinstance(nodes, int) and nodes > 1:
+        parts.append(f"{nodes}n")
+    if isinstance(devices, list) and devices and all(isinstance(d, Mapping) for d in devices):
+        groups: dict[tuple[str, str], int] = {}
+        for d in devices:
+            kind = str(d.get("kind") or "dev")
+            name = str(d.get("name") or d.get("model") or "unknown")
+            if kind == "cpu" and d.get("cores"):
+                name = f"{d['cores']}c-{name}"
+            groups[(kind, name)] = groups.get((kind, name), 0) + 1
+        for (kind, name), n in sorted(groups.items()):
+            parts.append(f"{kind}-{n}x-{name}" if n > 1 else f"{kind}-{name}")
+    else:
+        parts.append("unknown-devices")
+    return slug("-".join(parts))
+
+
+def profile_name(record: RunRecord) -> str:
+    name = record.profile.get("name") if isinstance(record.profile, Mapping) else None
+    return str(name) if name else "unnamed"
+
+
+def compare_section(profile: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    sec = profile.get("compare") if isinstance(profile, Mapping) else None
+    return sec if isinstance(sec, Mapping) else {}
+
+
+def history_root(profile: Mapping[str, Any] | None, out_dir: Path) -> Path:
+    """``compare.history_dir`` from the resolved profile: absolute, or relative to the run folders' parent."""
+    raw = compare_section(profile).get("history_dir") or DEFAULT_HISTORY_DIR
+    p = Path(str(raw)).expanduser()
+    return p if p.is_absolute() else Path(out_dir) / p
+
+
+def folder_for(root: Path, record: RunRecord, machine: str = "") -> Path:
+    override = machine or str(compare_section(record.profile).get("machine") or "")
+    return Path(root) / slug(profile_name(record)) / machine_id(record, override)
+
+
+def entries(folder: Path) -> list[Entry]:
+    """Stored runs, oldest first; files that do not follow the naming scheme are ignored."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in folder.iterdir():
+        m = NAME.match(p.name)
+        if m and p.is_file():
+            out.append(Entry(p, int(m["number"]), m["stamp"], m["commit"], m["verdict"]))
+    return sorted(out, key=lambda e: e.number)
+
+
+def _stamp(iso: str | None) -> str:
+    try:
+        t = datetime.fromisoformat(str(iso))
+    except (TypeError, ValueError):
+        t = datetime.now(timezone.utc)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _commit(record: RunRecord) -> str:
+    raw = str(record.environment.get("git_commit") or "") if isinstance(record.environment, Mapping) else ""
+    dirty = raw.endswith("-dirty")
+    sha = re.sub(r"[^0-9a-f]", "", raw.removesuffix("-dirty").lower())[:12]
+    return (sha or "nogit") + ("-dirty" if dirty and sha else "")
+
+
+def entry_name(number: int, record: RunRecord) -> str:
+    verdict = re.sub(r"[^a-z_]", "", str(record.verdict).lower()) or "unknown"
+    return f"{number:04d}_{_stamp(record.started_at)}_{_commit(record)}_{verdict}.json"
+
+
+def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
+    """Append ``run_json`` to ``folder`` under the next free number; never replaces a file."""
+    src = Path(run_json)
+    if src.is_dir():
+        src = src / RUN_FILE
+    record = load(src)  # a record that does not load must not enter the history
+    data = src.read_bytes()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".incoming-{os.getpid()}-{record.run_id[-16:]}.tmp"
+    tmp.write_bytes(data)
+    try:
+        for _ in range(attempts):
+            existing = entries(folder)
+            number = (existing[-1].number + 1) if existing else 1
+            target = folder / entry_name(number, record)
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                continue  # another job took this number between listing and linking
+            m = NAME.match(target.name)
+            assert m is not None
+            return Entry(target, number, m["stamp"], m["commit"], m["verdict"])
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    raise HistoryError(f"{folder}: could not claim a history number after {attempts} attempts")
+
+
+def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "") -> list[tuple[Entry, RunRecord]]:
+    """The last ``n`` stored runs (oldest first), never the run ``exclude_run_id`` itself, only
+    those with ``verdict`` when one is given (``latest-accepted``); unreadable files are skipped.
+    The nightly judges a run against these, and the trend charts draw them."""
+    out: list[tuple[Entry, RunRecord]] = []
+    for e in reversed(entries(folder)):
+        if len(out) >= n:
+            break
+        if verdict and e.verdict != verdict:
+            continue
+        try:
+            rec = e.load()
+        except RecordError:
+            continue
+        if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict):
+            out.append((e, rec))
+    return list(reversed(out))
+
+
+def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], None]) -> Entry | None:
+    """End of a run: append its run.json to the history, unless the profile says
+    ``compare.history = false``. Never raises: a run that cannot be stored is a log line, not a
+    lost report."""
+    if not compare_section(record.profile).get("history", True):
+        return None
+    try:
+        entry = store(Path(run_dir) / RUN_FILE, folder_for(history_root(record.profile, Path(out_dir)), record))
+    except (OSError, RecordError, HistoryError) as exc:
+        log(f"history: run not stored: {exc}")
+        return None
+    log(f"history: stored as {entry.path}")
+    return entry
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _root_for(args: argparse.Namespace, record: RunRecord | None, run_path: Path | None) -> Path:
+    if getattr(args, "history", None):
+        return Path(args.history)
+    if record is not None and run_path is not None:
+        run_file = run_path / RUN_FILE if run_path.is_dir() else run_path
+        return history_root(record.profile, run_file.parent.parent)
+    return Path("reports") / DEFAULT_HISTORY_DIR
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    run = Path(args.run)
+    record = load(run)
+    folder = folder_for(_root_for(args, record, run), record, args.machine or "")
+    e = store(run, folder)
+    print(f"stored {run} as {e.path}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    root = Path(args.history) if args.history else Path("reports") / DEFAULT_HISTORY_DIR
+    if not root.is_dir():
+        raise HistoryError(f"{root}: no history folder (runs are stored under report.out_dir/compare.history_dir)")
+    folders = sorted(p for p in root.glob("*/*") if p.is_dir())
+    if args.profile:
+        folders = [f for f in folders if f.parent.name == slug(args.profile)]
+    if args.machine:
+        folders = [f for f in folders if f.name == slug(args.machine)]
+    if not folders:
+        print(f"{root}: no stored runs" + (f" for profile {args.profile}" if args.profile else ""))
+        return 0
+    for f in folders:
+        es = entries(f)
+        print(f"{f.relative_to(root)}: {len(es)} runs")
+        for e in es[-args.last:] if args.last else es:
+            print(f"  {e.label:>6}  {e.stamp}  {e.commit:<18} {e.verdict:<11} {e.path.name}")
+    return 0
+
+
+def _guard(name: str, fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (RecordError, HistoryError, OSError) as exc:
+            print(f"day0 history {name}: error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``history list|add``; each sets ``func(args) -> exit code``."""
+    p = subparsers.add_parser("history", help="stored runs per profile and machine (for baselines and trends)")
+    sub = p.add_subparsers(dest="history_command", required=True, metavar="ACTION")
+    q = sub.add_parser("list", help="list stored runs")
+    q.add_argument("--history", help="history folder (default: reports/history)")
+    q.add_argument("--profile", help="only this profile")
+    q.add_argument("--machine", help="only this machine folder")
+    q.add_argument("--last", type=int, default=20, help="show the last N runs per folder (0: all; default 20)")
+    q.set_defaults(func=_guard("list", _cmd_list))
+    q = sub.add_parser("add", help="store a run in the history (the pytest plugin does this at the end of each run)")
+    q.add_argument("run", help="run folder or run.json")
+    q.add_argument("--history", help="history folder (default: the profile's compare.history_dir beside the run)")
+    q.add_argument("--machine", help="machine folder name (default: derived from the recorded devices)")
+    q.set_defaults(func=_guard("add", _cmd_add))

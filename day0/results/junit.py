@@ -1,0 +1,93 @@
+"""JUnit XML from a run record, so CI systems show each Day0 check as a test case.
+
+One testcase per check (classname = stage, name = check id). fail -> <failure>, error ->
+<error>, skip and blocked -> <skipped> (a blocked check did not run because an earlier stage
+failed; CI has no closer word). Built from the run record only, like the HTML report.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from day0.core.record import Check, RunRecord
+
+# XML 1.0 forbids most control characters; an engine log excerpt may well contain them.
+_ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(value: Any) -> str:
+    """Text safe for an XML 1.0 attribute or element (illegal characters become U+FFFD)."""
+    return _ILLEGAL_XML.sub("\ufffd", "" if value is None else str(value))
+
+
+def _detail(check: Check) -> str:
+    lines = [
+        f"status: {check.status}",
+        f"value: {check.value!r} {check.unit}".rstrip(),
+        f"limit: {check.limit!r} ({check.direction})",
+        f"message: {check.message}",
+    ]
+    if check.source:
+        lines.append(f"source: {check.source}")
+    excerpt = check.evidence.get("log_excerpt") if isinstance(check.evidence, dict) else None
+    if isinstance(excerpt, str) and excerpt.strip():
+        lines += ["", "engine log excerpt:", excerpt[-20000:]]
+    return xml_text("\n".join(lines))
+
+
+def junit_tree(record: RunRecord) -> ET.ElementTree:
+    root = ET.Element("testsuites", name=xml_text(f"day0 {record.run_id}"))
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    host = record.environment.get("host") or record.environment.get("hostname") or ""
+    for stage in record.stages:
+        counts = {
+            "tests": len(stage.checks),
+            "failures": sum(c.status == "fail" for c in stage.checks),
+            "errors": sum(c.status == "error" for c in stage.checks),
+            "skipped": sum(c.status in ("skip", "blocked") for c in stage.checks),
+        }
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=xml_text(stage.name),
+            timestamp=xml_text(record.started_at),
+            hostname=xml_text(host),
+            time="0",
+            **{k: str(v) for k, v in counts.items()},
+        )
+        props = ET.SubElement(suite, "properties")
+        ET.SubElement(props, "property", name="stage_verdict", value=xml_text(stage.verdict))
+        for check in stage.checks:
+            case = ET.SubElement(suite, "testcase", classname=xml_text(stage.name), name=xml_text(check.id), time="0")
+            msg = xml_text(check.message)
+            if check.status == "fail":
+                ET.SubElement(case, "failure", message=msg, type="fail").text = _detail(check)
+            elif check.status == "error":
+                ET.SubElement(case, "error", message=msg, type="error").text = _detail(check)
+            elif check.status == "skip":
+                ET.SubElement(case, "skipped", message=msg)
+            elif check.status == "blocked":
+                ET.SubElement(case, "skipped", message=xml_text(f"blocked: {check.message}"))
+            ET.SubElement(case, "system-out").text = _detail(check)
+        for k in totals:
+            totals[k] += counts[k]
+    for k, v in totals.items():
+        root.set(k, str(v))
+    root.set("time", "0")
+    return ET.ElementTree(root)
+
+
+def write_junit(record: RunRecord, path: Path) -> Path:
+    """Write JUnit XML for ``record`` to ``path`` (a directory gets ``junit.xml``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "junit.xml"
+    tree = junit_tree(record)
+    ET.indent(tree)
+    tmp = path.with_name(path.name + ".tmp")
+    tree.write(tmp, encoding="utf-8", xml_declaration=True)
+    tmp.replace(path)
+    return path

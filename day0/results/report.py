@@ -1,0 +1,582 @@
+"""Render run.json into one self-contained, signable HTML acceptance report.
+
+The report reads only the run record (never re-measures): the page is a view of run.json,
+and run.json itself is embedded so ``day0 verify`` can re-hash it. Templates are Jinja2 with
+autoescape on; a site overrides blocks by passing a template directory whose files shadow
+the built-in ones (a site's ``base.html.j2`` can wrap ours as ``day0/base.html.j2``).
+Everything the templates show is prepared here as plain view objects, so a site template
+needs no logic of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from day0.core.record import RUN_FILE, Check, RecordError, RunRecord, load
+from day0.core.stages import REGRESSION_STAGE, REPEAT_STAGE, STAGES
+from day0.results import charts
+from day0.results.compare import SUMMARY_ID
+from day0.results.junit import write_junit
+from day0.results.signoff import (
+    Signatory,
+    SignoffError,
+    embedded_blocks,
+    keygen,
+    parse_report,
+    sign_report,
+    signatures_region,
+    signoff_block,
+    verify_report,
+)
+
+__all__ = ["render", "write_junit", "summary_lines", "publish", "add_cli", "ReportError", "Signatory"]
+
+TEMPLATES = Path(__file__).with_name("templates")
+DEFAULT_TEMPLATE = "report.html.j2"
+REPORT_FILE = "report.html"
+JUNIT_FILE = "junit.xml"
+KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
+MAX_TABLE_ROWS = 500
+MAX_LOG_CHARS = 20_000
+MAX_JSON_CHARS = 16_000
+MAX_FLAT_ROWS = 400
+DIRECTION_SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
+
+
+class ReportError(ValueError):
+    """The report cannot be rendered as asked; the message names the file or template."""
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_value(v: Any, limit: int = 200) -> str:
+    """A value as a person reads it in a table cell (raw numbers stay in run.json)."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 100_000 else str(v)
+    if isinstance(v, float):
+        av = abs(v)
+        if v == 0:
+            return "0"
+        if av >= 1e12:
+            return f"{v:.3e}"
+        if av >= 1000:
+            return f"{v:,.0f}" if v.is_integer() else f"{v:,.1f}"
+        if av >= 1e-3:
+            return f"{v:.4g}"
+        return f"{v:.3e}"
+    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _summary(v: Any) -> str:
+    """One-cell summary of a structured fact (devices list, topology table)."""
+    if isinstance(v, list) and v and all(isinstance(d, dict) for d in v):
+        names: dict[str, int] = {}
+        for d in v:
+            n = str(d.get("name") or d.get("model") or d.get("type") or "device")
+            names[n] = names.get(n, 0) + 1
+        return ", ".join(f"{c} × {n}" for n, c in names.items())
+    if isinstance(v, list):
+        return fmt_value(", ".join(fmt_value(x) for x in v), 300)
+    if isinstance(v, dict):
+        return fmt_value(", ".join(f"{k}={fmt_value(x, 80)}" for k, x in v.items()), 300)
+    return fmt_value(v, 300)
+
+
+def flatten(obj: Any, prefix: str = "", out: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """Nested tables as (dotted.key, text) rows, capped so a huge profile cannot bloat the page."""
+    out = [] if out is None else out
+    if len(out) >= MAX_FLAT_ROWS:
+        return out
+    if isinstance(obj, dict) and obj:
+        for k, v in obj.items():
+            flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(obj, list) and obj and any(isinstance(x, (dict, list)) for x in obj):
+        for i, v in enumerate(obj):
+            flatten(v, f"{prefix}[{i}]", out)
+    elif isinstance(obj, list):
+        out.append((prefix, fmt_value(", ".join(fmt_value(x) for x in obj), 500) if obj else "[]"))
+    else:
+        out.append((prefix, fmt_value(obj, 500) if obj != {} else "{}"))
+    if len(out) == MAX_FLAT_ROWS:
+        out.append(("…", "more entries in run.json"))
+    return out
+
+
+def lookup(data: Mapping[str, Any], *paths: str) -> Any:
+    """The first present value among dotted ``paths`` (the environment's keys vary by collector)."""
+    for p in paths:
+        cur: Any = data
+        for part in p.split("."):
+            if not isinstance(cur, Mapping) or part not in cur:
+                cur = None
+                break
+            cur = cur[part]
+        if cur not in (None, "", [], {}):
+            return cur
+    return None
+
+
+def _duration(start: str | None, end: str | None) -> str:
+    try:
+        secs = (datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds()
+    except (TypeError, ValueError):
+        return "—"
+    h, rem = divmod(int(round(secs)), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+# --------------------------------------------------------------------------- view objects
+
+
+@dataclass
+class ChartView:
+    svg: Markup | None = None
+    problem: str | None = None
+
+
+@dataclass
+class TableView:
+    columns: list[str]
+    rows: list[list[str]]
+    more: int = 0
+
+
+@dataclass
+class CheckView:
+    check: Check
+    stage: str
+    anchor: str
+    value: str
+    limit: str
+    stats: list[tuple[str, str]] = field(default_factory=list)
+    charts: list[ChartView] = field(default_factory=list)
+    table: TableView | None = None
+    table_problem: str | None = None
+    log_excerpt: str | None = None
+    other_json: str | None = None
+
+    @property
+    def has_details(self) -> bool:
+        return bool(self.stats or self.charts or self.table or self.table_problem or self.log_excerpt or self.other_json)
+
+
+@dataclass
+class StageView:
+    name: str
+    title: str
+    question: str
+    verdict: str
+    counts: dict[str, int]
+    checks: list[CheckView]
+
+
+def _limit_text(c: Check) -> str:
+    if c.limit is None:
+        return "—"
+    return f"{DIRECTION_SIGN.get(c.direction, '')} {fmt_value(c.limit)}".strip()
+
+
+def check_view(stage: str, c: Check, anchor: str) -> CheckView:
+    """The check as the page shows it; odd evidence becomes a visible note, never a crash."""
+    try:
+        return _check_view(stage, c, anchor)
+    except (ValueError, ArithmeticError, TypeError) as exc:  # ChartError is handled per chart inside
+        view = CheckView(c, stage, anchor, fmt_value(c.value), _limit_text(c))
+        view.charts.append(ChartView(problem=f"{c.id} evidence: could not be drawn ({type(exc).__name__}: {exc})"))
+        return view
+
+
+def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
+    view = CheckView(c, stage, anchor, fmt_value(c.value), _limit_text(c))
+    ev = c.evidence if isinstance(c.evidence, dict) else {"value": c.evidence}
+    limit = float(c.limit) if charts.is_number(c.limit) and c.direction != "exact" else None
+    if "samples" in ev:
+        try:
+            xs = sorted(charts.clean_samples(ev["samples"], f"{c.id} evidence.samples"))
+            st = charts.sample_stats(xs)
+            view.stats = [(k, fmt_value(int(v)) if k == "count" else fmt_value(v)) for k, v in st.items()]
+            if xs:
+                view.charts.append(ChartView(Markup(charts.cdf_chart(xs, c.unit, f"{c.title}: CDF", limit))))
+                view.charts.append(
+                    ChartView(Markup(charts.percentile_chart(xs, c.unit, f"{c.title}: percentiles", limit)))
+                )
+        except charts.ChartError as exc:
+            view.charts.append(ChartView(problem=str(exc)))
+    specs = ev.get("charts")
+    if specs is not None:
+        if not isinstance(specs, list):
+            view.charts.append(ChartView(problem=f"{c.id} evidence.charts: expected a list of chart specs"))
+            specs = []
+        for i, raw in enumerate(specs):
+            where = f"{c.id} evidence.charts[{i}]"
+            try:
+                view.charts.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
+            except charts.ChartError as exc:
+                msg = str(exc)
+                view.charts.append(ChartView(problem=msg if msg.startswith(where) else f"{where}: {msg}"))
+    if "table" in ev:
+        view.table, view.table_problem = _table(ev["table"], f"{c.id} evidence.table")
+    excerpt = ev.get("log_excerpt")
+    if isinstance(excerpt, str) and excerpt.strip():
+        view.log_excerpt = excerpt if len(excerpt) <= MAX_LOG_CHARS else "…\n" + excerpt[-MAX_LOG_CHARS:]
+    other = {k: v for k, v in ev.items() if k not in KNOWN_EVIDENCE}
+    if other:
+        text = json.dumps(other, indent=1, ensure_ascii=False, default=str)
+        if len(text) > MAX_JSON_CHARS:
+            text = text[:MAX_JSON_CHARS] + f"\n… ({len(text) - MAX_JSON_CHARS:,} more characters in run.json)"
+        view.other_json = text
+    return view
+
+
+def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("columns"), list) or not isinstance(raw.get("rows"), list):
+        return None, f"{where}: expected {{columns: [..], rows: [[..], ..]}}"
+    rows = raw["rows"]
+    for i, r in enumerate(rows[:MAX_TABLE_ROWS]):
+        if not isinstance(r, list):
+            return None, f"{where}.rows[{i}]: expected a list of cells"
+    cols = [fmt_value(x, 80) for x in raw["columns"]]
+    shown = [[fmt_value(x) for x in r] for r in rows[:MAX_TABLE_ROWS]]
+    return TableView(cols, shown, max(0, len(rows) - MAX_TABLE_ROWS)), None
+
+
+def stage_views(record: RunRecord) -> list[StageView]:
+    meta = {s.name: s for s in (*STAGES, REGRESSION_STAGE, REPEAT_STAGE)}
+    seen: set[str] = set()
+    out = []
+    for s in record.stages:
+        views = []
+        for c in s.checks:
+            anchor = "check-" + _slug(c.id)
+            while anchor in seen:
+                anchor += "-x"
+            seen.add(anchor)
+            views.append(check_view(s.name, c, anchor))
+        counts = {k: sum(c.status == k for c in s.checks) for k in ("pass", "fail", "error", "skip", "blocked")}
+        m = meta.get(s.name)
+        out.append(
+            StageView(s.name, m.title if m else s.name, m.question if m else "", s.verdict, counts, views)
+        )
+    return out
+
+
+@dataclass
+class RegressionView:
+    """The comparison with the baseline, from the record's regression stage (day0.results.compare)."""
+
+    verdict: str
+    message: str
+    baseline: list[tuple[str, str]]
+    counts: list[tuple[str, int]]
+    table: TableView | None
+    charts: list[ChartView]
+    notes: list[str]
+
+
+def regression_view(record: RunRecord) -> RegressionView | None:
+    """None when the run was not compared; changes first in the table, unchanged rows last."""
+    stage = next((s for s in record.stages if s.name == REGRESSION_STAGE.name), None)
+    summary = next((c for c in stage.checks if c.id == SUMMARY_ID), None) if stage else None
+    if stage is None or summary is None:
+        return None
+    ev = summary.evidence if isinstance(summary.evidence, dict) else {}
+    base = ev.get("baseline") if isinstance(ev.get("baseline"), dict) else {}
+    facts = [(k, fmt_value(base.get(key))) for k, key in (("Baseline", "label"), ("Baseline file", "path")) if base.get(key)]
+    counts = ev.get("counts") if isinstance(ev.get("counts"), dict) else {}
+    table, _ = _table(ev["table"], f"{SUMMARY_ID} evidence.table") if "table" in ev else (None, None)
+    charts_out: list[ChartView] = []
+    for i, raw in enumerate(ev.get("trend_charts") or []):
+        where = f"{SUMMARY_ID} evidence.trend_charts[{i}]"
+        try:
+            charts_out.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
+        except charts.ChartError as exc:
+            charts_out.append(ChartView(problem=f"{where}: {exc}"))
+    notes = [str(n) for n in ev.get("notes") or []]
+    return RegressionView(stage.verdict, summary.message, facts, [(str(k), int(v)) for k, v in counts.items()],
+                          table, charts_out, notes)
+
+
+def resolve_signatories(record: RunRecord, signatories: Iterable[Any] | None) -> list[Signatory]:
+    """Explicit signatories win; otherwise the profile's ``[report] signatories``."""
+    if signatories is None:
+        rep = record.profile.get("report") if isinstance(record.profile, dict) else None
+        signatories = (rep or {}).get("signatories") or []
+        where = "profile report.signatories"
+    else:
+        where = "signatory"
+    if not isinstance(signatories, (list, tuple)):
+        raise ReportError(f"{where}: expected a list, got {type(signatories).__name__}")
+    try:
+        return [Signatory.coerce(s, f"{where}[{i}]") for i, s in enumerate(signatories)]
+    except SignoffError as exc:
+        raise ReportError(str(exc)) from None
+
+
+FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Profile", ("profile.name",)),
+    ("Model", ("profile.model.served_model_name", "profile.model.path", "profile.model.name", "profile.model.id",
+               "profile.model", "environment.model")),
+    ("Host", ("environment.host", "environment.hostname")),
+    ("Devices", ("environment.devices",)),
+    ("Topology", ("environment.topology", "profile.topology")),
+    ("vLLM", ("environment.vllm", "environment.versions.vllm", "environment.vllm_version")),
+    ("torch", ("environment.torch", "environment.versions.torch", "environment.torch_version")),
+    ("Python", ("environment.python", "environment.versions.python", "environment.python_version")),
+    ("Git commit", ("environment.git_commit", "environment.git.commit", "environment.commit")),
+)
+
+
+def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Signatory], title: str | None) -> dict:
+    """Everything the templates may use; templates hold no logic beyond loops and blocks."""
+    both = {"environment": record.environment or {}, "profile": record.profile or {}}
+    facts = [(label, _summary(v) if (v := lookup(both, *paths)) is not None else "—") for label, paths in FACTS]
+    model = lookup(both, *dict(FACTS)["Model"])
+    profile = record.profile if isinstance(record.profile, dict) else {}
+    sections: list[tuple[str, list[tuple[str, str]]]] = []
+    general: dict[str, Any] = {}
+    for k, v in profile.items():
+        if isinstance(v, dict):
+            sections.append((k, flatten(v)))
+        else:
+            general[k] = v
+    sections.sort(key=lambda s: (0 if "engine" in s[0] else 1))  # engine arguments first, open
+    if general:
+        n_engine = sum("engine" in name for name, _ in sections)
+        sections.insert(n_engine, ("profile", flatten(general)))
+    stages = stage_views(record)
+    failed = [cv for s in stages for cv in s.checks if cv.check.failed]
+    signoff = signoff_block(record, run_bytes, signatories)
+    rep = profile.get("report") if isinstance(profile.get("report"), dict) else {}
+    return {
+        "title": title or rep.get("title") or "Day0 acceptance report",
+        "model": _summary(model) if model is not None else "—",
+        "record": record,
+        "verdict": record.verdict,
+        "verdict_label": str(record.verdict).upper(),
+        "reason": record.reason,
+        "duration": _duration(record.started_at, record.finished_at),
+        "facts": facts,
+        "environment_rows": flatten(record.environment or {}),
+        "profile_sections": sections,
+        "notes_rows": flatten(record.notes or {}),
+        "stages": stages,
+        "regression": regression_view(record),
+        "failed": failed,
+        "totals": {k: sum(s.counts[k] for s in stages) for k in ("pass", "fail", "error", "skip", "blocked")},
+        "signoff": signoff,
+        "signatories": signatories,
+        "signatures_region": Markup(signatures_region([])),
+        "day0_embedded": Markup(embedded_blocks(run_bytes, signoff)),
+    }
+
+
+def _environment(template_dir: Path | None) -> jinja2.Environment:
+    builtin = jinja2.FileSystemLoader(str(TEMPLATES))
+    loaders: list[jinja2.BaseLoader] = []
+    if template_dir is not None:
+        if not Path(template_dir).is_dir():
+            raise ReportError(f"{template_dir}: template directory not found")
+        loaders.append(jinja2.FileSystemLoader(str(template_dir)))
+    loaders += [builtin, jinja2.PrefixLoader({"day0": builtin})]
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["value"] = fmt_value
+    return env
+
+
+def _record_file(record_path: Path) -> Path:
+    p = Path(record_path)
+    return p / RUN_FILE if p.is_dir() else p
+
+
+def render(
+    record_path: Path,
+    out: Path,
+    template_dir: Path | None = None,
+    signatories: Iterable[Signatory | str | Mapping[str, str]] | None = None,
+    *,
+    title: str | None = None,
+) -> Path:
+    """Render run.json (file or run folder) to ``out`` (a file, or a folder that gets report.html).
+
+    ``signatories`` default to the profile's ``[report] signatories``; ``template_dir`` to its
+    ``[report] template_dir``. Returns the path written.
+    """
+    src = _record_file(record_path)
+    try:
+        run_bytes = src.read_bytes()
+    except FileNotFoundError:
+        raise RecordError(f"{src}: run record not found") from None
+    record = load(src)
+    if src.read_bytes() != run_bytes:  # the digest must be of the record that was rendered
+        raise ReportError(f"{src}: changed while the report was being rendered; render again")
+    rep = record.profile.get("report") if isinstance(record.profile, dict) else None
+    if template_dir is None and isinstance(rep, dict) and rep.get("template_dir"):
+        template_dir = Path(str(rep["template_dir"]))
+    env = _environment(Path(template_dir) if template_dir is not None else None)
+    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title)
+    try:
+        html = env.get_template(DEFAULT_TEMPLATE).render(ctx)
+    except jinja2.TemplateError as exc:
+        name = getattr(exc, "filename", None) or getattr(exc, "name", None) or DEFAULT_TEMPLATE
+        line = getattr(exc, "lineno", None)
+        raise ReportError(f"{name}{f':{line}' if line else ''}: template error: {exc}") from None
+    out = Path(out)
+    if out.is_dir():
+        out = out / REPORT_FILE
+    try:
+        parsed = parse_report(out, html)
+    except SignoffError as exc:
+        raise ReportError(
+            f"template {template_dir or TEMPLATES}: the page lost a sign-off element "
+            f"({exc}); keep {{{{ signatures_region }}}} and {{{{ day0_embedded }}}} in the page"
+        ) from None
+    if parsed.run_bytes != run_bytes:
+        raise ReportError(f"{src}: embedded run record does not round-trip; report not written")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(html.encode("utf-8"))
+    tmp.replace(out)
+    return out
+
+
+# --------------------------------------------------------------------------- summary / publish
+
+
+def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[Path | str]) -> list[str]:
+    """Lines for the terminal at the end of a run: verdict, what failed, where the files are."""
+    lines = [f"day0 verdict: {str(record.verdict).upper()}: {record.reason}"]
+    failed = [(s.name, c) for s in record.stages for c in s.checks if c.failed]
+    for _, c in failed[:20]:  # an error is the harness's, never the deployment's: say so
+        lines.append(f"  {'ERROR (could not measure)' if c.status == 'error' else c.status.upper()} {c.id}: {c.message}")
+    if len(failed) > 20:
+        lines.append(f"  … and {len(failed) - 20} more failed checks (see the report)")
+    blocked = sum(c.status == "blocked" for c in record.checks())
+    if blocked:
+        lines.append(f"  {blocked} checks blocked by an earlier stage")
+    items = paths.items() if isinstance(paths, Mapping) else ((Path(p).name, p) for p in paths)
+    for label, p in items:
+        lines.append(f"  {label}: {p}")
+    return lines
+
+
+def publish(
+    record_path: Path,
+    out_dir: Path | None = None,
+    template_dir: Path | None = None,
+    signatories: Iterable[Any] | None = None,
+) -> dict[str, Path]:
+    """report.html and junit.xml next to run.json (or in ``out_dir``); returns the three paths."""
+    src = _record_file(record_path)
+    out_dir = Path(out_dir) if out_dir is not None else src.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    html = render(src, out_dir / REPORT_FILE, template_dir, signatories)
+    junit = write_junit(load(src), out_dir / JUNIT_FILE)
+    return {"run record": src, "report": html, "junit": junit}
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    src = _record_file(Path(args.run))
+    out = Path(args.out) if args.out else src.parent / REPORT_FILE
+    html = render(src, out, Path(args.template_dir) if args.template_dir else None, args.signatory)
+    record = load(src)
+    junit = write_junit(record, Path(args.junit) if args.junit else html.parent / JUNIT_FILE)
+    for line in summary_lines(record, {"run record": src, "report": html, "junit": junit}):
+        print(line)
+    return 0
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    priv, pub = keygen(Path(args.dir), args.name)
+    print(f"private key: {priv} (mode 0600; keep it out of reports and repositories)")
+    print(f"public key:  {pub} (give this to whoever runs day0 verify)")
+    return 0
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    entry = sign_report(Path(args.report), Path(args.key), Signatory.parse(args.signer))
+    print(f"signed {args.report} as {entry['signer']}, {entry['role']} with key {entry['key_id']}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    result = verify_report(Path(args.report), [Path(p) for p in args.pubkey])
+    for line in result.lines:
+        print(line)
+    for p in result.problems:
+        print(f"FAILED: {p}", file=sys.stderr)
+    print("verified" if result.ok else f"verification FAILED ({len(result.problems)} problems)")
+    return 0 if result.ok else 1
+
+
+def _guard(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Known bad input prints one line naming the file and exits 2 (verify failures exit 1)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (RecordError, SignoffError, ReportError, OSError) as exc:
+            print(f"day0 {name}: error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register report/keygen/sign/verify; each sets ``func(args) -> exit code``."""
+    p = subparsers.add_parser("report", help="render run.json to report.html and junit.xml")
+    p.add_argument("run", help="run folder or run.json")
+    p.add_argument("--out", help="report file (default: report.html next to run.json)")
+    p.add_argument("--junit", help="JUnit XML file (default: junit.xml next to the report)")
+    p.add_argument("--template-dir", help="folder of templates overriding the built-in blocks")
+    p.add_argument(
+        "--signatory", action="append", default=None, metavar='"NAME, ROLE"',
+        help="who must sign (repeatable; default: the profile's [report] signatories)",
+    )
+    p.set_defaults(func=_guard("report", _cmd_report))
+
+    p = subparsers.add_parser("keygen", help="create an Ed25519 signing key pair (PEM)")
+    p.add_argument("dir", help="folder for NAME.pem (mode 0600) and NAME.pub.pem")
+    p.add_argument("--name", default="day0_ed25519", help="file name stem (default: day0_ed25519)")
+    p.set_defaults(func=_guard("keygen", _cmd_keygen))
+
+    p = subparsers.add_parser("sign", help="append your Ed25519 signature to a report")
+    p.add_argument("report")
+    p.add_argument("--key", required=True, help="private key PEM (mode 0600)")
+    p.add_argument("--signer", required=True, metavar='"NAME, ROLE"')
+    p.set_defaults(func=_guard("sign", _cmd_sign))
+
+    p = subparsers.add_parser("verify", help="check a report's signatures and embedded run record")
+    p.add_argument("report")
+    p.add_argument("--pubkey", action="append", required=True, help="public key PEM (repeatable)")
+    p.set_defaults(func=_guard("verify", _cmd_verify))

@@ -1,0 +1,156 @@
+"""Serving cost from measured throughput: what a million output tokens and an hour cost.
+
+    cost per hour            = devices x price per device-hour
+    output tokens per hour   = throughput (tok/s) x 3600 x utilization
+    cost per 1M output tokens = cost per hour / output tokens per hour x 1e6
+
+Throughput is stage 3's ``latency.output_throughput`` from this run's event log (the load the
+profile's ``[latency]`` table describes), or a short measurement of this stage's own when stage 3
+did not run. Prices and utilization are the profile's assumptions and are shown beside the result,
+because a cost figure without them cannot be checked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from day0.config.risks import CostSettings
+from day0.core.record import Check, RecordError, measured, read_events
+
+THROUGHPUT_CHECK = "latency.output_throughput"
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tok_s: float
+    source: str  # where the figure came from, in words
+    detail: dict[str, Any]
+
+
+def throughput_from_events(events_path: Path, check_id: str = THROUGHPUT_CHECK) -> Throughput | None:
+    """The last recorded ``check_id`` of this run with a positive value (pass or fail: the figure
+    was measured either way), or None when stage 3 did not record one."""
+    found: Throughput | None = None
+    try:
+        events = list(read_events(Path(events_path)))
+    except RecordError:
+        return None
+    for ev in events:
+        if ev.get("type") != "check":
+            continue
+        c = ev.get("check") or {}
+        v = c.get("value")
+        if c.get("id") == check_id and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 \
+                and c.get("status") in ("pass", "fail"):
+            found = Throughput(float(v), f"stage {ev.get('stage')}: {check_id}",
+                               {"check": check_id, "status": c.get("status"), "at": ev.get("at"),
+                                "unit": c.get("unit")})
+    return found
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    throughput_tok_s: float
+    devices: int
+    price_per_device_hour: float
+    utilization: float
+    currency: str
+
+    @property
+    def per_hour(self) -> float:
+        return self.devices * self.price_per_device_hour
+
+    @property
+    def tokens_per_hour(self) -> float:
+        return self.throughput_tok_s * 3600.0 * self.utilization
+
+    @property
+    def per_million_output_tokens(self) -> float:
+        if self.tokens_per_hour <= 0:
+            return math.inf
+        return self.per_hour / self.tokens_per_hour * 1e6
+
+
+def estimate(throughput_tok_s: float, devices: int, price_per_device_hour: float, utilization: float = 1.0,
+             currency: str = "USD") -> CostEstimate:
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    if price_per_device_hour < 0:
+        raise ValueError(f"price_per_device_hour must be >= 0, got {price_per_device_hour}")
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
+    if not throughput_tok_s >= 0:
+        raise ValueError(f"throughput must be >= 0 tok/s, got {throughput_tok_s}")
+    return CostEstimate(throughput_tok_s, devices, price_per_device_hour, utilization, currency)
+
+
+def device_count(settings: CostSettings, nodes: int, devices_per_node: int) -> int:
+    return settings.devices or nodes * devices_per_node
+
+
+def cost_table(est: CostEstimate, source: str, devices_from: str) -> dict[str, Any]:
+    c = est.currency
+    return {"columns": ["quantity", "value", "basis"], "rows": [
+        ["output throughput", f"{est.throughput_tok_s:.4g} tok/s", f"measured: {source}"],
+        ["devices", est.devices, f"assumed: {devices_from}"],
+        ["price per device-hour", f"{est.price_per_device_hour:g} {c}", "assumed: [risks.cost].price_per_device_hour"],
+        ["utilization", f"{est.utilization:.0%}", "assumed: [risks.cost].utilization (share of hours at this load)"],
+        ["cost per hour", f"{est.per_hour:.4g} {c}", "devices x price per device-hour"],
+        ["output tokens per hour", f"{est.tokens_per_hour:.4g}", "throughput x 3600 x utilization"],
+        ["cost per 1M output tokens", f"{est.per_million_output_tokens:.4g} {c}",
+         "cost per hour / output tokens per hour x 1e6"],
+    ]}
+
+
+def cost_checks(est: CostEstimate, settings: CostSettings, source: str, devices_from: str) -> list[Check]:
+    c = est.currency
+    evidence = {"table": cost_table(est, source, devices_from), "throughput_source": source,
+                "assumptions": {"devices": est.devices, "devices_from": devices_from,
+                                "price_per_device_hour": est.price_per_device_hour, "utilization": est.utilization,
+                                "currency": c}}
+    per_m = est.per_million_output_tokens
+    budget = settings.max_per_million_output_tokens
+    per_token = measured(
+        "risks.cost.per_million_output_tokens", "Cost per million output tokens", round(per_m, 6), budget,
+        unit=f"{c}/Mtok", direction="lower_is_better", source="http", evidence=evidence, performance=True,
+        message=(f"{per_m:.4g} {c} per 1M output tokens at {est.throughput_tok_s:.4g} tok/s on {est.devices} "
+                 f"device(s) x {est.price_per_device_hour:g} {c}/h"
+                 + (f" (budget {budget:g})" if budget is not None else " (no budget set)")
+                 + (": over budget; raise throughput or lower the price" if budget is not None and per_m > budget
+                    else "")))
+    per_h = measured(
+        "risks.cost.per_hour", "Cost per hour of the deployment", round(est.per_hour, 6), settings.max_per_hour,
+        unit=f"{c}/h", direction="lower_is_better", source="profile", evidence={"assumptions": evidence["assumptions"]},
+        message=(f"{est.per_hour:.4g} {c}/h = {est.devices} device(s) x {est.price_per_device_hour:g} {c}/h"
+                 + (f" (budget {settings.max_per_hour:g})" if settings.max_per_hour is not None else "")))
+    return [per_token, per_h]
+
+
+def unpriced_checks(settings: CostSettings) -> list[Check]:
+    """Without a price there is no cost: say which key to set rather than inventing one."""
+    msg = "no price: set [risks.cost].price_per_device_hour (your contract price per device-hour)"
+    return [Check(id=i, title=t, status="skip", message=msg, source="profile", evidence={"currency": settings.currency})
+            for i, t in (("risks.cost.per_million_output_tokens", "Cost per million output tokens"),
+                         ("risks.cost.per_hour", "Cost per hour of the deployment"))]
+
+
+def measure_throughput(base_url: str, model: str, vocab: Any, latency_table: dict[str, Any], requests: int,
+                       progress: Any = None) -> Throughput:
+    """A short run of stage 3's own workload (the profile's ``[latency]`` load shape, fewer
+    requests, no sweep), for runs where stage 3 did not record a throughput."""
+    from day0.stages.latency import LatencySettings, run_latency
+
+    table = {**latency_table, "num_requests": requests, "warmup_requests": min(1, requests),
+             "sweep_rates": [], "server_metrics": False}
+    settings = LatencySettings.from_table(table)
+    run = run_latency(base_url, model, vocab, settings, progress=progress)
+    m = run.metrics
+    if m.completed == 0 or not m.output_throughput > 0:
+        raise RuntimeError(f"throughput measurement at {base_url}: no request completed")
+    return Throughput(float(m.output_throughput), f"own measurement: {m.completed} requests, {settings.load} "
+                      f"load (concurrency {settings.concurrency})",
+                      {"requests": requests, "completed": m.completed, "load": settings.load,
+                       "concurrency": settings.concurrency})
