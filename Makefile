@@ -5,7 +5,9 @@ VENV ?= .venv
 PROFILE ?= cpu-tiny
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean-reports
+BENCH_ARGS ?=
+
+.PHONY: install demo test bench clean-reports
 
 install:
 	@bash scripts/install.sh
@@ -16,6 +18,12 @@ demo: install
 test: install
 	@bash scripts/install-browser.sh
 	$(VENV)/bin/python -m pytest tests -v --durations=15 $(PYTEST_ARGS)
+
+# In-process benchmarks (pytest-benchmark), saved under .benchmarks/ for --benchmark-compare;
+# the scripts in benchmarks/ that pair day0 with another tool run on their own (README there).
+bench: install
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e ".[bench]" 2>&1 | { grep -v "is ignored" || true; }
+	$(VENV)/bin/python -m pytest benchmarks -p no:randomly --benchmark-autosave --benchmark-columns=min,median,max,rounds $(BENCH_ARGS)
 
 clean-reports:
 	rm -rf reports/*/ reports/latest

@@ -31,6 +31,14 @@ def _cmd_profile_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile_schema(args: argparse.Namespace) -> int:
+    """The profile's JSON Schema, so an editor checks a profile as it is typed."""
+    schema = profiles.Profile.model_json_schema()
+    schema["properties"].pop("origin", None)  # where a profile came from, not a TOML key
+    print(json.dumps(schema, indent=2))
+    return 0
+
+
 def _toml(data: dict, prefix: str = "") -> str:
     """A readable TOML rendering of the resolved profile (scalars first, then tables)."""
     out: list[str] = []
@@ -143,12 +151,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return int(pytest.main(argv))
 
 
+EXAMPLES = """examples:
+  day0 run --profile mysite.toml                  every stage against your deployment; sign reports/latest/report.html
+  day0 plan --profile h200x8 --what-if tp=8,pp=4  stage 0 only: does the model fit, and how, before any GPU-hour
+  day0 compare reports/latest --baseline latest   the nightly judgement against the last runs in the history
+"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"day0 {version('day0')}"
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "day0 (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="day0", description="Day0 acceptance harness for vLLM deployments")
+    parser = argparse.ArgumentParser(prog="day0", description="Day0 acceptance harness for vLLM deployments",
+                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run the Day0 suites (pytest -m day0) against a profile")
-    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
+    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE,
+                   help=f"preset name or TOML file (default: {profiles.DEFAULT_PROFILE})")
     p.add_argument("-m", "--marker", default="day0", help="pytest marker expression (default: day0)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="measure the collectives, latency and kvcache stages N times on the same engine; the "
@@ -157,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("plan", help="lint the profile against vLLM's rules and plan memory per rank (stage 0)")
-    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
+    p.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="preset name or TOML file")
     p.add_argument("--what-if", default=None, metavar="K=V,...",
                    help="recompute with changes, e.g. tp=8,pp=4,max_model_len=1000000")
     p.set_defaults(func=_cmd_plan)
@@ -165,15 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("weights", help="checkpoint audit, integrity manifest, golden tokens")
     psub = p.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
     q = psub.add_parser("audit", help="audit shards, index and headers against config.json (no tensor data read)")
-    q.add_argument("dir")
+    q.add_argument("dir", help="checkpoint folder (config.json, *.safetensors, the index)")
     q.add_argument("--no-manifest", action="store_true", help="do not verify day0-manifest.json hashes")
     q.set_defaults(func=_cmd_weights_audit)
     q = psub.add_parser("manifest", help="write day0-manifest.json with the SHA-256 of every shard")
-    q.add_argument("dir")
+    q.add_argument("dir", help="checkpoint folder; the manifest is written into it")
     q.set_defaults(func=_cmd_weights_manifest)
     q = psub.add_parser("golden", help="record greedy tokens from a trusted engine as a golden file")
-    q.add_argument("--profile", default=profiles.DEFAULT_PROFILE)
-    q.add_argument("-o", "--out", required=True)
+    q.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="preset name or TOML file of the trusted engine")
+    q.add_argument("-o", "--out", required=True, help="golden file to write (JSON); set weights.golden to it")
     q.set_defaults(func=_cmd_weights_golden)
 
     p = sub.add_parser("profiles", help="list the preset profiles")
@@ -183,21 +210,24 @@ def build_parser() -> argparse.ArgumentParser:
     psub = p.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
     q = psub.add_parser("show", help="print the resolved profile (presets and extends applied)")
     q.add_argument("name", help="preset name or TOML file")
-    q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override one value, as --day0-set does (repeatable)")
+    q.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     q.set_defaults(func=_cmd_profile_show)
+    q = psub.add_parser("schema", help="print the profile's JSON Schema (for editors: Taplo, VS Code Even Better TOML)")
+    q.set_defaults(func=_cmd_profile_schema)
 
     p = sub.add_parser("tiny", help="the embedded tiny model")
     psub = p.add_subparsers(dest="tiny_command", required=True, metavar="ACTION")
     q = psub.add_parser("build", help="build the tiny model into DIR")
-    q.add_argument("dir")
+    q.add_argument("dir", help="folder to write the model into (created)")
     q.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="profile whose [model.tiny] spec to use")
     q.set_defaults(func=_cmd_tiny_build)
 
     p = sub.add_parser("record", help="run records")
     psub = p.add_subparsers(dest="record_command", required=True, metavar="ACTION")
     q = psub.add_parser("rebuild", help="rebuild run.json from a run folder's event log (e.g. after a crash)")
-    q.add_argument("dir")
+    q.add_argument("dir", help="run folder holding events.jsonl")
     q.set_defaults(func=_cmd_record_rebuild)
 
     for register in _plugins():

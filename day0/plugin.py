@@ -89,6 +89,7 @@ def _positive_int(text: str) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _refuse_xdist(config)
     config.addinivalue_line("markers", "day0: a Day0 acceptance check against the live engine")
     config.addinivalue_line("markers", "day0_once: measured once even under --day0-repeat (a correctness probe "
                                        "that starts its own engine)")
@@ -96,6 +97,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{st.name}: Day0 stage '{st.title}': {st.question}")
     if config.getoption("--day0-profile"):
         _profile(config)  # an explicit profile is checked before collection: fail in a second
+
+
+def _refuse_xdist(config: pytest.Config) -> None:
+    """pytest-xdist would start one engine per worker and race for one run folder: refuse it for a
+    Day0 run in one line (``-n 0`` is fine). Other test runs are none of day0's business."""
+    workers = getattr(config.option, "numprocesses", None)
+    if not workers:
+        return
+    asked = (any(config.getoption(o) for o in ("--day0-profile", "--day0-baseline", "--day0-set"))
+             or config.getoption("--day0-repeat") > 1 or "day0" in (config.option.markexpr or "")
+             or any("day0" in str(a) and "suites" in str(a) for a in config.args))
+    if asked:
+        raise pytest.UsageError(f"day0: -n {workers}: the Day0 suites share one engine and one run folder per "
+                                "session; run them without pytest-xdist (or with -n 0)")
 
 
 def _profile(config: pytest.Config) -> Profile:
@@ -317,13 +332,13 @@ def day0_profile(day0_session: Day0Session):
 
 
 @pytest.fixture(scope="session")
-def engine(day0_session: Day0Session) -> Any:
+def day0_engine(day0_session: Day0Session) -> Any:
     """The primary engine of the profile's mode, started once per session."""
     return day0_session.engines.primary()
 
 
 @pytest.fixture(scope="session")
-def http_engine(day0_session: Day0Session) -> Any:
+def day0_http_engine(day0_session: Day0Session) -> Any:
     """The engine's OpenAI-compatible HTTP API (server or external mode, or started beside)."""
     try:
         return day0_session.engines.http()
@@ -332,12 +347,31 @@ def http_engine(day0_session: Day0Session) -> Any:
 
 
 @pytest.fixture(scope="session")
-def scheduler_engine(day0_session: Day0Session) -> Any:
+def day0_scheduler_engine(day0_session: Day0Session) -> Any:
     """An in-process engine whose scheduler can be sampled (started on demand on CPU targets)."""
     try:
         return day0_session.engines.scheduler()
     except ViewUnavailable as exc:
         pytest.skip(f"day0: no scheduler view: {exc}")
+
+
+# The names before day0_*: kept so site suites written against them keep working.
+@pytest.fixture(scope="session")
+def engine(day0_engine: Any) -> Any:
+    """Alias of ``day0_engine``."""
+    return day0_engine
+
+
+@pytest.fixture(scope="session")
+def http_engine(day0_http_engine: Any) -> Any:
+    """Alias of ``day0_http_engine``."""
+    return day0_http_engine
+
+
+@pytest.fixture(scope="session")
+def scheduler_engine(day0_scheduler_engine: Any) -> Any:
+    """Alias of ``day0_scheduler_engine``."""
+    return day0_scheduler_engine
 
 
 @pytest.fixture(scope="module")

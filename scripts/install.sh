@@ -28,10 +28,10 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 
-echo "[install] installing day0[$extra] (vLLM and torch: a few minutes the first time)"
+echo "[install] installing day0[$extra,test] (vLLM and torch: a few minutes the first time)"
 start=$(date +%s)
 # (this machine's pip config lists local indexes; drop its "Location ... is ignored" noise)
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra]" 2>&1 \
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra,test]" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 if [[ $extra == cpu ]]; then

@@ -571,12 +571,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_guard("keygen", _cmd_keygen))
 
     p = subparsers.add_parser("sign", help="append your Ed25519 signature to a report")
-    p.add_argument("report")
+    p.add_argument("report", help="report.html to sign (the signature is appended in place)")
     p.add_argument("--key", required=True, help="private key PEM (mode 0600)")
-    p.add_argument("--signer", required=True, metavar='"NAME, ROLE"')
+    p.add_argument("--signer", required=True, metavar='"NAME, ROLE"',
+                   help="who signs, as shown in the report's sign-off block")
     p.set_defaults(func=_guard("sign", _cmd_sign))
 
     p = subparsers.add_parser("verify", help="check a report's signatures and embedded run record")
-    p.add_argument("report")
+    p.add_argument("report", help="report.html to check")
     p.add_argument("--pubkey", action="append", required=True, help="public key PEM (repeatable)")
     p.set_defaults(func=_guard("verify", _cmd_verify))

@@ -1,0 +1,89 @@
+"""Pytest and command-line hygiene: what a user of day0 meets before any engine starts."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from day0 import cli
+
+
+def test_the_suites_run_from_an_empty_folder_after_installation(tmp_path):
+    """`pytest --pyargs day0.suites` needs no source checkout: the suites ship in the package."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "day0.suites", "-m", "day0 and preflight",
+                           "--day0-out", "out", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = (tmp_path / "out" / "latest" / "run.json")
+    assert run.is_file() and '"name": "preflight"' in run.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing else written where the user stood
+
+
+def test_xdist_is_refused_in_one_line_for_a_day0_run(pytester):
+    pytester.makepyfile("import pytest\n@pytest.mark.day0\n@pytest.mark.weights\ndef test_w(day0_checks): pass\n")
+    result = pytester.runpytest_subprocess("-n", "2", "-m", "day0", "--day0-out", "out")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: day0: -n 2: the Day0 suites share one engine and one run folder*"])
+    assert not (pytester.path / "out").exists()
+    # -n 0 is no distribution at all, and a run that is not a Day0 run is left alone
+    assert pytester.runpytest_subprocess("-n", "0", "-m", "day0", "--day0-out", "out").ret == 0
+    pytester.makepyfile(test_plain="def test_plain(): pass\n")
+    assert pytester.runpytest_subprocess("-n", "2", "test_plain.py").ret == 0
+
+
+def test_last_failed_reruns_only_what_failed(pytester):
+    pytester.makepyfile("import pytest\n@pytest.mark.day0\n@pytest.mark.weights\n"
+                        "def test_bad(day0_checks):\n    day0_checks.measured('weights.x', 'x', 1, 0)\n"
+                        "@pytest.mark.day0\n@pytest.mark.weights\ndef test_good(day0_checks): pass\n")
+    pytester.runpytest("--day0-out", "out")
+    again = pytester.runpytest("--day0-out", "out", "--lf", "-v")
+    again.stdout.fnmatch_lines(["*test_bad FAILED*"])
+    assert "test_good" not in again.stdout.str()
+
+
+def test_fixtures_are_named_day0_and_the_old_names_still_work(pytester):
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.day0
+@pytest.mark.preflight
+def test_names(request, day0_checks, day0_session, day0_profile):
+    for name in ("day0_engine", "day0_http_engine", "day0_scheduler_engine", "engine", "http_engine",
+                 "scheduler_engine"):
+        assert request._fixturemanager.getfixturedefs(name, request.node), name
+""")
+    pytester.runpytest("--day0-out", "out").assert_outcomes(passed=1)
+
+
+def _actions(parser: argparse.ArgumentParser, path: str = "day0") -> list[tuple[str, argparse.Action]]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _actions(sub, f"{path} {name}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            out.append((path, action))
+    return out
+
+
+def test_every_command_line_argument_says_what_it_is():
+    missing = [f"{path}: {'/'.join(a.option_strings) or a.dest}" for path, a in _actions(cli.build_parser())
+               if not a.help]
+    assert not missing, "arguments without help text:\n" + "\n".join(missing)
+
+
+def test_version_and_examples(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("day0 ")
+    text = cli.build_parser().format_help()
+    examples = text.split("examples:")[1].strip().splitlines()
+    assert len(examples) == 3 and all(line.strip().startswith("day0 ") for line in examples)
+
+
+def test_the_suites_folder_is_the_package_one():
+    assert cli.SUITES_DIR == Path(cli.__file__).resolve().parent / "suites" and cli.SUITES_DIR.is_dir()
