@@ -439,6 +439,80 @@ def test_prefix_check_flags_a_difference_and_an_idle_cache():
     assert kv.prefix_check(cold, "http")[1].status == "fail"
 
 
+# --------------------------------------------------------------------------- running both views
+
+
+class FakeEngines:
+    """The session's Engines as run_views sees them: each view is an engine or the error starting it raises."""
+
+    def __init__(self, http, scheduler) -> None:
+        self._views = {"http": http, "scheduler": scheduler}
+        self.asked: list[str] = []
+
+    def _view(self, name):
+        self.asked.append(name)
+        if isinstance(self._views[name], BaseException):
+            raise self._views[name]
+        return self._views[name]
+
+    def http(self):
+        return self._view("http")
+
+    def scheduler(self):
+        return self._view("scheduler")
+
+
+HTTP_ENGINE = SimpleNamespace(base_url="http://engine", info=SimpleNamespace(served_model_name="m"), alive=None)
+
+
+def test_views_run_http_first_and_a_view_that_cannot_start_is_a_check(monkeypatch):
+    from day0.engine import EngineError, ViewUnavailable
+    from day0.stages.kvcache import views
+
+    s, calls = tiny_settings(), []
+    wl = kv.build_workload(s, 384)
+
+    def blackbox(base_url, model, workload, *, samples, headers, **kw):
+        calls.append(("blackbox", base_url, model, headers))
+        return kv.BlackBoxRun(samples=samples, scrapes=0, block_size=32, passes=1)
+
+    monkeypatch.setattr(views, "run_blackbox", blackbox)
+    monkeypatch.setattr(views, "run_exact", lambda llm, workload, **kw: calls.append(("exact", llm)) or exact_run([0.01]))
+    both = kv.run_views(FakeEngines(HTTP_ENGINE, SimpleNamespace(llm="llm")), wl, s, {"Authorization": "Bearer k"})
+    assert calls == [("blackbox", "http://engine", "m", {"Authorization": "Bearer k"}), ("exact", "llm")]
+    assert both.exact is not None and both.blackbox is not None and both.why_incomparable() is None
+    assert [c.id for c in both.checks][:2] == ["kvcache.fragmentation", "kvcache.fragmentation_peak"]
+
+    gpu = kv.run_views(FakeEngines(EngineError("server died", log_excerpt="OOM"), ViewUnavailable("not on GPUs")),
+                       wl, s, {})
+    checks = {c.id: c for c in gpu.checks}
+    assert checks["kvcache.fragmentation"].status == "skip" and checks["kvcache.fragmentation"].message == "not on GPUs"
+    bb = checks["kvcache.blackbox_fragmentation"]
+    assert bb.status == "error" and bb.message == "engine failed: server died" and bb.evidence["log_excerpt"] == "OOM"
+    assert gpu.exact is None and gpu.blackbox is None
+    assert gpu.why_incomparable() == "needs both the scheduler and the HTTP view (both are started on CPU targets only)"
+
+
+def test_an_interrupted_view_keeps_its_samples(monkeypatch):
+    from day0.stages.kvcache import views
+
+    s = tiny_settings()
+    wl = kv.build_workload(s, 384)
+
+    def exact(llm, workload, *, samples, **kw):
+        samples.extend(exact_run([0.01, 0.02]).samples)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(views, "run_blackbox", lambda *a, **kw: kv.BlackBoxRun(samples=[]))
+    monkeypatch.setattr(views, "run_exact", exact)
+    out = kv.ViewRuns()
+    with pytest.raises(KeyboardInterrupt):
+        kv.run_views(FakeEngines(HTTP_ENGINE, SimpleNamespace(llm="llm")), wl, s, {}, out=out)
+    checks = {c.id: c for c in out.checks}
+    assert out.exact is not None and out.exact.error == "interrupted" and len(out.exact.samples) == 2
+    assert checks["kvcache.fragmentation"].value == pytest.approx(1.5) and checks["kvcache.engine_alive"].status == "error"
+
+
 # --------------------------------------------------------------------------- one live engine
 
 

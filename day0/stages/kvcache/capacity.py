@@ -1,0 +1,96 @@
+"""KV pool capacity: the live pool (blocks x block size) against target_context x target_concurrency,
+KV bytes per token from config.json and from the engine's own KV spec."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from day0.stages.kvcache.exact import SchedulerSampler
+from day0.stages.kvcache.metrics import http_cache_info
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The live KV pool against what the profile asks it to hold."""
+
+    block_size: int
+    num_blocks: int  # as the engine reports it (one is vLLM's null block)
+    kv_bytes_per_token: int  # per rank, from config.json under TP x PP
+    target_context: int
+    target_concurrency: int
+    min_margin: float
+    engine_kv_bytes_per_token: int | None = None  # from the engine's own KV spec (in-process only)
+    engine_pool_bytes: int | None = None
+
+    @property
+    def pool_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+    @property
+    def needed_tokens(self) -> int:
+        return self.target_concurrency * math.ceil(self.target_context / self.block_size) * self.block_size
+
+    @property
+    def margin(self) -> float:
+        return self.pool_tokens / self.needed_tokens - 1.0
+
+    @property
+    def required_tokens(self) -> int:
+        return math.ceil(self.needed_tokens * (1.0 + self.min_margin))
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.engine_pool_bytes or self.num_blocks * self.block_size * self.kv_bytes_per_token
+
+
+def config_kv_bytes_per_token(config: dict[str, Any], engine_args: Mapping[str, Any]) -> int:
+    """KV bytes per token on the busiest rank from config.json and the engine args (TP x PP, dtypes)."""
+    from day0.model import archs
+    from day0.model.plan import MLA_FP8_DS_BYTES, kv_dtype_bytes, resolve_dtype
+
+    tp = int(engine_args.get("tensor_parallel_size", 1) or 1)
+    pp = int(engine_args.get("pipeline_parallel_size", 1) or 1)
+    dtype = resolve_dtype(str(engine_args.get("dtype", "auto")), config)
+    kv_dtype = str(engine_args.get("kv_cache_dtype", "auto"))
+    if archs.is_mla(config) and kv_dtype.lower() == "fp8_ds_mla":
+        return MLA_FP8_DS_BYTES * math.ceil(archs.num_layers(config) / pp)
+    return archs.kv_bytes_per_token(config, kv_dtype_bytes(kv_dtype, dtype), tp=tp, pp=pp)
+
+
+def engine_kv_bytes_per_token(llm: Any) -> int:
+    """KV bytes one token costs on a rank, from the engine's own KV-cache spec (all groups)."""
+    cfg = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
+    total = 0.0
+    for group in cfg.kv_cache_groups:
+        spec = group.kv_cache_spec
+        total += spec.page_size_bytes * len(group.layer_names) / spec.block_size
+    return int(round(total))
+
+
+def engine_pool_bytes(llm: Any) -> int:
+    cfg = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
+    return int(sum(t.size for t in cfg.kv_cache_tensors))
+
+
+def live_capacity(engine: Any, profile: Any) -> Capacity:
+    """The KV pool of a live engine (scheduler view: exact; HTTP view: /metrics cache_config_info)."""
+    from day0.model.config import model_config
+
+    config, _ = model_config(profile)
+    per_token = config_kv_bytes_per_token(config, profile.engine.args)
+    k = profile.kvcache
+    if getattr(engine, "view", "") == "scheduler":
+        sampler = SchedulerSampler(engine.scheduler)
+        return Capacity(sampler.block_size, sampler.num_blocks, per_token, k.target_context, k.target_concurrency,
+                        k.min_capacity_margin, engine_kv_bytes_per_token=engine_kv_bytes_per_token(engine.llm),
+                        engine_pool_bytes=engine_pool_bytes(engine.llm))
+    m = http_cache_info(engine.base_url)
+    blocks = m.usable_blocks + m.engines
+    # the pool is whole blocks plus less than one block of slack, so the floor is the exact figure
+    measured_per_token = (m.kv_cache_memory_bytes * m.engines // (blocks * m.block_size)
+                          if m.kv_cache_memory_bytes else None)
+    return Capacity(m.block_size, blocks, per_token, k.target_context, k.target_concurrency, k.min_capacity_margin,
+                    engine_kv_bytes_per_token=measured_per_token,
+                    engine_pool_bytes=m.kv_cache_memory_bytes * m.engines if m.kv_cache_memory_bytes else None)

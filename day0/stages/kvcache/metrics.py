@@ -1,0 +1,92 @@
+"""The KV-cache facts in a vLLM /metrics exposition: pool usage, block size and count, request gauges, counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KvMetrics:
+    """The KV-cache facts in one /metrics exposition, summed over engines (data-parallel ranks)."""
+
+    used_blocks: int  # sum over engines of round(usage x (num_gpu_blocks - 1))
+    usable_blocks: int  # sum of num_gpu_blocks - 1 (vLLM keeps one null block)
+    block_size: int
+    usage: float  # used / usable
+    running: int | None
+    waiting: int | None
+    prefix_queries: float | None
+    prefix_hits: float | None
+    preemptions: float | None
+    engines: int
+    kv_cache_memory_bytes: int | None = None  # the pool's bytes per engine, when cache_config_info says
+
+
+def _samples(text: str) -> list[Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from day0.client.prom import PromError
+
+    try:
+        return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    except Exception as exc:  # the parser raises bare ValueErrors naming the line
+        raise PromError(f"not a Prometheus exposition: {exc}") from None
+
+
+def parse_kv_metrics(text: str) -> KvMetrics:
+    """Read usage, block size/count, request gauges and counters; raise PromError when absent.
+
+    Usage is a fraction of the pool without its null block (``1 - free / (num_gpu_blocks - 1)``),
+    so used blocks are recovered exactly by rounding; engines are matched by their ``engine`` label.
+    """
+    from day0.client.prom import PromError
+
+    usage: dict[str, float] = {}
+    info: dict[str, tuple[int, int]] = {}
+    pool_bytes: dict[str, int] = {}
+    sums: dict[str, float] = {}
+    for s in _samples(text):
+        name = s.name[:-6] if s.name.endswith("_total") else s.name
+        eng = s.labels.get("engine", "0")
+        if name == "vllm:kv_cache_usage_perc":
+            usage[eng] = float(s.value)
+        elif name == "vllm:cache_config_info":
+            try:
+                info[eng] = (int(s.labels["block_size"]), int(s.labels["num_gpu_blocks"]))
+            except (KeyError, ValueError):
+                raise PromError("vllm:cache_config_info has no integer block_size / num_gpu_blocks labels "
+                                "(the engine has not finished allocating its KV cache?)") from None
+            if s.labels.get("kv_cache_memory_bytes", "").isdigit():
+                pool_bytes[eng] = int(s.labels["kv_cache_memory_bytes"])
+        elif name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prefix_cache_queries",
+                      "vllm:prefix_cache_hits", "vllm:num_preemptions"):
+            sums[name] = sums.get(name, 0.0) + float(s.value)
+    if not usage:
+        raise PromError("no vllm:kv_cache_usage_perc in /metrics (not a vLLM engine, or stats logging is off)")
+    missing = sorted(set(usage) - set(info))
+    if missing:
+        raise PromError(f"no vllm:cache_config_info for engine(s) {missing}: block size and count unknown")
+    sizes = {info[e][0] for e in usage}
+    if len(sizes) != 1:
+        raise PromError(f"engines report different block sizes {sorted(sizes)}")
+    used = sum(round(usage[e] * (info[e][1] - 1)) for e in usage)
+    usable = sum(info[e][1] - 1 for e in usage)
+
+    def opt(key: str) -> float | None:
+        return sums.get(key)
+
+    running = opt("vllm:num_requests_running")
+    waiting = opt("vllm:num_requests_waiting")
+    return KvMetrics(used_blocks=int(used), usable_blocks=int(usable), block_size=sizes.pop(),
+                     usage=used / usable if usable else 0.0,
+                     running=None if running is None else int(running), waiting=None if waiting is None else int(waiting),
+                     prefix_queries=opt("vllm:prefix_cache_queries"), prefix_hits=opt("vllm:prefix_cache_hits"),
+                     preemptions=opt("vllm:num_preemptions"), engines=len(usage),
+                     kv_cache_memory_bytes=pool_bytes.get(min(usage)) if pool_bytes else None)
+
+
+def http_cache_info(base_url: str) -> KvMetrics:
+    from day0.client.prom import scrape_sync
+
+    return parse_kv_metrics(scrape_sync(base_url))
