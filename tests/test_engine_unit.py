@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from day0.engine import cli_args, exception_root_cause, excerpt, group_alive, root_cause, stop_process_group
+from day0.engine.process import group_alive, stop_process_group
+from day0.engine.rootcause import exception_root_cause, excerpt, root_cause
+from day0.engine.server import cli_args
 
 DATA = Path(__file__).parent / "data"
 

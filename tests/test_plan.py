@@ -10,6 +10,10 @@ from hypothesis import strategies as st
 
 from day0.model import archs
 from day0.model import plan as P
+from day0.model.plan_report import plan_checks
+from day0.model.quantization import stays_unquantized, weight_scheme
+from day0.model.ranks import pp_partition
+from day0.model.what_if import format_what_if, parse_human_int
 
 GIB = 1024**3
 H200_GIB = 140.0  # "141 GB" H200: CUDA reports ~143,700 MiB
@@ -60,8 +64,8 @@ def test_w4a16_group_scales_and_unquantized_tensors() -> None:
     c = cfg("llama-3.1-8b")
     p = P.plan(c, quantization="w4a16", device_memory_gib=80)
     t = archs.expected_tensors(c)
-    quantized = sum(math.prod(s) for n, s in t.items() if not P.stays_unquantized(n, s))
-    kept = sum(math.prod(s) for n, s in t.items() if P.stays_unquantized(n, s))
+    quantized = sum(math.prod(s) for n, s in t.items() if not stays_unquantized(n, s))
+    kept = sum(math.prod(s) for n, s in t.items() if stays_unquantized(n, s))
     # every linear input dim here is a multiple of 128: 4 bits + one bf16 scale per 128 weights
     assert p.weight_bytes_total == pytest.approx(quantized * (0.5 + 2 / 128) + kept * 2, abs=1)
     assert kept == 2 * 128256 * 4096 + (2 * 32 + 1) * 4096  # embeddings, lm_head, norms
@@ -70,8 +74,8 @@ def test_w4a16_group_scales_and_unquantized_tensors() -> None:
 def test_moe_router_stays_unquantized_and_experts_quantize() -> None:
     c = cfg("mixtral-8x7b")
     t = archs.expected_tensors(c)
-    assert P.stays_unquantized("model.layers.0.block_sparse_moe.gate.weight", t["model.layers.0.block_sparse_moe.gate.weight"])
-    assert not P.stays_unquantized("model.layers.0.block_sparse_moe.experts.0.w1.weight", (14336, 4096))
+    assert stays_unquantized("model.layers.0.block_sparse_moe.gate.weight", t["model.layers.0.block_sparse_moe.gate.weight"])
+    assert not stays_unquantized("model.layers.0.block_sparse_moe.experts.0.w1.weight", (14336, 4096))
     p16 = P.plan(c, device_memory_gib=80)
     p4 = P.plan(c, quantization="w4a16", device_memory_gib=80)
     assert p4.weight_bytes_total < 0.3 * p16.weight_bytes_total
@@ -79,7 +83,7 @@ def test_moe_router_stays_unquantized_and_experts_quantize() -> None:
 
 def test_fp8_checkpoint_block_scales() -> None:
     c = cfg("deepseek-v3")  # ships quantization_config fp8, weight_block_size [128, 128]
-    scheme = P.weight_scheme(None, c)
+    scheme = weight_scheme(None, c)
     assert scheme.bits == 8 and scheme.block == (128, 128)
     assert scheme.linear_bytes(7168, 2048, 2) == 7168 * 2048 + 56 * 16 * 4
     p = P.plan(c, tp=8, device_memory_gib=H200_GIB)
@@ -90,10 +94,10 @@ def test_fp8_checkpoint_block_scales() -> None:
 
 def test_gptq_has_zero_points_and_unknown_scheme_errors() -> None:
     c = dict(cfg("llama-3.1-8b"), quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128})
-    s = P.weight_scheme(None, c)
+    s = weight_scheme(None, c)
     assert s.zero_points and s.linear_bytes(128, 128, 2) == 128 * 128 / 2 + 128 * 2 + 128 / 2
     with pytest.raises(ValueError, match="quantization='bitsandbytes'.*sizes"):
-        P.weight_scheme("bitsandbytes", cfg("llama-3.1-8b"))
+        weight_scheme("bitsandbytes", cfg("llama-3.1-8b"))
 
 
 def test_dtype_int4_is_refused_with_the_quantization_hint() -> None:
@@ -157,12 +161,12 @@ def test_fp8_ds_mla_cache_is_656_bytes_per_layer() -> None:
 def test_pp_partition_matches_vllm(num_layers: int, pp: int) -> None:
     vllm_utils = pytest.importorskip("vllm.distributed.utils")
     expected = [vllm_utils.get_pp_indices(num_layers, r, pp) for r in range(pp)]
-    assert P.pp_partition(num_layers, pp) == expected
+    assert pp_partition(num_layers, pp) == expected
 
 
 def test_plan_checks_ids_and_statuses() -> None:
     p = P.plan(cfg("llama-3.1-8b"), device_memory_gib=24, max_model_len=131072, target_concurrency=8)
-    checks = {c.id: c for c in P.plan_checks(p)}
+    checks = {c.id: c for c in plan_checks(p)}
     assert set(checks) == {"preflight.plan.devices", "preflight.plan.weights_per_rank", "preflight.plan.kv_max_model_len",
                            "preflight.plan.kv_capacity", "preflight.plan.context", "preflight.plan.verdict"}
     assert checks["preflight.plan.weights_per_rank"].status == "pass"
@@ -230,14 +234,14 @@ _VALUES = {
 @given(st.dictionaries(st.sampled_from(sorted(_VALUES)), st.none(), min_size=1).flatmap(
     lambda d: st.fixed_dictionaries({k: _VALUES[k] for k in d})))
 def test_what_if_round_trip(changes: dict) -> None:
-    assert P.parse_what_if(P.format_what_if(changes)) == changes
+    assert P.parse_what_if(format_what_if(changes)) == changes
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 10**6), st.sampled_from("kmgtKMGT"))
 def test_human_int_suffixes(n: int, suffix: str) -> None:
     mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[suffix]
-    assert P.parse_human_int(f"{n}{suffix}") == n * mult
+    assert parse_human_int(f"{n}{suffix}") == n * mult
     assert P.parse_what_if(f"max_model_len={n}{suffix}") == {"max_model_len": n * mult}
 
 

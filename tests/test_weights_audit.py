@@ -312,7 +312,7 @@ def test_failures_beyond_the_cap_are_folded_into_one_check_listing_them(ckpt: cf
 
 def test_threaded_header_reads_give_the_same_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread pool used on slow (network) file systems must not change any result."""
-    import day0.stages.weights as w
+    from day0.stages.weights import headers
 
     ck = cf.make_checkpoint(tmp_path / "m", num_shards=12)
     cf.truncate_shard(ck, 9, 3)
@@ -322,7 +322,7 @@ def test_threaded_header_reads_give_the_same_checks(tmp_path: Path, monkeypatch:
         return [(c.id, c.status, c.message) for c in checks]
 
     sequential = summary(audit(ck.dir, workers=4))
-    monkeypatch.setattr(w, "_SLOW_READ_S", -1.0)  # every read counts as slow: the pool reads
+    monkeypatch.setattr(headers, "_SLOW_READ_S", -1.0)  # every read counts as slow: the pool reads
     assert summary(audit(ck.dir, workers=4)) == sequential
     assert sum(s == "fail" for _, s, _ in sequential) >= 2
 
@@ -524,12 +524,12 @@ def test_progress_bar_goes_to_stderr(ckpt: cf.Ckpt, capsys: pytest.CaptureFixtur
 
 
 def test_a_bug_in_the_audit_becomes_an_error_check_not_an_exception(ckpt: cf.Ckpt, monkeypatch: pytest.MonkeyPatch) -> None:
-    import day0.stages.weights as w
+    from day0.stages.weights import index
 
-    def boom(self: object) -> None:
+    def boom(run: object) -> None:
         raise RuntimeError("placement exploded")
 
-    monkeypatch.setattr(w._Audit, "_placement", boom)
+    monkeypatch.setattr(index, "check_placement", boom)
     checks = audit(ckpt.dir)
     [err] = [c for c in checks if c.id == "weights.audit"]
     assert err.status == "error" and "placement exploded" in err.message and "Traceback" in err.evidence["log_excerpt"]

@@ -1,6 +1,6 @@
 """What the engine actually loaded: weight bytes per rank and greedy tokens against a golden file.
 
-Kept apart from the static audit (day0/stages/weights/__init__.py), which reads headers only and needs no engine.
+Kept apart from the static audit (day0/stages/weights/audit.py), which reads headers only and needs no engine.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from day0.config.profile import Profile
+from day0.core.record import Check
 from day0.model.config import ConfigUnavailable, model_config
 from day0.model.plan import Plan, plan
+from day0.model.plan_report import plan_checks
 from day0.model.sizing import plan_arguments
-from day0.stages.preflight.lint import Finding, lint
+from day0.stages.preflight.lint import Finding, lint, lint_checks
 
 __all__ = ["ConfigUnavailable", "Preflight", "engine_args_with", "model_config", "preflight"]
 
@@ -28,6 +30,20 @@ class Preflight:
     @property
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "error"]
+
+    def lint_checks(self) -> list[Check]:
+        """One check per lint error or warning and a summary, each naming the config it read."""
+        checks = lint_checks(self.findings)
+        for check in checks:
+            check.evidence.setdefault("config", self.config_source)
+        return checks
+
+    def plan_checks(self) -> list[Check]:
+        """The memory plan's checks; a layout that cannot be priced at all fails (the lint says why)."""
+        if self.plan is None:
+            return [Check(id="preflight.plan", title="Memory plan", status="fail", source="static",
+                          message=f"no plan could be priced: {self.plan_error}")]
+        return plan_checks(self.plan)
 
 
 def engine_args_with(profile: Profile, what_if: dict[str, Any] | None) -> dict[str, Any]:

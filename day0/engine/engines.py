@@ -1,0 +1,103 @@
+"""The session's engines: the primary engine plus the other view, started only when a stage asks.
+
+Stages ask an :class:`Engines` object for a view: ``http()`` (the API as users call it) or
+``scheduler()`` (exact block accounting). The primary engine serves the view it has; on a CPU
+target the missing view is started on demand with the same model and arguments, so one run gives
+both. Every check records which view its number came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from day0.config.profile import Profile
+from day0.engine.external import ExternalEngine
+from day0.engine.handle import EngineError, EngineInfo, Log, ViewUnavailable
+from day0.engine.inprocess import InprocessEngine
+from day0.engine.server import ServerEngine
+
+
+class Engines:
+    """One per pytest session: the primary engine plus views started only when a stage asks.
+
+    Start-up failure is remembered, so every later test fails fast with the same root cause
+    instead of trying (and timing out) again.
+    """
+
+    def __init__(self, profile: Profile, run_dir: Path, log: Log) -> None:
+        self.profile = profile
+        self.run_dir = Path(run_dir)
+        self.log = log
+        self._engines: dict[str, Any] = {}
+        self._errors: dict[str, EngineError] = {}
+        self.on_start: Callable[[EngineInfo], None] | None = None
+
+    @property
+    def primary_view(self) -> str:
+        return "scheduler" if self.profile.engine.mode == "inprocess" else "http"
+
+    def primary(self) -> Any:
+        return self.http() if self.primary_view == "http" else self.scheduler()
+
+    def http(self) -> ServerEngine | ExternalEngine:
+        mode = self.profile.engine.mode
+        if mode == "external":
+            return self._get("http", lambda: ExternalEngine(self.profile, self.log))
+        if mode == "inprocess" and self.profile.topology.device != "cpu":
+            raise ViewUnavailable("the HTTP view beside an in-process engine is only started on CPU targets "
+                                  "(a second engine would not fit on the GPUs); use engine.mode = \"server\"")
+        return self._get("http", lambda: ServerEngine(self.profile, self.run_dir, self.log))
+
+    def scheduler(self) -> InprocessEngine:
+        mode = self.profile.engine.mode
+        if mode == "external":
+            raise ViewUnavailable("an external engine's scheduler is not reachable; numbers come from /metrics")
+        if mode == "server" and self.profile.topology.device != "cpu":
+            raise ViewUnavailable("the scheduler view beside a server engine is only started on CPU targets "
+                                  "(a second engine would not fit on the GPUs); use engine.mode = \"inprocess\"")
+        return self._get("scheduler", lambda: InprocessEngine(self.profile, self.log))
+
+    def _get(self, view: str, factory: Callable[[], Any]) -> Any:
+        if view in self._errors:
+            raise self._errors[view]
+        if view not in self._engines:
+            engine = factory()
+            try:
+                info = engine.start()
+            except EngineError as exc:
+                self._errors[view] = exc
+                raise
+            except KeyboardInterrupt:
+                engine.stop()
+                raise
+            self._engines[view] = engine
+            if self.on_start:
+                self.on_start(info)
+        return self._engines[view]
+
+    @contextlib.contextmanager
+    def variant(self, name: str, args: dict[str, Any], env: dict[str, str] | None = None) -> Iterator[ServerEngine]:
+        """A short-lived second server with some engine args changed (e.g. TP=2 against TP=1),
+        stopped as soon as the caller is done so it does not compete with the main engine."""
+        eng = self.profile.engine
+        profile = self.profile.model_copy(update={"engine": eng.model_copy(
+            update={"args": {**eng.args, **args}, "env": {**eng.env, **(env or {})}})})
+        server = ServerEngine(profile, self.run_dir, self.log, name=name)
+        try:
+            info = server.start()
+            if self.on_start:
+                self.on_start(EngineInfo(**{**info.__dict__, "view": f"variant:{name}"}))
+            yield server
+        finally:
+            server.stop()
+
+    def started(self) -> list[EngineInfo]:
+        return [e.info for e in self._engines.values() if e.info is not None]
+
+    def stop(self) -> None:
+        for view in list(self._engines):
+            engine = self._engines.pop(view)
+            with contextlib.suppress(Exception):
+                engine.stop()

@@ -1,0 +1,64 @@
+"""``external`` mode: a deployment someone else runs; only its HTTP API is visible, and it is
+never stopped by day0."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+from day0.config.profile import Profile
+from day0.engine.handle import Completion, EngineError, EngineInfo, Log
+from day0.engine.http_api import auth_headers, http_greedy, http_json
+
+
+class ExternalEngine:
+    view = "http"
+
+    def __init__(self, profile: Profile, log: Log) -> None:
+        self.profile = profile
+        self.log = log
+        self.info: EngineInfo | None = None
+
+    @property
+    def base_url(self) -> str:
+        return str(self.profile.engine.url).rstrip("/")
+
+    def start(self) -> EngineInfo:
+        t0 = time.perf_counter()
+        deadline = t0 + self.profile.engine.startup_timeout_s
+        last_err = ""
+        while time.perf_counter() < deadline:
+            try:
+                models = http_json(self.base_url + "/v1/models", timeout=5, headers=auth_headers(self.profile))
+                break
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last_err = str(getattr(exc, "reason", exc))
+                time.sleep(1)
+        else:
+            raise EngineError(f"external engine {self.base_url} not reachable within "
+                              f"engine.startup_timeout_s = {self.profile.engine.startup_timeout_s:g} s: {last_err}")
+        names = [m.get("id") for m in models.get("data", [])]
+        want = self.profile.model.served_model_name
+        if want and want not in names:
+            raise EngineError(f"external engine {self.base_url} serves {names}, not model.served_model_name = {want!r}")
+        self.info = EngineInfo(mode="external", view="http", model=want or (names[0] if names else "?"),
+                               served_model_name=want or (names[0] if names else "?"), base_url=self.base_url,
+                               startup_s=time.perf_counter() - t0)
+        return self.info
+
+    def alive(self) -> str | None:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=5):
+                return None
+        except (urllib.error.URLError, OSError) as exc:
+            return f"external engine {self.base_url} not healthy: {getattr(exc, 'reason', exc)}"
+
+    def stop(self) -> None:  # not ours to stop
+        return None
+
+    def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
+        assert self.info is not None
+        return [http_greedy(self.base_url, self.info.served_model_name, p, max_tokens,
+                            timeout=self.profile.engine.request_timeout_s, headers=auth_headers(self.profile))
+                for p in prompts]

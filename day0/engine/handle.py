@@ -1,0 +1,62 @@
+"""What every engine handle shares: the record of an engine (:class:`EngineInfo`), its greedy
+output (:class:`Completion`), its two errors, and the name it serves the model under.
+
+A handle (:class:`~day0.engine.server.ServerEngine`, :class:`~day0.engine.inprocess.InprocessEngine`,
+:class:`~day0.engine.external.ExternalEngine`) has ``view``, ``info``, ``start()``, ``alive()``,
+``stop()`` and ``greedy(prompts, max_tokens)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from day0.config.profile import Profile
+
+Log = Callable[[str], None]
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or died; ``str()`` is the engine's own root-cause line."""
+
+    def __init__(self, message: str, *, log_excerpt: str = "", log_path: Path | None = None,
+                 pgid: int | None = None) -> None:
+        super().__init__(message)
+        self.log_excerpt = log_excerpt
+        self.log_path = log_path
+        self.pgid = pgid  # the process group that was stopped, so a test can prove it is gone
+
+
+class ViewUnavailable(RuntimeError):
+    """A view this mode/target cannot give (e.g. the scheduler of an external deployment)."""
+
+
+@dataclass
+class EngineInfo:
+    """What the record keeps about an engine (run.json ``notes.engines``)."""
+
+    mode: str
+    view: str  # "http" or "scheduler"
+    model: str
+    served_model_name: str
+    base_url: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    log_path: str | None = None
+    startup_s: float | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int] | None
+    completion_tokens: int
+
+
+def served_name(profile: Profile) -> str:
+    return profile.model.served_model_name or (
+        "day0-tiny" if profile.model.source == "tiny" else str(profile.model.path)
+    )

@@ -1,0 +1,61 @@
+"""Process groups: a server started in its own group that dies with its parent, and a stop that
+returns only once the whole group is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def die_with_parent() -> None:  # runs in the child between fork and exec
+    """``preexec_fn``: a new session (so the group can be signalled whole) and PR_SET_PDEATHSIG."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a SIGKILLed harness still stops its server
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the group, wait, then SIGKILL whatever is left of it."""
+    pgid = proc.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + grace_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    # SIGKILL is delivered asynchronously: on a busy host a grandchild can still be running when
+    # its parent has been reaped. Return only once the whole group is gone (bounded).
+    deadline = time.monotonic() + 5.0
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any (non-zombie) process of the group is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

@@ -1,0 +1,182 @@
+"""The per-rank arithmetic of the memory plan: bytes per dtype, where each tensor sits under
+TP x PP, and the weights and KV pool of every pipeline stage on one TP rank.
+
+It mirrors vLLM 0.32 (see :mod:`day0.model.plan` for the rules); every function here prices one
+layout, so the search for the smallest layout that fits is a loop over them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from day0.model import archs
+from day0.model.plan_model import StagePlan
+from day0.model.quantization import WeightScheme, stays_unquantized
+
+GIB = 1024**3
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE for VocabParallelEmbedding / ParallelLMHead
+MLA_FP8_DS_BYTES = 656  # fp8_ds_mla: 512 fp8 latent + 4 fp32 scales + 64 bf16 rope values
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1}
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def resolve_dtype(dtype: str, config: dict[str, Any]) -> str:
+    """vLLM's dtype resolution: ``auto`` takes the checkpoint's dtype, float32 checkpoints run in bf16."""
+    d = str(dtype).lower()
+    if d == "auto":
+        d = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
+        d = DTYPE_ALIASES.get(d, d)
+        return "bfloat16" if d == "float32" else d if d in DTYPE_BYTES else "bfloat16"
+    d = DTYPE_ALIASES.get(d, d)
+    if d not in DTYPE_BYTES:
+        raise ValueError(
+            f"dtype={dtype!r} is not a vLLM dtype (one of {', '.join(VLLM_DTYPES)}); "
+            "INT4/INT8/FP8 weights are chosen with quantization= (e.g. compressed-tensors, awq, gptq, fp8)"
+        )
+    return d
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, dtype: str) -> int:
+    k = str(kv_cache_dtype).lower()
+    if k == "auto":
+        return DTYPE_BYTES[dtype]
+    if k in KV_DTYPE_BYTES:
+        return KV_DTYPE_BYTES[k]
+    if k == "fp8_ds_mla":
+        return 1
+    raise ValueError(
+        f"kv_cache_dtype={kv_cache_dtype!r}: day0 sizes auto, fp8_ds_mla, " + ", ".join(KV_DTYPE_BYTES)
+    )
+
+
+def kv_layer_bytes(config: dict[str, Any], kv_cache_dtype: str, dtype: str, tp: int) -> int:
+    """KV bytes per token of one layer on one TP rank."""
+    if archs.is_mla(config) and str(kv_cache_dtype).lower() == "fp8_ds_mla":
+        return MLA_FP8_DS_BYTES
+    b = kv_dtype_bytes(kv_cache_dtype, dtype)
+    return archs.kv_bytes_per_token(config, b, tp=tp, pp=archs.num_layers(config))  # exactly one layer
+
+
+# --------------------------------------------------------------------------- per-tensor placement
+
+_REPLICATED_SUFFIXES = ("norm.weight", "e_score_correction_bias", ".mlp.gate.weight", "block_sparse_moe.gate.weight",
+                        "shared_expert_gate.weight")
+_REPLICATED_PARTS = (".q_a_proj.", ".kv_a_proj_with_mqa.")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+@dataclass
+class Footprint:
+    """Bytes per layer split by how TP places them, so many layouts can be priced in O(layers)."""
+
+    replicated: list[float]
+    split: list[float]
+    kv_proj: list[float]  # k/v projections: split by KV head, replicated below one head per rank
+    embed: float
+    lm_head: float  # 0 when tied (pp == 1 uses the embedding)
+    final_norm: float
+    total: float
+    parameters: int = 0
+    active_parameters: float = 0.0
+
+
+def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) -> Footprint:
+    n_layers = archs.num_layers(config)
+    fp = Footprint([0.0] * n_layers, [0.0] * n_layers, [0.0] * n_layers, 0.0, 0.0, 0.0, 0.0)
+    routed = archs.routed_experts(config)
+    active_share = int(config.get("num_experts_per_tok") or 0) / routed if routed else 1.0
+    for name, shape in archs.expected_tensors(config).items():
+        count = math.prod(shape)
+        fp.parameters += count
+        fp.active_parameters += count * active_share if routed and ".experts." in name else count
+        quantize = not stays_unquantized(name, shape) and (not scheme.experts_only or ".experts." in name)
+        size = scheme.linear_bytes(shape[0], shape[1], dtype_bytes) if quantize else math.prod(shape) * dtype_bytes
+        fp.total += size
+        m = _LAYER_RE.match(name)
+        if m is None:
+            if "embed_tokens" in name:
+                fp.embed = size
+            elif name.startswith("lm_head"):
+                fp.lm_head = size
+            else:
+                fp.final_norm += size
+            continue
+        i = int(m.group(1))
+        if name.endswith(_REPLICATED_SUFFIXES) or any(p in name for p in _REPLICATED_PARTS):
+            fp.replicated[i] += size
+        elif ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            fp.kv_proj[i] += size
+        else:
+            fp.split[i] += size
+    return fp
+
+
+def pp_partition(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """[start, end) layer ranges per stage, as vLLM's ``get_pp_indices`` (extra layers to middle stages)."""
+    if pp < 1 or pp > num_layers:
+        raise ValueError(f"pipeline_parallel_size={pp} must be between 1 and the layer count ({num_layers})")
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    out, start = [], 0
+    for n in parts:
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+# --------------------------------------------------------------------------- one layout, stage by stage
+
+
+def stage_weights(config: dict[str, Any], fp: Footprint, tp: int, start: int, end: int, first: bool, last: bool) -> int:
+    kv = archs.num_kv_heads(config)
+    kv_share = max(1, kv // tp) / kv
+    total = 0.0
+    for i in range(start, end):
+        total += fp.replicated[i] + math.ceil(fp.split[i] / tp) + fp.kv_proj[i] * kv_share
+    vocab = int(config["vocab_size"])
+    vocab_share = math.ceil(math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING / tp) / vocab
+    if first:
+        total += fp.embed * vocab_share
+    if last:
+        total += fp.final_norm
+        head = fp.lm_head or (fp.embed if not first else 0.0)  # tied head: a copy on the last stage when PP > 1
+        total += head * vocab_share
+    return int(math.ceil(total))
+
+
+def price_stages(
+    config: dict[str, Any], fp: Footprint, *, tp: int, pp: int, kv_layer: int, budget: int, headroom: int, block_size: int,
+    fixed_pool: int | None = None,
+) -> tuple[StagePlan, ...]:
+    stages = []
+    parts = pp_partition(archs.num_layers(config), pp)
+    for s, (start, end) in enumerate(parts):
+        w = stage_weights(config, fp, tp, start, end, s == 0, s == pp - 1)
+        kv_tok = kv_layer * (end - start)
+        pool = fixed_pool if fixed_pool is not None else max(0, budget - w - headroom)
+        blocks = pool // (kv_tok * block_size) if kv_tok else 0
+        stages.append(StagePlan(s, (start, end), w, kv_tok, pool, blocks, blocks * block_size))
+    return tuple(stages)
+
+
+def scope(ranks: int, devices_per_node: int) -> str:
+    """The verdict of a layout that fits: one device, one node, or more."""
+    if ranks <= 1:
+        return "fits_one_device"
+    return "fits_one_node" if ranks <= devices_per_node else "needs_supernode"
+
+
+def valid_tp(config: dict[str, Any], tp: int) -> bool:
+    heads, kv = archs.num_attention_heads(config), archs.num_kv_heads(config)
+    return heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)

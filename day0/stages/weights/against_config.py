@@ -1,0 +1,299 @@
+"""Shard headers against ``config.json``: the tensors the config implies, in the dtype it declares.
+
+* ``weights.config``: config.json is readable and names an architecture day0 knows;
+* ``weights.dtypes``: every tensor is in the declared dtype (FP8 block scales in F32, FP8
+  block-quantized weights in F8_E4M3, a few tensors in F32 by design);
+* ``weights.shapes``: every tensor the architecture needs is present with the implied shape,
+  and nothing else is;
+* ``weights.param_count``: the checkpoint holds exactly the parameters the config implies.
+
+Quantized checkpoints other than block-wise FP8 are skipped: day0's expected tensors describe the
+unquantized model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from typing import Any
+
+from day0.model.safetensors_header import TensorEntry
+from day0.stages.weights.findings import CONFIG_NAME, AuditRun
+
+# Buffers some exporters save that vLLM skips when it loads weights.
+IGNORED_TENSOR_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
+# Tensors published in F32 whatever the model dtype (DeepSeek-V3's router bias).
+F32_BY_DESIGN_SUFFIXES: tuple[str, ...] = ("e_score_correction_bias",)
+FP8_SCALE_SUFFIX = "_scale_inv"  # block-wise FP8 (DeepSeek-V3, Qwen3-FP8): W.weight + W.weight_scale_inv
+
+TORCH_DTYPES: dict[str, str] = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "half": "F16",
+    "float32": "F32",
+    "float": "F32",
+    "float64": "F64",
+    "double": "F64",
+}
+
+_LATER = ("weights.dtypes", "weights.shapes", "weights.param_count")
+
+Shapes = dict[str, tuple[int, ...]]
+Located = list[tuple[str, TensorEntry]]  # (shard, entry): every copy of every well-formed tensor
+
+
+def check_against_config(a: AuditRun) -> None:
+    config = read_config(a)
+    if config is None:
+        for cat in _LATER:
+            a.skip(cat, f"not checked: {CONFIG_NAME} unusable")
+        return
+    from day0.model import archs  # lazy: the audit's file checks must work even if archs breaks
+
+    arch, arch_error = _architecture(a, config, archs)
+    dtype = config_dtype(config) or "no torch_dtype"
+    quant = config.get("quantization_config")
+    qnote = f", quantized ({quant.get('quant_method')})" if isinstance(quant, dict) else ""
+    a.ok("weights.config", f"{CONFIG_NAME}: {arch or 'architecture unknown to day0'}, "
+                           f"{config.get('num_hidden_layers')} layers, {dtype}{qnote}")
+    if not a.headers:
+        for cat in _LATER:
+            a.skip(cat, "not checked: no readable shard header")
+        return
+    fp8_block: tuple[int, int] | None = None
+    if isinstance(quant, dict):
+        fp8_block = _fp8_block(quant)
+        if fp8_block is None:
+            msg = (f"not checked: quantized checkpoint (quant_method={quant.get('quant_method')!r}); day0's "
+                   "expected tensors describe the unquantized model")
+            for cat in _LATER:
+                a.skip(cat, msg)
+            return
+    expected, optional = _expected_tensors(a, config, archs, arch, arch_error)
+    # every copy of every tensor: a duplicate is judged (and counted) like any other tensor
+    actual: Located = [
+        (shard, entry) for shard, header in a.headers.items() for entry in header.tensors.values()
+        if entry.valid  # a malformed entry is already a shard_layout failure
+    ]
+    if not actual:
+        for cat in _LATER:
+            a.skip(cat, "not checked: no well-formed tensor entry in any readable header")
+        return
+    scales = fp8_scales(a.located, fp8_block)
+    check_dtypes(a, config, actual, scales, fp8_block)
+    if expected is not None:
+        check_shapes(a, arch or "", expected, optional, actual, scales, fp8_block)
+        check_param_count(a, config, archs, optional, actual, scales)
+
+
+def read_config(a: AuditRun) -> dict[str, Any] | None:
+    """config.json as a dict, or None after one ``weights.config`` failure saying why not."""
+    path = a.dir / CONFIG_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        a.fail("weights.config", f"{CONFIG_NAME} is missing from {a.dir}: dtypes, shapes and parameter count cannot be checked")
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        a.fail("weights.config", f"{CONFIG_NAME}: cannot read ({exc})")
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        a.fail("weights.config", f"{CONFIG_NAME}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+        return None
+    if not isinstance(config, dict):
+        a.fail("weights.config", f"{CONFIG_NAME}: top level is a {type(config).__name__}, not an object")
+        return None
+    return config
+
+
+def _architecture(a: AuditRun, config: dict[str, Any], archs: Any) -> tuple[str | None, str]:
+    """(architecture or None, why not): an unknown model skips shapes; a malformed one also fails."""
+    try:
+        return archs.architecture(config), ""
+    except ValueError as exc:  # not a model day0 knows: shapes are skipped, dtypes still checked
+        return None, str(exc)
+    except (TypeError, KeyError, IndexError, AttributeError) as exc:
+        arch_error = f"{CONFIG_NAME}: 'architectures' is malformed ({exc})"
+        a.fail("weights.config", arch_error)
+        return None, arch_error
+
+
+def _fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
+    """The [out, in] block of a block-wise FP8 checkpoint; None for any other quantization."""
+    method = quant.get("quant_method")
+    block = quant.get("weight_block_size")
+    if method == "fp8" and isinstance(block, list) and len(block) == 2 and all(_pos_int(b) for b in block):
+        return (int(block[0]), int(block[1]))
+    return None
+
+
+def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str | None,
+                      arch_error: str) -> tuple[Shapes | None, Shapes]:
+    """(tensors the config implies or None, the optional MTP tensors); skips what cannot be judged."""
+    expected: Shapes | None = None
+    optional: Shapes = {}
+    if arch is not None:
+        try:
+            expected = archs.expected_tensors(config)
+            if archs.num_mtp_layers(config):
+                optional = {k: v for k, v in archs.expected_tensors(config, include_mtp=True).items()
+                            if k not in expected}
+        except (ValueError, TypeError, KeyError) as exc:  # a key missing or of the wrong type
+            msg = str(exc)
+            a.fail("weights.config", msg if msg.startswith(CONFIG_NAME) else f"{CONFIG_NAME}: {msg}")
+            for cat in ("weights.shapes", "weights.param_count"):
+                a.skip(cat, f"not checked: {CONFIG_NAME} does not describe the model fully")
+    else:
+        for cat in ("weights.shapes", "weights.param_count"):
+            a.skip(cat, f"not checked: {arch_error}")
+    return expected, optional
+
+
+def fp8_scales(present: dict[str, list[str]], block: tuple[int, int] | None) -> set[str]:
+    """Names of FP8 block-scale tensors (``W.weight_scale_inv`` next to a ``W.weight``)."""
+    if block is None:
+        return set()
+    return {n for n in present if n.endswith(FP8_SCALE_SUFFIX) and n[: -len(FP8_SCALE_SUFFIX)] in present}
+
+
+# --------------------------------------------------------------------------- dtypes, shapes, count
+
+
+def check_dtypes(a: AuditRun, config: dict[str, Any], actual: Located, scales: set[str],
+                 fp8_block: tuple[int, int] | None) -> None:
+    cat = "weights.dtypes"
+    declared = config_dtype(config)
+    want = TORCH_DTYPES.get(str(declared)) if declared else None
+    if declared and want is None:
+        a.fail(cat, f"{CONFIG_NAME}: torch_dtype {declared!r} is not a floating dtype vLLM serves")
+        return
+    source = f"{CONFIG_NAME} torch_dtype is {declared}"
+    if want is None:  # no declared dtype: the checkpoint must at least agree with itself
+        counts = Counter(e.dtype for _, e in actual if e.name not in scales)
+        want = counts.most_common(1)[0][0]
+        source = f"{CONFIG_NAME} sets no torch_dtype; the majority dtype is {want}"
+    quantized = {n[: -len(FP8_SCALE_SUFFIX)] for n in scales}
+    ok = 0
+    for shard, e in actual:
+        if e.dtype == want and not scales:  # fast path: outside FP8 the model dtype is always right
+            ok += 1
+            continue
+        name = e.name
+        if name in scales:
+            allowed, why = ("F32",), "an FP8 block scale"
+        elif name in quantized:
+            allowed, why = ("F8_E4M3",), "an FP8 block-quantized weight"
+        elif name.endswith(F32_BY_DESIGN_SUFFIXES):
+            allowed, why = (want, "F32"), "kept in F32 by design"
+        else:
+            allowed, why = (want,), source
+        if e.dtype in allowed:
+            ok += 1
+            continue
+        a.fail(cat, f"{shard}: tensor {name} is {e.dtype}, expected {' or '.join(allowed)} ({why})",
+               shard=shard, tensor=name, value=e.dtype, limit=allowed[0])
+    counts = Counter(e.dtype for _, e in actual)
+    mix = ", ".join(f"{n} {d}" for d, n in counts.most_common())
+    note = f" with FP8 blocks {list(fp8_block)}" if fp8_block else ""
+    a.ok(cat, f"all {ok} tensors are {want} as {source}{note} ({mix})",
+         value=ok, unit="tensors", evidence={"dtype_counts": dict(counts)})
+
+
+def check_shapes(a: AuditRun, arch: str, expected: Shapes, optional: Shapes, actual: Located,
+                 scales: set[str], fp8_block: tuple[int, int] | None) -> None:
+    cat = "weights.shapes"
+    unverifiable = _absent_tensors(a, arch, expected)
+    for shard, e in actual:
+        name = e.name
+        if expected.get(name) == e.shape:  # fast path: the common case costs one lookup
+            continue
+        if name.endswith(IGNORED_TENSOR_SUFFIXES):
+            continue
+        if name in scales:
+            base = expected.get(name[: -len(FP8_SCALE_SUFFIX)]) or optional.get(name[: -len(FP8_SCALE_SUFFIX)])
+            if base is None or len(base) != 2 or fp8_block is None:
+                a.fail(cat, f"{shard}: tensor {name} scales a tensor that is not a 2-D weight of {arch}",
+                       shard=shard, tensor=name)
+                continue
+            want = (math.ceil(base[0] / fp8_block[0]), math.ceil(base[1] / fp8_block[1]))
+        else:
+            want = expected.get(name) or optional.get(name)
+            if want is None:
+                a.fail(cat, f"{shard}: tensor {name} {list(e.shape)} is not a tensor of {arch} as "
+                            f"{CONFIG_NAME} describes it (vLLM may refuse to load it)",
+                       shard=shard, tensor=name, value=list(e.shape))
+                continue
+        if e.shape != tuple(want):
+            a.fail(cat, f"{shard}: tensor {name} has shape {list(e.shape)}, {CONFIG_NAME} implies {list(want)}",
+                   shard=shard, tensor=name, value=list(e.shape), limit=list(want))
+    mtp = sum(1 for n in optional if n in a.located)
+    notes = []
+    if mtp:
+        notes.append(f"plus {mtp} multi-token-prediction tensors")
+    if scales:
+        notes.append(f"plus {len(scales)} FP8 block scales")
+    if unverifiable:
+        notes.append(f"{unverifiable} tensors of missing/unreadable shards not verifiable")
+    extra = f" ({'; '.join(notes)})" if notes else ""
+    a.ok(cat, f"all {len(expected)} tensors of {arch} are present with the shapes {CONFIG_NAME} implies{extra}",
+         value=len(expected), limit=len(expected), unit="tensors")
+
+
+def _absent_tensors(a: AuditRun, arch: str, expected: Shapes) -> int:
+    """Fail each needed tensor no header holds; returns how many could not be verified."""
+    unverifiable = 0
+    for name, shape in expected.items():
+        if name in a.located:
+            continue
+        indexed = a.weight_map.get(name) if a.weight_map is not None else None
+        if indexed is not None and indexed not in a.headers:
+            unverifiable += 1  # its shard is missing/unreadable: reported once, per shard
+            continue
+        if a.missing or a.unreadable:
+            if a.weight_map is None:
+                unverifiable += 1
+                continue
+        where = f" (the index names {indexed})" if indexed else ""
+        a.fail("weights.shapes",
+               f"tensor {name} {list(shape)}, which {arch} needs per {CONFIG_NAME}, is in no shard{where}",
+               tensor=name, limit=list(shape))
+    return unverifiable
+
+
+def check_param_count(a: AuditRun, config: dict[str, Any], archs: Any, optional: Shapes, actual: Located,
+                      scales: set[str]) -> None:
+    cat = "weights.param_count"
+    if a.missing or a.unreadable:
+        a.skip(cat, f"not checked: {len(a.missing | a.unreadable)} shards missing or unreadable, the count would be partial")
+        return
+    with_mtp = any(n in a.located for n in optional)
+    limit = int(archs.parameter_count(config, include_mtp=with_mtp))
+    value = sum(e.numel for _, e in actual if e.name not in scales and not e.name.endswith(IGNORED_TENSOR_SUFFIXES))
+    what = f"{CONFIG_NAME} implies {limit:,}" + (" (with MTP layers)" if with_mtp else "")
+    if value != limit:
+        diff = value - limit
+        rel = f"{diff / limit:+.3%}" if limit else "n/a"
+        a.fail(cat, f"checkpoint holds {value:,} parameters, {what}: {diff:+,} ({rel})",
+               value=value, limit=limit, unit="params")
+        return
+    a.ok(cat, f"checkpoint holds {value:,} parameters = {what}", value=value, limit=limit, unit="params",
+         evidence={"billions": round(value / 1e9, 3)})
+
+
+def _pos_int(x: Any) -> bool:
+    return type(x) is int and x > 0
+
+
+def config_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype config.json declares (``torch_dtype``, or ``dtype`` in newer transformers)."""
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if isinstance(value, str) and value:
+            return value.removeprefix("torch.")
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        return config_dtype(text)
+    return None
