@@ -1,5 +1,6 @@
 """Engine plumbing that needs no vLLM: root-cause extraction, CLI args, process-group shutdown."""
 
+import signal
 import subprocess
 import sys
 import time
@@ -87,3 +88,29 @@ def test_excerpt_shows_the_root_cause_and_the_end():
     assert "No common block size for 16" in ex
     assert ex.splitlines()[-1] == text.splitlines()[-1]
     assert len(ex.splitlines()) < 40
+
+
+def test_a_second_interrupt_cuts_the_grace_short_but_never_the_kill():
+    """Ctrl-C twice (or a CI runner's second SIGTERM) while a server that ignores SIGTERM is being
+    stopped: the group is still SIGKILLed before the interrupt propagates (seen here: a vLLM server
+    still starting up outlived the harness)."""
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    time.sleep(0.5)
+
+    def second_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, second_interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            stop_process_group(proc, grace_s=60.0)
+        elapsed = time.monotonic() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not group_alive(proc.pid)
+    assert elapsed < 30  # the 60 s grace was cut short

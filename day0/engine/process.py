@@ -21,17 +21,32 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the group, wait, then SIGKILL whatever is left of it."""
+    """SIGTERM the group, wait, then SIGKILL whatever is left of it.
+
+    A second Ctrl-C or SIGTERM during the grace period (an impatient user, a CI runner's second
+    signal) cuts the grace short but never the kill: a vLLM server still starting up ignores
+    SIGTERM, and one that outlives the harness holds the port and the memory.
+    """
     pgid = proc.pid
+    interrupted: BaseException | None = None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + grace_s
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + grace_s
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    _kill_group(proc, pgid)
+    if interrupted is not None:
+        raise interrupted
+
+
+def _kill_group(proc: subprocess.Popen[bytes], pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
