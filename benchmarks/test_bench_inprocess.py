@@ -21,8 +21,9 @@ pytest.importorskip("pytest_benchmark", reason="make bench installs day0[bench]"
 
 
 def test_render_a_report_of_100k_samples(benchmark, tmp_path):
-    import run_factory as rf
     from day0.results.report import render
+
+    import run_factory as rf
 
     src = rf.write(rf.huge(n_samples=100_000, n_stages=5), tmp_path / "run")
     out = benchmark.pedantic(render, args=(src, tmp_path / "report.html"), rounds=3, iterations=1)

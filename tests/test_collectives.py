@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -9,6 +10,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,14 +25,16 @@ from day0.stages.collectives import (
     RankEnv,
     RankState,
     SettingsError,
-    _Sweeper,
     diagnose,
     load_result,
     parse_size,
     result_checks,
     run_local,
+    tp_equivalence_check,
 )
 from day0.stages.collectives.busbw import bus_factor
+from day0.stages.collectives.sweep import _Sweeper, nearest_rank
+from day0.stages.collectives.tp_equivalence import TP_PROMPTS
 
 # --------------------------------------------------------------------------- settings
 
@@ -56,6 +60,36 @@ def test_bad_settings_name_the_key(table, key):
     with pytest.raises(SettingsError) as err:
         CollectivesSettings.from_mapping(table)
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_profile_table_is_the_settings_and_survives_the_ranks_json():
+    """One definition: the profile's [collectives] is what the ranks get, through a JSON file."""
+    from day0.config.collectives import CollectivesSection
+    from day0.config.profile import load_profile
+    from day0.stages.collectives import coerce_settings
+
+    assert CollectivesSettings is CollectivesSection
+    p = load_profile("cpu-tiny", overrides={"collectives": {"max_bytes": "64K", "dtype": "fp16", "results_file": "r.json",
+                                                            "large_message_bytes": "16K"}})
+    s = p.collectives
+    assert coerce_settings(s) is s and (s.max_bytes, s.large_message_bytes, s.dtype) == (65536, 16384, "float16")
+    back = CollectivesSettings.from_mapping(json.loads(json.dumps(s.to_dict())))
+    assert back == s and back.sizes() == s.sizes() == [1024, 4096, 16384, 65536]
+    assert coerce_settings(None) == CollectivesSettings() and coerce_settings({"iters": 2}).iters == 2
+    with pytest.raises(ValueError):  # frozen, like every profile section
+        s.iters = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("table,message", [
+    ({"step_fator": 2}, "collectives.step_fator: unknown key; did you mean 'step_factor'?"),
+    ({"in_place": False, "out_of_place": False}, "collectives: out_of_place and in_place are both false; nothing would run"),
+    ({"expected_busbw": {"intra_node": {"gather_all": 1}}}, "collectives.expected_busbw.intra_node.gather_all: unknown collective"),
+    ({"timeout_s": "60"}, "collectives.timeout_s: expected a number"),
+])
+def test_bad_settings_read_like_the_profile_errors(table, message):
+    with pytest.raises(SettingsError) as err:
+        CollectivesSettings.from_mapping(table)
+    assert str(err.value) == message
 
 
 # --------------------------------------------------------------------------- exact data
@@ -199,6 +233,7 @@ def test_gloo_two_ranks_every_op_exact(tmp_path):
     assert all(ok[f"collectives.{op}.correct"].status == "pass" for op in OP_MODES)
     assert ok["collectives.all_reduce.busbw"].status == "pass" and bad["collectives.all_reduce.busbw"].status == "fail"
     assert len(ok["collectives.all_reduce.busbw"].evidence["samples"]) == 3
+    assert {c.source for c in ok.values()} == {"torch.distributed/gloo"}  # the stage names the source itself
     assert _pids_gone(result, tmp_path) == []
 
 
@@ -261,3 +296,47 @@ def test_diagnose_nccl_watchdog_abort_is_a_victim_not_the_culprit():
     watchdog = "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 300000 ms"
     f = diagnose([_st(0, -6, error=watchdog), _st(1, None, killed=True, hb=0.3)], timeout_s=300)
     assert f.kind == "hung" and f.ranks == [1]
+
+
+def test_per_iteration_percentiles_use_the_nearest_rank_rule():
+    """nccl-tests' rule, not the linear interpolation of day0.core.stats.percentile (latency)."""
+    assert nearest_rank([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and nearest_rank([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+    assert nearest_rank([5.0], 0) == 5.0 and nearest_rank([], 50) is None
+
+
+# --------------------------------------------------------------------------- vLLM's TP path
+
+
+class _FakeEngine:
+    view = "http"
+
+    def __init__(self, tokens: dict[str, list[int]]):
+        self.tokens = tokens
+
+    def greedy(self, prompts, max_tokens):
+        return [SimpleNamespace(token_ids=self.tokens.get(p, [1, 2, 3])[:max_tokens]) for p in prompts]
+
+
+class _FakeEngines:
+    def __init__(self, other: _FakeEngine):
+        self.other, self.started, self.stopped = other, [], 0
+
+    @contextlib.contextmanager
+    def variant(self, name, args, env=None):
+        self.started.append((name, args, env))
+        try:
+            yield self.other
+        finally:
+            self.stopped += 1
+
+
+def test_tp_equivalence_starts_the_other_tp_and_names_the_differing_prompts():
+    same = _FakeEngines(_FakeEngine({}))
+    ok = tp_equivalence_check(_FakeEngine({}), same, 1)
+    assert (ok.id, ok.status, ok.value, ok.source) == ("collectives.engine_tp2_matches_tp1", "pass", 0, "http")
+    assert same.started == [("tp2", {"tensor_parallel_size": 2}, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})]
+    assert same.stopped == 1 and ok.evidence["tp1"] == ok.evidence["tp2"]
+    other = _FakeEngines(_FakeEngine({TP_PROMPTS[1]: [9, 9]}))
+    bad = tp_equivalence_check(_FakeEngine({}), other, 2)
+    assert (bad.id, bad.status, bad.value) == ("collectives.engine_tp1_matches_tp2", "fail", 1)
+    assert other.started == [("tp1", {"tensor_parallel_size": 1}, None)] and repr(TP_PROMPTS[1]) in bad.message

@@ -345,6 +345,26 @@ def test_profile_settings_are_validated_one_line_naming_the_key():
     assert (s.history_runs, s.spread_k, s.gross_factor) == (7, 2.5, 2.0)
 
 
+def test_the_compare_settings_are_the_profile_section_read_back_from_a_record():
+    """One definition of [compare]: the profile's section; a stored record's older keys and redacted
+    tolerances are passed over, --tolerance pairs are checked and win."""
+    from day0.config.compare import CompareSection
+
+    assert CompareSettings is CompareSection and isinstance(load_profile("cpu-tiny").compare, CompareSettings)
+    s = CompareSettings.from_mapping({"alpha": 0.05, "method": "auto", "history_runs": 3,
+                                      "tolerances": {"x_token": "<redacted>", "ttft_p99": "10%"}})
+    assert (s.history_runs, s.tolerances) == (3, {"ttft_p99": "10%"})
+    with pytest.raises(CompareError, match=r"^run1: profile compare\.gross_factor: "):
+        CompareSettings.from_mapping({"gross_factor": 0.5}, "run1: profile compare")
+    with pytest.raises(CompareError, match=r"^--tolerance ttft_p99: 'fast' is not a tolerance"):
+        s.with_overrides(["ttft_p99=fast"])
+    with pytest.raises(CompareError, match=r"^--tolerance 'ttft_p99': expected PATTERN=TOLERANCE"):
+        s.with_overrides(["ttft_p99"])
+    over = s.with_overrides(["*_p99=1", "ttft_p99=2%"])
+    assert list(over.tolerances) == ["*_p99", "ttft_p99"] and over.tolerances["ttft_p99"] == "2%"
+    assert s.tolerances == {"ttft_p99": "10%"}  # the profile's own settings are untouched
+
+
 def test_tolerance_precedence_exact_then_suffix_then_glob_then_cli():
     s = CompareSettings.from_mapping({"default_tolerance": "5%", "tolerances": {
         "latency.*": "30%", "ttft_p99": "10%", "latency.ttft_p99": "2%", "*_p99": "50%"}})

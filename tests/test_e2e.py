@@ -97,7 +97,8 @@ def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
     assert "vLLM server not healthy within engine.startup_timeout_s = 4 s" in out
     assert elapsed < 120, elapsed
     rec = load(tmp_path / "reports" / "latest" / "run.json")
-    (check,) = [c for c in rec.stage("weights").checks if c.status == "error"]
+    (check,) = [c for c in rec.stage("weights").checks if c.status == "fail"]  # not up within its limit
+    assert rec.verdict == "rejected"
     assert check.evidence["engine_pgid"] and not group_alive(check.evidence["engine_pgid"])
     assert "engine.http" not in rec.notes  # it never became healthy
 

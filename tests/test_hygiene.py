@@ -15,7 +15,7 @@ from day0 import cli
 def test_the_suites_run_from_an_empty_folder_after_installation(tmp_path):
     """`pytest --pyargs day0.suites` needs no source checkout: the suites ship in the package."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "day0.suites", "-m", "day0 and preflight",
-                           "--day0-out", "out", "-q", "-p", "no:cacheprovider"],
+                           "--day0-out", "out", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = (tmp_path / "out" / "latest" / "run.json")

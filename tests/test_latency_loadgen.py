@@ -20,7 +20,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
 from day0.client.workload import WorkloadSpec, as_text, build_requests  # noqa: E402
-from day0.stages.latency import LatencySettings, SlaSettings, compute_metrics, main, run_latency  # noqa: E402
+from day0.config.latency import LatencySection, SlaSection  # noqa: E402
+from day0.stages.latency import (  # noqa: E402
+    compute_metrics,
+    main,
+    measure_throughput,
+    run_latency,
+)
 
 from sse_server import Script, SSEServer, schedule  # noqa: E402
 
@@ -218,9 +224,9 @@ def test_duration_bound_stops_scheduling(server):
 
 def test_run_latency_end_to_end_with_server_agreement(server):
     server.set_script(Script(ttft_ms=[20, 30], gaps_ms=[4], tokens_per_message=[1, 2]))
-    s = LatencySettings(num_requests=12, warmup_requests=2, output_len=6, input_len=16, concurrency=3,
-                        agreement_rel=0.25)
-    run = run_latency(server.url, None, VOCAB, s, SlaSettings(ttft_p99_ms=500, tpot_p99_ms=50))
+    s = LatencySection(num_requests=12, warmup_requests=2, output_len=6, input_len=16, concurrency=3,
+                       agreement_rel=0.25)
+    run = run_latency(server.url, None, VOCAB, s, SlaSection(ttft_p99_ms=500, tpot_p99_ms=50))
     assert run.model == "scripted" and run.warmup is not None and run.warmup.sent == 2
     assert sum(1 for e in server.log() if e["phase"] == "warmup") == 2
     checks = {c.id: c for c in run.checks()}
@@ -232,7 +238,7 @@ def test_run_latency_end_to_end_with_server_agreement(server):
     # a bias far beyond any scheduling noise, so the disagreement shows on a loaded box too
     server.set_script(Script(ttft_ms=[20, 30], gaps_ms=[4], metrics_ttft_bias_ms=400.0,
                              itl_metric="vllm:time_per_output_token_seconds"))
-    run = run_latency(server.url, "scripted", VOCAB, s, SlaSettings())
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection())
     c = {c.id: c for c in run.checks()}["latency.server_agreement"]
     assert c.status == "fail" and "DISAGREE ttft" in c.message and "engine excess" in c.message
     assert run.server["itl"].source == "vllm:time_per_output_token_seconds"
@@ -240,15 +246,25 @@ def test_run_latency_end_to_end_with_server_agreement(server):
 
 def test_sweep_finds_the_last_rate_meeting_the_sla(server):
     server.set_script(Script(ttft_ms=[10], gaps_ms=[2], errors={"sweep:2": "http500"}))
-    s = LatencySettings(num_requests=4, warmup_requests=0, output_len=3, input_len=8, load="rate",
-                        request_rate=20.0, concurrency=0, sweep_rates=[10.0, 20.0], sweep_requests=4,
-                        server_metrics=False)
-    run = run_latency(server.url, "scripted", VOCAB, s, SlaSettings(ttft_p99_ms=1000.0, max_error_rate=0.3))
+    s = LatencySection(num_requests=4, warmup_requests=0, output_len=3, input_len=8, load="rate",
+                       request_rate=20.0, concurrency=0, sweep_rates=[10.0, 20.0], sweep_requests=4,
+                       server_metrics=False)
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(ttft_p99_ms=1000.0, max_error_rate=0.3))
     assert [p.meets_sla for p in run.sweep] == [True, True]
-    run = run_latency(server.url, "scripted", VOCAB, s, SlaSettings(ttft_p99_ms=1000.0, max_error_rate=0.0))
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(ttft_p99_ms=1000.0, max_error_rate=0.0))
     assert [p.meets_sla for p in run.sweep] == [False] and run.sweep[0].failing == ["error_rate"]
     c = {c.id: c for c in run.checks()}["latency.sla_sweep"]
     assert c.value == 0.0
+
+
+def test_measure_throughput_is_a_short_run_of_the_profiles_workload(server):
+    server.set_script(Script(ttft_ms=[10], gaps_ms=[2]))
+    latency = LatencySection(num_requests=100, output_len=4, input_len=8, concurrency=2, sweep_rates=[5.0])
+    tput = measure_throughput(server.url, "scripted", VOCAB, latency, 3)
+    assert tput.tok_s > 0 and tput.source == "own measurement: 3 requests, concurrency load (concurrency 2)"
+    assert tput.detail == {"requests": 3, "completed": 3, "load": "concurrency", "concurrency": 2}
+    phases = [e["phase"] for e in server.log()[-4:]]
+    assert phases.count("warmup") == 1 and "sweep" not in phases
 
 
 def test_cli_prints_a_table_and_exits_on_the_sla(server, capsys):

@@ -11,16 +11,15 @@ from hypothesis import strategies as st
 
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.client.prom import ServerFigure
+from day0.config.latency import LatencySection, SlaSection
+from day0.core.stats import percentile
 from day0.stages.latency import (
     LatencyRun,
-    LatencySettings,
     SettingsError,
-    SlaSettings,
     SweepPoint,
     compute_metrics,
     latency_checks,
     per_token_itl,
-    percentile,
     summarize,
     tpot_of,
 )
@@ -32,6 +31,19 @@ floats = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
 @given(st.lists(floats, min_size=1, max_size=200), st.floats(0, 100))
 def test_percentile_matches_numpy_linear(values, p):
     assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)), rel=1e-9, abs=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(floats, min_size=1, max_size=200), st.floats(0, 100))
+def test_nearest_rank_percentile_matches_numpy_inverted_cdf(values, p):
+    """The collective sweep's per-iteration rule (nccl-tests): a value that was measured."""
+    got = percentile(values, p, method="nearest")
+    assert got == float(np.percentile(values, p, method="inverted_cdf")) and got in values
+
+
+def test_an_unknown_percentile_method_is_refused():
+    with pytest.raises(ValueError, match="'midpoint' is not 'linear' or 'nearest'"):
+        percentile([1.0, 2.0], 50, method="midpoint")
 
 
 @settings(max_examples=100, deadline=None)
@@ -116,17 +128,17 @@ def test_ttft_is_from_scheduled_and_server_comparison_from_sent():
 
 
 def test_sla_table_parsing_and_limits():
-    sla = SlaSettings.from_table({"ttft_p99_ms": 500, "ttft_p90_ms": 200, "tpot_p99_9_ms": 80,
-                                  "max_error_rate": 0.01, "e2e_p50_ms": 1000})
+    sla = SlaSection.from_table({"ttft_p99_ms": 500, "ttft_p90_ms": 200, "tpot_p99_9_ms": 80,
+                                 "max_error_rate": 0.01, "e2e_p50_ms": 1000})
     assert sla.latency_limits() == [("ttft", 90.0, 200.0), ("ttft", 99.0, 500.0), ("tpot", 99.9, 80.0),
                                     ("e2e", 50.0, 1000.0)]
     assert sla.per_request_slo() == {"ttft": 500.0, "tpot": 80.0, "e2e": 1000.0}
     with pytest.raises(SettingsError, match="sla.ttft_ms"):
-        SlaSettings.from_table({"ttft_ms": 3})
+        SlaSection.from_table({"ttft_ms": 3})
     with pytest.raises(SettingsError, match="sla.max_error_rate"):
-        SlaSettings(max_error_rate=2)
+        SlaSection.from_table({"max_error_rate": 2})
     with pytest.raises(SettingsError, match="sla.tpot_p99_ms"):
-        SlaSettings(tpot_p99_ms=-1)
+        SlaSection.from_table({"tpot_p99_ms": -1})
 
 
 @pytest.mark.parametrize("table, key", [
@@ -140,11 +152,11 @@ def test_sla_table_parsing_and_limits():
 ])
 def test_latency_settings_errors_name_the_key(table, key):
     with pytest.raises(SettingsError, match=key):
-        LatencySettings.from_table(table)
+        LatencySection.from_table(table)
 
 
-def run_of(results: list[RequestResult], sla: SlaSettings, server=None, sweep=None, **kw) -> LatencyRun:
-    s = LatencySettings(**kw)
+def run_of(results: list[RequestResult], sla: SlaSection, server=None, sweep=None, **kw) -> LatencyRun:
+    s = LatencySection(**kw)
     m = compute_metrics(phase_of(results), sorted(set(s.percentiles) | {99.0}), sla.per_request_slo())
     return LatencyRun("http://x", "m", s, sla, m, None, server, None if server else "no /metrics", sweep or [])
 
@@ -156,7 +168,7 @@ def by_id(checks):
 def test_checks_judge_limits_and_errors():
     rs = [result(i, [0.010 * (i + 1), 0.010 * (i + 1) + 0.004], [1, 1]) for i in range(10)]
     rs.append(result(10, [], [], ok=False, error="timeout"))
-    sla = SlaSettings(ttft_p99_ms=50.0, tpot_p99_ms=10.0, max_error_rate=0.2, limits={"ttft_p50_ms": 100.0})
+    sla = SlaSection(ttft_p99_ms=50.0, tpot_p99_ms=10.0, max_error_rate=0.2, limits={"ttft_p50_ms": 100.0})
     c = by_id(latency_checks(run_of(rs, sla)))
     assert c["latency.ttft_p99"].status == "fail" and c["latency.ttft_p99"].value == pytest.approx(99.1, abs=0.01)
     assert c["latency.ttft_p50"].status == "pass"
@@ -167,7 +179,7 @@ def test_checks_judge_limits_and_errors():
     assert len(c["latency.ttft_p99"].evidence["samples"]) == 10
     assert c["latency.goodput"].status == "pass"
     assert c["latency.server_agreement"].status == "skip"
-    tight = by_id(latency_checks(run_of(rs, SlaSettings(max_error_rate=0.0))))
+    tight = by_id(latency_checks(run_of(rs, SlaSection(max_error_rate=0.0))))
     assert tight["latency.error_rate"].status == "fail"
     assert tight["latency.goodput"].status == "skip"
 
@@ -176,22 +188,22 @@ def test_agreement_check_flags_disagreement():
     rs = [result(i, [0.040, 0.050, 0.060], [1, 1, 1]) for i in range(5)]  # TTFT 40 ms, ITL 10 ms, no spread
     fig = lambda metric, mean: ServerFigure(metric, "vllm:x", 5, mean, {"p50": mean, "p99": mean}, [])  # noqa: E731
     close = {"ttft": fig("ttft", 38.0), "itl": fig("itl", 10.5)}
-    checks = by_id(latency_checks(run_of(rs, SlaSettings(), close, agreement_rel=0.1)))
+    checks = by_id(latency_checks(run_of(rs, SlaSection(), close, agreement_rel=0.1)))
     c = checks["latency.server_agreement"]
     assert c.status == "pass" and c.value == pytest.approx(0.5)  # ITL 0.5 ms apart; TTFT: engine below client
     assert checks["latency.frontend_overhead"].value == pytest.approx(2.0)
     # a client far slower than the engine is front-end overhead, not a disagreement (the busy-box case)
     slow_front = {"ttft": fig("ttft", 5.0), "itl": fig("itl", 10.0)}
-    checks = by_id(latency_checks(run_of(rs, SlaSettings(), slow_front, agreement_rel=0.1)))
+    checks = by_id(latency_checks(run_of(rs, SlaSection(), slow_front, agreement_rel=0.1)))
     assert checks["latency.server_agreement"].status == "pass"
     assert checks["latency.frontend_overhead"].value == pytest.approx(35.0)
     # the engine reporting a longer TTFT than the client saw is a measurement error
     engine_late = {"ttft": fig("ttft", 60.0), "itl": fig("itl", 10.0)}
-    c = by_id(latency_checks(run_of(rs, SlaSettings(), engine_late, agreement_rel=0.1)))["latency.server_agreement"]
+    c = by_id(latency_checks(run_of(rs, SlaSection(), engine_late, agreement_rel=0.1)))["latency.server_agreement"]
     assert c.status == "fail" and "DISAGREE" in c.message and c.limit == pytest.approx(4.0) and c.value == 20.0
     # ITL apart beyond the relative tolerance (no spread in these samples, so no noise allowance)
     itl_far = {"ttft": fig("ttft", 38.0), "itl": fig("itl", 14.0)}
-    c = by_id(latency_checks(run_of(rs, SlaSettings(), itl_far, agreement_rel=0.1)))["latency.server_agreement"]
+    c = by_id(latency_checks(run_of(rs, SlaSection(), itl_far, agreement_rel=0.1)))["latency.server_agreement"]
     assert c.status == "fail" and c.value == pytest.approx(4.0) and c.limit == pytest.approx(1.0)
 
 
@@ -206,9 +218,21 @@ def test_agreement_allowance_grows_with_the_runs_own_noise():
 
 def test_sweep_check_reports_the_highest_passing_rate():
     rs = [result(i, [0.01, 0.02], [1, 1]) for i in range(4)]
-    sla = SlaSettings(ttft_p99_ms=30.0)
+    sla = SlaSection(ttft_p99_ms=30.0)
     m = compute_metrics(phase_of(rs), [50, 99], sla.per_request_slo())
     sweep = [SweepPoint(1.0, m, True, []), SweepPoint(2.0, m, True, []), SweepPoint(4.0, m, False, ["ttft_p99"])]
     c = by_id(latency_checks(run_of(rs, sla, sweep=sweep)))["latency.sla_sweep"]
     assert c.value == 2.0 and "4 req/s misses" in c.message
     assert c.evidence["charts"][0]["series"][0]["x"] == [1.0, 2.0, 4.0]
+
+
+def test_the_stage_needs_the_models_tokenizer_locally(tmp_path):
+    from types import SimpleNamespace
+
+    from day0.stages.latency import NoTokenizer, run_stage, workload_vocab
+
+    profile = SimpleNamespace(model=SimpleNamespace(source="path", path=str(tmp_path)))  # a folder, no tokenizer.json
+    with pytest.raises(NoTokenizer, match="tokenizer.json locally; model.path"):
+        run_stage(object(), profile)
+    with pytest.raises(NoTokenizer):
+        workload_vocab(profile)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -17,15 +16,14 @@ from hypothesis import strategies as st
 
 from day0.stages.collectives import CollectivesSettings, import_nccl_tests, result_checks
 from day0.stages.collectives.busbw import algbw_gbps, busbw_gbps
-from day0.stages.collectives.nccl_logs import (
+from day0.stages.collectives.nccl_debug import parse_nccl_debug
+from day0.stages.collectives.nccl_tests import (
     NcclParseError,
-    TransportTopology,
-    parse_nccl_debug,
     parse_nccl_tests_json,
     parse_nccl_tests_text,
     read_nccl_tests,
-    transport_checks,
 )
+from day0.stages.collectives.transport import TransportTopology, transport_checks
 
 # --------------------------------------------------------------------------- nccl-tests renderers
 

@@ -147,3 +147,138 @@ def test_parse_override_keeps_strings_and_rejects_garbage():
     assert parse_override('engine.args.enforce_eager=true') == {"engine": {"args": {"enforce_eager": True}}}
     with pytest.raises(ProfileError):
         parse_override("no-equals-sign")
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"kvcache": {"outptu_tokens": 3}}, "--day0-set: kvcache.outptu_tokens: unknown key; did you mean 'output_tokens'?"),
+    ({"engnie": {"mode": "server"}}, "--day0-set: engnie: unknown key; did you mean 'engine'?"),
+    ({"sla": {"ttft_p99_ms": "fast"}}, "--day0-set: sla.ttft_p99_ms: expected a number"),
+])
+def test_an_override_error_names_the_override_and_suggests_the_key(override, message):
+    with pytest.raises(ProfileError) as err:
+        load_profile("cpu-tiny", overrides=override)
+    assert str(err.value) == message
+
+
+def test_an_unknown_key_far_from_any_lists_the_known_ones(tmp_path):
+    (tmp_path / "p.toml").write_text('extends = "cpu-tiny"\n[topology]\nzzz = 1\n')
+    with pytest.raises(ProfileError, match=r"p.toml: topology.zzz: unknown key \(known: device, accelerator, "):
+        load_profile(tmp_path / "p.toml")
+
+
+def test_the_schema_describes_every_section(capsys):
+    import json
+
+    from day0 import cli
+
+    assert cli.main(["profile", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert {"model", "engine", "topology", "sla", "latency", "kvcache", "risks", "compare"} <= set(schema["properties"])
+    latency = schema["$defs"]["LatencySection"]
+    assert latency["additionalProperties"] is False and "sweep_rates" in latency["properties"]
+    defs = schema["$defs"]
+    assert "limits" in defs["SlaSection"]["properties"] and defs["SlaSection"]["patternProperties"]
+    assert "origin" not in schema["properties"] and schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[latency]\nnum_request = 8\n", "latency.num_request: unknown key; did you mean 'num_requests'?"),
+    ('[latency]\nendpoint = "embeddings"\n', "latency.endpoint: expected 'completions' or 'chat', got 'embeddings'"),
+    ("[latency]\nconcurrency = 0\n", "latency.concurrency: must be >= 1 with load = 'concurrency' (got 0)"),
+    ("[latency]\ninput_len = [10, 2]\n", "latency.input_len: need 1 <= lo <= hi, got [10, 2]"),
+    ("[latency]\ninput_len = 8\nprefix_len = 8\n", "latency.prefix_len: 8 must be below the shortest input_len (8)"),
+    ("[latency]\nsweep_rates = [4, 2]\n", "latency.sweep_rates: must be ascending"),
+    ("[sla]\nttft_ms = 3\n", "sla.ttft_ms: unknown key; did you mean 'ttft_p99_ms'?"),
+    ("[sla]\nlimits = {ttft_p9x_ms = 3}\n", "sla.limits.ttft_p9x_ms: not a '<ttft|tpot|itl|e2e>_p<NN>_ms' limit"),
+])
+def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
+    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p.toml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_latency_and_sla_load_typed_with_any_percentile_limit(tmp_path):
+    (tmp_path / "p.toml").write_text('extends = "cpu-tiny"\n[latency]\ninput_len = [8, 16]\nrequest_rate = inf\n'
+                                     "[sla]\nttft_p90_ms = 800\nlimits = {tpot_p99_9_ms = 300}\n")
+    p = load_profile(tmp_path / "p.toml")
+    assert p.latency.input_len == [8, 16] and p.latency.num_requests == 32 and p.latency.request_rate == float("inf")
+    assert p.sla.limits == {"ttft_p90_ms": 800.0, "tpot_p99_9_ms": 300.0}
+    assert p.sla.latency_limits() == [("ttft", 90.0, 800.0), ("ttft", 99.0, 2000.0), ("tpot", 99.0, 200.0),
+                                      ("tpot", 99.9, 300.0), ("e2e", 99.0, 30000.0)]
+    assert p.resolved()["latency"]["input_len"] == [8, 16]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[collectives]\nmax_byte = "1M"\n', "collectives.max_byte: unknown key; did you mean 'max_bytes'?"),
+    ('[collectives]\nmax_bytes = "lots"\n', "collectives.max_bytes: cannot read 'lots' as bytes (e.g. 1024, '64K', '1G')"),
+    ('[collectives]\nmin_bytes = "4M"\nmax_bytes = "1M"\n', "collectives.max_bytes: 1048576 is below min_bytes (4194304)"),
+    ('[collectives]\ndtype = "int4"\n', "collectives.dtype: 'int4' is not one of float32, "),
+    ('[collectives]\nops = ["all_reduce", "gather"]\n', "collectives.ops: 'gather' is only importable from nccl-tests"),
+    ('[collectives]\nbackend = "mpi"\n', "collectives.backend: expected 'auto', 'nccl' or 'gloo', got 'mpi'"),
+    ("[collectives]\ntp_equivalence = 1\n", "collectives.tp_equivalence: expected true or false"),
+    ("[collectives]\nin_place = false\nout_of_place = false\n", "collectives: out_of_place and in_place are both false"),
+    ("[collectives.expected_busbw.rack]\nall_reduce = 1\n", "collectives.expected_busbw.rack: scope must be intra_node or"),
+    ('[collectives.expected_busbw.intra_node]\nallreduce = "fast"\n',
+     "collectives.expected_busbw.intra_node.allreduce: expected GB/s >= 0, got 'fast'"),
+    ("[compare]\nhistroy_runs = 3\n", "compare.histroy_runs: unknown key; did you mean 'history_runs'?"),
+    ('[compare]\ndefault_tolerance = "fast"\n', "compare.default_tolerance: 'fast' is not a tolerance"),
+    ('[compare.tolerances]\n"collectives.*.busbw" = "-5%"\n', "compare.tolerances.collectives.*.busbw: '-5%' is not a"),
+    ("[compare]\nspread_k = inf\n", "compare.spread_k: "),
+])
+def test_collectives_and_compare_are_typed_like_every_section(tmp_path, text, message):
+    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p.toml")
+    assert message in str(err.value) and "\n" not in str(err.value) and "p.toml: " in str(err.value)
+
+
+def test_an_unknown_collectives_key_on_the_command_line_is_named_with_a_suggestion():
+    with pytest.raises(ProfileError) as err:
+        load_profile("cpu-tiny", overrides={"collectives": {"tp_equivalnce": False}})
+    assert str(err.value) == "--day0-set: collectives.tp_equivalnce: unknown key; did you mean 'tp_equivalence'?"
+
+
+def test_collectives_and_compare_load_typed(tmp_path):
+    (tmp_path / "p.toml").write_text('extends = "cpu-tiny"\n[collectives]\nmax_bytes = "64K"\ndtype = "bf16"\n'
+                                     'ops = ["allreduce", "all-gather"]\nresults_file = "/shared/coll.json"\n'
+                                     "[collectives.expected_busbw.intra_node]\nalltoall = 2\n"
+                                     '[compare]\nhistory_runs = 7\n[compare.tolerances]\nttft_p99 = "10%"\n')
+    p = load_profile(tmp_path / "p.toml")
+    c = p.collectives
+    assert (c.min_bytes, c.max_bytes, c.dtype, c.ops) == (1024, 65536, "bfloat16", ["all_reduce", "all_gather"])
+    assert (c.results_file, c.tp_equivalence, c.world_size) == ("/shared/coll.json", True, 2)  # the rest from cpu-tiny
+    assert c.expected_busbw["intra_node"]["all_to_all"] == 2.0  # op names made canonical
+    assert c.expected_busbw["intra_node"]["all_reduce"] == 0.05  # tables merge key by key
+    assert p.resolved()["collectives"]["max_bytes"] == 65536
+    assert (p.compare.history_runs, p.compare.tolerance_for("latency.ttft_p99", "latency.ttft_p99").amount) == (7, 0.1)
+    assert load_profile("cpu-tiny").collectives.max_bytes == 4 << 20
+
+
+def test_the_schema_describes_collectives_and_compare(capsys):
+    import json
+
+    from day0 import cli
+
+    assert cli.main(["profile", "schema"]) == 0
+    defs = json.loads(capsys.readouterr().out)["$defs"]
+    coll, comp = defs["CollectivesSection"], defs["CompareSection"]
+    assert coll["additionalProperties"] is False and comp["additionalProperties"] is False
+    assert {"ops", "min_bytes", "max_bytes", "dtype", "expected_busbw", "pass_fraction", "world_size", "results_file",
+            "tp_equivalence"} <= set(coll["properties"])
+    assert {"string", "integer"} <= {t["type"] for t in coll["properties"]["max_bytes"]["anyOf"]}  # "4M" or bytes
+    assert "bf16" in coll["properties"]["dtype"]["enum"]
+    assert {"history_runs", "spread_k", "gross_factor", "default_tolerance", "tolerances"} <= set(comp["properties"])
+    assert all(p.get("description") for p in comp["properties"].values())
+
+
+def test_the_config_layer_imports_nothing_above_it():
+    """config sits on core only: validating a profile never loads a stage or the results."""
+    import subprocess
+    import sys
+
+    code = ("import sys, day0.config.profile as p; p.load_profile('cpu-tiny'); "
+            "print(sorted(m for m in sys.modules if m.startswith('day0.') "
+            "and not m.startswith(('day0.config', 'day0.core'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from day0.client.workload import read_vocab
+from day0.config.latency import LatencySection
 from day0.config.profile import load_profile
 from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
 from day0.engine import ServerEngine, served_name
 from day0.model.tiny import cached_model
+from day0.stages.latency import measure_throughput
 from day0.stages.risks.accuracy import accuracy_checks, compare, fetch_prompt_logprobs, reference_engine, tokenize
-from day0.stages.risks.cost import cost_checks, estimate, measure_throughput
+from day0.stages.risks.cost import cost_checks, estimate
 from day0.stages.risks.isolation import isolation_checks, run_isolation
 
 
@@ -116,7 +118,8 @@ def test_identical_weights_pass_and_perturbed_weights_fail(live):
 def test_budget_above_passes_and_below_fails(live):
     profile, deployed, _, model_dir = live
     tput = measure_throughput(deployed.base_url, served_name(profile), read_vocab(model_dir),
-                              {**profile.latency, "input_len": 64, "output_len": 16}, 4)
+                              LatencySection.from_table({**profile.latency.model_dump(), "input_len": 64,
+                                                         "output_len": 16}), 4)
     est = estimate(tput.tok_s, 1, 0.10)
     cost = est.per_million_output_tokens
     above = _checks(cost_checks(est, CostSettings(max_per_million_output_tokens=cost * 1.5), tput.source, "t"))

@@ -18,6 +18,7 @@ from day0.stages.risks.accuracy import (
     accuracy_checks,
     cell_kl,
     compare,
+    no_reference_checks,
     parse_prompt_logprobs,
     perplexity,
     relative_delta,
@@ -25,6 +26,8 @@ from day0.stages.risks.accuracy import (
 )
 from day0.stages.risks.cost import (
     CostEstimate,
+    Throughput,
+    budget_checks,
     cost_checks,
     device_count,
     estimate,
@@ -417,6 +420,24 @@ def test_unpriced_cost_is_a_skip_naming_the_key():
     assert {c.status for c in unpriced_checks(CostSettings())} == {"skip"}
     assert "price_per_device_hour" in unpriced_checks(CostSettings())[0].message
     assert device_count(CostSettings(), 4, 8) == 32 and device_count(CostSettings(devices=3), 4, 8) == 3
+
+
+def test_budget_checks_price_the_throughput_handed_over():
+    tput = Throughput(100.0, "own measurement: 8 requests", {"requests": 8})
+    per_m, per_h = budget_checks(tput, CostSettings(price_per_device_hour=3.0), 2, 4)
+    assert per_m.evidence["assumptions"]["devices_from"] == "topology: 2 node(s) x 4 device(s)"
+    assert per_m.evidence["throughput_detail"] == {"requests": 8} and per_m.evidence["throughput_source"] == tput.source
+    assert per_h.value == 24.0 and per_m.value == pytest.approx(24.0 / (100 * 3600) * 1e6)
+    (per_m, _) = budget_checks(tput, CostSettings(price_per_device_hour=3.0, devices=1), 2, 4)
+    assert per_m.evidence["assumptions"]["devices_from"] == "[risks.cost].devices"
+    assert [c.status for c in budget_checks(tput, CostSettings(), 2, 4)] == ["skip", "skip"]
+
+
+def test_no_reference_is_three_skips_saying_why():
+    checks = no_reference_checks("no reference declared")
+    assert [c.id for c in checks] == ["risks.accuracy.ppl_delta", "risks.accuracy.top1_agreement",
+                                      "risks.accuracy.mean_kl"]
+    assert {(c.status, c.message, c.source) for c in checks} == {("skip", "no reference declared", "profile")}
 
 
 def test_throughput_comes_from_this_runs_event_log(tmp_path):

@@ -12,16 +12,18 @@ import copy
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from day0.config.collectives import CollectivesSection
+from day0.config.compare import CompareSection
+from day0.config.errors import first_error, known_keys
+from day0.config.latency import LatencySection, SlaSection
 from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 DEFAULT_PROFILE = "cpu-tiny"
-# [collectives] keys the stage reads itself (the rest go to CollectivesSettings)
-LOCAL_COLLECTIVES_KEYS = ("results_file", "tp_equivalence")
 # Whole-key match, so `num_key_value_heads` or `max_num_batched_tokens` are not mistaken for secrets.
 _SECRET_KEY = re.compile(r"^(?:.*_)?(?:api_?key|key|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
 
@@ -103,19 +105,6 @@ class TopologySection(_Section):
         return self.nodes * self.devices_per_node
 
 
-class SlaSection(_Section):
-    ttft_p99_ms: Optional[float] = Field(None, gt=0)
-    tpot_p99_ms: Optional[float] = Field(None, gt=0)
-    itl_p99_ms: Optional[float] = Field(None, gt=0)
-    e2e_p99_ms: Optional[float] = Field(None, gt=0)
-    min_output_throughput_tok_s: Optional[float] = Field(None, ge=0)
-    min_request_throughput_req_s: Optional[float] = Field(None, ge=0)
-    min_goodput_req_s: Optional[float] = Field(None, ge=0)
-    max_error_rate: float = Field(0.0, ge=0, le=1)
-    # other percentiles, e.g. {ttft_p90_ms = 800, tpot_p99_9_ms = 300}
-    limits: dict[str, float] = {}
-
-
 class KvCacheSection(_Section):
     """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
 
@@ -188,34 +177,6 @@ class ReportSection(_Section):
     signatories: list[Signatory] = []
 
 
-class CompareSection(_Section):
-    """[compare]: run history and the nightly judgement against it (day0.results.history, day0.results.regression)."""
-
-    history: bool = True  # keep every run's run.json under history_dir/<profile>/<machine>/
-    history_dir: str = "history"  # absolute, or relative to report.out_dir
-    machine: str = ""  # history folder for this hardware; "" = derived from the recorded devices
-    history_runs: int = Field(5, ge=2)  # runs a nightly is judged against; fewer: gross changes only
-    spread_k: float = Field(2.5, ge=0)  # a regression is worse than the median by > k x spread + tolerance
-    gross_factor: float = Field(2.0, gt=1)  # with a short history: doubled (lower is better) or halved
-    default_tolerance: Union[str, float] = "5%"  # "5%" of the history's median, or absolute in the unit
-    tolerances: dict[str, Union[str, float]] = {}  # check id, id suffix or glob -> tolerance
-    fail_on_missing: bool = False
-    trend_runs: int = Field(10, ge=2)
-    trend_checks: list[str] = []  # ids/globs charted; [] = the compared metrics, regressions first
-
-    @field_validator("default_tolerance", "tolerances")
-    @classmethod
-    def _tolerance(cls, value: Any) -> Any:
-        from day0.results.regression import CompareError, Tolerance
-
-        try:
-            for key, raw in (value.items() if isinstance(value, dict) else [("", value)]):
-                Tolerance.parse(raw, key)
-        except CompareError as exc:
-            raise ValueError(str(exc).removeprefix(": ")) from None
-        return value
-
-
 class Profile(_Section):
     name: str
     description: str = ""
@@ -227,38 +188,13 @@ class Profile(_Section):
     weights: WeightsSection = WeightsSection()
     sla: SlaSection = SlaSection()
     kvcache: KvCacheSection = KvCacheSection()
-    # validated by day0.collectives.CollectivesSettings (its field names are the TOML keys)
-    collectives: dict[str, Any] = {}
-    # validated by day0.latency.LatencySettings (its field names are the TOML keys)
-    latency: dict[str, Any] = {}
+    collectives: CollectivesSection = CollectivesSection()  # day0.config.collectives
+    latency: LatencySection = LatencySection()  # day0.config.latency, with [sla]
     report: ReportSection = ReportSection()
     risks: RisksSection = RisksSection()
-    compare: CompareSection = CompareSection()
+    compare: CompareSection = CompareSection()  # day0.config.compare
     # Where the profile came from (file path or preset name); not a TOML key.
     origin: str = Field("", exclude=True)
-
-    @field_validator("collectives")
-    @classmethod
-    def _collectives(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from day0.stages.collectives import CollectivesSettings, SettingsError
-
-        try:
-            CollectivesSettings.from_mapping({k: v for k, v in value.items() if k not in LOCAL_COLLECTIVES_KEYS})
-        except SettingsError as exc:
-            raise ValueError(str(exc).removeprefix("collectives.")) from None
-        return value
-
-    @field_validator("latency")
-    @classmethod
-    def _latency(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from day0.stages.latency import LatencySettings
-        from day0.stages.latency import SettingsError as LatencySettingsError
-
-        try:
-            LatencySettings.from_table(value)
-        except (LatencySettingsError, ValueError, TypeError) as exc:
-            raise ValueError(str(exc).removeprefix("latency.")) from None
-        return value
 
     def resolved(self, *, redact: bool = True) -> dict[str, Any]:
         """The profile as it will be used, for run.json; secret-looking values are removed."""
@@ -285,14 +221,30 @@ def load_profile(ref: str | Path | None = None, *, overrides: dict[str, Any] | N
     if overrides:
         data = deep_merge(data, overrides)
     data.setdefault("name", path.stem)
-    return validate(data, origin=str(path))
+    return validate(data, origin=str(path), overrides=overrides)
 
 
-def validate(data: dict[str, Any], origin: str = "<profile>") -> Profile:
+def validate(data: dict[str, Any], origin: str = "<profile>", overrides: dict[str, Any] | None = None) -> Profile:
+    """The profile, or a ProfileError naming where the bad value came from: the file, or the
+    ``--day0-set`` override that put it there (a typo on the command line is not the preset's)."""
     try:
         return Profile.model_validate({**data, "origin": origin})
     except ValidationError as exc:
-        raise ProfileError(f"{origin}: {_first_error(exc)}") from None
+        err = exc.errors(include_url=False)[0]
+        where = origin
+        if overrides and _set_by(overrides, [p for p in err["loc"] if isinstance(p, str)]):
+            where = "--day0-set"
+        raise ProfileError(f"{where}: {_first_error(exc)}") from None
+
+
+def _set_by(overrides: dict[str, Any], loc: list[str]) -> bool:
+    """Whether the key path (or a table above it) was given as an override."""
+    cur: Any = overrides
+    for part in loc:
+        if not isinstance(cur, dict) or part not in cur:
+            return False
+        cur = cur[part]
+    return True
 
 
 def _locate(ref: str, base: Path) -> Path:
@@ -344,37 +296,14 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_EXPECTED = {
-    "float_type": "expected a number",
-    "int_type": "expected an integer",
-    "string_type": "expected a string",
-    "bool_type": "expected true or false",
-    "dict_type": "expected a table",
-    "model_type": "expected a table",
-    "list_type": "expected an array",
-    "extra_forbidden": "unknown key",
-    "missing": "required value missing",
-}
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the table at ``loc`` (a key path ending in the unknown key) accepts."""
+    return known_keys(Profile, loc)
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",))
-    kind = err["type"]
-    if kind in _EXPECTED:
-        msg = _EXPECTED[kind]
-    elif kind == "literal_error":
-        msg = f"expected {err['ctx']['expected']}, got {err['input']!r}"
-    elif kind == "value_error":
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        # model validators report "field: why"; attach the field to the section path
-        if ": " in msg and msg.split(": ", 1)[0].isidentifier():
-            field, why = msg.split(": ", 1)
-            loc = f"{loc}.{field}" if loc else field
-            msg = why
-    else:
-        msg = f"{err['msg'].lower()}, got {err['input']!r}"
-    return f"{loc}: {msg}" if loc else msg
+    """``key.path: why`` for the first error (day0.config.errors), key paths from the profile's top."""
+    return first_error(exc, Profile)
 
 
 def redact_secrets(data: Any) -> Any:

@@ -396,54 +396,17 @@ def _references(c: _Canvas, refs: list[Reference], px_lo: float, px_hi: float, p
 def render_spec(spec: ChartSpec, max_points: int = 800) -> str:
     """One chart spec as an SVG string; long series are downsampled to ``max_points``."""
     c = _Canvas(spec.title)
-    categorical = spec.kind == "bar" or any(isinstance(v, str) for s in spec.series for v in s.x)
-    labels: list[str] | None = None
-    if categorical:
-        seen: dict[str, int] = {}
-        for s in spec.series:
-            for v in s.x:
-                seen.setdefault(_label(v), len(seen))
-        labels = list(seen)
-        if len(labels) > MAX_CATEGORIES:
-            raise ChartError(f"{len(labels)} categories; a categorical chart draws at most {MAX_CATEGORIES}")
-    prepared: list[tuple[Series, list[float], list[float]]] = []
-    all_x: list[float] = []
-    all_y: list[float] = [r.y for r in spec.reference]
-    binary = spec.x_log and _all_powers_of_two(spec.series)
-    for s in spec.series:
-        xs: list[float] = []
-        ys: list[float] = []
-        if labels is None and None not in s.x and all_numbers(s.x):  # fast path: numeric x (validated)
-            keep = [(x, y) for x, y in zip(s.x, s.y) if y is not None and (not spec.x_log or x > 0)]
-            xs = [float(x) for x, _ in keep]
-            ys = [float(y) for _, y in keep]
-        else:
-            for xv, yv in zip(s.x, s.y):
-                if yv is None:
-                    continue
-                if labels is not None:
-                    xs.append(float(seen[_label(xv)]))
-                elif not is_number(xv) or (spec.x_log and xv <= 0):
-                    continue
-                else:
-                    xs.append(float(xv))
-                ys.append(float(yv))
-        if labels is None and spec.kind == "line" and xs != sorted(xs):
-            order = sorted(range(len(xs)), key=xs.__getitem__)
-            xs, ys = [xs[i] for i in order], [ys[i] for i in order]
-        if labels is None:
-            xs, ys = (
-                downsample(xs, ys, max_points) if spec.kind == "line" else _stride(xs, ys, max_points)
-            )
-        prepared.append((s, xs, ys))
-        all_x += xs
-        all_y += ys
+    seen = _categories(spec)
+    labels = list(seen) if seen is not None else None
+    prepared = [(s, *_points(spec, s, seen, max_points)) for s in spec.series]
+    all_x = [x for _, xs, _ in prepared for x in xs]
+    all_y = [r.y for r in spec.reference] + [y for _, _, ys in prepared for y in ys]
     if not all_y or (labels is None and not all_x):
         raise ChartError(f"chart {spec.title!r}: no finite points to draw")
     if labels is not None:
         xa = _Axis(0, max(1, len(labels)), labels=labels)
     elif spec.x_log:
-        xa = _log_axis(all_x, binary)
+        xa = _log_axis(all_x, _all_powers_of_two(spec.series))
     else:
         xa = _linear_axis(all_x, include_zero=False)
     ya = _linear_axis(all_y, include_zero=True)
@@ -454,32 +417,81 @@ def render_spec(spec: ChartSpec, max_points: int = 800) -> str:
         color = PALETTE[k % len(PALETTE)]
         if nser > 1:
             legend.append((s.name, color, False))
-        if spec.kind == "bar":
-            slot = (c.x1 - c.x0) / max(1, len(labels or [])) * 0.8
-            bw = slot / nser
-            base = py(max(ya.lo, 0.0))
-            rects = []
-            for xv, yv in zip(xs, ys):
-                x = px(xv) - slot / 2 + k * bw
-                y = py(yv)
-                top, h = min(y, base), abs(base - y)
-                rects.append(f'<rect x="{_t(x)}" y="{_t(top)}" width="{_t(bw * 0.92)}" height="{_t(h)}"/>')
-            c.add(f'<g fill="{color}">{"".join(rects)}</g>')
-        elif spec.kind == "scatter":
-            dots = "".join(f'<circle cx="{_t(px(a))}" cy="{_t(py(b))}" r="2.5"/>' for a, b in zip(xs, ys))
-            c.add(f'<g fill="{color}" fill-opacity="0.75">{dots}</g>')
-        else:
-            pts = " ".join(f"{_t(px(a))},{_t(py(b))}" for a, b in zip(xs, ys))
-            c.add(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>')
-            if len(xs) <= 40:
-                dots = "".join(f'<circle cx="{_t(px(a))}" cy="{_t(py(b))}" r="2.5"/>' for a, b in zip(xs, ys))
-                c.add(f'<g fill="{color}">{dots}</g>')
+        _draw_series(c, spec.kind, color, xs, ys, px, py, k, nser, len(labels or []), ya.lo)
     _references(c, spec.reference, c.x0, c.x1, py)
     legend += [(r.label or "reference", REF_COLOR, True) for r in spec.reference if nser > 1]
     if legend:
         _legend(c, legend)
     npts = sum(len(xs) for _, xs, _ in prepared)
     return c.svg(f"{spec.kind} chart, {nser} series, {npts} points drawn")
+
+
+def _categories(spec: ChartSpec) -> dict[str, int] | None:
+    """Category label -> slot for a categorical x axis (bars, or any string x), else None."""
+    if not (spec.kind == "bar" or any(isinstance(v, str) for s in spec.series for v in s.x)):
+        return None
+    seen: dict[str, int] = {}
+    for s in spec.series:
+        for v in s.x:
+            seen.setdefault(_label(v), len(seen))
+    if len(seen) > MAX_CATEGORIES:
+        raise ChartError(f"{len(seen)} categories; a categorical chart draws at most {MAX_CATEGORIES}")
+    return seen
+
+
+def _points(spec: ChartSpec, s: Series, seen: dict[str, int] | None,
+            max_points: int) -> tuple[list[float], list[float]]:
+    """One series' drawable (x, y): missing y and (log x) non-positive x dropped, categories as
+    slots, a line sorted by x, long numeric series downsampled."""
+    xs: list[float] = []
+    ys: list[float] = []
+    if seen is None and None not in s.x and all_numbers(s.x):  # fast path: numeric x (validated)
+        keep = [(x, y) for x, y in zip(s.x, s.y) if y is not None and (not spec.x_log or x > 0)]
+        xs = [float(x) for x, _ in keep]
+        ys = [float(y) for _, y in keep]
+    else:
+        for xv, yv in zip(s.x, s.y):
+            if yv is None:
+                continue
+            if seen is not None:
+                xs.append(float(seen[_label(xv)]))
+            elif not is_number(xv) or (spec.x_log and xv <= 0):
+                continue
+            else:
+                xs.append(float(xv))
+            ys.append(float(yv))
+    if seen is None and spec.kind == "line" and xs != sorted(xs):
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        xs, ys = [xs[i] for i in order], [ys[i] for i in order]
+    if seen is None:
+        xs, ys = downsample(xs, ys, max_points) if spec.kind == "line" else _stride(xs, ys, max_points)
+    return xs, ys
+
+
+def _draw_series(c: _Canvas, kind: str, color: str, xs: list[float], ys: list[float], px, py,
+                 k: int, nser: int, ncat: int, y_lo: float) -> None:
+    """Series ``k`` of ``nser``: bars side by side in each category slot, dots, or a polyline
+    (with dots when it has few points)."""
+    if kind == "bar":
+        slot = (c.x1 - c.x0) / max(1, ncat) * 0.8
+        bw = slot / nser
+        base = py(max(y_lo, 0.0))
+        rects = []
+        for xv, yv in zip(xs, ys):
+            x = px(xv) - slot / 2 + k * bw
+            y = py(yv)
+            top, h = min(y, base), abs(base - y)
+            rects.append(f'<rect x="{_t(x)}" y="{_t(top)}" width="{_t(bw * 0.92)}" height="{_t(h)}"/>')
+        c.add(f'<g fill="{color}">{"".join(rects)}</g>')
+    elif kind == "scatter":
+        dots = "".join(f'<circle cx="{_t(px(a))}" cy="{_t(py(b))}" r="2.5"/>' for a, b in zip(xs, ys))
+        c.add(f'<g fill="{color}" fill-opacity="0.75">{dots}</g>')
+    else:
+        pts = " ".join(f"{_t(px(a))},{_t(py(b))}" for a, b in zip(xs, ys))
+        c.add(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>')
+        if len(xs) <= 40:
+            dots = "".join(f'<circle cx="{_t(px(a))}" cy="{_t(py(b))}" r="2.5"/>' for a, b in zip(xs, ys))
+            c.add(f'<g fill="{color}">{dots}</g>')
 
 
 def _label(v: Any) -> str:

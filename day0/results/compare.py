@@ -19,7 +19,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from day0.results.regression import (
     judge_history,
     match_rank,
     metrics_by_key,
+    settings_for,
     with_unit,
 )
 
@@ -210,7 +211,7 @@ def nightly_checks(
     be made is an ``error`` check (the job asked for it), a bug in it too."""
     specs = [spec] if isinstance(spec, str) else list(spec)
     try:
-        settings = CompareSettings.from_record(record)
+        settings = settings_for(record)
         folder = history.folder_for(history.history_root(record.profile, Path(out_dir)), record)
         found = resolve_baselines(specs, record, folder, settings.history_runs)
         if found is None:
@@ -245,13 +246,13 @@ def regressed(record: RunRecord | None) -> bool:
 def _cmd_compare(args: argparse.Namespace) -> int:
     run_path = Path(args.run)
     run = load(run_path)
-    settings = CompareSettings.from_record(run).with_overrides(args.tolerance or [])
+    settings = settings_for(run).with_overrides(args.tolerance or [])
     if args.fail_on_missing:
-        settings = replace(settings, fail_on_missing=True)
+        settings = settings.model_copy(update={"fail_on_missing": True})
     if args.runs is not None:
         if args.runs < 2:
             raise CompareError(f"--runs {args.runs}: expected a number of runs >= 2")
-        settings = replace(settings, history_runs=args.runs)
+        settings = settings.model_copy(update={"history_runs": args.runs})
     folder = Path(".")
     if any(b in history.BASELINE_KEYWORDS for b in args.baseline):
         run_file = run_path / RUN_FILE if run_path.is_dir() else run_path

@@ -28,9 +28,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from day0.config.compare import CompareSection
 from day0.core.record import RUN_FILE, RecordError, RunRecord, load
 
-DEFAULT_HISTORY_DIR = "history"
+_DEFAULTS = CompareSection()  # the [compare] defaults, for records made before a key existed
+DEFAULT_HISTORY_DIR = _DEFAULTS.history_dir
 LATEST_ACCEPTED = "latest-accepted"
 LATEST = "latest"
 BASELINE_KEYWORDS = (LATEST_ACCEPTED, LATEST)
@@ -102,6 +104,8 @@ def profile_name(record: RunRecord) -> str:
 
 
 def compare_section(profile: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A stored record's ``[compare]`` table as it was written (``{}`` before the table existed);
+    ``day0.config.compare.CompareSection.from_mapping`` turns it into the typed section."""
     sec = profile.get("compare") if isinstance(profile, Mapping) else None
     return sec if isinstance(sec, Mapping) else {}
 
@@ -205,7 +209,7 @@ def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], N
     """End of a run: append its run.json to the history, unless the profile says
     ``compare.history = false``. Never raises: a run that cannot be stored is a log line, not a
     lost report."""
-    if not compare_section(record.profile).get("history", True):
+    if not compare_section(record.profile).get("history", _DEFAULTS.history):
         return None
     try:
         entry = store(Path(run_dir) / RUN_FILE, folder_for(history_root(record.profile, Path(out_dir)), record))

@@ -33,19 +33,22 @@ run-record checks, charts and the ``day0 compare`` command.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
-import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
+from day0.config.compare import CompareError, CompareSection, Tolerance, match_rank
 from day0.core.record import Check, RunRecord, one_line
 from day0.core.stats import percentile
 from day0.results import history
+
+__all__ = ["CompareError", "CompareResult", "CompareSettings", "KINDS", "Metric", "Row", "Tolerance",
+           "check_compatible", "effective_k", "fmt", "is_number", "judge_history", "judge_metric", "match_rank",
+           "metrics_by_key", "performance_checks", "profile_differences", "settings_for", "spread_of", "with_unit"]
 
 MAD_TO_SIGMA = 1.4826  # MAD x this estimates the standard deviation of a normal distribution
 KINDS: tuple[str, ...] = ("regression", "improvement", "failed", "new", "missing", "unmeasured", "incomparable",
@@ -54,128 +57,19 @@ _ORDER = {k: i for i, k in enumerate(KINDS)}
 # Evidence keys that tell repeated checks apart, most telling first.
 DISCRIMINATORS: tuple[str, ...] = (
     "shard", "tensor", "rank", "node", "host", "op", "mode", "size_bytes", "file", "name")
-_ABS = re.compile(r"^[+]?(\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
 
 
-class CompareError(ValueError):
-    """Input that cannot be compared (different profile, no baseline, bad tolerance): exit code 2."""
+# --------------------------------------------------------------------------- settings
+
+#: The profile's ``[compare]`` table, defined once in day0.config.compare (a strict pydantic model):
+#: ``from_mapping`` reads it back from a run record, ``with_overrides`` adds ``--tolerance`` pairs,
+#: ``tolerance_for`` picks a check's tolerance.
+CompareSettings = CompareSection
 
 
-# --------------------------------------------------------------------------- tolerances and settings
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Slack on top of the run-to-run spread, for changes too small to matter: a fraction of
-    the history's median (``"5%"``) or an absolute amount in the check's unit (``2.5``)."""
-
-    amount: float
-    relative: bool
-    pattern: str = ""  # the [compare.tolerances] key that chose it; "" for the default
-
-    @classmethod
-    def parse(cls, raw: Any, where: str, pattern: str = "") -> "Tolerance":
-        if isinstance(raw, bool):
-            raise CompareError(f"{where}: {raw!r} is not a tolerance (use \"5%\" or an absolute number)")
-        if isinstance(raw, (int, float)):
-            amount, relative = float(raw), False
-        elif isinstance(raw, str) and raw.strip().endswith("%") and _ABS.match(raw.strip()[:-1].strip()):
-            amount, relative = float(raw.strip()[:-1]) / 100.0, True
-        elif isinstance(raw, str) and _ABS.match(raw.strip()):
-            amount, relative = float(raw.strip()), False
-        else:
-            raise CompareError(f"{where}: {raw!r} is not a tolerance "
-                               "(use a percent like \"5%\" or an absolute number in the check's unit)")
-        if not math.isfinite(amount) or amount < 0:
-            raise CompareError(f"{where}: {raw!r}: a tolerance must be a finite number >= 0")
-        return cls(amount, relative, pattern)
-
-    def allowed(self, base: float) -> float:
-        return self.amount * abs(base) if self.relative else self.amount
-
-    def __str__(self) -> str:
-        text = f"{self.amount * 100:g}%" if self.relative else f"±{self.amount:g}"
-        return f"{text} ({self.pattern})" if self.pattern else text
-
-
-def match_rank(pattern: str, key: str, check_id: str) -> int | None:
-    """How well a tolerance key names a check (lower is better); None when it does not."""
-    names = (key, check_id)
-    if pattern in names:
-        return 0
-    if any(n.endswith("." + pattern) for n in names):
-        return 1  # `ttft_p99` names `latency.ttft_p99`
-    if any(fnmatch.fnmatchcase(n, pattern) for n in names):
-        return 2
-    if any(fnmatch.fnmatchcase(n, "*." + pattern) for n in names):
-        return 3
-    return None
-
-
-def _number(sec: Mapping[str, Any], key: str, default: float, where: str, low: float) -> float:
-    raw = sec.get(key, default)
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < low:
-        raise CompareError(f"{where}.{key}: expected a number >= {low:g}, got {raw!r}")
-    return float(raw)
-
-
-@dataclass(frozen=True)
-class CompareSettings:
-    """The profile's ``[compare]`` table as the judgement uses it."""
-
-    tolerances: tuple[tuple[str, Tolerance], ...] = ()
-    default: Tolerance = Tolerance(0.05, True)
-    history_runs: int = 5
-    spread_k: float = 2.5
-    gross_factor: float = 2.0
-    fail_on_missing: bool = False
-    trend_runs: int = 10
-    trend_checks: tuple[str, ...] = ()
-
-    @classmethod
-    def from_mapping(cls, sec: Mapping[str, Any] | None, where: str = "compare") -> "CompareSettings":
-        sec = dict(sec or {})
-        tol = sec.get("tolerances") or {}
-        if not isinstance(tol, Mapping):
-            raise CompareError(f"{where}.tolerances: expected a table of check id or glob = tolerance")
-        gross = _number(sec, "gross_factor", 2.0, where, 1.0)
-        if gross <= 1.0:
-            raise CompareError(f"{where}.gross_factor: expected a factor > 1, got {gross!r}")
-        return cls(
-            # a key that looks like a secret (`..._token`) was redacted in run.json: skip it, never guess
-            tolerances=tuple((str(k), Tolerance.parse(v, f"{where}.tolerances.{k}", str(k)))
-                             for k, v in tol.items() if v != "<redacted>"),
-            default=Tolerance.parse(sec.get("default_tolerance", "5%"), f"{where}.default_tolerance"),
-            history_runs=int(_number(sec, "history_runs", 5, where, 2)),
-            spread_k=_number(sec, "spread_k", 2.5, where, 0.0),
-            gross_factor=gross,
-            fail_on_missing=bool(sec.get("fail_on_missing", False)),
-            trend_runs=int(sec.get("trend_runs", 10)),
-            trend_checks=tuple(str(p) for p in sec.get("trend_checks") or ()),
-        )
-
-    @classmethod
-    def from_record(cls, record: RunRecord) -> "CompareSettings":
-        return cls.from_mapping(history.compare_section(record.profile), f"{record.run_id}: profile compare")
-
-    def with_overrides(self, pairs: Iterable[str]) -> "CompareSettings":
-        """``PATTERN=TOL`` pairs from the command line; they win over the profile's."""
-        extra = []
-        for text in pairs:
-            if "=" not in text:
-                raise CompareError(f"--tolerance {text!r}: expected PATTERN=TOLERANCE, e.g. ttft_p99=5%")
-            pat, raw = (s.strip() for s in text.split("=", 1))
-            extra.append((pat, Tolerance.parse(raw, f"--tolerance {pat}", pat)))
-        return replace(self, tolerances=tuple(extra) + self.tolerances)
-
-    def tolerance_for(self, key: str, check_id: str) -> Tolerance:
-        """The full id wins over a suffix, a suffix over a glob, then the first listed."""
-        best: tuple[int, int, Tolerance] | None = None
-        for order, (pat, tol) in enumerate(self.tolerances):
-            rank = match_rank(pat, key, check_id)
-            if rank is not None and (best is None or (rank, order) < best[:2]):
-                best = (rank, order, tol)
-        return best[2] if best is not None else self.default
+def settings_for(record: RunRecord) -> CompareSettings:
+    """The ``[compare]`` table a run was made with, from its resolved profile in ``run.json``."""
+    return CompareSettings.from_mapping(history.compare_section(record.profile), f"{record.run_id}: profile compare")
 
 
 # --------------------------------------------------------------------------- metrics of one run
@@ -550,7 +444,7 @@ def judge_history(
     if not past:
         raise CompareError("no earlier run to compare with")
     check_compatible([rec for _, rec in past], run)
-    settings = settings or CompareSettings.from_record(run)
+    settings = settings or settings_for(run)
     tables, notes = metrics_by_key([rec for _, rec in past] + [run])
     now, before = tables[-1], list(zip((lbl for lbl, _ in past), tables[:-1]))
     rows = [judge_metric(m, [(lbl, t[k]) for lbl, t in before if k in t], settings) for k, m in now.items()]

@@ -2,29 +2,10 @@
 its reference, and serving stays within budget. Declared-only items (network and storage
 isolation) are recorded as skips that say "declared, not measured" for sign-off."""
 
-import time
-
 import pytest
 
-from day0.core.record import Check
-from day0.engine import auth_headers, local_model_dir
-from day0.stages.risks.accuracy import (
-    NoReference,
-    accuracy_checks,
-    compare,
-    fetch_prompt_logprobs,
-    reference_engine,
-    tokenize,
-)
-from day0.stages.risks.cost import (
-    cost_checks,
-    device_count,
-    estimate,
-    measure_throughput,
-    throughput_from_events,
-    unpriced_checks,
-)
-from day0.stages.risks.isolation import isolation_checks, run_evidence, run_isolation
+from day0.stages import latency
+from day0.stages.risks import accuracy, cost, isolation
 
 pytestmark = [pytest.mark.day0, pytest.mark.risks]
 
@@ -36,21 +17,9 @@ def _model(http_engine) -> str:
 def test_tenant_isolation(http_engine, day0_profile, day0_checks):
     """Different cache_salt: B reuses nothing of A's prompt while A's repeat does; the declared
     salting policy with several tenants; the TTFT gap of a hit vs a miss; declared network/storage."""
-    settings = day0_profile.risks.isolation
-    if not settings.enabled:
+    if not day0_profile.risks.isolation.enabled:
         pytest.skip("[risks.isolation].enabled = false")
-    run = run_isolation(http_engine.base_url, _model(http_engine), settings, headers=auth_headers(day0_profile),
-                        timeout_s=day0_profile.engine.request_timeout_s)
-    checks = isolation_checks(run)
-    checks[0].evidence["probes"] = run_evidence(run)["probes"]
-    day0_checks.extend(checks)
-
-
-def _vocab(profile):
-    from day0.client.workload import read_vocab
-
-    path = local_model_dir(profile)
-    return read_vocab(path) if path is not None and (path / "tokenizer.json").is_file() else None
+    day0_checks.extend(isolation.check_isolation(http_engine.base_url, _model(http_engine), day0_profile))
 
 
 def test_cost_within_budget(http_engine, day0_profile, day0_session, day0_checks):
@@ -60,52 +29,34 @@ def test_cost_within_budget(http_engine, day0_profile, day0_session, day0_checks
     if not settings.enabled:
         pytest.skip("[risks.cost].enabled = false")
     if settings.price_per_device_hour is None:
-        day0_checks.extend(unpriced_checks(settings))
+        day0_checks.extend(cost.unpriced_checks(settings))
         return
-    throughput = throughput_from_events(day0_session.events.path)
-    if throughput is None:
-        vocab = _vocab(day0_profile)
-        if vocab is None:
-            pytest.skip("stage latency recorded no throughput in this run and the model has no local "
-                        "tokenizer.json to build prompts from; run stage latency first")
-        throughput = measure_throughput(http_engine.base_url, _model(http_engine), vocab, day0_profile.latency,
-                                        settings.measure_requests, progress=day0_session.log)
+    throughput = _stage3_throughput(http_engine, day0_profile, day0_session)
     topo = day0_profile.topology
-    devices_from = ("[risks.cost].devices" if settings.devices else
-                    f"topology: {topo.nodes} node(s) x {topo.devices_per_node} device(s)")
-    est = estimate(throughput.tok_s, device_count(settings, topo.nodes, topo.devices_per_node),
-                   settings.price_per_device_hour, settings.utilization, settings.currency)
-    checks = cost_checks(est, settings, throughput.source, devices_from)
-    checks[0].evidence["throughput_detail"] = throughput.detail
-    day0_checks.extend(checks)
+    day0_checks.extend(cost.budget_checks(throughput, settings, topo.nodes, topo.devices_per_node))
+
+
+def _stage3_throughput(http_engine, profile, session) -> cost.Throughput:
+    """Stage 3's output throughput as this run recorded it, or (stage 3 did not run) a short run
+    of stage 3's workload, handed to the cost stage."""
+    recorded = cost.throughput_from_events(session.events.path)
+    if recorded is not None:
+        return recorded
+    try:
+        vocab = latency.workload_vocab(profile)
+    except latency.NoTokenizer:
+        pytest.skip("stage latency recorded no throughput in this run and the model has no local "
+                    "tokenizer.json to build prompts from; run stage latency first")
+    own = latency.measure_throughput(http_engine.base_url, _model(http_engine), vocab, profile.latency,
+                                     profile.risks.cost.measure_requests, progress=session.log)
+    return cost.Throughput(own.tok_s, own.source, own.detail)
 
 
 def test_quantization_accuracy(http_engine, day0_profile, day0_session, day0_checks):
     """Perplexity, top-1 agreement and top-k KL of the deployed model against its reference on a
     fixed text, from prompt log-probabilities."""
-    settings = day0_profile.risks.accuracy
-    if not settings.enabled:
+    if not day0_profile.risks.accuracy.enabled:
         pytest.skip("[risks.accuracy].enabled = false")
-    base, model, headers = http_engine.base_url, _model(http_engine), auth_headers(day0_profile)
-    timeout = day0_profile.engine.request_timeout_s
-    ids = tokenize(base, model, settings.text, headers=headers)[: settings.max_tokens]
-    t0 = time.perf_counter()
-    deployed = fetch_prompt_logprobs(base, model, ids, settings.top_k, timeout=timeout, headers=headers)
-    deployed_s = time.perf_counter() - t0
-    try:
-        with reference_engine(day0_profile, settings, day0_session.run_dir, day0_session.log,
-                              on_start=day0_session.engines.on_start) as ref:
-            ref_ids = tokenize(ref.base_url, ref.model, settings.text)[: settings.max_tokens]
-            t0 = time.perf_counter()
-            reference = fetch_prompt_logprobs(ref.base_url, ref.model, ids, settings.top_k, timeout=timeout)
-            reference_s = time.perf_counter() - t0
-    except NoReference as exc:
-        for cid in ("ppl_delta", "top1_agreement", "mean_kl"):
-            day0_checks.add(Check(id=f"risks.accuracy.{cid}", title=f"Accuracy vs reference: {cid}", status="skip",
-                                  message=str(exc), source="profile"))
-        return
-    assert ref_ids == ids, (f"the reference tokenizes the evaluation text differently ({ref.description}); "
-                            "compare models that share a tokenizer")
-    evidence = {"engine_seconds": {"deployed": round(deployed_s, 3), "reference": round(reference_s, 3)},
-                "reference_attempts": ref.attempts, "token_ids": ids}
-    day0_checks.extend(accuracy_checks(compare(deployed, reference), settings, ref.description, evidence))
+    day0_checks.extend(accuracy.check_accuracy(http_engine.base_url, _model(http_engine), day0_profile,
+                                               day0_session.run_dir, day0_session.log,
+                                               on_start=day0_session.engines.on_start))

@@ -8,45 +8,22 @@ imported from a site's nccl-tests run mean the same thing:
 - algbw = S / t, in GB/s with GB = 1e9 bytes.
 - busbw = algbw x factor, where factor depends on the collective and the number of ranks n,
   so that busbw is comparable with the hardware's link bandwidth whatever n is.
+
+The collectives' names (``OPS``, ``canonical_op``) are defined with the ``[collectives]`` table in
+:mod:`day0.config.collectives` and re-exported here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Canonical collective names used across day0 (check ids, settings, result rows).
-OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
-#: Ops that nccl-tests also ships and that only appear in imported results.
-EXTRA_OPS: tuple[str, ...] = ("reduce", "gather", "scatter", "hypercube")
+from day0.config.collectives import EXTRA_OPS, OPS, UnknownCollective, canonical_op
+
+__all__ = ["EXTRA_OPS", "OPS", "BufferPlan", "UnknownCollective", "algbw_gbps", "bus_factor", "busbw_gbps",
+           "canonical_op", "plan", "size_from_count"]
 
 # Ops whose buffer of S bytes is split into n equal chunks (one per rank).
 _SPLIT_OPS = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
-
-_ALIASES = {
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "all2all": "all_to_all",
-    "bcast": "broadcast",
-    "send_recv": "sendrecv",
-    "p2p": "sendrecv",
-}
-
-
-class UnknownCollective(ValueError):
-    """An op name that no formula exists for; the message names it and lists the known ones."""
-
-
-def canonical_op(name: str) -> str:
-    """Map the spellings seen in the field (allreduce, alltoall, all_reduce_perf) to one name."""
-    key = name.strip().lower().replace("-", "_")
-    if key.endswith("_perf"):
-        key = key[: -len("_perf")]
-    key = _ALIASES.get(key, _ALIASES.get(key.replace("_", ""), key))
-    if key not in OPS and key not in EXTRA_OPS:
-        raise UnknownCollective(f"unknown collective {name!r} (known: {', '.join(OPS + EXTRA_OPS)})")
-    return key
 
 
 def bus_factor(op: str, nranks: int) -> float:

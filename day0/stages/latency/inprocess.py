@@ -16,20 +16,17 @@ from typing import Any, Callable, Sequence
 
 from day0.client.loadgen import PhaseResult, RequestResult
 from day0.client.workload import Request, Vocab, build_requests
+from day0.config.latency import LatencySection, SettingsError, SlaSection
 from day0.core.record import Check, measured
-from day0.stages.latency import (
-    LatencyRun,
-    LatencySettings,
-    SettingsError,
-    SlaSettings,
-    agreement_allowance,
-    compute_metrics,
-)
+from day0.stages.latency.agreement import agreement_allowance
+from day0.stages.latency.metrics import compute_metrics
+from day0.stages.latency.run import LatencyRun, report_percentiles
+from day0.stages.latency.settings import load_shape, workload_spec
 
 ENGINE_VIEW = "in-process engine: no /metrics endpoint; vLLM's per-request metrics are compared instead"
 
 
-def _phase(llm: Any, reqs: Sequence[Request], settings: LatencySettings, phase: str,
+def _phase(llm: Any, reqs: Sequence[Request], settings: LatencySection, phase: str,
            engine_ttft: dict[str, list[float]]) -> PhaseResult:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -90,16 +87,16 @@ def _phase(llm: Any, reqs: Sequence[Request], settings: LatencySettings, phase: 
                 r.error, r.reason, r.finished = "timeout", f"no token for {settings.stall_timeout_s:g} s", now
                 results.append(r)
             inflight.clear()
-    return PhaseResult(phase, settings.shape(), sorted(results, key=lambda r: r.index), started,
+    return PhaseResult(phase, load_shape(settings), sorted(results, key=lambda r: r.index), started,
                        time.perf_counter())
 
 
-def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: LatencySettings | None = None,
-                          sla: SlaSettings | None = None, *,
+def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: LatencySection | None = None,
+                          sla: SlaSection | None = None, *,
                           progress: Callable[[str], None] | None = None) -> tuple[LatencyRun, Check]:
     """The measured run and the engine-agreement check (client step times vs vLLM's own TTFT)."""
-    s = settings or LatencySettings()
-    sla = sla or SlaSettings()
+    s = settings or LatencySection()
+    sla = sla or SlaSection()
     if s.endpoint != "completions":
         raise SettingsError("latency.endpoint: the in-process engine takes token ids; chat needs the HTTP view")
     if s.load != "concurrency":
@@ -108,8 +105,8 @@ def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: La
     if isinstance(vocab, int):
         vocab = Vocab(vocab, frozenset(s.special_token_ids))
     say = progress or (lambda _msg: None)
-    spec = s.workload()
-    pcts = sorted(set(s.percentiles) | {p for _, p, _ in sla.latency_limits()} | {50.0, 99.0})
+    spec = workload_spec(s)
+    pcts = report_percentiles(s, sla)
     engine_ttft: dict[str, list[float]] = {"warmup": [], "main": []}
     warm = None
     if s.warmup_requests:
@@ -123,8 +120,17 @@ def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: La
     return run, engine_agreement(metrics.samples["ttft"], engine_ttft["main"], s)
 
 
+def inprocess_checks(run: LatencyRun, agreement: Check) -> list[Check]:
+    """The run's checks as the scheduler view's: ``latency.server_agreement`` (/metrics, which an
+    in-process engine does not have) replaced by ``agreement``, every source ``scheduler``."""
+    checks = [c for c in run.checks() if c.id != "latency.server_agreement"] + [agreement]
+    for c in checks:
+        c.source = "scheduler"
+    return checks
+
+
 def engine_agreement(client_ttft_ms: Sequence[float], engine_ttft_ms: Sequence[float],
-                     settings: LatencySettings) -> Check:
+                     settings: LatencySection) -> Check:
     """Mean TTFT at the step output vs vLLM's first_token_latency; they time the same span
     (arrival to first token) from two sides, so a gap means one of them is wrong."""
     title = "Step-output TTFT agrees with vLLM's per-request first_token_latency"

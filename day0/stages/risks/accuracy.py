@@ -14,20 +14,21 @@ position i the model has seen tokens 0..i-1), so the figures compare the models,
 
 The reference is a second server started beside the deployment with some engine args changed
 (e.g. bfloat16 against float32 on CPU, bf16 weights against a quantized checkpoint), or a
-reference deployment at a URL.
+reference deployment at a URL; :func:`check_accuracy` starts it, scores both and stops it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import time
 import urllib.error
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from day0.config.risks import AccuracySettings
 from day0.core.record import Check, measured
-from day0.engine import EngineError, EngineInfo, ServerEngine, http_json, served_name
+from day0.engine import EngineError, EngineInfo, ServerEngine, auth_headers, http_json, served_name
 
 # Probabilities below this are float rounding of sums, not mass (a top-k that sums to 1 - 1e-12).
 MASS_EPS = 1e-9
@@ -323,3 +324,41 @@ def accuracy_checks(cmp: Comparison, settings: AccuracySettings, reference: str,
                      f"(a lower bound; they hold {cmp.mean_captured_mass:.0%} of the reference's mass)"),
             evidence={**base, "samples": cmp.kl_per_position, "mean_captured_mass": cmp.mean_captured_mass})
     return [ppl, agree, kl]
+
+
+def no_reference_checks(reason: str) -> list[Check]:
+    """The three accuracy checks as skips that say why there is nothing to compare with."""
+    return [Check(id=f"risks.accuracy.{cid}", title=f"Accuracy vs reference: {cid}", status="skip",
+                  message=reason, source="profile") for cid in ("ppl_delta", "top1_agreement", "mean_kl")]
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def check_accuracy(base_url: str, model: str, profile: Any, run_dir: Any, log: Callable[[str], None],
+                   on_start: Callable[[EngineInfo], None] | None = None) -> list[Check]:
+    """Score the deployment at ``base_url`` and its reference (:func:`reference_engine`, stopped
+    before this returns) on ``[risks.accuracy].text``; the three checks, or skips without a reference.
+
+    Raises AssertionError (the run's verdict: fail) when the reference tokenizes the text differently.
+    """
+    settings: AccuracySettings = profile.risks.accuracy
+    headers, timeout = auth_headers(profile), profile.engine.request_timeout_s
+    ids = tokenize(base_url, model, settings.text, headers=headers)[: settings.max_tokens]
+    t0 = time.perf_counter()
+    deployed = fetch_prompt_logprobs(base_url, model, ids, settings.top_k, timeout=timeout, headers=headers)
+    deployed_s = time.perf_counter() - t0
+    try:
+        with reference_engine(profile, settings, run_dir, log, on_start=on_start) as ref:
+            ref_ids = tokenize(ref.base_url, ref.model, settings.text)[: settings.max_tokens]
+            t0 = time.perf_counter()
+            reference = fetch_prompt_logprobs(ref.base_url, ref.model, ids, settings.top_k, timeout=timeout)
+            reference_s = time.perf_counter() - t0
+    except NoReference as exc:
+        return no_reference_checks(str(exc))
+    if ref_ids != ids:
+        raise AssertionError(f"the reference tokenizes the evaluation text differently ({ref.description}); "
+                             "compare models that share a tokenizer")
+    evidence = {"engine_seconds": {"deployed": round(deployed_s, 3), "reference": round(reference_s, 3)},
+                "reference_attempts": ref.attempts, "token_ids": ids}
+    return accuracy_checks(compare(deployed, reference), settings, ref.description, evidence)

@@ -5,8 +5,9 @@
     cost per 1M output tokens = cost per hour / output tokens per hour x 1e6
 
 Throughput is stage 3's ``latency.output_throughput`` from this run's event log (the load the
-profile's ``[latency]`` table describes), or a short measurement of this stage's own when stage 3
-did not run. Prices and utilization are the profile's assumptions and are shown beside the result,
+profile's ``[latency]`` table describes), or, when stage 3 did not run, a short run of stage 3's
+workload that the risks suite measures (``day0.stages.latency.measure_throughput``) and hands
+over. Prices and utilization are the profile's assumptions and are shown beside the result,
 because a cost figure without them cannot be checked.
 """
 
@@ -129,28 +130,23 @@ def cost_checks(est: CostEstimate, settings: CostSettings, source: str, devices_
     return [per_token, per_h]
 
 
+def budget_checks(throughput: Throughput, settings: CostSettings, nodes: int, devices_per_node: int) -> list[Check]:
+    """Cost per 1M output tokens and per hour at ``throughput`` on the profile's devices and price
+    (the unpriced skips when the profile sets no price)."""
+    if settings.price_per_device_hour is None:
+        return unpriced_checks(settings)
+    devices_from = ("[risks.cost].devices" if settings.devices else
+                    f"topology: {nodes} node(s) x {devices_per_node} device(s)")
+    est = estimate(throughput.tok_s, device_count(settings, nodes, devices_per_node),
+                   settings.price_per_device_hour, settings.utilization, settings.currency)
+    checks = cost_checks(est, settings, throughput.source, devices_from)
+    checks[0].evidence["throughput_detail"] = throughput.detail
+    return checks
+
+
 def unpriced_checks(settings: CostSettings) -> list[Check]:
     """Without a price there is no cost: say which key to set rather than inventing one."""
     msg = "no price: set [risks.cost].price_per_device_hour (your contract price per device-hour)"
     return [Check(id=i, title=t, status="skip", message=msg, source="profile", evidence={"currency": settings.currency})
             for i, t in (("risks.cost.per_million_output_tokens", "Cost per million output tokens"),
                          ("risks.cost.per_hour", "Cost per hour of the deployment"))]
-
-
-def measure_throughput(base_url: str, model: str, vocab: Any, latency_table: dict[str, Any], requests: int,
-                       progress: Any = None) -> Throughput:
-    """A short run of stage 3's own workload (the profile's ``[latency]`` load shape, fewer
-    requests, no sweep), for runs where stage 3 did not record a throughput."""
-    from day0.stages.latency import LatencySettings, run_latency
-
-    table = {**latency_table, "num_requests": requests, "warmup_requests": min(1, requests),
-             "sweep_rates": [], "server_metrics": False}
-    settings = LatencySettings.from_table(table)
-    run = run_latency(base_url, model, vocab, settings, progress=progress)
-    m = run.metrics
-    if m.completed == 0 or not m.output_throughput > 0:
-        raise RuntimeError(f"throughput measurement at {base_url}: no request completed")
-    return Throughput(float(m.output_throughput), f"own measurement: {m.completed} requests, {settings.load} "
-                      f"load (concurrency {settings.concurrency})",
-                      {"requests": requests, "completed": m.completed, "load": settings.load,
-                       "concurrency": settings.concurrency})

@@ -1,0 +1,186 @@
+"""The profile's ``[latency]`` and ``[sla]`` tables: stage 3's load and the limits it is judged by.
+
+One definition of each table's keys, defaults and validation; the profile, the latency stage,
+``day0 latency`` (from its flags) and the risks stage's throughput run all build these models.
+What turns them into client objects (workload, load shape, client options) lives in the latency
+stage's ``settings`` module. ``from_table`` gives the profile's one-line error (``key.path: why``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Mapping, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from day0.config.errors import first_error
+
+# The latency metrics a limit may name, in the order checks and sweeps list them.
+LIMIT_METRICS = ("ttft", "tpot", "itl", "e2e")
+# A latency limit: <metric>_p<NN>_ms, the percentile with "." or "_" for its decimal point (p99_9 = p99.9).
+LIMIT_KEY = re.compile(rf"^({'|'.join(LIMIT_METRICS)})_p(\d+(?:[._]\d+)?)_ms$")
+LIMIT_FORM = "<ttft|tpot|itl|e2e>_p<NN>_ms"
+
+# A length in tokens: fixed, or [lo, hi] drawn uniformly (inclusive).
+Length = Union[Annotated[int, Field(ge=1)],
+               Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=2, max_length=2)]]
+
+
+class SettingsError(ValueError):
+    """A [latency] or [sla] value that cannot work; the message names the key in one line."""
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @classmethod
+    def _from_table(cls, table: Mapping[str, Any] | None, name: str) -> Any:
+        try:
+            return cls.model_validate(dict(table or {}))
+        except ValidationError as exc:
+            raise SettingsError(first_error(exc, cls, name)) from None
+
+
+def length_bounds(spec: int | list[int]) -> tuple[int, int]:
+    """(lo, hi) of a validated ``Length``."""
+    return (spec, spec) if isinstance(spec, int) else (spec[0], spec[1])
+
+
+class LatencySection(_Table):
+    """``[latency]``: the load stage 3 offers, its workload, the client's options and the sweep."""
+
+    endpoint: Literal["completions", "chat"] = "completions"
+    load: Literal["concurrency", "rate"] = Field(
+        "concurrency", description="concurrency: closed loop (`concurrency` workers); rate: open loop "
+                                   "(`request_rate`)")
+    concurrency: int = Field(4, ge=0, description="workers with load = concurrency (>= 1); with load = rate the "
+                                                  "in-flight cap, 0 = none")
+    request_rate: float = Field(1.0, gt=0, description="req/s with load = rate; inf = all at once")
+    burstiness: float = Field(1.0, gt=0, description="gamma shape of the inter-arrival gaps; 1 = Poisson")
+    num_requests: int = Field(32, ge=1, description="measured requests")
+    duration_s: float = Field(300.0, gt=0, description="stop scheduling new measured requests after this")
+    warmup_requests: int = Field(2, ge=0, description="run to completion first, excluded from every statistic")
+    input_len: Length = Field(128, description="prompt tokens (prefix included); [lo, hi] = uniform")
+    output_len: Length = Field(32, description="generated tokens (max_tokens, ignore_eos); [lo, hi] = uniform")
+    prefix_len: int = Field(0, ge=0, description="> 0: shared-prefix workload, below the shortest input_len")
+    num_prefixes: int = Field(1, ge=1, description="distinct shared prefixes, round robin")
+    seed: int = Field(0, description="fixes prompts and arrival times")
+    special_token_ids: list[int] = Field([], description="ids never drawn (added to those the engine reports)")
+    request_timeout_s: float = Field(300.0, gt=0, description="from send to the end of the stream")
+    stall_timeout_s: float = Field(60.0, gt=0, description="longest silence between two reads")
+    ignore_eos: bool = True
+    continuous_usage: bool = Field(True, description="vLLM per-chunk usage; false for servers that reject it")
+    return_token_ids: bool = False
+    extra_body: dict[str, Any] = Field({}, description="merged into every request body (e.g. temperature = 0)")
+    api_key_env: str = Field("", description="name of an environment variable holding a bearer token")
+    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = [50.0, 90.0, 95.0, 99.0, 99.9]
+    server_metrics: bool = Field(True, description="scrape /metrics before and after, compare with the client")
+    agreement_rel: float = Field(0.25, ge=0, description="client vs engine means may differ by rel x client mean "
+                                                         "+ 3 standard errors")
+    sweep_rates: list[Annotated[float, Field(gt=0)]] = Field([], description="SLA sweep: ascending req/s")
+    sweep_requests: int = Field(0, ge=0, description="requests per sweep step (0 = num_requests)")
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any] | None = None) -> "LatencySection":
+        """From a ``[latency]`` table (or ``day0 latency``'s flags); :class:`SettingsError` names the key."""
+        return cls._from_table(table, "latency")
+
+    @field_validator("input_len", "output_len", mode="before")
+    @classmethod
+    def _length(cls, value: Any) -> Any:
+        if isinstance(value, tuple):
+            value = list(value)
+        if isinstance(value, bool) or not (isinstance(value, int) or (
+                isinstance(value, list) and len(value) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in value))):
+            raise ValueError(f"expected an int or [lo, hi], got {value!r}")
+        lo, hi = length_bounds(value)
+        if lo < 1 or hi < lo:
+            raise ValueError(f"need 1 <= lo <= hi, got {value!r}")
+        return value
+
+    @field_validator("sweep_rates")
+    @classmethod
+    def _ascending(cls, value: list[float]) -> list[float]:
+        if value != sorted(value):
+            raise ValueError(f"must be ascending, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _load_and_prefix(self) -> "LatencySection":
+        if self.load == "concurrency" and self.concurrency < 1:
+            raise ValueError(f"concurrency: must be >= 1 with load = 'concurrency' (got {self.concurrency})")
+        shortest = length_bounds(self.input_len)[0]
+        if self.prefix_len and self.prefix_len >= shortest:
+            raise ValueError(f"prefix_len: {self.prefix_len} must be below the shortest input_len ({shortest}) "
+                             "so every prompt has a unique suffix")
+        return self
+
+
+class SlaSection(_Table):
+    """``[sla]``: the limits stage 3 is judged by.
+
+    Latency limits are ``<metric>_p<NN>_ms`` keys: the p99 ones are fields; any other percentile
+    (``ttft_p90_ms``, ``tpot_p99_9_ms``) may be written in the table itself or under ``limits``
+    and is kept in ``limits``. For goodput a request is good when it meets the loosest limit set
+    for each of TTFT, TPOT and E2E (DistServe's per-request SLO).
+    """
+
+    model_config = ConfigDict(json_schema_extra={"patternProperties": {
+        LIMIT_KEY.pattern: {"type": "number", "exclusiveMinimum": 0,
+                            "description": "latency limit (ms) at another percentile; kept in `limits`"}}})
+
+    ttft_p99_ms: float | None = Field(None, gt=0)
+    tpot_p99_ms: float | None = Field(None, gt=0)
+    itl_p99_ms: float | None = Field(None, gt=0)
+    e2e_p99_ms: float | None = Field(None, gt=0)
+    min_output_throughput_tok_s: float | None = Field(None, ge=0)
+    min_request_throughput_req_s: float | None = Field(None, ge=0)
+    min_goodput_req_s: float | None = Field(None, ge=0)
+    max_error_rate: float = Field(0.0, ge=0, le=1, description="share of failed requests allowed")
+    limits: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        {}, description=f"other percentiles, {LIMIT_FORM}, e.g. {{ttft_p90_ms = 800, tpot_p99_9_ms = 300}}")
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any] | None = None) -> "SlaSection":
+        """From an ``[sla]`` table (or ``day0 latency``'s flags); :class:`SettingsError` names the key."""
+        return cls._from_table(table, "sla")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits_in_the_table(cls, data: Any) -> Any:
+        """``ttft_p90_ms = 800`` written in the table itself goes into ``limits``."""
+        if not isinstance(data, dict) or not isinstance(data.get("limits", {}), dict):
+            return data
+        moved = {k: v for k, v in data.items() if k not in cls.model_fields and LIMIT_KEY.match(str(k))}
+        if not moved:
+            return data
+        rest = {k: v for k, v in data.items() if k not in moved}
+        return {**rest, "limits": {**rest.get("limits", {}), **moved}}
+
+    @field_validator("limits")
+    @classmethod
+    def _limit_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        for key in value:
+            if not LIMIT_KEY.match(key):
+                raise ValueError(f"{key}: not a '{LIMIT_FORM}' limit")
+        return value
+
+    def latency_limits(self) -> list[tuple[str, float, float]]:
+        """(metric, percentile, limit ms) for every latency limit set, in a stable order."""
+        out: dict[tuple[str, float], float] = {}
+        items = [(f"{m}_p99_ms", getattr(self, f"{m}_p99_ms")) for m in LIMIT_METRICS] + list(self.limits.items())
+        for key, val in items:
+            m = LIMIT_KEY.match(key)
+            if val is not None and m is not None:
+                out[(m.group(1), float(m.group(2).replace("_", ".")))] = float(val)
+        order = sorted(out.items(), key=lambda kv: (LIMIT_METRICS.index(kv[0][0]), kv[0][1]))
+        return [(m, p, v) for (m, p), v in order]
+
+    def per_request_slo(self) -> dict[str, float]:
+        """Loosest limit per metric (ms), used to call one request good or not."""
+        slo: dict[str, float] = {}
+        for metric, _, limit in self.latency_limits():
+            if metric in ("ttft", "tpot", "e2e"):
+                slo[metric] = max(slo.get(metric, 0.0), limit)
+        return slo

@@ -1,0 +1,211 @@
+"""The checks of a sweep: every rank finished, and per op the results are exact and the
+large-message busbw reaches ``pass_fraction`` x what the topology promises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from day0.core.record import Check, measured
+from day0.stages.collectives.busbw import bus_factor, busbw_gbps
+from day0.stages.collectives.result import CollectivesResult, OpOutcome, SweepRow
+from day0.stages.collectives.settings import CollectivesSettings, check_expected, coerce_settings, human_bytes
+
+
+@dataclass
+class BusbwExpectations:
+    expected: dict[str, dict[str, float]] = field(default_factory=dict)  # scope -> op -> GB/s
+    pass_fraction: float = 0.8
+    scope: str = "auto"
+    large_message_bytes: int | None = None
+
+    @classmethod
+    def coerce(cls, x: Any) -> "BusbwExpectations":
+        if isinstance(x, cls):
+            return x
+        if x is None:
+            return cls()
+        if isinstance(x, CollectivesSettings) or (isinstance(x, Mapping) and ("expected_busbw" in x or "pass_fraction" in x)) or hasattr(x, "model_dump"):
+            s = coerce_settings(x)
+            return cls(s.expected_busbw, float(s.pass_fraction), s.scope, s.large_message_bytes)  # type: ignore[arg-type]
+        if isinstance(x, Mapping):  # a bare {scope: {op: GB/s}} table
+            return cls(check_expected(x))
+        raise TypeError(f"cannot read busbw expectations from {type(x).__name__}")
+
+    def limits(self, scope: str, op: str) -> tuple[float | None, float | None]:
+        """(expected GB/s, pass line) for an op at a scope; both None when nothing is promised."""
+        expected = self.expected.get(scope, {}).get(op)
+        return expected, None if expected is None else round(expected * self.pass_fraction, 6)
+
+
+def result_checks(result: CollectivesResult, expectations: Any = None) -> list[Check]:
+    """Checks for a sweep (measured here or imported): ranks healthy, then per op correct + busbw.
+
+    Every check names its source: ``nccl-tests`` for an imported result, else
+    ``torch.distributed/<backend>``.
+    """
+    exp = BusbwExpectations.coerce(expectations)
+    scope = exp.scope if exp.scope != "auto" else ("inter_node" if result.nnodes > 1 else "intra_node")
+    src = "nccl-tests" if result.source == "nccl-tests" else f"torch.distributed/{result.backend or '?'}"
+    checks: list[Check] = [_ranks_check(result, src)]
+    for op, outcome in result.ops.items():
+        checks.extend(_op_checks(result, op, outcome, exp, scope, src))
+    return checks
+
+
+def _ranks_check(result: CollectivesResult, src: str) -> Check:
+    ranks_ev: dict[str, Any] = {"world_size": result.world_size, "hosts": sorted(set(result.hosts)),
+                                "backend": result.backend}
+    if result.fault is None:
+        return Check(
+            id="collectives.ranks", title="Every rank completed the sweep", status="pass",
+            value=0, limit=0, direction="exact",
+            message=f"{result.world_size} ranks on {result.nnodes} node(s) completed ({result.backend or result.source})",
+            evidence=ranks_ev, source=src,
+        )
+    f = result.fault
+    ranks_ev["table"] = {
+        "columns": ["rank", "pid", "host", "exit", "killed by harness", "heartbeat age (s)", "last step", "error"],
+        "rows": [[st.rank, st.pid, st.host, st.returncode, st.killed_by_harness,
+                  None if st.heartbeat_age_s is None else round(st.heartbeat_age_s, 1),
+                  _step_str(st.step), st.error] for st in f.ranks_state],
+    }
+    ranks_ev["fault"] = {"kind": f.kind, "ranks": f.ranks, "elapsed_s": f.elapsed_s}
+    return Check(
+        id="collectives.ranks", title="Every rank completed the sweep", status="fail",
+        value=len(f.ranks), limit=0, direction="exact", message=f.message, evidence=ranks_ev, source=src,
+    )
+
+
+def _step_str(step: Mapping[str, Any] | None) -> str:
+    if not step:
+        return ""
+    if step.get("phase") == "sweep":
+        return f"{step.get('op')} {step.get('mode')} {human_bytes(int(step.get('size', 0)))}"
+    return str(step.get("phase", "")) + (f" {step['op']}" if step.get("op") else "")
+
+
+def _ids(op: str) -> tuple[str, str, str, str]:
+    """(correct id, correct title, busbw id, busbw title) of an op's two checks."""
+    return (f"collectives.{op}.correct", f"{op}: exact results",
+            f"collectives.{op}.busbw", f"{op}: bus bandwidth at large messages")
+
+
+def _op_checks(result: CollectivesResult, op: str, outcome: OpOutcome, exp: BusbwExpectations, scope: str,
+               src: str) -> list[Check]:
+    rows = result.rows_for(op)
+    if outcome.status == "skip" or outcome.status in ("error", "not_run") or not rows:
+        return _unmeasured_checks(result, op, outcome, rows, exp.limits(scope, op)[1], src)
+    return [_correct_check(op, outcome, rows, src), _busbw_check(result, op, rows, exp, scope, src)]
+
+
+def _unmeasured_checks(result: CollectivesResult, op: str, outcome: OpOutcome, rows: list[SweepRow],
+                       limit: float | None, src: str) -> list[Check]:
+    """Both checks of an op that was skipped (skip) or did not complete (error)."""
+    cid_c, t_c, cid_b, t_b = _ids(op)
+    if outcome.status == "skip":
+        msg = f"skipped: {outcome.reason}" if outcome.reason else "skipped"
+        return [Check(id=cid_c, title=t_c, status="skip", message=msg, source=src),
+                Check(id=cid_b, title=t_b, status="skip", limit=limit, unit="GB/s", direction="higher_is_better", message=msg, source=src)]
+    # The fault names the culprit; a rank's own exception usually only names the symptom.
+    why = result.fault.message if result.fault else (outcome.reason or "no rows measured")
+    msg = f"{op} did not complete: {why}"
+    ev = {"table": _rows_table(rows)} if rows else {}
+    return [Check(id=cid_c, title=t_c, status="error", message=msg, evidence=ev, source=src),
+            Check(id=cid_b, title=t_b, status="error", limit=limit, unit="GB/s", direction="higher_is_better",
+                  message=msg, evidence=dict(ev), source=src)]
+
+
+def _correct_check(op: str, outcome: OpOutcome, rows: list[SweepRow], src: str) -> Check:
+    """#wrong == 0 over every size and mode; from nccl-tests' footer when only that is known."""
+    cid_c, t_c, _, _ = _ids(op)
+    known = [r for r in rows if r.wrong is not None]
+    if known:
+        wrong = sum(int(r.wrong or 0) for r in known)
+        bad = [r for r in known if r.wrong]
+        if bad:
+            detail = ", ".join(f"{human_bytes(r.size_bytes)} {r.mode}: {r.wrong}" for r in bad[:6])
+            msg = f"{wrong} wrong elements in {op} ({detail}); results must be exact, suspect the fabric or NCCL/driver versions"
+        else:
+            msg = f"all {len(known)} sweep points exact (#wrong 0 at every size and mode)"
+        return measured(cid_c, t_c, wrong, 0, unit="elements", direction="exact", message=msg,
+                        evidence={"table": {"columns": ["size", "mode", "count", "#wrong"],
+                                            "rows": [[r.size_bytes, r.mode, r.count, r.wrong] for r in rows]}},
+                        source=src)
+    if outcome.out_of_bounds is not None:
+        msg = (f"nccl-tests reported {outcome.out_of_bounds} out-of-bounds values" if outcome.out_of_bounds
+               else "nccl-tests reported 0 out-of-bounds values (older max-error layout)")
+        return measured(cid_c, t_c, outcome.out_of_bounds, 0, unit="elements", direction="exact", message=msg,
+                        evidence={"table": {"columns": ["size", "mode", "max error"],
+                                            "rows": [[r.size_bytes, r.mode, r.max_error] for r in rows]}}, source=src)
+    return Check(id=cid_c, title=t_c, status="skip", unit="elements",
+                 message="correctness was not checked (nccl-tests -c 0 or check = false); rerun with validation",
+                 source=src)
+
+
+def _busbw_check(result: CollectivesResult, op: str, rows: list[SweepRow], exp: BusbwExpectations, scope: str,
+                 src: str) -> Check:
+    """The best busbw at the largest size (or at sizes >= large_message_bytes) against the pass line."""
+    _, _, cid_b, t_b = _ids(op)
+    expected, limit = exp.limits(scope, op)
+    big = exp.large_message_bytes
+    cand = [r for r in rows if r.busbw_gbps is not None and (big is None or r.size_bytes >= big)]
+    if big is None and cand:
+        top = max(r.size_bytes for r in cand)
+        cand = [r for r in cand if r.size_bytes == top]
+    if not cand:
+        return Check(id=cid_b, title=t_b, status="error", limit=limit, unit="GB/s", direction="higher_is_better",
+                     message=f"no busbw measured for {op} at sizes >= {big}", evidence={"table": _rows_table(rows)},
+                     source=src)
+    best = max(cand, key=lambda r: r.busbw_gbps or 0.0)
+    value = round(float(best.busbw_gbps or 0.0), 4)
+    if expected is None:
+        msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}); no expected busbw for {op} at "
+               f"{scope} scope, recorded only")
+    else:
+        verdict = "meets" if value >= (limit or 0) else "misses"
+        msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}) {verdict} {exp.pass_fraction:g} x "
+               f"expected {expected:g} GB/s = {limit:g} GB/s ({scope})")
+    return measured(cid_b, t_b, value, limit, unit="GB/s", direction="higher_is_better", message=msg,
+                    evidence=_busbw_evidence(result, op, rows, best, exp, scope, src), source=src, performance=True)
+
+
+def _busbw_evidence(result: CollectivesResult, op: str, rows: list[SweepRow], best: SweepRow,
+                    exp: BusbwExpectations, scope: str, src: str) -> dict[str, Any]:
+    """The sweep table, a busbw-vs-size chart per mode with the expected and pass lines, and samples."""
+    expected, limit = exp.limits(scope, op)
+    series: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        if r.busbw_gbps is not None:
+            xs, ys = series.setdefault(r.mode, ([], []))
+            xs.append(r.size_bytes)
+            ys.append(r.busbw_gbps)
+    reference = []
+    if expected is not None:
+        reference = [{"y": expected, "label": f"expected {expected:g} GB/s ({scope})"},
+                     {"y": limit, "label": f"pass line {exp.pass_fraction:g} x expected"}]
+    evidence: dict[str, Any] = {
+        "table": _rows_table(rows),
+        "charts": [{"kind": "line", "title": f"{op} busbw vs message size ({result.world_size} ranks, {src})",
+                    "x_label": "message size S (bytes)", "y_label": "busbw (GB/s)", "x_log": True,
+                    "series": [{"name": m, "x": xs, "y": ys} for m, (xs, ys) in series.items()],
+                    "reference": reference}],
+        "scope": scope, "expected_gbps": expected, "pass_fraction": exp.pass_fraction,
+        "size_bytes": best.size_bytes, "mode": best.mode, "nranks": best.nranks,
+        "bus_factor": bus_factor(op, best.nranks) if best.nranks else None,
+    }
+    if best.times_us:
+        evidence["samples"] = [busbw_gbps(op, best.size_bytes, t / 1e6, best.nranks) for t in best.times_us if t > 0]
+    return evidence
+
+
+def _rows_table(rows: list[SweepRow]) -> dict[str, Any]:
+    def r3(x: float | None) -> float | None:
+        return None if x is None else round(float(x), 3)
+
+    return {
+        "columns": ["size (B)", "count", "type", "mode", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong",
+                    "p50 (us)", "p99 (us)"],
+        "rows": [[r.size_bytes, r.count, r.dtype, r.mode, r3(r.time_us), r3(r.algbw_gbps), r3(r.busbw_gbps), r.wrong,
+                  r3(r.p50_us), r3(r.p99_us)] for r in rows],
+    }

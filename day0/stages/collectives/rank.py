@@ -1,0 +1,224 @@
+"""The per-rank main: one process of the sweep, started by the local launcher, torchrun or srun.
+
+Each rank reports where it is (a step file and a heartbeat under ``<out-dir>/ranks/``) so the
+launcher can name a rank that died or hung; rank 0 writes the result after every op, so a later
+fault loses nothing already measured.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, NoReturn
+
+from day0.stages.collectives.faults import clean_error
+from day0.stages.collectives.result import RANKS_DIR, RESULT_FILE, CollectivesResult, OpOutcome
+from day0.stages.collectives.settings import OP_MODES, CollectivesSettings
+from day0.stages.collectives.sweep import _Sweeper, resolve_backend
+
+
+@dataclass
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv | None":
+        """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; Slurm's srun sets SLURM_PROCID/NTASKS/LOCALID."""
+        env = os.environ if environ is None else environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            r, w = int(env["RANK"]), int(env["WORLD_SIZE"])
+            lr = int(env.get("LOCAL_RANK", r))
+            lw = int(env.get("LOCAL_WORLD_SIZE", w))
+            return cls(r, w, lr, lw)
+        if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+            r, w = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+            lr = int(env.get("SLURM_LOCALID", 0))
+            lw = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
+            return cls(r, w, lr, lw)
+        return None
+
+
+class _Progress:
+    """Per-rank step file and heartbeat, so the launcher can name the rank that died or hung."""
+
+    def __init__(self, out_dir: Path, rank: int) -> None:
+        self.dir = Path(out_dir) / RANKS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.step_path = self.dir / f"rank{rank}.step.json"
+        self.hb_path = self.dir / f"rank{rank}.heartbeat"
+        self.err_path = self.dir / f"rank{rank}.error.txt"
+        self.seq = 0
+        self._stop = threading.Event()
+        self.hb_path.touch()
+        self._thread = threading.Thread(target=self._beat, name="day0-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                os.utime(self.hb_path)
+            except OSError:
+                pass
+
+    def step(self, **info: Any) -> None:
+        self.seq += 1
+        data = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "seq": self.seq,
+                "t": time.time(), **info}
+        tmp = self.step_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, self.step_path)
+
+    def error(self, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}".strip()
+        self.err_path.write_text(text + "\n\n" + "".join(traceback.format_exception(exc)), encoding="utf-8")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_rank(settings: CollectivesSettings, env: RankEnv, out_dir: Path) -> int:
+    """The per-rank main: sweep every op, rank 0 writes the result JSON. Returns an exit code."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress = _Progress(out_dir, env.rank)
+    progress.step(phase="import")
+    run = _RankRun(settings, env, out_dir, progress)
+    try:
+        return run.main()
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported, then the process ends
+        run.fail(exc)
+
+
+class _RankRun:
+    """One rank's sweep; what it measured so far (``result``) and the op it was in survive a failure."""
+
+    def __init__(self, settings: CollectivesSettings, env: RankEnv, out_dir: Path, progress: _Progress) -> None:
+        self.s, self.env, self.out_dir, self.progress = settings, env, out_dir, progress
+        self.result: CollectivesResult | None = None
+        self.current: str | None = None  # the op being swept
+
+    def main(self) -> int:
+        import torch
+        import torch.distributed as dist
+
+        settings, env = self.s, self.env
+        backend = self._init_process_group(torch, dist)
+        sw = _Sweeper(settings, env, self.out_dir, self.progress)
+        hosts: list[Any] = [None] * env.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        started = time.perf_counter()
+        self.result = result = CollectivesResult(
+            source="day0", backend=backend, world_size=env.world_size, hosts=[str(h) for h in hosts],
+            dtype=settings.dtype, settings=settings.to_dict(),
+            started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            versions=_versions(torch), ops={op: OpOutcome(op) for op in settings.ops},
+        )
+        for op in settings.ops:
+            self.current = op
+            if self._sweep_op(sw, result.ops[op]) and env.rank == 0:
+                result.duration_s = time.perf_counter() - started
+                result.write(self.out_dir / RESULT_FILE)  # after every op: a later fault loses nothing measured
+        self.current = None
+        self.progress.step(phase="finish")
+        dist.barrier()
+        result.duration_s = time.perf_counter() - started
+        result.complete = True
+        if env.rank == 0:
+            result.nccl_logs = sorted(str(p) for p in self.out_dir.glob("nccl-debug.*.log"))
+            result.write(self.out_dir / RESULT_FILE)
+        dist.destroy_process_group()
+        self.progress.step(phase="done")
+        self.progress.stop()
+        return 0
+
+    def _init_process_group(self, torch: Any, dist: Any) -> str:
+        """Pick the backend, route NCCL's debug log to per-rank files, and join the group."""
+        settings, env = self.s, self.env
+        backend = resolve_backend(settings, torch, env.local_world_size)
+        if backend == "nccl":
+            if settings.nccl_debug:
+                os.environ.setdefault("NCCL_DEBUG", "INFO")
+                os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,GRAPH,ENV")
+                os.environ.setdefault("NCCL_DEBUG_FILE", str(self.out_dir / "nccl-debug.%h.%p.log"))
+            torch.cuda.set_device(env.local_rank)
+        self.progress.step(phase="rendezvous")
+        kwargs: dict[str, Any] = {}
+        if backend == "nccl":
+            kwargs["device_id"] = torch.device("cuda", env.local_rank)
+        dist.init_process_group(
+            backend=backend, rank=env.rank, world_size=env.world_size,
+            timeout=_dt.timedelta(seconds=float(settings.timeout_s)), **kwargs,
+        )
+        return backend
+
+    def _sweep_op(self, sw: _Sweeper, outcome: OpOutcome) -> bool:
+        """Probe and sweep one op in each of its modes; False when it was skipped without running."""
+        op, settings = outcome.op, self.s
+        modes = settings.modes(op)
+        if op == "sendrecv" and self.env.world_size < 2:
+            outcome.status, outcome.reason = "skip", "send/recv along the ring needs at least 2 ranks"
+            return False
+        if not modes:
+            outcome.status, outcome.reason = "skip", f"{op} has only {'/'.join(OP_MODES[op])}, which the settings turned off"
+            return False
+        skipped: list[str] = []
+        for mode in modes:
+            self.progress.step(phase="probe", op=op, mode=mode)
+            why = sw.probe(op, mode)
+            if why:
+                skipped.append(why)
+                continue
+            outcome.modes.append(mode)
+            for size in settings.sizes():
+                self.progress.step(phase="sweep", op=op, mode=mode, size=size)
+                row = sw.measure(op, mode, size)
+                if row is not None:
+                    self.result.rows.append(row)  # type: ignore[union-attr]
+        if outcome.modes:
+            outcome.status = "ok"
+            outcome.reason = "; ".join(skipped)
+        else:
+            outcome.status, outcome.reason = "skip", "; ".join(skipped)
+        return True
+
+    def fail(self, exc: BaseException) -> NoReturn:
+        """Report the failure (rank 0 keeps what was measured), then end the process at once."""
+        result, rank = self.result, self.env.rank
+        self.progress.error(exc)
+        if result is not None and rank == 0:
+            if self.current is not None:
+                result.ops[self.current].status = "error"
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                result.ops[self.current].reason = clean_error(f"{type(exc).__name__}: {first}")[:300]
+            try:
+                result.write(self.out_dir / RESULT_FILE)
+            except OSError:
+                pass
+        self.progress.stop()
+        sys.stderr.write(f"day0.stages.collectives rank {rank}: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+        # No destroy_process_group: with a peer gone it can block; the OS reclaims sockets.
+        os._exit(1)
+
+
+def _versions(torch: Any) -> dict[str, str]:
+    v = {"torch": str(torch.__version__), "python": sys.version.split()[0]}
+    try:
+        if torch.cuda.is_available():
+            v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+            v["cuda"] = str(torch.version.cuda)
+    except Exception:  # noqa: BLE001 - versions are informative only
+        pass
+    return v

@@ -1,0 +1,191 @@
+"""Stage 3's checks: one per latency limit (p99 of each metric always), errors, throughput,
+goodput, the engine cross-checks, token accounting and the optional sweep."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Sequence
+
+from day0.client.prom import pct_name
+from day0.config.latency import LatencySection, SlaSection
+from day0.core.record import Check, measured
+from day0.core.stats import percentile
+from day0.stages.latency.agreement import frontend_overhead_check, server_agreement_check
+from day0.stages.latency.metrics import DEFINITIONS, METRIC_TITLES, METRICS, SOURCE, LatencyMetrics, rounded
+from day0.stages.latency.sweep import sweep_check
+
+if TYPE_CHECKING:
+    from day0.stages.latency.run import LatencyRun
+
+MAX_POOLED_SAMPLES = 20_000  # pooled ITL samples kept in evidence (stride-downsampled beyond)
+
+
+def latency_checks(run: LatencyRun) -> list[Check]:
+    """The stage's checks: one per latency limit (p99 of each metric always), errors,
+    throughput, goodput, server agreement, token accounting and the optional sweep."""
+    m, sla = run.metrics, run.sla
+    checks = percentile_checks(m, sla)
+    checks.append(_error_rate_check(m, sla))
+    checks += _throughput_checks(m, sla, run.settings)
+    checks.append(_goodput_check(m, sla))
+    checks.append(server_agreement_check(run))
+    overhead = frontend_overhead_check(run)
+    if overhead is not None:
+        checks.append(overhead)
+    checks.append(_token_accounting_check(m))
+    if run.sweep:
+        checks.append(sweep_check(run))
+    return checks
+
+
+def percentile_checks(m: LatencyMetrics, sla: SlaSection) -> list[Check]:
+    """One check per ``[sla]`` latency limit, plus p99 of every metric (recorded without a limit)."""
+    note = ""
+    if m.token_source == "content":
+        note = " (per-message token counts from non-empty text: the server gave no per-chunk usage)"
+    wanted: dict[tuple[str, float], float | None] = {(metric, p): lim for metric, p, lim in sla.latency_limits()}
+    for metric in METRICS:
+        wanted.setdefault((metric, 99.0), None)
+    return [_percentile_check(m, metric, p, limit, note)
+            for (metric, p), limit in sorted(wanted.items(), key=lambda kv: (METRICS.index(kv[0][0]), kv[0][1]))]
+
+
+def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | None, note: str) -> Check:
+    samples = m.samples[metric]
+    value = percentile(samples, p) if samples else None
+    evidence = _percentile_evidence(m, metric, p, limit)
+    title = f"{METRIC_TITLES[metric]} {pct_name(p)}"
+    cid = _check_id(metric, p)
+    if value is None:
+        why = "no successful request" if metric != "tpot" else "no successful request with more than one token"
+        return Check(id=cid, title=title, status="error" if limit is not None else "skip",
+                     limit=limit, unit="ms", direction="lower_is_better",
+                     message=f"{why}; nothing to measure", evidence=evidence, source=SOURCE)
+    msg = ""
+    if limit is None:
+        msg = f"measured {value:.4g} ms over {len(samples)} samples (no SLA limit set){note}"
+    elif note:
+        verb = "meets" if value <= limit else "misses"
+        msg = f"{value:.4g} ms {verb} the limit (<= {limit:g} ms){note}"
+    return measured(cid, title, rounded(value), limit, unit="ms", direction="lower_is_better",
+                    message=msg, evidence=evidence, source=SOURCE, performance=True)
+
+
+def _percentile_evidence(m: LatencyMetrics, metric: str, p: float, limit: float | None) -> dict[str, Any]:
+    """Samples, the stats table, the definition and (TTFT, E2E) the per-request scatter."""
+    samples = m.samples[metric]
+    evidence: dict[str, Any] = {
+        "samples": [round(x, 4) for x in (_downsample(samples) if metric == "itl" else samples)],
+        "table": _stats_table(m, [metric] + (["itl_token"] if metric == "itl" else [])
+                              + (["send_lag", "ttft_from_send"] if metric == "ttft" else [])),
+        "stats": asdict(m.stats[metric]),
+        "definition": DEFINITIONS[metric],
+    }
+    if metric == "itl" and len(samples) > MAX_POOLED_SAMPLES:
+        evidence["samples_downsampled_from"] = len(samples)
+    if metric in ("ttft", "e2e"):
+        evidence["charts"] = [{
+            "kind": "scatter", "title": f"{metric.upper()} per request over the run",
+            "x_label": "scheduled send (s since start)", "y_label": f"{metric.upper()} (ms)", "x_log": False,
+            "series": [{"name": metric, "x": [round(x, 4) for x in m.sample_offsets_s],
+                        "y": [round(x, 4) for x in samples]}],
+            "reference": [{"y": limit, "label": f"SLA {pct_name(p)}"}] if limit is not None else [],
+        }]
+    return evidence
+
+
+def _error_rate_check(m: LatencyMetrics, sla: SlaSection) -> Check:
+    err_rows = [[k, v] for k, v in sorted(m.reasons.items(), key=lambda kv: -kv[1])]
+    err_msg = (f"{m.failed} of {m.sent} requests failed ({', '.join(f'{k}: {v}' for k, v in sorted(m.errors.items()))}); "
+               f"limit {sla.max_error_rate:.4g}") if m.failed else f"0 of {m.sent} requests failed"
+    check = measured("latency.error_rate", "Failed request fraction", round(m.error_rate, 6), sla.max_error_rate,
+                     unit="fraction", direction="lower_is_better",
+                     message=err_msg,
+                     evidence={"errors": m.errors, "table": {"columns": ["reason", "count"], "rows": err_rows},
+                               "failures": m.failures, "sent": m.sent, "not_sent_duration_bound": m.not_sent},
+                     source=SOURCE)
+    if m.sent == 0:
+        check.status = "error"
+        check.message = "no request was sent; check latency.duration_s and num_requests"
+    return check
+
+
+def _throughput_checks(m: LatencyMetrics, sla: SlaSection, s: LatencySection) -> list[Check]:
+    """Output tokens and completed requests per second, with the load that produced them."""
+    load_table = {"columns": ["figure", "value"], "rows": [
+        ["load", s.load], ["concurrency", s.concurrency],
+        ["offered rate (req/s)", m.offered_rate], ["duration (s)", rounded(m.duration_s)],
+        ["completed", m.completed], ["input tokens", m.input_tokens], ["output tokens", m.output_tokens],
+        ["output tokens from", m.output_tokens_source], ["per-message tokens from", m.token_source],
+        ["send lag p50 (ms)", rounded(m.stats["send_lag"].percentiles.get("p50"))],
+        ["send lag p99 (ms)", rounded(m.stats["send_lag"].percentiles.get("p99"))],
+        ["total token throughput (tok/s)", rounded(m.total_token_throughput)],
+    ]}
+    return [
+        measured("latency.output_throughput", "Output token throughput", rounded(m.output_throughput),
+                 sla.min_output_throughput_tok_s, unit="tok/s", direction="higher_is_better",
+                 evidence={"table": load_table, "output_tokens": m.output_tokens,
+                           "duration_s": m.duration_s}, source=SOURCE, performance=True),
+        measured("latency.request_throughput", "Completed request throughput", rounded(m.request_throughput),
+                 sla.min_request_throughput_req_s, unit="req/s", direction="higher_is_better",
+                 evidence={"table": load_table, "offered_rate": m.offered_rate}, source=SOURCE,
+                 performance=True),
+    ]
+
+
+def _goodput_check(m: LatencyMetrics, sla: SlaSection) -> Check:
+    if m.goodput is None:
+        return Check(id="latency.goodput", title="Goodput (requests meeting every SLO per second)",
+                     status="skip", unit="req/s", direction="higher_is_better",
+                     message="no TTFT/TPOT/E2E limit in [sla]; goodput needs a per-request SLO",
+                     source=SOURCE)
+    return measured(
+        "latency.goodput", "Goodput (requests meeting every SLO per second)", rounded(m.goodput), sla.min_goodput_req_s,
+        unit="req/s", direction="higher_is_better",
+        message=(f"{m.good_requests} of {m.sent} requests met every SLO "
+                 f"({', '.join(f'{k} <= {v:g} ms' for k, v in m.slo_ms.items())}): {m.goodput:.4g} req/s"
+                 + (f"; limit >= {sla.min_goodput_req_s:g}" if sla.min_goodput_req_s is not None else "")),
+        evidence={"good_requests": m.good_requests, "slo_ms": m.slo_ms, "sent": m.sent}, source=SOURCE,
+        performance=True)
+
+
+_TOKEN_SOURCE_TEXT = {
+    "token_ids": "per-message token counts from token_ids on each chunk",
+    "continuous_usage": "per-message token counts from cumulative usage on each chunk",
+    "content": "per-message token counts fall back to non-empty text: a token that is an incomplete UTF-8 "
+               "sequence is not seen (server lacks continuous_usage_stats)",
+}
+
+
+def _token_accounting_check(m: LatencyMetrics) -> Check:
+    title = "Tokens per streamed message known exactly"
+    if m.token_source == "none":
+        return Check(id="latency.token_accounting", title=title, status="skip",
+                     message="no successful request to account tokens for", source=SOURCE)
+    msg = (_TOKEN_SOURCE_TEXT[m.token_source] + f"; output totals from {m.output_tokens_source}"
+           + (f"; {m.count_mismatches} requests' per-message counts disagree with usage" if m.count_mismatches else ""))
+    return measured("latency.token_accounting", title, m.token_source, None, unit="", direction="exact",
+                    message=msg, evidence={"token_source": m.token_source, "output_tokens_source": m.output_tokens_source,
+                                           "count_mismatches": m.count_mismatches}, source=SOURCE)
+
+
+def _stats_table(metrics: LatencyMetrics, keys: Sequence[str]) -> dict[str, Any]:
+    any_stats = metrics.stats[keys[0]]
+    pnames = list(any_stats.percentiles)
+    rows = []
+    for k in keys:
+        st = metrics.stats[k]
+        rows.append([METRIC_TITLES.get(k, k), st.count, rounded(st.mean), rounded(st.std)]
+                    + [rounded(st.percentiles[p]) for p in pnames])
+    return {"columns": ["metric (ms)", "n", "mean", "std"] + pnames, "rows": rows}
+
+
+def _downsample(values: list[float], cap: int = MAX_POOLED_SAMPLES) -> list[float]:
+    if len(values) <= cap:
+        return values
+    step = len(values) / cap
+    return [values[int(i * step)] for i in range(cap)]
+
+
+def _check_id(metric: str, p: float) -> str:
+    return f"latency.{metric}_{pct_name(p).replace('.', '_')}"

@@ -1,0 +1,195 @@
+"""Stage 3's metrics: what each latency figure means and how one measured phase is summarized.
+
+Definitions (docs/metrics.md, ``## Latency``), per successful request, times from the
+*scheduled* send time:
+
+- TTFT: to the first streamed message that carries at least one generated token.
+- E2E: to the last message that carries a generated token.
+- TPOT: (E2E - TTFT) / (output_tokens - 1), output_tokens = the server's ``usage``; none when
+  a request produced a single token.
+- ITL (per message): gaps between consecutive token-carrying messages, pooled over requests.
+- ITL (per token): a message carrying k tokens that arrived g after the previous one counts
+  k gaps of g/k; the first message's extra tokens count as 0. Summed per request this is
+  exactly E2E - TTFT over (tokens - 1), so its mean is the token-weighted TPOT.
+- Throughput: measured requests (tokens) / phase duration (t=0 to the last stream's end).
+- Goodput: successful requests that met every per-request SLO at once, per second.
+
+Failed requests are counted by kind and reason and kept out of every latency statistic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from day0.client.loadgen import PhaseResult, RequestResult, token_source
+from day0.client.prom import pct_name
+from day0.config.latency import LIMIT_METRICS
+from day0.core.stats import percentile
+
+SOURCE = "http"  # the engine view the figures come from (the in-process run relabels its checks)
+METRICS: tuple[str, ...] = LIMIT_METRICS  # ttft, tpot, itl, e2e: the ones an [sla] limit names
+METRIC_TITLES = {
+    "ttft": "Time to first token",
+    "tpot": "Time per output token",
+    "itl": "Inter-token latency (per message)",
+    "itl_token": "Inter-token latency (per token)",
+    "e2e": "End-to-end request latency",
+    "send_lag": "Client send lag (scheduled -> sent)",
+}
+DEFINITIONS = {
+    "ttft": "scheduled send -> first streamed message carrying >= 1 generated token",
+    "tpot": "(e2e - ttft) / (usage.completion_tokens - 1), per request with > 1 token",
+    "itl": "gap between consecutive token-carrying messages, pooled over requests",
+    "e2e": "scheduled send -> last token-carrying message",
+}
+
+
+def rounded(x: float | None, nd: int = 3) -> float | None:
+    """A figure as the record keeps it: ``nd`` decimals, NaN and None as None."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+
+
+@dataclass
+class Stats:
+    """Summary of one latency distribution in ms (std is the population std, as numpy's)."""
+
+    count: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    percentiles: dict[str, float]
+
+    def get(self, p: float) -> float:
+        key = pct_name(p)
+        if key in self.percentiles:
+            return self.percentiles[key]
+        raise KeyError(key)
+
+
+def summarize(values: Sequence[float], percentiles: Iterable[float]) -> Stats:
+    v = sorted(values)
+    n = len(v)
+    if n == 0:
+        return Stats(0, math.nan, math.nan, math.nan, math.nan, {pct_name(p): math.nan for p in percentiles})
+    mean = math.fsum(v) / n
+    var = math.fsum((x - mean) ** 2 for x in v) / n
+    return Stats(n, mean, math.sqrt(var), v[0], v[-1],
+                 {pct_name(p): percentile(v, p, presorted=True) for p in percentiles})
+
+
+def per_token_itl(msg_t: Sequence[float], msg_n: Sequence[int]) -> list[float]:
+    """Per-token gaps: k tokens arriving g after the previous message count k times g/k."""
+    out: list[float] = []
+    if not msg_t:
+        return out
+    out.extend([0.0] * (msg_n[0] - 1))
+    for i in range(1, len(msg_t)):
+        g = (msg_t[i] - msg_t[i - 1]) / msg_n[i]
+        out.extend([g] * msg_n[i])
+    return out
+
+
+def tpot_of(r: RequestResult) -> float | None:
+    if not r.ok or r.output_tokens <= 1 or r.ttft is None or r.e2e is None:
+        return None
+    return (r.e2e - r.ttft) / (r.output_tokens - 1)
+
+
+@dataclass
+class LatencyMetrics:
+    """Client-side figures of one measured phase (latencies in ms)."""
+
+    sent: int
+    completed: int
+    failed: int
+    not_sent: int
+    errors: dict[str, int]  # kind -> count
+    reasons: dict[str, int]  # specific reason -> count
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    good_requests: int | None
+    goodput: float | None
+    slo_ms: dict[str, float]
+    stats: dict[str, Stats]  # ttft, tpot, itl, itl_token, e2e, send_lag, ttft_from_send
+    samples: dict[str, list[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send; pooled itl
+    sample_offsets_s: list[float]  # scheduled time of each successful request since t=0
+    token_source: str
+    output_tokens_source: str
+    count_mismatches: int
+    offered_rate: float | None
+    failures: list[dict[str, Any]]  # first few failed requests, for the record
+
+    @property
+    def error_rate(self) -> float:
+        return self.failed / self.sent if self.sent else 0.0
+
+
+def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: dict[str, float] | None = None) -> LatencyMetrics:
+    pcts = list(percentiles)
+    ok = [r for r in phase.results if r.ok]
+    bad = [r for r in phase.results if not r.ok]
+    ms = 1000.0
+    ttft = [r.ttft * ms for r in ok]  # type: ignore[operator]
+    e2e = [r.e2e * ms for r in ok]  # type: ignore[operator]
+    lag = [r.send_lag * ms for r in ok]
+    ttft_send = [(r.ttft - r.send_lag) * ms for r in ok]  # type: ignore[operator]
+    tpots = [tpot_of(r) for r in ok]
+    tpot = [t * ms for t in tpots if t is not None]
+    itl: list[float] = []
+    itl_tok: list[float] = []
+    for r in ok:
+        itl.extend((b - a) * ms for a, b in zip(r.msg_t, r.msg_t[1:]))
+        itl_tok.extend(g * ms for g in per_token_itl(r.msg_t, r.msg_n))
+    errors: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for r in bad:
+        errors[r.error or "unknown"] = errors.get(r.error or "unknown", 0) + 1
+        key = r.reason or r.error or "unknown"
+        reasons[key] = reasons.get(key, 0) + 1
+    slo = dict(slo_ms or {})
+    good: int | None = None
+    if slo:
+        good = 0
+        for r, t in zip(ok, tpots):
+            vals = {"ttft": r.ttft * ms, "tpot": (t or 0.0) * ms, "e2e": r.e2e * ms}  # type: ignore[operator]
+            if all(vals[m] <= lim for m, lim in slo.items()):
+                good += 1
+    dur = phase.duration
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum((r.prompt_tokens if r.prompt_tokens is not None else r.input_len) for r in ok)
+    out_src = "usage" if all(r.output_tokens_source == "usage" for r in ok) else "messages"
+    stats = {
+        "ttft": summarize(ttft, pcts),
+        "tpot": summarize(tpot, pcts),
+        "itl": summarize(itl, pcts),
+        "itl_token": summarize(itl_tok, pcts),
+        "e2e": summarize(e2e, pcts),
+        "send_lag": summarize(lag, pcts),
+        "ttft_from_send": summarize(ttft_send, pcts),
+    }
+    offered = None
+    if phase.shape.mode == "rate" and phase.target_offsets:
+        offered = phase.shape.request_rate
+    return LatencyMetrics(
+        sent=len(phase.results), completed=len(ok), failed=len(bad), not_sent=phase.not_sent,
+        errors=errors, reasons=reasons, duration_s=dur, input_tokens=in_tokens, output_tokens=out_tokens,
+        request_throughput=len(ok) / dur, output_throughput=out_tokens / dur,
+        total_token_throughput=(in_tokens + out_tokens) / dur,
+        good_requests=good, goodput=(good / dur) if good is not None else None, slo_ms=slo,
+        stats=stats,
+        samples={"ttft": ttft, "tpot": tpot, "e2e": e2e, "send_lag": lag, "ttft_from_send": ttft_send,
+                 "itl": itl, "itl_token": itl_tok},
+        sample_offsets_s=[r.scheduled - phase.started for r in ok],
+        token_source=token_source(phase.results), output_tokens_source=out_src,
+        count_mismatches=sum(1 for r in ok if r.count_mismatch), offered_rate=offered,
+        failures=[{"index": r.index, "error": r.error, "reason": r.reason,
+                   "after_ms": round((r.finished - r.scheduled) * ms, 3), "tokens_seen": sum(r.msg_n)}
+                  for r in bad[:20]],
+    )

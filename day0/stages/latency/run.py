@@ -1,0 +1,141 @@
+"""Stage 3's measured run over HTTP: warm up, scrape /metrics, the measured phase, scrape again,
+the optional sweep; and the short throughput run other stages price."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from day0.client.loadgen import fetch_models, make_session, run_phase
+from day0.client.prom import PromError, ServerFigure, scrape, server_view
+from day0.client.workload import Vocab, as_text, build_requests
+from day0.config.latency import LatencySection, SlaSection
+from day0.core.record import Check
+from day0.stages.latency.checks import latency_checks
+from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
+from day0.stages.latency.settings import client_options, load_shape, workload_spec
+from day0.stages.latency.sweep import SweepPoint, run_sweep
+
+
+@dataclass
+class LatencyRun:
+    """Everything one latency stage measured; :meth:`checks` turns it into run-record checks."""
+
+    base_url: str
+    model: str
+    settings: LatencySection
+    sla: SlaSection
+    metrics: LatencyMetrics
+    warmup: LatencyMetrics | None
+    server: dict[str, ServerFigure] | None
+    server_error: str | None
+    sweep: list[SweepPoint] = field(default_factory=list)
+
+    def checks(self) -> list[Check]:
+        return latency_checks(self)
+
+
+def report_percentiles(settings: LatencySection, sla: SlaSection) -> list[float]:
+    """The percentiles every phase reports: the profile's, every SLA limit's, p50 and p99."""
+    return sorted(set(settings.percentiles) | {p for _, p, _ in sla.latency_limits()} | {50.0, 99.0})
+
+
+async def measure_latency(
+    base_url: str,
+    model: str | None,
+    vocab: Vocab | int,
+    settings: LatencySection | None = None,
+    sla: SlaSection | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> LatencyRun:
+    """Warm up, scrape /metrics, run the measured phase, scrape again, optionally sweep."""
+    s = settings or LatencySection()
+    sla = sla or SlaSection()
+    say = progress or (lambda _msg: None)
+    if isinstance(vocab, int):
+        vocab = Vocab(vocab, frozenset(s.special_token_ids))
+    elif s.special_token_ids:
+        vocab = Vocab(vocab.size, vocab.special_ids | frozenset(s.special_token_ids))
+    spec = workload_spec(s)
+    opts = client_options(s)
+    pcts = report_percentiles(s, sla)
+
+    def requests(n: int, stream: str):
+        reqs = build_requests(spec, vocab, n, stream=stream)
+        return as_text(reqs, s.seed) if s.endpoint == "chat" else reqs
+
+    # no connection cap in the HTTP client: the load shape bounds what is in flight, and a cap
+    # here would queue requests invisibly (that wait would look like server latency)
+    async with make_session(opts, limit=0) as session:
+        if not model:
+            names = await fetch_models(session, base_url)
+            if not names:
+                raise RuntimeError(f"{base_url}/v1/models lists no model; pass the served model name")
+            model = names[0]
+        warm = None
+        if s.warmup_requests:
+            say(f"warm-up: {s.warmup_requests} requests")
+            wphase = await run_phase(session, base_url, model, requests(s.warmup_requests, "warmup"),
+                                     load_shape(s), opts, phase="warmup")
+            warm = compute_metrics(wphase, pcts)
+        before = after = None
+        server_error = None
+        if s.server_metrics:
+            try:
+                before = await scrape(session, base_url)
+            except PromError as exc:
+                server_error = str(exc)
+        say(f"measure: {s.num_requests} requests, load={s.load}")
+        phase = await run_phase(session, base_url, model, requests(s.num_requests, "main"), load_shape(s), opts)
+        metrics = compute_metrics(phase, pcts, sla.per_request_slo())
+        server = None
+        if s.server_metrics and server_error is None:
+            try:
+                after = await scrape(session, base_url)
+                server = server_view(before, after, percentiles=pcts)  # type: ignore[arg-type]
+                if not server:
+                    server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
+            except PromError as exc:
+                server_error = str(exc)
+
+        async def measure_at(rate: float, n: int) -> LatencyMetrics:
+            sp = await run_phase(session, base_url, model, requests(n, f"sweep{rate:g}"), load_shape(s, rate), opts,
+                                 phase="sweep")
+            return compute_metrics(sp, pcts, sla.per_request_slo())
+
+        sweep = await run_sweep(measure_at, s, sla, say)
+    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep)
+
+
+def run_latency(base_url: str, model: str | None, vocab: Vocab | int, settings: LatencySection | None = None,
+                sla: SlaSection | None = None, *, progress: Callable[[str], None] | None = None) -> LatencyRun:
+    """Blocking entry point for the suite and the CLI (runs its own event loop)."""
+    return asyncio.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress))
+
+
+@dataclass(frozen=True)
+class MeasuredThroughput:
+    """Output throughput of a short run of this stage's workload, with where it came from."""
+
+    tok_s: float
+    source: str  # where the figure came from, in words
+    detail: dict[str, Any]
+
+
+def measure_throughput(base_url: str, model: str, vocab: Any, latency: LatencySection, requests: int,
+                       progress: Any = None) -> MeasuredThroughput:
+    """A short run of stage 3's own workload (the profile's ``[latency]`` load shape, fewer
+    requests, no sweep), for runs where stage 3 did not record a throughput."""
+    settings = LatencySection.from_table({**latency.model_dump(), "num_requests": requests,
+                                          "warmup_requests": min(1, requests), "sweep_rates": [],
+                                          "server_metrics": False})
+    run = run_latency(base_url, model, vocab, settings, progress=progress)
+    m = run.metrics
+    if m.completed == 0 or not m.output_throughput > 0:
+        raise RuntimeError(f"throughput measurement at {base_url}: no request completed")
+    return MeasuredThroughput(float(m.output_throughput), f"own measurement: {m.completed} requests, {settings.load} "
+                              f"load (concurrency {settings.concurrency})",
+                              {"requests": requests, "completed": m.completed, "load": settings.load,
+                               "concurrency": settings.concurrency})

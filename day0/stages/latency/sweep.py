@@ -1,0 +1,87 @@
+"""Stage 3's SLA sweep: the same workload at ascending offered rates until one misses the SLA,
+and the highest rate that met it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from day0.client.prom import pct_name
+from day0.config.latency import LatencySection, SlaSection
+from day0.core.record import Check, measured
+from day0.core.stats import percentile
+from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
+
+if TYPE_CHECKING:
+    from day0.stages.latency.run import LatencyRun
+
+
+@dataclass
+class SweepPoint:
+    """One offered rate of the sweep: what it measured and which SLA limits it missed."""
+
+    rate: float
+    metrics: LatencyMetrics
+    meets_sla: bool
+    failing: list[str]
+
+
+def sla_misses(metrics: LatencyMetrics, sla: SlaSection) -> list[str]:
+    """Ids of the SLA limits a phase misses (used by the sweep)."""
+    failing = []
+    for metric, p, limit in sla.latency_limits():
+        st = metrics.stats[metric]
+        v = st.get(p) if pct_name(p) in st.percentiles else percentile(metrics.samples[metric], p)
+        if not (v <= limit):
+            failing.append(f"{metric}_{pct_name(p)}")
+    if metrics.error_rate > sla.max_error_rate:
+        failing.append("error_rate")
+    if metrics.completed == 0:
+        failing.append("no_completed_requests")
+    return failing
+
+
+async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], settings: LatencySection,
+                    sla: SlaSection, say: Callable[[str], None]) -> list[SweepPoint]:
+    """Each of ``sweep_rates`` in turn (``sweep_requests`` requests, ``measure_at(rate, n)``)
+    until one misses the SLA."""
+    points: list[SweepPoint] = []
+    for rate in settings.sweep_rates:
+        n = settings.sweep_requests or settings.num_requests
+        say(f"sweep: {rate:g} req/s, {n} requests")
+        sm = await measure_at(rate, n)
+        failing = sla_misses(sm, sla)
+        points.append(SweepPoint(rate, sm, not failing, failing))
+        if failing:
+            break
+    return points
+
+
+def sweep_check(run: LatencyRun) -> Check:
+    """The highest swept rate that met the SLA, with latency vs offered rate as a chart."""
+    sla = run.sla
+    passing = [p.rate for p in run.sweep if p.meets_sla]
+    best = max(passing) if passing else 0.0
+    lims = sla.latency_limits()
+    series = []
+    refs = []
+    for metric, p, limit in lims or [("ttft", 99.0, None), ("tpot", 99.0, None)]:  # type: ignore[list-item]
+        series.append({"name": f"{metric} {pct_name(p)}", "x": [pt.rate for pt in run.sweep],
+                       "y": [rounded(percentile(pt.metrics.samples[metric], p)) for pt in run.sweep]})
+        if limit is not None:
+            refs.append({"y": limit, "label": f"{metric} {pct_name(p)} limit"})
+    rows = [[pt.rate, rounded(pt.metrics.request_throughput), rounded(percentile(pt.metrics.samples["ttft"], 99)),
+             rounded(percentile(pt.metrics.samples["tpot"], 99)), rounded(pt.metrics.error_rate),
+             "meets" if pt.meets_sla else "misses: " + ", ".join(pt.failing)] for pt in run.sweep]
+    last = run.sweep[-1]
+    msg = (f"highest swept rate meeting the SLA: {best:g} req/s" +
+           ("" if last.meets_sla else f"; {last.rate:g} req/s misses ({', '.join(last.failing)})")
+           + ("" if lims else " (no latency limit set: only errors judged)"))
+    return measured("latency.sla_sweep", "Highest request rate meeting the SLA", best, None, unit="req/s",
+                    direction="higher_is_better", message=msg,
+                    evidence={"charts": [{"kind": "line", "title": "Latency vs offered request rate",
+                                          "x_label": "offered rate (req/s)", "y_label": "ms", "x_log": False,
+                                          "series": series, "reference": refs}],
+                              "table": {"columns": ["offered req/s", "achieved req/s", "ttft p99", "tpot p99",
+                                                    "error rate", "SLA"], "rows": rows}},
+                    source=SOURCE)
