@@ -44,11 +44,11 @@ def test_transport_matches_topology(sweep, day0_profile, day0_checks):
 
 
 @pytest.mark.day0_once
-def test_engine_tp2_matches_tp1(engine, day0_profile, day0_session, day0_checks):
+def test_engine_tp2_matches_tp1(day0_engine, day0_profile, day0_session, day0_checks):
     """vLLM's own communicator path: greedy tokens of a TP=2 engine equal the TP=1 engine's."""
     if not day0_profile.collectives.tp_equivalence:
         pytest.skip("collectives.tp_equivalence is off (it starts a second engine)")
     if day0_profile.topology.device != "cpu":
         pytest.skip("on GPU targets a TP=1 reference rarely fits; compare against a golden file instead")
     base_tp = int(day0_profile.engine.args.get("tensor_parallel_size", 1))
-    day0_checks.add(tp_equivalence_check(engine, day0_session.engines, base_tp))
+    day0_checks.add(tp_equivalence_check(day0_engine, day0_session.engines, base_tp))

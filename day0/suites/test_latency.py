@@ -10,10 +10,10 @@ pytestmark = [pytest.mark.day0, pytest.mark.latency]
 
 
 @pytest.fixture(scope="module")
-def latency_checks(engine, day0_profile, day0_session, day0_repeat):
+def latency_checks(day0_engine, day0_profile, day0_session, day0_repeat):
     """The measured load, run again for each --day0-repeat on the same engine."""
     try:
-        return latency.run_stage(engine, day0_profile, progress=day0_session.log)
+        return latency.run_stage(day0_engine, day0_profile, progress=day0_session.log)
     except latency.NoTokenizer as exc:
         pytest.skip(str(exc))
 
