@@ -112,3 +112,18 @@ def test_checks_repeated_within_one_repeat_are_kept_apart(tmp_path):
     log.run_finished(0)
     groups = series(rebuild(tmp_path))
     assert [s.values for s in groups] == [[1.0, 1.0], [6.0, 7.0]]
+
+
+def test_the_widest_spread_named_is_a_performance_figure(tmp_path):
+    """A cross-check whose median is near 0 (client vs engine, ms apart) has a huge relative
+    spread that says nothing; the summary names the widest performance figure instead."""
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r", {}, {"name": "p"}, ["latency"])
+    for repeat, (agree, ttft) in enumerate([(0.01, 100.0), (0.5, 120.0)], 1):
+        log.check("latency", Check(id="latency.server_agreement", title="t", status="pass", value=agree,
+                                   unit="ms", repeat=repeat))
+        log.check("latency", Check(id="latency.ttft_p99", title="t", status="pass", value=ttft, unit="ms",
+                                   repeat=repeat, performance=True))
+    log.run_finished(0)
+    check = stability_check(rebuild(tmp_path), 2)
+    assert check.status == "pass" and "widest spread latency.ttft_p99" in check.message

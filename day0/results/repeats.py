@@ -30,6 +30,7 @@ class Series:
     unit: str
     statuses: list[str]
     values: list[Any]
+    performance: bool = False  # a performance figure (its spread is news; a cross-check near 0 is not)
 
     @property
     def numbers(self) -> list[float]:
@@ -76,7 +77,7 @@ def series(record: RunRecord) -> list[Series]:
             continue
         k = seen[(check.repeat, check.id)]
         seen[(check.repeat, check.id)] += 1
-        s = grouped.setdefault((check.id, k), Series(check.id, check.unit, [], []))
+        s = grouped.setdefault((check.id, k), Series(check.id, check.unit, [], [], check.performance))
         s.statuses.append(check.status)
         s.values.append(check.value)
     return [s for s in grouped.values() if len(s.statuses) > 1]
@@ -98,7 +99,9 @@ def stability_check(record: RunRecord, repeats: int) -> Check:
         return Check(id=STABILITY_ID, title=title, status="error", source="record", evidence=evidence,
                      value=len(unstable), limit=0, unit="checks", direction="exact",
                      message="unstable: " + "; ".join(s.describe_flip() for s in unstable))
-    widest = max((s for s in all_series if s.row()[5] is not None), key=lambda s: s.row()[5], default=None)
+    # among performance figures only: a cross-check whose median is near 0 has a meaningless relative spread
+    widest = max((s for s in all_series if s.performance and s.row()[5] is not None), key=lambda s: s.row()[5],
+                 default=None)
     tail = f"; widest spread {widest.id} {widest.row()[5]:g}% of its median" if widest else ""
     return Check(id=STABILITY_ID, title=title, status="pass", source="record", evidence=evidence,
                  value=0, limit=0, unit="checks", direction="exact",
