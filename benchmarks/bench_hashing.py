@@ -124,7 +124,7 @@ def main() -> None:
         print(f"target ratio >= 0.8 per core -> {'met' if min(d1 / s1, dn / sn) >= 0.8 else 'MISSED'}")
         if has_openssl:
             o1, on = rate("ossl1", 1), rate("osslN", cores)
-            print(f"stricter reference, `openssl dgst -sha256` (SHA-NI where the CPU has it):")
+            print("stricter reference, `openssl dgst -sha256` (SHA-NI where the CPU has it):")
             print(f"1 core    openssl   {o1:8.0f} MB/s   day0 {d1:8.0f} MB/s   ratio {d1 / o1:.2f}")
             print(f"{cores} cores   openssl   {on:8.0f} MB/s/core   day0 {dn:8.0f} MB/s/core   ratio {dn / on:.2f}")
         print(f"digests identical to sha256sum: yes; day0 peak RSS growth while hashing {total_mb} MB: "

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 from day0.config import profile as profiles
+from day0.core.inputs import refusal
 from day0.core.record import RecordError
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"  # shipped in the package (day0.suites)
@@ -68,22 +70,48 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_record_rebuild(args: argparse.Namespace) -> int:
-    from day0.core.record import rebuild
+    """Exit 2 with one line when nothing can be rebuilt; a log with unreadable lines is rebuilt
+    from the rest, with one warning line naming them (the record names each in its notes)."""
+    from day0.core.inputs import refusal, term_safe
+    from day0.core.record import RUN_FILE, SKIPPED_NOTE, Skipped, rebuild
 
-    record = rebuild(Path(args.dir))
-    print(f"{Path(args.dir) / 'run.json'}: verdict {record.verdict} ({record.reason})")
+    skipped = Skipped()
+    try:
+        record = rebuild(Path(args.dir), skipped)
+    except (RecordError, OSError) as exc:
+        print(refusal(exc), file=sys.stderr)
+        return 2
+    if skipped.count:
+        print(term_safe(f"day0: warning: {skipped.summary()}; rebuilt from the rest (notes.{SKIPPED_NOTE} in "
+                        f"run.json names each), so the verdict is at best incomplete"), file=sys.stderr)
+    print(term_safe(f"{Path(args.dir) / RUN_FILE}: verdict {record.verdict} ({record.reason})"))
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    """Exit 0: fits, no lint error; 1: a finding (does not fit, lint error, no layout priced); 2: unusable input."""
+    from day0.model import archs
+    from day0.model.config import ConfigInvalid
     from day0.model.plan import format_table, parse_what_if
-    from day0.stages.preflight import ConfigUnavailable, preflight
+    from day0.model.sizing import plan_arguments
+    from day0.stages.preflight import ConfigUnavailable, model_config, preflight
 
     what_if = parse_what_if(args.what_if) if args.what_if else None
+    profile = profiles.load_profile(args.profile)
     try:
-        result = preflight(profiles.load_profile(args.profile), what_if)
-    except ConfigUnavailable as exc:
+        plan_arguments(profile, what_if)  # the engine args the plan reads: typed and in range
+    except ValueError as exc:
+        print(f"day0: {profile.origin}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        config, source = model_config(profile)
+        archs.check_config(config)  # every key the plan needs: unusable input, not "no plan" (exit 1)
+        result = preflight(profile, what_if)
+    except (ConfigUnavailable, ConfigInvalid) as exc:
         print(f"day0: {exc}", file=sys.stderr)
+        return 2
+    except archs.ConfigError as exc:
+        print(f"day0: {source}: {exc.key}: {exc.problem}", file=sys.stderr)
         return 2
     print(f"config: {result.config_source}")
     if result.findings:
@@ -98,15 +126,23 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"no plan: {result.plan_error}")
         return 1
     print(format_table(result.plan))
-    return 1 if result.errors else 0
+    return 1 if result.errors or not result.plan.fits else 0
 
 
 def _cmd_weights_audit(args: argparse.Namespace) -> int:
+    """Exit 0: every check passed or was skipped; 1: a finding (a failed check); 2: DIR is not a folder."""
+    from day0.config.errors import path_problem
+    from day0.core.inputs import term_safe
     from day0.stages.weights import audit
 
-    checks = audit(Path(args.dir), verify_manifest=not args.no_manifest, progress=True)
-    for c in checks:
-        print(f"{c.status.upper():<5} {c.id}: {c.message}")
+    folder = Path(args.dir)
+    why = path_problem(folder)
+    if why != "is a directory, not a file":
+        print(term_safe(f"day0: {folder}: {why or 'is a file, not a checkpoint folder'}"), file=sys.stderr)
+        return 2
+    checks = audit(folder, verify_manifest=not args.no_manifest, progress=sys.stderr.isatty())
+    for c in checks:  # one line per check, whatever a file or tensor name holds
+        print(term_safe(f"{c.status.upper():<5} {c.id}: {c.message}"))
     return 1 if any(c.failed for c in checks) else 0
 
 
@@ -115,7 +151,7 @@ def _cmd_weights_manifest(args: argparse.Namespace) -> int:
     from day0.stages.weights.manifest import ManifestError
 
     try:
-        path = write_manifest(Path(args.dir), progress=True)
+        path = write_manifest(Path(args.dir), progress=sys.stderr.isatty())
     except ManifestError as exc:
         print(f"day0: {exc}", file=sys.stderr)
         return 2
@@ -124,10 +160,18 @@ def _cmd_weights_manifest(args: argparse.Namespace) -> int:
 
 
 def _cmd_weights_golden(args: argparse.Namespace) -> int:
-    from day0.engine import Engines, served_name
-    from day0.engine.loaded import write_golden
+    from day0.engine import Engines, local_model_dir, served_name
+    from day0.engine.loaded import write_golden, write_reference_golden
 
     profile = profiles.load_profile(args.profile)
+    if args.reference == "transformers":  # no engine: an independent implementation reads the same shards
+        model_dir = local_model_dir(profile)
+        if model_dir is None:
+            raise ValueError(f"{args.profile}: model: not a folder on this machine; --reference transformers "
+                             "reads the checkpoint locally")
+        path = write_reference_golden(model_dir, Path(args.out), model=served_name(profile))
+        print(f"wrote {path}")
+        return 0
     engines = Engines(profile, Path(args.out).resolve().parent, lambda m: print(f"[day0] {m}", file=sys.stderr))
     try:
         path = write_golden(engines.primary(), Path(args.out), model=served_name(profile))
@@ -151,6 +195,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return int(pytest.main(argv))
 
 
+PLAN_EXIT_CODES = """exit codes:
+  0  the layout fits and the lint found no error
+  1  a finding about the deployment: it does not fit (weights, KV cache or devices), a lint error,
+     or no layout could be priced from the engine args
+  2  unusable input: the profile, --what-if, an engine arg of the wrong type, or config.json
+     (missing key, wrong type, absurd value); one line on stderr names the file and the key
+"""
+AUDIT_EXIT_CODES = """exit codes:
+  0  every check passed or was skipped (skips say why)
+  1  a finding: a check failed, each naming its shard or tensor (a broken config.json, index or
+     shard is a finding, never a reason to stop: the other shards are still checked)
+  2  unusable input: DIR does not exist or is not a folder; one line on stderr says which
+"""
 EXAMPLES = """examples:
   day0 run --profile mysite.toml                  every stage against your deployment; sign reports/latest/report.html
   day0 plan --profile h200x8 --what-if tp=8,pp=4  stage 0 only: does the model fit, and how, before any GPU-hour
@@ -183,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("plan", help="lint the profile against vLLM's rules and plan memory per rank (stage 0)")
+    p = sub.add_parser("plan", help="lint the profile against vLLM's rules and plan memory per rank (stage 0)",
+                       epilog=PLAN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="preset name or TOML file")
     p.add_argument("--what-if", default=None, metavar="K=V,...",
                    help="recompute with changes, e.g. tp=8,pp=4,max_model_len=1000000")
@@ -191,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("weights", help="checkpoint audit, integrity manifest, golden tokens")
     psub = p.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
-    q = psub.add_parser("audit", help="audit shards, index and headers against config.json (no tensor data read)")
+    q = psub.add_parser("audit", help="audit shards, index and headers against config.json (no tensor data read)",
+                        epilog=AUDIT_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("dir", help="checkpoint folder (config.json, *.safetensors, the index)")
     q.add_argument("--no-manifest", action="store_true", help="do not verify day0-manifest.json hashes")
     q.set_defaults(func=_cmd_weights_audit)
@@ -201,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = psub.add_parser("golden", help="record greedy tokens from a trusted engine as a golden file")
     q.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="preset name or TOML file of the trusted engine")
     q.add_argument("-o", "--out", required=True, help="golden file to write (JSON); set weights.golden to it")
+    q.add_argument("--reference", choices=["engine", "transformers"], default="engine",
+                   help="who computes the tokens: the profile's engine (default), or transformers on CPU in "
+                        "float32 from the local checkpoint, with top-k logprobs so near-ties are known")
     q.set_defaults(func=_cmd_weights_golden)
 
     p = sub.add_parser("profiles", help="list the preset profiles")
@@ -226,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("record", help="run records")
     psub = p.add_subparsers(dest="record_command", required=True, metavar="ACTION")
-    q = psub.add_parser("rebuild", help="rebuild run.json from a run folder's event log (e.g. after a crash)")
+    q = psub.add_parser("rebuild", help="rebuild run.json from a run folder's event log (e.g. after a crash); "
+                                        "unreadable lines are skipped and named")
     q.add_argument("dir", help="run folder holding events.jsonl")
     q.set_defaults(func=_cmd_record_rebuild)
 
@@ -237,10 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their module (each module exposes ``add_cli``)."""
+    from day0 import device_check
     from day0.results import compare, report
     from day0.stages import collectives, latency
 
-    return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli]
+    return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli, device_check.add_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,9 +315,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         args.pytest_args = [*rest, *args.pytest_args]  # pytest's own options pass through
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) is found here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # Python's recipe (library/signal.html, "Note on SIGPIPE"): the rest of the output goes to
+        # devnull, so the flush at exit cannot raise again and print a traceback; exit 1 as Python does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except (profiles.ProfileError, RecordError, FileNotFoundError, ValueError) as exc:
-        print(f"day0: {exc}", file=sys.stderr)
+        print(refusal(exc), file=sys.stderr)  # one line, whatever a path or value in it holds
         return 2
 
 

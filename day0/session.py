@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from day0.config.profile import Profile
 from day0.core import environment
@@ -54,19 +54,24 @@ class Day0Session:
     report_error: str = ""
     baseline: str | None = None  # --day0-baseline: a run.json path, or latest-accepted / latest (day0.compare)
     repeats: int = 1  # --day0-repeat: the measuring stages ran this many times on one engine (day0.repeats)
+    exports: Any = None  # day0.results.export.Targets: Prometheus textfile, Pushgateway, GitHub step summary
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
         self.run_id = self.run_id or new_run_id(self.profile.name)
         self.run_dir = self.out_dir / self.run_id
-        self.events = EventLog(self.run_dir / "events.jsonl")
+        redactor = self.profile.redactor()
+        self.events = EventLog(self.run_dir / "events.jsonl", redactor=redactor)
+        say = self.log
+        self.log = lambda msg: say(redactor.text(msg))  # progress lines end up in CI logs too
         self.engines = Engines(self.profile, self.run_dir, self.log)
         self.engines.on_start = self._engine_started
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.events.run_started(self.run_id, environment.collect(), self.profile.resolved(), STAGE_NAMES)
+        env = environment.collect(self.run_dir, self.profile.redactor())  # collect_env.txt beside the record
+        self.events.run_started(self.run_id, env, self.profile.resolved(), STAGE_NAMES)
         point_latest(self.out_dir, self.run_dir)
         self.log(f"run {self.run_id}: recording to {self.run_dir}")
 
@@ -130,6 +135,10 @@ class Day0Session:
             self.report_error = "; ".join(filter(None, [self.report_error,
                                                         f"report not rendered: {type(exc).__name__}: {exc}"]))
             self.log(self.report_error)
+        if self.exports is not None:  # Prometheus, Pushgateway, GitHub summary: each failure is one log line
+            from day0.results.export import export
+
+            self.outputs.update(export(self.record, self.exports, self.log))
         return self.record
 
     @property

@@ -185,9 +185,9 @@ def test_mtp_layer_is_excluded_unless_asked() -> None:
 
 
 def test_unknown_architecture_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"config.json: architecture GPT2LMHeadModel is not known to day0; known: .*LlamaForCausalLM"):
+    with pytest.raises(ValueError, match=r"config.json: architectures: architecture GPT2LMHeadModel is not known to day0; known: .*LlamaForCausalLM"):
         archs.expected_tensors({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})
-    with pytest.raises(ValueError, match="'intermediate_size' is missing"):
+    with pytest.raises(ValueError, match="config.json: intermediate_size: missing"):
         archs.parameter_count({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "vocab_size": 8,
                                "num_hidden_layers": 1, "num_attention_heads": 1})
 
@@ -245,3 +245,28 @@ def test_llama_count_closed_form(hidden_mult: int, heads: int, kv_div: int, laye
             kvb = archs.kv_bytes_per_token(cfg, 2, tp=tp, pp=pp)
             assert kvb == 2 * math.ceil(layers / pp) * max(1, kv // tp) * hd * 2
             assert kvb <= archs.kv_bytes_per_token(cfg, 2)
+
+
+@pytest.mark.parametrize("key, value, problem", [
+    ("hidden_size", "256", "expected an integer"),
+    ("hidden_size", 256.0, "expected an integer"),
+    ("num_hidden_layers", True, "expected an integer"),
+    ("num_hidden_layers", 10**9, "at most 100000"),
+    ("num_attention_heads", 0, "below 1"),
+    ("tie_word_embeddings", "false", "expected true or false"),
+    ("rope_scaling", {"type": "linear", "factor": float("inf")}, "finite"),
+    ("architectures", [1], "list of model class names"),
+])
+def test_config_values_are_read_strictly(key: str, value: object, problem: str) -> None:
+    """int("256") or bool("false") would describe a model vLLM does not load: refused, naming the key."""
+    cfg = {**archs.example_config("llama-3.1-8b"), key: value}
+    with pytest.raises(archs.ConfigError, match=problem) as err:
+        archs.check_config(cfg)
+    assert err.value.key.split(".")[0] == key and str(err.value).startswith(f"config.json: {err.value.key}: ")
+
+
+def test_implied_tensor_count_is_bounded_before_listing() -> None:
+    cfg = {**archs.example_config("mixtral-8x7b"), "num_hidden_layers": 50_000}
+    assert archs.tensor_count_bound(cfg) > archs.MAX_TENSORS
+    with pytest.raises(archs.ConfigError, match="tensors"):
+        archs.expected_tensors(cfg)  # refused arithmetically, nothing listed

@@ -56,3 +56,17 @@ def test_run_passes_pytest_options_through(tmp_path):
 def test_tiny_build_writes_a_checkpoint(tmp_path, capsys):
     assert main(["tiny", "build", str(tmp_path / "m")]) == 0
     assert (Path(tmp_path / "m") / "model.safetensors.index.json").is_file()
+
+
+def test_weights_golden_with_the_transformers_reference(tmp_path, capsys):
+    """No engine: transformers computes the golden tokens from the local checkpoint, with the
+    top-k logprobs a later comparison needs to tell a near-tie from a divergence."""
+    from day0.engine.loaded import GOLDEN_PROMPTS, GOLDEN_TOKENS
+
+    out = tmp_path / "golden.json"
+    assert main(["weights", "golden", "--reference", "transformers", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["reference"].startswith("transformers")
+    assert [p["prompt"] for p in data["prompts"]] == list(GOLDEN_PROMPTS)
+    assert all(len(p["token_ids"]) == GOLDEN_TOKENS for p in data["prompts"])
+    assert all(len(p["sequence"]["top_logprobs"]) == GOLDEN_TOKENS for p in data["prompts"])

@@ -451,7 +451,7 @@ def test_cli_exit_codes_and_table(tmp_path, capsys):
     def err(argv: list[str]) -> str:
         assert _cli(argv) == 2
         e = capsys.readouterr().err
-        assert e.count("\n") == 1 and "Traceback" not in e and e.startswith("day0 compare: error: ")
+        assert e.count("\n") == 1 and "Traceback" not in e and e.startswith("day0: ")
         return e
 
     assert "nope: run record not found" in err(["compare", str(slow), "--baseline", str(tmp_path / "nope")])

@@ -218,7 +218,7 @@ def test_garbage_is_a_one_line_error_naming_the_file(tmp_path):
         read_nccl_tests(bad_json, op="all_reduce")
     unknown = tmp_path / "mystery.txt"
     unknown.write_text(render_text("all_reduce_perf", sweep_rows("all_reduce"), layout="error", starting=False))
-    with pytest.raises(NcclParseError, match="pass op="):
+    with pytest.raises(NcclParseError, match="pass --op"):
         read_nccl_tests(unknown)
 
 
@@ -305,7 +305,8 @@ def test_json_round_trip_is_exact(rows):
         results.append({"size": r["size"], "count": r["size"] // 4, "type": "float", "redop": "sum", "root": "    -1",
                         "out_of_place": side(r["t_oop"], r["w_oop"]), "in_place": side(r["t_ip"], r["w_ip"]),
                         "actual_iterations": 20, "experiment_name": "all_reduce_perf"})
-    run = parse_nccl_tests_json(json.loads(json.dumps({"version": 2, "results": results})))
+    doc = {"version": 2, "config": {"nthreads": 1, "ngpus": 4}, "results": results}
+    run = parse_nccl_tests_json(json.loads(json.dumps(doc)))
     assert [(r.size_bytes, r.mode, r.time_us, r.wrong) for r in run.rows] == [
         (x["size"], m, x[m]["time"], int(x[m]["nwrong"])) for x in results for m in ("out_of_place", "in_place")
     ]
@@ -451,3 +452,98 @@ def test_transport_verdict_matches_the_rule(nodes, gpus, intra, inter, bad, seed
     want_inter = "skip" if not inter_conns else ("pass" if all(v.startswith(ok_inter) for v in inter_conns) else "fail")
     assert checks["collectives.transport.intra_node"].status == want_intra
     assert checks["collectives.transport.inter_node"].status == want_inter
+
+
+# --------------------------------------------------------------------------- which collective, how many ranks, hostile text
+
+
+@pytest.mark.parametrize("name,op", [
+    ("all_reduce_perf.log", "all_reduce"), ("allreduce.txt", "all_reduce"), ("nccl-all-reduce-8gpu.out", "all_reduce"),
+    ("reduce_perf.log", "reduce"), ("reduce_scatter_perf.log", "reduce_scatter"), ("ReduceScatter.txt", "reduce_scatter"),
+    ("all_gather_perf.json", "all_gather"), ("h100_alltoall_2node.log", "all_to_all"), ("sendrecv.log", "sendrecv"),
+    ("broadcast.log", "broadcast"), ("bcast_8.log", "broadcast"), ("reducer.log", None), ("preduce.log", None),
+    ("results.txt", None),
+])
+def test_the_file_name_names_a_collective_only_as_a_whole_word(name, op):
+    from day0.stages.collectives.nccl_format import op_from_name
+
+    assert op_from_name(name) == op
+
+
+def test_several_processes_without_rank_lines_take_the_rank_count_from_the_bandwidths():
+    """nGpus 1 per process, 8 MPI processes, the device list cut out: busbw = 1.75 x algbw says 8."""
+    text = render_text("all_reduce_perf", sweep_rows("all_reduce"))
+    text = "\n".join(ln for ln in text.splitlines() if "Rank " not in ln)
+    [run] = parse_nccl_tests_text(text)
+    assert run.world_size == 8
+
+
+def test_timestamps_after_the_in_place_columns_are_two_fields():
+    text = render_text("all_reduce_perf", sweep_rows("all_reduce"))
+    lines = text.splitlines()
+    out = []
+    for ln in lines:
+        if ln.startswith("#") and "size" in ln and "busbw" in ln:
+            ln += "            timestamp"
+        elif ln[:12].strip().isdigit():
+            ln += "  2026-11-30 10:00:00"
+        out.append(ln)
+    [run] = parse_nccl_tests_text("\n".join(out))
+    assert len(run.rows) == 8 and run.rows[-1].wrong == 0
+
+
+def test_a_connection_on_many_channels_is_kept_once_with_its_count():
+    text = "\n".join(f"h:1:2 [0] NCCL INFO Channel {c:02d}/0 : 0[0] -> 1[1] via P2P/CUMEM/read" for c in range(32))
+    log = parse_nccl_debug(text)
+    [conn] = log.connections
+    assert conn.count == 32 and conn.channel_list == list(range(32)) and conn.line_no == 1
+    checks = transport_checks(text, {"intra_node": "nvlink", "inter_node": "none"})
+    assert checks[0].status == "pass" and "32 intra-node connections" in checks[0].message
+
+
+_MUTATIONS = ["nan", "-1", "inf", "", "#", "N/A", "1e999", "0", "9" * 40, "Rank", "size", "time", "busbw", "é"]
+
+
+@given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(_MUTATIONS + ["DEL", "CUT", "DUP"])),
+                      min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_any_edit_of_an_output_is_read_or_refused_in_one_line(edits):
+    """Never another exception: an edit either leaves a readable table or is an InputError naming the line."""
+    from day0.stages.collectives.inputs import InputError
+
+    lines = render_text("all_reduce_perf", sweep_rows("all_reduce")).splitlines()
+    for where, which, what in edits:
+        k = where % len(lines)
+        if what == "DEL":
+            del lines[k]
+        elif what == "CUT":
+            lines[k] = lines[k][: which % (len(lines[k]) + 1)]
+        elif what == "DUP":
+            lines.insert(k, lines[which % len(lines)])
+        elif lines[k].split():
+            toks = lines[k].split()
+            toks[which % len(toks)] = what
+            lines[k] = "  ".join(toks)
+        if not lines:
+            return
+    try:
+        runs = parse_nccl_tests_text("\n".join(lines))
+    except InputError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("<text>")
+        return
+    for run in runs:
+        assert all(r.busbw_gbps is not None and r.busbw_gbps >= 0 for r in run.rows)
+
+
+@given(key=st.sampled_from(["size", "count", "root", "out_of_place", "in_place", "type"]),
+       value=st.sampled_from([None, [], {}, "nan", -1, 1e308, True, "x", [1], {"a": 1}, "  -1"]))
+@settings(max_examples=80, deadline=None)
+def test_any_value_in_a_json_result_is_read_or_refused_naming_its_key(key, value):
+    from day0.stages.collectives.inputs import InputError
+
+    data = json.loads(JSON_SAMPLE)
+    data["results"][1][key] = value
+    try:
+        parse_nccl_tests_json(data)
+    except InputError as exc:
+        assert "results[1]" in str(exc) or "bus factor" in str(exc)

@@ -238,7 +238,7 @@ def test_what_if_round_trip(changes: dict) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 10**6), st.sampled_from("kmgtKMGT"))
+@given(st.integers(1, 10**6), st.sampled_from("kmgtKMGT"))
 def test_human_int_suffixes(n: int, suffix: str) -> None:
     mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[suffix]
     assert parse_human_int(f"{n}{suffix}") == n * mult
@@ -291,3 +291,25 @@ def test_plan_arithmetic_properties(c: dict, tp: int, pp: int, mem: float, util:
         assert best.fits and best.ranks <= max(p.ranks, best.ranks)
         if p.fits:
             assert best.ranks <= p.ranks
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("tp=0", "outside"), ("nodes=5000", "outside"), ("gpu_memory_utilization=0", "outside"),
+    ("device_memory_gib=nan", "finite"), ("max_model_len=" + "9" * 60, "characters"),
+])
+def test_what_if_values_are_bounded(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        P.parse_what_if(text)
+
+
+@pytest.mark.parametrize("args, key", [
+    ({"tensor_parallel_size": "8"}, "tensor_parallel_size"), ({"max_model_len": -5}, "max_model_len"),
+    ({"gpu_memory_utilization": True}, "gpu_memory_utilization"), ({"enforce_eager": "yes"}, "enforce_eager"),
+    ({"block_size": 16.0}, "block_size"),
+])
+def test_engine_args_the_plan_reads_are_typed(args: dict, key: str) -> None:
+    from day0.model.what_if import check_engine_args
+
+    with pytest.raises(ValueError, match=f"engine.args.{key}: "):
+        check_engine_args(args)
+    check_engine_args({"tensor_parallel_size": 8, "max_model_len": -1, "enforce_eager": True, "dtype": "auto"})

@@ -282,3 +282,19 @@ def test_the_config_layer_imports_nothing_above_it():
             "and not m.startswith(('day0.config', 'day0.core'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_extends_chain_is_bounded_and_names_its_files(tmp_path):
+    for i in range(40):
+        (tmp_path / f"p{i}.toml").write_text(f'extends = "p{i + 1}.toml"\n')
+    with pytest.raises(ProfileError, match=r"p0.toml: extends: chain of more than 16 files \(.*p0.toml -> .*p1.toml"):
+        load_profile(tmp_path / "p0.toml")
+
+
+def test_unreadable_profile_bytes_are_a_profile_error_naming_the_offset(tmp_path):
+    (tmp_path / "p.toml").write_bytes(b'name = "\xc3\x28"\n')
+    with pytest.raises(ProfileError, match=r"p.toml: not UTF-8 text \(byte 0xc3 at offset 8\)"):
+        load_profile(tmp_path / "p.toml")
+    (tmp_path / "q.toml").write_text("x = " + "[" * 50 + "]" * 50 + "\n")
+    with pytest.raises(ProfileError, match="q.toml: x: arrays or tables nested deeper than 32 levels"):
+        load_profile(tmp_path / "q.toml")

@@ -7,7 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from day0.core.record import (
+    EVENT_DEPTH,
     SCHEMA_VERSION,
+    SKIPPED_NOTE,
+    STATUSES,
     Check,
     EventLog,
     RecordError,
@@ -114,13 +117,54 @@ def test_a_killed_run_with_a_torn_last_line_rebuilds_as_incomplete(tmp_path):
     assert [c.id for c in rec.checks()] == ["weights.c0"]
 
 
-def test_a_corrupt_line_in_the_middle_is_an_error_naming_the_line(tmp_path):
-    _log(tmp_path)
+def test_a_corrupt_line_in_the_middle_is_named_and_the_rest_kept(tmp_path):
+    _log(tmp_path, checks=(("weights", "pass"), ("latency", "pass")))
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     lines.insert(1, "garbage")
     (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(RecordError, match=r"events.jsonl:2: not a JSON event"):
-        list(read_events(tmp_path / "events.jsonl"))
+    with pytest.raises(RecordError, match=r"events.jsonl:2: not JSON"):
+        list(read_events(tmp_path / "events.jsonl"))  # a reader that wants every event says which line
+    rec = rebuild(tmp_path)
+    assert [c.id for c in rec.checks()] == ["weights.c0", "latency.c1"]
+    assert len(rec.notes[SKIPPED_NOTE]) == 1 and "events.jsonl:2: not JSON" in rec.notes[SKIPPED_NOTE][0]
+    # Every stage passed, but the skipped line may have been a failed check: never accepted.
+    assert rec.verdict == "incomplete" and "unreadable event-log line" in rec.reason
+
+
+def test_an_invalid_check_event_is_skipped_by_key_path_and_never_yields_accepted(tmp_path):
+    _log(tmp_path, checks=(("weights", "pass"), ("latency", "pass")))
+    with (tmp_path / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps({"type": "check", "stage": "latency", "check": "fail"}) + "\n")
+        fh.write(json.dumps({"type": "check", "stage": "latency", "check": {"id": "x", "title": "t",
+                                                                            "status": "ok"}}) + "\n")
+    rec = rebuild(tmp_path)
+    notes = rec.notes[SKIPPED_NOTE]
+    assert "events.jsonl:5: check: expected an object" in notes[0]
+    assert "events.jsonl:6: check.status: expected one of pass" in notes[1]
+    assert rec.verdict == "incomplete"
+
+
+def test_a_newer_schema_in_the_event_log_is_refused_naming_both_versions(tmp_path):
+    _log(tmp_path)
+    text = (tmp_path / "events.jsonl").read_text().replace(f'"schema_version": {SCHEMA_VERSION}', '"schema_version": 99')
+    (tmp_path / "events.jsonl").write_text(text)
+    with pytest.raises(RecordError, match=rf"events.jsonl:1: schema_version 99 is newer than this day0 reads \({SCHEMA_VERSION}\)"):
+        rebuild(tmp_path)
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_a_record_that_claims_better_than_its_checks_is_refused(tmp_path):
+    _log(tmp_path, checks=(("weights", "pass"), ("latency", "fail")))
+    rebuild(tmp_path)
+    data = json.loads((tmp_path / "run.json").read_text())
+    data["verdict"] = "accepted"
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"verdict: 'accepted', but its checks give 'rejected'"):
+        load(tmp_path)
+    data["verdict"], data["stages"][1]["verdict"] = "rejected", "pass"
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"stages\[1\].verdict: 'pass', but its checks give 'fail'"):
+        load(tmp_path)
 
 
 def test_build_needs_a_start_event():
@@ -155,3 +199,126 @@ def test_evidence_with_numpy_and_nan_is_stored(tmp_path):
     rec = rebuild(tmp_path)
     c = next(rec.checks())
     assert c.value == 1.5 and c.evidence == {"a": [0, 1, 2], "nan": None}
+
+
+def test_a_second_start_and_repeated_stage_names_still_make_a_record_that_loads(tmp_path):
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r1", {}, {}, ["weights", "weights", "latency"])
+    log.check("weights", Check(id="w", title="", status="pass", evidence={"deep": _deep(EVENT_DEPTH - 3)}))
+    log.check("weights", Check(id="w2", title="", status="pass", evidence={"deep": _deep(EVENT_DEPTH)}))
+    log.run_started("r2", {}, {}, ["kvcache"])
+    log.run_finished(0)
+    rec = rebuild(tmp_path)
+    assert [s.name for s in rec.stages] == ["weights", "latency"]
+    assert [c.id for c in rec.checks()] == ["w"]
+    skipped = rec.notes[SKIPPED_NOTE]
+    assert "events.jsonl:3: check.evidence.deep" in skipped[0] and "nested deeper than" in skipped[0]
+    assert "events.jsonl:4: a second run_started event (run 'r2')" in skipped[1]
+    assert load(tmp_path).to_dict() == rec.to_dict()  # what rebuild writes, load reads
+
+
+def _deep(n):
+    value = 0
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["weights", "latency", "x"]), st.sampled_from(STATUSES), json_values,
+                          json_values), max_size=6), json_values)
+def test_any_log_day0_writes_rebuilds_into_a_record_that_loads(tmp_path_factory, checks, note):
+    tmp = tmp_path_factory.mktemp("log")
+    log = EventLog(tmp / "events.jsonl")
+    log.run_started("r1", {"host": "h"}, {"name": "p"}, ["weights", "latency"])
+    for i, (stage, status, value, evidence) in enumerate(checks):
+        log.check(stage, Check(id=f"c{i}", title="t", status=status, value=value, evidence={"e": evidence}))
+    log.note("n", note)
+    log.run_finished(0)
+    rec = rebuild(tmp)
+    assert SKIPPED_NOTE not in rec.notes
+    assert load(tmp).to_dict() == rec.to_dict()
+
+
+def test_the_shape_checked_on_load_is_the_check_dataclass():
+    from day0.core.record_shape import CHECK
+
+    assert set(CHECK) == set(Check.__dataclass_fields__)  # a new field must be validated (and kept) on load
+
+
+# --------------------------------------------------------------------------- required checks ([report] required)
+
+
+def _required_log(tmp_path, required, checks):
+    """A finished run of two stages whose profile lists ``required`` check globs."""
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r-req", {"host": "h"}, {"name": "p", "report": {"required": list(required)}}, ["weights", "latency"])
+    for stage, cid, status in checks:
+        log.check(stage, Check(id=cid, title="t", status=status, message=f"{cid} was {status}"))
+    log.run_finished(0)
+    return rebuild(tmp_path)
+
+
+BASE = (("weights", "weights.index", "pass"), ("latency", "latency.ttft_p99", "pass"))
+
+
+@pytest.mark.parametrize("status", ["skip", "blocked"])
+def test_a_required_check_not_verified_makes_the_run_incomplete(tmp_path, status):
+    rec = _required_log(tmp_path, ["weights.manifest"], (*BASE, ("weights", "weights.manifest", status)))
+    assert rec.verdict == "incomplete"
+    assert rec.reason == f"required check not verified: weights.manifest: required, but {status}: weights.manifest was {status}"
+
+
+def test_the_same_skip_unrequired_leaves_the_run_accepted(tmp_path):
+    rec = _required_log(tmp_path, ["latency.*"], (*BASE, ("weights", "weights.manifest", "skip")))
+    assert rec.verdict == "accepted"
+
+
+def test_a_required_check_that_never_ran_makes_the_run_incomplete(tmp_path):
+    rec = _required_log(tmp_path, ["collectives.transport.*"], BASE)
+    assert rec.verdict == "incomplete"
+    assert rec.reason == "required check not verified: collectives.transport.*: required, but no such check ran"
+
+
+def test_required_globs_match_every_repeat_and_name_how_many_more(tmp_path):
+    checks = (*BASE, ("latency", "latency.tpot_p99", "skip"), ("weights", "weights.golden_tokens", "skip"),
+              ("weights", "weights.golden_tokens", "skip"))
+    rec = _required_log(tmp_path, ["latency.*", "weights.golden_*"], checks)
+    assert rec.verdict == "incomplete" and rec.reason.endswith("(and 1 more)")
+    assert rec.reason.startswith("required check not verified: latency.tpot_p99")
+
+
+def test_a_fail_still_rejects_before_the_required_list_is_read(tmp_path):
+    rec = _required_log(tmp_path, ["weights.manifest"], (*BASE, ("latency", "latency.e2e_p99", "fail")))
+    assert rec.verdict == "rejected"
+
+
+def test_the_required_verdict_is_rebuilt_the_same_and_a_forged_accept_is_refused(tmp_path):
+    rec = _required_log(tmp_path, ["weights.manifest"], (*BASE, ("weights", "weights.manifest", "skip")))
+    first = (tmp_path / "run.json").read_bytes()
+    again = rebuild(tmp_path)
+    assert (again.verdict, again.reason) == (rec.verdict, rec.reason)
+    assert json.loads(first)["verdict"] == json.loads((tmp_path / "run.json").read_bytes())["verdict"] == "incomplete"
+    data = json.loads(first)
+    data["verdict"] = "accepted"  # claims acceptance although a required check was skipped
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"verdict: 'accepted', but its checks give 'incomplete'.*weights.manifest"):
+        load(tmp_path)
+
+
+def test_the_profile_validates_required_globs():
+    from day0.config.profile import ReportSection, load_profile
+
+    assert ReportSection(required=["weights.*", "collectives.[ab]*.busbw"]).required[0] == "weights.*"
+    with pytest.raises(ValueError, match=r"required\[1\]: 'latency ttft' is not a check id or glob"):
+        ReportSection(required=["weights.*", "latency ttft"])
+    sn = load_profile("supernode-tp8pp4-1m").report.required
+    for must in ("weights.manifest", "weights.golden_tokens", "collectives.transport.*", "weights.weight_memory_per_rank"):
+        assert must in sn

@@ -516,7 +516,11 @@ def test_quantized_checkpoint_other_than_block_fp8_skips_the_config_comparisons(
     assert grouped["weights.shard_layout"][0].status == "pass"  # the file checks still ran
 
 
-def test_progress_bar_goes_to_stderr(ckpt: cf.Ckpt, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_goes_to_stderr(ckpt: cf.Ckpt, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from day0.core import progress
+
+    monkeypatch.setattr(progress, "_tty", lambda stream: True)  # a bar only on a terminal (day0.core.progress)
     write_manifest(ckpt.dir, progress=True)
     audit(ckpt.dir, progress=True)
     out, err = capsys.readouterr()

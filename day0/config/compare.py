@@ -20,9 +20,9 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from day0.config.errors import first_error
+from day0.core.redact import REDACTED as _REDACTED  # what run.json holds for a secret
 
 _ABS = re.compile(r"^[+]?(\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
-_REDACTED = "<redacted>"  # what run.json holds for a key that looks like a secret (day0.config.profile)
 
 
 class CompareError(ValueError):

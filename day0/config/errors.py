@@ -8,15 +8,23 @@ the ``[compare]`` reader of stored run records all turn the first of them into t
     kvcache.outptu_tokens: unknown key; did you mean 'output_tokens'?
     collectives.max_bytes: cannot read 'lots' as bytes (e.g. 1024, '64K', '1G')
 
-This module imports nothing from day0, so every config module can use it.
+Files that cannot be read at all are :mod:`day0.core.inputs`' question; the names this module
+gave its answers (``InputError``, ``path_problem``, ``open_regular`` that returns just the file)
+stay importable from here for the config, model and weights readers that use them.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ValidationError
+
+from day0.core import inputs
+from day0.core.inputs import InputError, path_problem
+
+__all__ = ["InputError", "first_error", "known_keys", "open_regular", "path_problem"]
 
 _EXPECTED = {
     "float_type": "expected a number",
@@ -28,6 +36,7 @@ _EXPECTED = {
     "list_type": "expected an array",
     "extra_forbidden": "unknown key",
     "missing": "required value missing",
+    "finite_number": "expected a finite number (not inf or nan)",
 }
 # Location parts pydantic adds that are not TOML keys.
 _NOT_KEYS = ("function-after", "function-before", "[key]")
@@ -75,3 +84,12 @@ def first_error(exc: ValidationError, root: type[BaseModel], prefix: str = "") -
     else:
         msg = f"{err['msg'].lower()}, got {err['input']!r}"
     return f"{loc}: {msg}" if loc else msg
+
+
+# --------------------------------------------------------------------------- input files
+
+
+def open_regular(path: Path, label: str | None = None, buffering: int = -1) -> BinaryIO:
+    """:func:`day0.core.inputs.open_regular` for readers that stream a file (shards, hashed
+    files) and want only the file, not its stat."""
+    return inputs.open_regular(path, label=label, buffering=buffering)[0]

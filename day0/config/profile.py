@@ -9,10 +9,11 @@ a 32-GPU allocation should cost seconds, not the allocation.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -21,11 +22,22 @@ from day0.config.compare import CompareSection
 from day0.config.errors import first_error, known_keys
 from day0.config.latency import LatencySection, SlaSection
 from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
+from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
+from day0.core.redact import Redactor
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 DEFAULT_PROFILE = "cpu-tiny"
-# Whole-key match, so `num_key_value_heads` or `max_num_batched_tokens` are not mistaken for secrets.
-_SECRET_KEY = re.compile(r"^(?:.*_)?(?:api_?key|key|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
+# Bounds on what a profile file may be. A real profile is a few KB, extends one or two others and
+# nests tables four deep; far past that it is a generated or corrupted file, refused in one line
+# before it costs memory or Python's recursion limit.
+MAX_PROFILE_BYTES = 1 << 20
+MAX_EXTENDS = 16  # files in one extends chain, the profile itself included
+MAX_NESTING = 32  # tables and arrays inside one another
+# Bounds on the topology, shared with the memory plan's --what-if: past them no deployment exists,
+# and the plan's layout search would only spend time.
+MAX_NODES = 4096
+MAX_DEVICES_PER_NODE = 1024
+MAX_DEVICE_MEMORY_GIB = float(1 << 20)  # 1 PiB per device
 
 
 class ProfileError(ValueError):
@@ -33,20 +45,22 @@ class ProfileError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # inf and nan are TOML floats; no key here means "unbounded" by inf, and nan passes no check.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class TinySpec(_Section):
     """The embedded model: a Llama shaped for the CPU attention backend (head_dim 64)."""
 
-    hidden_size: int = Field(256, gt=0)
-    intermediate_size: int = Field(512, gt=0)
-    num_hidden_layers: int = Field(4, gt=0)
-    num_attention_heads: int = Field(4, gt=0)
-    num_key_value_heads: int = Field(2, gt=0)
-    vocab_size: int = Field(384, ge=300, description="BPE target; 256 byte tokens + merges")
-    max_position_embeddings: int = Field(131072, gt=0)
-    num_shards: int = Field(3, ge=1)
+    # Upper bounds keep it tiny: it is built with random weights on whatever machine runs day0.
+    hidden_size: int = Field(256, gt=0, le=8192)
+    intermediate_size: int = Field(512, gt=0, le=32768)
+    num_hidden_layers: int = Field(4, gt=0, le=128)
+    num_attention_heads: int = Field(4, gt=0, le=256)
+    num_key_value_heads: int = Field(2, gt=0, le=256)
+    vocab_size: int = Field(384, ge=300, le=65536, description="BPE target; 256 byte tokens + merges")
+    max_position_embeddings: int = Field(131072, gt=0, le=1 << 24)
+    num_shards: int = Field(3, ge=1, le=64)
     seed: int = 0
     rope_theta: float = 10000.0
 
@@ -94,9 +108,9 @@ class EngineSection(_Section):
 class TopologySection(_Section):
     device: Literal["cpu", "cuda"] = "cpu"
     accelerator: str = "cpu"
-    nodes: int = Field(1, ge=1)
-    devices_per_node: int = Field(1, ge=1)
-    device_memory_gib: float = Field(24.0, gt=0)
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    devices_per_node: int = Field(1, ge=1, le=MAX_DEVICES_PER_NODE)
+    device_memory_gib: float = Field(24.0, gt=0, le=MAX_DEVICE_MEMORY_GIB)
     intra_node: Literal["shm", "pcie", "nvlink"] = "shm"
     inter_node: Literal["none", "ethernet", "roce", "infiniband", "nvlink"] = "none"
 
@@ -109,8 +123,8 @@ class KvCacheSection(_Section):
     """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
 
     fragmentation_limit: float = Field(0.05, gt=0, lt=1)
-    target_context: int = Field(16384, gt=0)
-    target_concurrency: int = Field(1, ge=1)
+    target_context: int = Field(16384, gt=0, le=1 << 40)
+    target_concurrency: int = Field(1, ge=1, le=1 << 30)
     # Workload: total context (prompt + output) of each long request; empty: target_context, /2, /4, /8.
     context_lengths: list[int] = []
     short_requests: int = Field(4, ge=0)  # short requests mixed in (chat-sized)
@@ -154,7 +168,7 @@ class WeightsSection(_Section):
 
 class PreflightSection(_Section):
     # peak activations, graphs and communicator buffers per rank, which vLLM measures at start-up
-    activation_headroom_gib: float = Field(2.0, ge=0)
+    activation_headroom_gib: float = Field(2.0, ge=0, le=MAX_DEVICE_MEMORY_GIB)
 
 
 class RisksSection(_Section):
@@ -170,11 +184,25 @@ class Signatory(_Section):
     role: str
 
 
+REQUIRED_GLOB = re.compile(r"[A-Za-z0-9_.*?\[\]!-]+")
+
+
 class ReportSection(_Section):
     title: str = "Day0 acceptance report"
     out_dir: str = "reports"
     template_dir: Optional[str] = None
     signatories: list[Signatory] = []
+    # Check ids (fnmatch globs) the verdict rests on: one that is skip, blocked, error or absent
+    # makes the run INCOMPLETE (day0.core.record.run_verdict), so nobody accepts what was not verified.
+    required: list[str] = []
+
+    @model_validator(mode="after")
+    def _required_globs(self) -> "ReportSection":
+        for i, glob in enumerate(self.required):
+            if not REQUIRED_GLOB.fullmatch(glob):
+                raise ValueError(f"required[{i}]: {glob!r} is not a check id or glob "
+                                 "(letters, digits, _ . - and the glob characters * ? [ ])")
+        return self
 
 
 class Profile(_Section):
@@ -199,7 +227,15 @@ class Profile(_Section):
     def resolved(self, *, redact: bool = True) -> dict[str, Any]:
         """The profile as it will be used, for run.json; secret-looking values are removed."""
         data = self.model_dump(mode="json")
-        return redact_secrets(data) if redact else data
+        return self.redactor()(data) if redact else data
+
+    def redactor(self, environ: Mapping[str, str] | None = None) -> Redactor:
+        """What is secret in a run of this profile: values under secret keys (``engine.args.api_key``),
+        the variables ``api_key_env`` names, and variables named like secrets, the engine's own
+        ``engine.env`` included (``HF_TOKEN``)."""
+        environ = {**(os.environ if environ is None else environ), **self.engine.env}
+        names = [self.engine.api_key_env or "", self.latency.api_key_env]
+        return Redactor.from_sources(environ=environ, env_names=names, data=self.model_dump(mode="json"))
 
 
 # --------------------------------------------------------------------------- loading
@@ -217,8 +253,9 @@ def load_profile(ref: str | Path | None = None, *, overrides: dict[str, Any] | N
     """Load a preset name or a TOML path, following ``extends``; raise ProfileError on any problem."""
     ref = str(ref) if ref is not None else DEFAULT_PROFILE
     path = _locate(ref, base=Path.cwd())
-    data = _read_chain(path, seen=())
+    data = _read_chain(path)
     if overrides:
+        _check_nesting(overrides, "--day0-set")
         data = deep_merge(data, overrides)
     data.setdefault("name", path.stem)
     return validate(data, origin=str(path), overrides=overrides)
@@ -248,11 +285,14 @@ def _set_by(overrides: dict[str, Any], loc: list[str]) -> bool:
 
 
 def _locate(ref: str, base: Path) -> Path:
+    if "\0" in ref:
+        raise ProfileError(f"{ref!r}: not a profile name or path (it holds a NUL byte)")
     candidate = Path(ref)
-    if candidate.suffix == ".toml" or "/" in ref or candidate.exists():
+    if candidate.suffix == ".toml" or "/" in ref or os.path.lexists(candidate):
         path = candidate if candidate.is_absolute() else (base / candidate)
-        if not path.is_file():
-            raise ProfileError(f"{path}: profile file not found")
+        why = path_problem(path)
+        if why:
+            raise ProfileError(f"{path}: {'profile file not found' if why == 'does not exist' else why}")
         return path.resolve()
     path = preset_path(ref)
     if not path.is_file():
@@ -260,29 +300,74 @@ def _locate(ref: str, base: Path) -> Path:
     return path
 
 
-def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
-    if path in seen:
-        chain = " -> ".join(str(p) for p in (*seen, path))
-        raise ProfileError(f"{path}: extends forms a cycle ({chain})")
+def _read_chain(path: Path) -> dict[str, Any]:
+    """The profile at ``path`` merged over its ``extends`` ancestors.
+
+    Why a loop with a bound rather than recursion: a chain of thousands of generated files, or a
+    cycle, must end in one line naming the files, not in Python's recursion limit.
+    """
+    chain: list[Path] = []
+    layers: list[dict[str, Any]] = []
+    while True:
+        if path in chain:
+            cycle = " -> ".join(str(p) for p in (*chain, path))
+            raise ProfileError(f"{path}: extends forms a cycle ({cycle})")
+        if len(chain) >= MAX_EXTENDS:
+            raise ProfileError(f"{chain[0]}: extends: chain of more than {MAX_EXTENDS} files "
+                               f"({chain[0]} -> {chain[1]} -> ... -> {path})")
+        chain.append(path)
+        data = _read_file(path)
+        layers.append(data)
+        parent = data.get("extends")
+        if parent is None:
+            break
+        if not isinstance(parent, str):
+            raise ProfileError(f"{path}: extends: expected a string (a preset name or a path)")
+        try:
+            path = _locate(parent, base=path.parent)
+        except ProfileError as exc:
+            raise ProfileError(f"{path}: extends: {exc}") from None
+    merged = layers.pop()
+    while layers:
+        merged.pop("name", None)
+        merged.pop("description", None)
+        merged = deep_merge(merged, layers.pop())
+    return merged
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """One profile file as TOML: a regular UTF-8 file of bounded size and nesting, or one line why not."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = decode_utf8(read_regular(path, "profile", MAX_PROFILE_BYTES), str(path))
+    except InputError as exc:
+        raise ProfileError(str(exc)) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
-    parent = data.get("extends")
-    if parent is None:
-        return data
-    if not isinstance(parent, str):
-        raise ProfileError(f"{path}: extends: expected a string (a preset name or a path)")
-    try:
-        parent_path = _locate(parent, base=path.parent)
-    except ProfileError as exc:
-        raise ProfileError(f"{path}: extends: {exc}") from None
-    base = _read_chain(parent_path, (*seen, path))
-    base.pop("name", None)
-    base.pop("description", None)
-    return deep_merge(base, data)
+    except RecursionError:
+        raise ProfileError(f"{path}: arrays or tables nested deeper than {MAX_NESTING} levels") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ProfileError(f"{path}: not usable TOML ({str(exc).split(';')[0]})") from None
+    _check_nesting(data, str(path))
+    return data
+
+
+def _check_nesting(data: dict[str, Any], where: str) -> None:
+    """Refuse tables and arrays nested deeper than :data:`MAX_NESTING`, naming the key path.
+
+    Why: merging, validating and redacting a profile all walk it recursively.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, key, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise ProfileError(f"{where}: {key or 'top level'}: arrays or tables nested deeper than "
+                               f"{MAX_NESTING} levels")
+        if isinstance(value, dict):
+            stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, key, depth + 1) for v in value)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -307,28 +392,29 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def redact_secrets(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {
-            k: ("<redacted>" if _SECRET_KEY.match(str(k)) and isinstance(v, (str, int)) else redact_secrets(v))
-            for k, v in data.items()
-        }
-    if isinstance(data, list):
-        return [redact_secrets(v) for v in data]
-    return data
+    """Values under keys that name a secret, redacted (day0.core.redact has the one rule)."""
+    return Redactor()(data)
 
 
 def parse_override(text: str) -> dict[str, Any]:
     """``engine.args.max_num_seqs=8`` -> nested dict; the value is parsed as TOML (falls back to a string)."""
+    shown = text if len(text) <= 80 else text[:77] + "..."
     if "=" not in text:
-        raise ProfileError(f"override {text!r}: expected KEY.PATH=VALUE")
+        raise ProfileError(f"override {shown!r}: expected KEY.PATH=VALUE")
     key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(p.strip() for p in parts):
+        raise ProfileError(f"override {shown!r}: the key path has an empty part")
+    if len(parts) > MAX_NESTING:
+        raise ProfileError(f"override {shown!r}: a key path of more than {MAX_NESTING} parts")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except (RecursionError, ValueError):  # nested past the recursion limit, or a number past int() limits
+        raise ProfileError(f"override {shown!r}: the value is not usable TOML (too deep or too long)") from None
     out: dict[str, Any] = {}
     cur = out
-    parts = key.strip().split(".")
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value

@@ -7,29 +7,43 @@ is only a materialised view of that log, rebuilt with :func:`rebuild`.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
+from day0.core import record_shape as shape
+from day0.core.inputs import MAX_DEPTH, lines, open_regular, read_regular, replace_file, strict_json
+from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's contract lives in one place)
+    DIRECTIONS,
+    SCHEMA_VERSION,
+    STAGE_VERDICTS,
+    STATUSES,
+    VERDICTS,
+    RecordError,
+)
+from day0.core.redact import Redactor
 from day0.core.stages import STAGES
-
-SCHEMA_VERSION = 1
 
 Status = Literal["pass", "fail", "error", "skip", "blocked"]
 Direction = Literal["lower_is_better", "higher_is_better", "exact"]
-STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "blocked")
-DIRECTIONS: tuple[str, ...] = ("lower_is_better", "higher_is_better", "exact")
 
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
-
-
-class RecordError(ValueError):
-    """A run record or event log that cannot be read; the message names the file and why."""
+# Bounds on what is read: generous (the benchmark's 150,000-sample record is 6 MB; one event of
+# it ~1 MB) but finite, so a sparse file claiming a terabyte is refused before it is read.
+MAX_RECORD_BYTES = 512 << 20
+MAX_EVENTS_BYTES = 256 << 20  # run.json, indented, is 2-3x its compact log: a rebuilt log must still load
+MAX_EVENT_LINE = 64 << 20
+# A check sits 3 levels deeper in run.json (stages[i].checks[j]) than in its event (check): a log
+# line that passes must make a record that passes.
+EVENT_DEPTH = MAX_DEPTH - 3
+SKIPPED_NOTE = "events_skipped"  # rebuild's note naming each unreadable event-log line it passed over
+MAX_SKIPPED_SHOWN = 50
 
 
 def utcnow() -> str:
@@ -61,6 +75,9 @@ class Check:
     stage: str = ""
     nodeid: str = ""
     finished_at: str = field(default_factory=utcnow)
+    # Seconds the pytest test that recorded the check took (junit.xml's testcase time); None when
+    # unknown: checks from before this field, or recorded outside pytest.
+    duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -78,9 +95,9 @@ class Check:
         return jsonable(asdict(self))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Check":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: dict[str, Any], where: str = "check") -> "Check":
+        """A check from its JSON form, every field's type checked (RecordError naming ``where``)."""
+        return cls(**shape.check_fields(data, where, ()))
 
 
 def one_line(text: str, limit: int = 500) -> str:
@@ -177,14 +194,27 @@ def jsonable(obj: Any) -> Any:
 
 
 class EventLog:
-    """Append-only JSONL log; each line is written, flushed and fsync'ed before returning."""
+    """Append-only JSONL log; each line is written, flushed and fsync'ed before returning.
 
-    def __init__(self, path: Path) -> None:
+    Every event passes the run's :class:`~day0.core.redact.Redactor` here, where it is written, so
+    no caller (a note of the engine's env, a lint finding quoting an arg, an exception message) can
+    put a secret into the log, and so none into run.json, the report, junit.xml or the history,
+    which are all built from it.
+    """
+
+    # The event's own fields (not payload): a note's ``key`` is the note's name, never a secret.
+    _ENVELOPE = frozenset({"at", "type", "stage", "key", "run_id", "schema_version", "stages", "exit_status"})
+
+    def __init__(self, path: Path, redactor: Redactor | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.redactor = redactor if redactor is not None else Redactor.from_sources()
 
     def append(self, event: dict[str, Any]) -> None:
-        line = json.dumps(jsonable({"at": utcnow(), **event}), sort_keys=False)
+        event = jsonable({"at": utcnow(), **event})
+        event = {k: (self.redactor.text(v) if isinstance(v, str) else v) if k in self._ENVELOPE else self.redactor(v)
+                 for k, v in event.items()}
+        line = json.dumps(event, sort_keys=False)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")
             fh.flush()
@@ -213,21 +243,56 @@ class EventLog:
         self.append({"type": "run_finished", "exit_status": exit_status})
 
 
+class Skipped:
+    """Event-log lines a rebuild passed over: the first MAX_SKIPPED_SHOWN named, all counted
+    (a log of garbage cannot grow this list without bound)."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.count = 0
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.shown) < MAX_SKIPPED_SHOWN:
+            self.shown.append(problem)
+
+    def summary(self) -> str:
+        more = f" (and {self.count - 1} more)" if self.count > 1 else ""
+        return f"{self.shown[0]}{more}" if self.shown else ""
+
+
+def _numbered_events(path: Path, skipped: Skipped | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(``file:line``, event) for each readable line, streamed with a bounded line length.
+
+    With ``skipped`` an unreadable line is named there and passed over; without it, it is a
+    RecordError, except a torn last line (no newline: the process died mid-write), dropped.
+    """
+    fh, _ = open_regular(Path(path), "event log", RecordError, cap=MAX_EVENTS_BYTES)
+    with fh:
+        for n, raw, ended in lines(fh, MAX_EVENT_LINE):
+            where = f"{path}:{n}"
+            if raw is not None and not raw.strip():
+                continue
+            try:
+                if raw is None:
+                    raise RecordError(f"{where}: line over {MAX_EVENT_LINE >> 20} MiB; not an event day0 writes")
+                ev = strict_json(raw, where, RecordError, max_depth=EVENT_DEPTH)
+                if not isinstance(ev, dict):
+                    raise RecordError(f"{where}: expected a JSON object (one event), got {shape.got(ev)}")
+            except RecordError as exc:
+                if skipped is not None:
+                    skipped.add(f"{exc}{'' if ended else ' (torn last line: the run was killed mid-write)'}")
+                elif ended:
+                    raise
+                continue
+            yield where, ev
+
+
 def read_events(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield events; a torn last line (the process died mid-write) is dropped, not fatal."""
-    path = Path(path)
-    if not path.exists():
-        raise RecordError(f"{path}: event log not found")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            if n == len(lines):
-                return  # torn write at the very end of a killed run
-            raise RecordError(f"{path}:{n}: not a JSON event ({exc.msg})") from None
+    """Yield events; a torn last line (the process died mid-write) is dropped, any other
+    unreadable line is a RecordError naming the file and line."""
+    for _, ev in _numbered_events(path, None):
+        yield ev
 
 
 # --------------------------------------------------------------------------- run record
@@ -239,8 +304,6 @@ class StageRecord:
     verdict: str = "not_run"
     checks: list[Check] = field(default_factory=list)
 
-
-STAGE_VERDICTS = ("pass", "fail", "error", "blocked", "skip", "not_run")
 
 
 def stage_verdict(checks: list[Check]) -> str:
@@ -260,10 +323,35 @@ def stage_verdict(checks: list[Check]) -> str:
     return "skip"
 
 
-def run_verdict(stages: list[StageRecord], finished: bool) -> tuple[str, str]:
+def required_checks(profile: Any) -> list[str]:
+    """The profile's ``[report] required`` globs, read from the record's own profile section so a
+    record's verdict follows from the record alone (rebuild and load agree, run after run)."""
+    rep = profile.get("report") if isinstance(profile, dict) else None
+    req = rep.get("required") if isinstance(rep, dict) else None
+    return [g for g in req if isinstance(g, str)] if isinstance(req, list) else []
+
+
+def unverified_required(stages: list[StageRecord], required: Sequence[str]) -> list[tuple[str, str]]:
+    """(check id or glob, why) for each required check that was not verified: a matching check that
+    is skip, blocked or error, or a glob no check matches at all (a required check that never ran)."""
+    out: list[tuple[str, str]] = []
+    checks = [c for s in stages for c in s.checks]
+    for glob in required:
+        hits = [c for c in checks if fnmatch.fnmatchcase(c.id, glob)]
+        if not hits:
+            out.append((glob, "required, but no such check ran"))
+        for c in hits:
+            if c.status in ("skip", "blocked", "error") and all(c.id != i for i, _ in out):
+                out.append((c.id, f"required, but {c.status}: {c.message}"))
+    return out
+
+
+def run_verdict(stages: list[StageRecord], finished: bool, required: Sequence[str] = ()) -> tuple[str, str]:
     """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
     the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
-    method that did not resolve can never be mistaken for a verdict on the deployment."""
+    method that did not resolve can never be mistaken for a verdict on the deployment. A check the
+    profile lists as ``required`` that was skipped, blocked or never ran also leaves it INCOMPLETE:
+    a run cannot be accepted on what it did not verify."""
     for s in stages:
         failed = [c for c in s.checks if c.status == "fail"]
         if failed:
@@ -279,6 +367,11 @@ def run_verdict(stages: list[StageRecord], finished: bool) -> tuple[str, str]:
     missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]
     if missing:
         return "incomplete", "stages not run, skipped or blocked: " + ", ".join(missing)
+    unverified = unverified_required(stages, required)
+    if unverified:
+        more = f" (and {len(unverified) - 1} more)" if len(unverified) > 1 else ""
+        first, why = unverified[0]
+        return "incomplete", f"required check not verified: {first}: {why}{more}"
     return "accepted", "every stage ran and passed"
 
 
@@ -323,91 +416,169 @@ class RunRecord:
         }
 
     def write(self, path: Path) -> Path:
-        path = Path(path)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
-        return path
+        return replace_file(Path(path), (json.dumps(self.to_dict(), indent=2) + "\n").encode("utf-8"))
 
 
-def build(events: Iterable[dict[str, Any]]) -> RunRecord:
-    """Fold an event stream into a run record (the only place a record is assembled)."""
-    started: dict[str, Any] | None = None
-    finished_at: str | None = None
-    stage_names: list[str] = [s.name for s in STAGES]
-    by_stage: dict[str, list[Check]] = {}
-    notes: dict[str, Any] = {}
-    for ev in events:
+class _Fold:
+    """The state of folding events into a record; each ``on_<type>`` validates one event."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, Any] | None = None
+        self.finished_at: str | None = None
+        self.stage_names: list[str] = [s.name for s in STAGES]
+        self.by_stage: dict[str, list[Check]] = {}
+        self.notes: dict[str, Any] = {}
+
+    def on_run_started(self, ev: dict[str, Any], where: str) -> None:
+        shape.schema_version(ev, where)  # newer: refused by the caller, never folded as this schema
+        shape.fields(ev, shape.RUN_STARTED, where)
+        if self.started is not None:
+            raise RecordError(f"{where}: a second run_started event (run {ev['run_id']!r}); the first one counts")
+        self.started = ev
+        self.stage_names = list(dict.fromkeys(ev.get("stages") or self.stage_names))  # a stage once
+
+    def on_check(self, ev: dict[str, Any], where: str) -> None:
+        shape.fields(ev, shape.CHECK_EVENT, where)
+        check = Check(**shape.check_fields(ev["check"], where, ("check",)))
+        self.by_stage.setdefault(ev["stage"], []).append(check)
+
+    def on_note(self, ev: dict[str, Any], where: str) -> None:
+        shape.fields(ev, shape.NOTE_EVENT, where)
+        self.notes[ev["key"]] = ev.get("value")
+
+    def on_run_finished(self, ev: dict[str, Any], where: str) -> None:
+        shape.fields(ev, shape.FINISHED_EVENT, where)
+        self.finished_at = ev["at"]
+
+    def add(self, ev: Any, where: str) -> None:
+        if not isinstance(ev, dict):
+            raise RecordError(f"{where}: expected an object (one event), got {shape.got(ev)}")
         kind = ev.get("type")
-        if kind == "run_started":
-            started = ev
-            stage_names = list(ev.get("stages") or stage_names)
-        elif kind == "check":
-            by_stage.setdefault(ev["stage"], []).append(Check.from_dict(ev["check"]))
-        elif kind == "note":
-            notes[ev["key"]] = ev["value"]
-        elif kind == "run_finished":
-            finished_at = ev.get("at")
-    if started is None:
-        raise RecordError("event log has no run_started event")
-    for name in by_stage:
-        if name not in stage_names:
-            stage_names.append(name)
-    stages = [StageRecord(n, stage_verdict(by_stage.get(n, [])), by_stage.get(n, [])) for n in stage_names]
-    verdict, reason = run_verdict(stages, finished=finished_at is not None)
-    return RunRecord(
-        run_id=started["run_id"],
-        started_at=started["at"],
-        finished_at=finished_at,
-        verdict=verdict,
-        reason=reason,
-        environment=started.get("environment", {}),
-        profile=started.get("profile", {}),
-        stages=stages,
-        notes=notes,
-    )
+        if kind not in ("run_started", "check", "note", "run_finished"):
+            raise RecordError(f"{where}: type: expected run_started, check, note or run_finished, got {shape.got(kind)}")
+        getattr(self, f"on_{kind}")(ev, where)
 
 
-def rebuild(run_dir: Path) -> RunRecord:
-    """Turn a run folder's event log into run.json (used at session end and after a crash)."""
+def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Skipped) -> RunRecord:
+    """Fold (where, event) pairs into a record. An event that does not validate is skipped and
+    named; since it may have been a failed check, a record with skipped events is never accepted."""
+    fold = _Fold()
+    for where, ev in events:
+        try:
+            fold.add(ev, where)
+        except shape.NewerSchema:
+            raise
+        except RecordError as exc:
+            skipped.add(str(exc))
+    if fold.started is None:
+        first = f" ({skipped.shown[0]})" if skipped.shown else ""
+        raise RecordError(f"{source}: no run_started event{first}; not a day0 event log")
+    names = fold.stage_names + [n for n in fold.by_stage if n not in fold.stage_names]
+    stages = [StageRecord(n, stage_verdict(fold.by_stage.get(n, [])), fold.by_stage.get(n, [])) for n in names]
+    verdict, reason = run_verdict(stages, finished=fold.finished_at is not None,
+                                  required=required_checks(fold.started.get("profile")))
+    notes = dict(fold.notes)
+    if skipped.count:
+        notes[SKIPPED_NOTE] = skipped.shown + ([f"... and {skipped.count - len(skipped.shown)} more"]
+                                               if skipped.count > len(skipped.shown) else [])
+        if verdict == "accepted":
+            verdict, reason = "incomplete", (f"{skipped.count} unreadable event-log line(s) skipped, and one may "
+                                             f"have held a failed check: {skipped.summary()}")
+    started = fold.started
+    return RunRecord(run_id=started["run_id"], started_at=started["at"], finished_at=fold.finished_at,
+                     verdict=verdict, reason=reason, environment=started.get("environment", {}),
+                     profile=started.get("profile", {}), stages=stages, notes=notes)
+
+
+def build(events: Iterable[dict[str, Any]], skipped: Skipped | None = None) -> RunRecord:
+    """Fold an event stream into a run record (the only place a record is assembled)."""
+    return _fold(((f"event {i}", ev) for i, ev in enumerate(events, 1)), "event stream", skipped or Skipped())
+
+
+def rebuild(run_dir: Path, skipped: Skipped | None = None) -> RunRecord:
+    """Turn a run folder's event log into run.json (used at session end and after a crash).
+
+    What is readable is kept; each unreadable line is named in the record's ``notes.events_skipped``
+    (and in ``skipped``, for a caller that warns), and such a run is at best incomplete."""
     run_dir = Path(run_dir)
-    record = build(read_events(run_dir / EVENTS_FILE))
-    record.write(run_dir / RUN_FILE)
+    skipped = skipped if skipped is not None else Skipped()
+    events = run_dir / EVENTS_FILE
+    record = _fold(_numbered_events(events, skipped), str(events), skipped)
+    try:
+        record.write(run_dir / RUN_FILE)
+    except OSError as exc:
+        raise RecordError(f"{run_dir / RUN_FILE}: cannot be written ({exc.strerror or exc})") from None
     return record
 
 
 def load(path: Path) -> RunRecord:
-    """Load run.json of this or an older schema version."""
+    """Load run.json (or a run folder's) of this or an older schema version, validated."""
+    return load_with_bytes(path)[0]
+
+
+def record_file(path: Path) -> Path:
+    """``run.json`` itself, given it or its run folder (a folder without one is named as such)."""
     path = Path(path)
-    if path.is_dir():
-        path = path / RUN_FILE
+    if not path.is_dir():
+        return path
+    if not os.path.lexists(path / RUN_FILE):
+        raise RecordError(f"{path}: a folder without {RUN_FILE}; not a run folder or a run record")
+    return path / RUN_FILE
+
+
+def load_with_bytes(path: Path) -> tuple[RunRecord, bytes]:
+    """The record and the exact bytes it was parsed from (what a report embeds and a signature
+    covers): one read, so the two cannot differ."""
+    path = record_file(path)
+    data = read_regular(path, "run record", MAX_RECORD_BYTES, RecordError)
+    return parse_record(data, str(path)), data
+
+
+def parse_record(data: bytes | str, where: str) -> RunRecord:
+    """A run record from its JSON text; every field checked, ``where`` names it in errors."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecordError(f"{path}: run record not found") from None
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    version = data.get("schema_version")
-    if version is None or not isinstance(version, int):
-        raise RecordError(f"{path}: no schema_version; not a day0 run record")
-    if version > SCHEMA_VERSION:
-        raise RecordError(f"{path}: schema_version {version} is newer than this day0 ({SCHEMA_VERSION})")
-    return _from_v1(data)
+        obj = strict_json(data, where, RecordError)
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where}: expected a JSON object (a day0 run record), got {shape.got(obj)}")
+        shape.schema_version(obj, where)
+        return _from_v1(obj, where)
+    except (RecursionError, MemoryError) as exc:
+        raise RecordError(f"{where}: too large or too deeply nested to read ({type(exc).__name__})") from None
 
 
-def _from_v1(data: dict[str, Any]) -> RunRecord:
-    return RunRecord(
-        run_id=data["run_id"],
-        started_at=data["started_at"],
-        finished_at=data.get("finished_at"),
-        verdict=data["verdict"],
-        reason=data.get("reason", ""),
-        environment=data.get("environment", {}),
-        profile=data.get("profile", {}),
-        notes=data.get("notes", {}),
-        stages=[
-            StageRecord(s["name"], s["verdict"], [Check.from_dict(c) for c in s.get("checks", [])])
-            for s in data.get("stages", [])
-        ],
+def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
+    shape.fields(data, shape.RUN, where)
+    stages: list[StageRecord] = []
+    seen: dict[str, int] = {}
+    for i, s in enumerate(data["stages"]):
+        shape.fields(s, shape.STAGE, where, ("stages", i))
+        if s["name"] in seen:
+            raise RecordError(f"{where}: stages[{i}].name: stage {s['name']!r} again (also stages[{seen[s['name']]}])")
+        seen[s["name"]] = i
+        checks = [Check(**shape.check_fields(c, where, ("stages", i, "checks", j)))
+                  for j, c in enumerate(s.get("checks", []))]
+        stages.append(StageRecord(s["name"], s["verdict"], checks))
+    record = RunRecord(
+        run_id=data["run_id"], started_at=data["started_at"], finished_at=data.get("finished_at"),
+        verdict=data["verdict"], reason=data.get("reason", ""), environment=data.get("environment", {}),
+        profile=data.get("profile", {}), notes=data.get("notes", {}), stages=stages,
         schema_version=data["schema_version"],
     )
+    _consistent(record, where)
+    return record
+
+
+def _consistent(record: RunRecord, where: str) -> None:
+    """A record may never claim better than its checks: a stage ``pass`` or a run ``accepted``
+    that its own checks contradict is a forged or broken record, and reading it would be a false PASS."""
+    derived = [StageRecord(s.name, stage_verdict(s.checks), s.checks) for s in record.stages]
+    for i, (s, d) in enumerate(zip(record.stages, derived)):
+        if s.verdict == "pass" and d.verdict != "pass":
+            raise RecordError(f"{where}: stages[{i}].verdict: 'pass', but its checks give {d.verdict!r}; "
+                              "the record contradicts itself")
+    if record.verdict == "accepted":
+        verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
+                                      required=required_checks(record.profile))
+        if verdict != "accepted":
+            raise RecordError(f"{where}: verdict: 'accepted', but its checks give {verdict!r} ({reason}); "
+                              "the record contradicts itself")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,14 +13,54 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from day0.config.profile import Profile
+from day0.core.redact import Redactor
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
-from day0.engine.http_api import http_greedy
+from day0.engine.http_api import api_key, auth_headers, http_greedy
 from day0.engine.process import die_with_parent, stop_process_group
 from day0.engine.rootcause import excerpt, root_cause
 from day0.model.locate import resolve_model
+
+# vLLM start-up lines worth showing live: weights loading, profiling, KV cache size, CUDA graphs, errors.
+STARTUP_LINE = re.compile(r"Loading|took|Starting|ERROR|Error:|Traceback|KV cache|Maximum concurrency|"
+                          r"Capturing CUDA graph|Application startup complete")
+# vLLM's prefix ("(EngineCore_DP0 pid=12) INFO 11-30 23:59:01 [gpu_model_runner.py:1234] "), dropped for width.
+_LOG_PREFIX = re.compile(r"^(\([^)]*pid=\d+\)\s*)?(INFO|WARNING|DEBUG)\s+\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\s+"
+                         r"(\[[^\]]*\]\s*)?")
+
+
+class LogTail:
+    """New interesting lines of a growing log: the newest ``per_poll`` of them per poll (the
+    rest counted, so a CI log is never flooded), each cut to ``width`` characters."""
+
+    def __init__(self, path: Path, emit: Callable[[str], None], *, per_poll: int = 3, width: int = 240,
+                 max_read: int = 1 << 16) -> None:
+        self.path, self.emit, self.per_poll, self.width, self.max_read = path, emit, per_poll, width, max_read
+        self.pos = 0
+        self._partial = b""
+
+    def poll(self) -> int:
+        """Show what is new since the last poll; returns how many lines were shown."""
+        try:
+            with self.path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                if size - self.pos > self.max_read:  # far behind: the newest part is what matters
+                    self.pos, self._partial = size - self.max_read, b""
+                fh.seek(self.pos)
+                data = fh.read(self.max_read)
+        except OSError:
+            return 0
+        self.pos += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        hits = [_LOG_PREFIX.sub("", t) for t in (ln.decode("utf-8", "replace").strip() for ln in lines)
+                if t and STARTUP_LINE.search(t)]
+        if len(hits) > self.per_poll:  # the newest lines say where start-up is; the rest are counted
+            self.emit(f"({len(hits) - self.per_poll} earlier such lines in {self.path.name})")
+        for line in hits[-self.per_poll:] if self.per_poll else []:
+            self.emit(line if len(line) <= self.width else line[: self.width - 1] + "…")
+        return min(len(hits), self.per_poll + 1)
 
 
 def cli_args(args: dict[str, Any]) -> list[str]:
@@ -58,6 +99,7 @@ class ServerEngine:
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: EngineInfo | None = None
         self.log_path = self.run_dir / f"engine-{name}.log"
+        self.redactor = profile.redactor()
 
     @property
     def base_url(self) -> str:
@@ -65,24 +107,35 @@ class ServerEngine:
         return self.info.base_url
 
     def command(self, model: str, port: int) -> list[str]:
+        """The server's command line. ``engine.args.api_key`` is not on it: vLLM reads the key from
+        ``VLLM_API_KEY`` (:meth:`environment`), so no process listing or log line shows it."""
+        args = {k: v for k, v in self.profile.engine.args.items() if k != "api_key"}
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model, "--served-model-name", served_name(self.profile),
             "--host", "127.0.0.1", "--port", str(port),
-            *cli_args(self.profile.engine.args),
+            *cli_args(args),
         ]
+
+    def environment(self) -> dict[str, str]:
+        eng = self.profile.engine
+        env = {**os.environ, **eng.env}
+        key = api_key(self.profile)
+        if key:
+            env["VLLM_API_KEY"] = key
+        return env
 
     def start(self) -> EngineInfo:
         eng = self.profile.engine
         model = resolve_model(self.profile, self.log)
         port = free_port()
         cmd = self.command(model, port)
-        env = {**os.environ, **eng.env}
+        env = self.environment()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log(f"starting vLLM server on 127.0.0.1:{port} (log: {self.log_path})")
         t0 = time.perf_counter()
         with self.log_path.open("wb") as fh:
-            fh.write(("$ " + " ".join(cmd) + "\n").encode())
+            fh.write(("$ " + " ".join(self.redactor.argv(cmd)) + "\n").encode())
             fh.flush()
             self.proc = subprocess.Popen(
                 cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -99,11 +152,15 @@ class ServerEngine:
         return self.info
 
     def _wait_healthy(self, t0: float, timeout_s: float) -> None:
-        """Poll ``/health`` until it answers; the server exiting or the deadline passing fails the start."""
+        """Poll ``/health`` until it answers; the server exiting or the deadline passing fails the start.
+        Meanwhile vLLM's own loading lines are shown as they come (a minute of silence looks like a hang)."""
         assert self.proc is not None
         deadline = t0 + timeout_s
         last_note = t0
+        tail = LogTail(self.log_path, lambda line: self.log("vllm: " + self.redactor.text(line)))
         while True:
+            if tail.poll():
+                last_note = time.perf_counter()  # a loading line says it is alive; no "waiting" line needed
             code = self.proc.poll()
             if code is not None:
                 self._fail(f"vLLM server exited with code {code} during start-up")
@@ -147,7 +204,25 @@ class ServerEngine:
             return
         stop_process_group(self.proc, self.profile.engine.shutdown_timeout_s)
         self.proc = None
+        scrub_log(self.log_path, self.redactor)
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
         return [http_greedy(self.base_url, served_name(self.profile), p, max_tokens,
-                            timeout=self.profile.engine.request_timeout_s) for p in prompts]
+                            timeout=self.profile.engine.request_timeout_s, headers=auth_headers(self.profile))
+                for p in prompts]
+
+
+def scrub_log(path: Path, redactor: Redactor) -> None:
+    """Rewrite the engine's log with every known secret redacted, once the engine is gone.
+
+    vLLM masks its own ``--api-key`` in its logs, but not a token an engine prints from its
+    environment or a URL with credentials; the log is kept in the run folder, so it is scrubbed
+    line by line (bounded memory), and replaced atomically.
+    """
+    if not path.is_file():
+        return
+    tmp = path.with_name(path.name + ".scrub")
+    with path.open("r", encoding="utf-8", errors="replace") as src, tmp.open("w", encoding="utf-8") as dst:
+        for line in src:
+            dst.write(redactor.text(line))
+    tmp.replace(path)

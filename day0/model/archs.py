@@ -10,12 +10,18 @@ the unquantized checkpoint. DeepSeek multi-token-prediction (MTP) layers
 (``num_nextn_predict_layers``) are *not* part of the model vLLM serves for plain decoding; they
 are left out of :func:`expected_tensors` and :func:`parameter_count` unless ``include_mtp=True``
 (DeepSeek-V3 is "671B" without its 14B MTP module, "685B" with it).
+
+Every value is read strictly (:func:`check_types`, :func:`check_config`): config.json comes from
+anywhere, and ``int("256")`` or ``bool("false")`` would quietly describe a model that is not the
+one vLLM loads. Counts are bounded, because a loop per layer or per expert over ``1e9`` of them
+would exhaust memory before it said anything.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,6 +49,23 @@ _MODEL_TYPES = {
 
 EXAMPLES_DIR = Path(__file__).parent / "archconfigs"
 
+# Bounds far beyond any served model (DeepSeek-V3: 61 layers, 256 experts, ~92k tensors; day0's
+# synthetic 2.8T: 112 layers, 512 experts) and far below what would exhaust memory or time.
+MAX_LAYERS = 100_000
+MAX_EXPERTS = 65_536
+MAX_DIM = 1 << 31  # hidden sizes, vocabularies, head counts
+MAX_LEN = 10**31  # positions (tokenizers write 1e30 for "no limit")
+MAX_TENSORS = 1_000_000  # tensors config.json may imply before day0 lists them one by one
+
+
+class ConfigError(ValueError):
+    """A config.json value day0 cannot use: the key and what is wrong, one line."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"config.json: {key}: {problem}")
+        self.key = key
+        self.problem = problem
+
 
 def example_names() -> tuple[str, ...]:
     """Configs shipped with day0 (``day0/archconfigs/*.json``): public model cards plus a synthetic 2.8T MoE."""
@@ -62,21 +85,28 @@ def known_architectures() -> tuple[str, ...]:
 
 def architecture(config: dict[str, Any]) -> str:
     """The single architecture name day0 models; a clear error for anything else."""
+    archs = _architecture_names(config)
+    name = archs[0] if archs else _MODEL_TYPES.get(config.get("model_type") or "", "")
+    if not name:
+        raise ConfigError("architectures", "neither 'architectures' nor a known 'model_type' is set; known: "
+                          + ", ".join(known_architectures()))
+    if name not in known_architectures():
+        raise ConfigError("architectures", f"architecture {reprlib.repr(name)[1:-1]} is not known to day0; known: "
+                          + ", ".join(known_architectures()))
+    return name
+
+
+def _architecture_names(config: Any) -> list[str]:
+    """``architectures`` as a list of strings (a lone string counts), checked; ``model_type`` too."""
+    if not isinstance(config, dict):
+        raise ConfigError("top level", f"expected an object, got {describe_value(config)}")
     archs = config.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
-    name = archs[0] if archs else _MODEL_TYPES.get(str(config.get("model_type", "")), "")
-    if not name:
-        raise ValueError(
-            "config.json: neither 'architectures' nor a known 'model_type' is set; known: "
-            + ", ".join(known_architectures())
-        )
-    if name not in known_architectures():
-        raise ValueError(
-            f"config.json: architecture {name} is not known to day0; known: "
-            + ", ".join(known_architectures())
-        )
-    return name
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ConfigError("architectures", f"expected a list of model class names, got {describe_value(archs)}")
+    _get(config, "model_type", None)
+    return archs
 
 
 def is_mla(config: dict[str, Any]) -> bool:
@@ -89,35 +119,35 @@ def is_moe(config: dict[str, Any]) -> bool:
     if arch in MIXTRAL:
         return True
     if arch in QWEN_MOE:
-        return int(_get(config, "num_experts")) > 0
+        return _get(config, "num_experts") > 0
     if arch in DEEPSEEK:
-        return bool(config.get("n_routed_experts"))
+        return _get(config, "n_routed_experts", 0) > 0
     return False
 
 
 def num_layers(config: dict[str, Any]) -> int:
-    return int(_get(config, "num_hidden_layers"))
+    return _get(config, "num_hidden_layers")
 
 
 def num_attention_heads(config: dict[str, Any]) -> int:
-    return int(_get(config, "num_attention_heads"))
+    return _get(config, "num_attention_heads")
 
 
 def num_kv_heads(config: dict[str, Any]) -> int:
     """KV heads as vLLM counts them (MLA: the latent is shared, but vLLM reports the attention heads)."""
-    value = config.get("num_key_value_heads")
-    return int(value) if value is not None else num_attention_heads(config)
+    value = _get(config, "num_key_value_heads", None)
+    return value if value is not None else num_attention_heads(config)
 
 
 def head_dim(config: dict[str, Any]) -> int:
-    value = config.get("head_dim")
+    value = _get(config, "head_dim", None)
     if value:
-        return int(value)
-    return int(_get(config, "hidden_size")) // num_attention_heads(config)
+        return value
+    return _get(config, "hidden_size") // num_attention_heads(config)
 
 
 def num_mtp_layers(config: dict[str, Any]) -> int:
-    return int(config.get("num_nextn_predict_layers") or 0) if architecture(config) in DEEPSEEK else 0
+    return _get(config, "num_nextn_predict_layers", 0) if architecture(config) in DEEPSEEK else 0
 
 
 # --------------------------------------------------------------------------- public API
@@ -129,16 +159,17 @@ def expected_tensors(config: dict[str, Any], *, include_mtp: bool = False) -> Sh
     ``include_mtp`` adds DeepSeek's multi-token-prediction layers (``model.layers.{L..}``), which
     the published checkpoints ship but vLLM only loads for speculative decoding.
     """
-    arch = architecture(config)
+    arch = check_config(config)
     builder = _BUILDERS[arch]
+    sparse = _sparse_rule(config, arch)
     out: Shapes = {}
-    hidden = int(_get(config, "hidden_size"))
-    vocab = int(_get(config, "vocab_size"))
+    hidden = _get(config, "hidden_size")
+    vocab = _get(config, "vocab_size")
     out["model.embed_tokens.weight"] = (vocab, hidden)
     for i in range(num_layers(config)):
-        builder(config, i, f"model.layers.{i}.", out)
+        builder(config, f"model.layers.{i}.", out, sparse(i))
     out["model.norm.weight"] = (hidden,)
-    if not config.get("tie_word_embeddings", False):
+    if not _get(config, "tie_word_embeddings", False):
         out["lm_head.weight"] = (vocab, hidden)
     if include_mtp:
         for j in range(num_mtp_layers(config)):
@@ -148,7 +179,7 @@ def expected_tensors(config: dict[str, Any], *, include_mtp: bool = False) -> Sh
             out[p + "enorm.weight"] = (hidden,)
             out[p + "hnorm.weight"] = (hidden,)
             out[p + "eh_proj.weight"] = (hidden, 2 * hidden)
-            builder(config, i, p, out)
+            builder(config, p, out, sparse(i))
             out[p + "shared_head.norm.weight"] = (hidden,)
             out[p + "shared_head.head.weight"] = (vocab, hidden)
     return out
@@ -163,7 +194,7 @@ def active_parameter_count(config: dict[str, Any]) -> int:
     """Parameters touched per token: routed experts counted ``num_experts_per_tok`` times, not all."""
     total = 0
     routed = routed_experts(config)
-    per_tok = int(config.get("num_experts_per_tok") or 0)
+    per_tok = _get(config, "num_experts_per_tok", 0) or 0
     for name, shape in expected_tensors(config).items():
         n = math.prod(shape)
         if routed and ".experts." in name:
@@ -183,7 +214,7 @@ def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float, tp: int = 
         raise ValueError(f"kv_bytes_per_token: tp={tp} and pp={pp} must be >= 1")
     layers = math.ceil(num_layers(config) / pp)
     if is_mla(config):
-        width = int(_get(config, "kv_lora_rank")) + int(_get(config, "qk_rope_head_dim"))
+        width = _get(config, "kv_lora_rank") + _get(config, "qk_rope_head_dim")
         return int(layers * width * kv_dtype_bytes)
     heads = max(1, num_kv_heads(config) // tp)
     return int(2 * layers * heads * head_dim(config) * kv_dtype_bytes)
@@ -214,9 +245,9 @@ def derived_max_model_len(config: dict[str, Any]) -> tuple[int, str]:
     The smallest of the length keys wins; a rope ``factor`` multiplies it except for rope types
     whose ``max_position_embeddings`` is already the scaled length (llama3, yarn, longrope).
     """
-    found = [(int(config[k]), k) for k in _MAX_LEN_KEYS if config.get(k) is not None]
+    found = [(_get(config, k), k) for k in _MAX_LEN_KEYS if config.get(k) is not None]
     if config.get("model_max_length"):
-        length, key = int(config["model_max_length"]), "model_max_length"
+        length, key = _get(config, "model_max_length"), "model_max_length"
     elif found:
         length, key = min(found)
     else:
@@ -224,19 +255,143 @@ def derived_max_model_len(config: dict[str, Any]) -> tuple[int, str]:
     rope = rope_parameters(config)
     if rope and "gemma3" not in str(config.get("model_type", "")):
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in _ROPE_ALREADY_SCALED and rope.get("factor"):
-            return int(length * float(rope["factor"])), f"{key} x rope factor {rope['factor']}"
+        factor = _rope_factor(config, rope)
+        if isinstance(rope_type, str) and rope_type not in _ROPE_ALREADY_SCALED and factor:
+            return int(length * factor), f"{key} x rope factor {rope['factor']}"
     return length, key
 
 
-# --------------------------------------------------------------------------- per-architecture layers
+def _rope_factor(config: dict[str, Any], rope: dict[str, Any]) -> float | None:
+    """The rope scaling factor: a finite positive number (inf would make the length infinite)."""
+    factor = rope.get("factor")
+    if factor is None:
+        return None
+    where = "rope_parameters" if rope is config.get("rope_parameters") else "rope_scaling"
+    if type(factor) not in (int, float) or not math.isfinite(factor) or not 0 < factor <= 1e6:
+        raise ConfigError(f"{where}.factor", f"expected a finite number in (0, 1e6], got {describe_value(factor)}")
+    return float(factor)
 
 
-def _get(config: dict[str, Any], key: str) -> Any:
+# --------------------------------------------------------------------------- strict reading
+
+_REQUIRED = object()
+# Integer keys day0 reads: (least, most). Null means "not set" (HF writes null for optional keys).
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "hidden_size": (1, MAX_DIM), "intermediate_size": (1, MAX_DIM), "vocab_size": (1, MAX_DIM),
+    "num_hidden_layers": (1, MAX_LAYERS), "num_attention_heads": (1, MAX_DIM),
+    "num_key_value_heads": (1, MAX_DIM), "head_dim": (1, MAX_DIM),
+    "num_local_experts": (1, MAX_EXPERTS), "num_experts": (0, MAX_EXPERTS), "n_routed_experts": (0, MAX_EXPERTS),
+    "n_shared_experts": (0, MAX_EXPERTS), "num_experts_per_tok": (0, MAX_EXPERTS),
+    "moe_intermediate_size": (1, MAX_DIM), "shared_expert_intermediate_size": (0, MAX_DIM),
+    "decoder_sparse_step": (1, MAX_LAYERS), "first_k_dense_replace": (0, MAX_LAYERS), "moe_layer_freq": (1, MAX_LAYERS),
+    "qk_nope_head_dim": (0, MAX_DIM), "qk_rope_head_dim": (0, MAX_DIM), "v_head_dim": (1, MAX_DIM),
+    "kv_lora_rank": (1, MAX_DIM), "q_lora_rank": (1, MAX_DIM), "num_nextn_predict_layers": (0, 64),
+    **{k: (1, MAX_LEN) for k in _MAX_LEN_KEYS},
+}
+_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias")
+_STR_KEYS = ("model_type", "torch_dtype", "dtype", "topk_method")
+_JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array",
+               dict: "an object", type(None): "null"}
+
+
+def describe_value(value: Any) -> str:
+    """A value as a one-line message may quote it: short, and with its JSON type."""
+    kind = _JSON_TYPES.get(type(value), type(value).__name__)
+    if isinstance(value, (dict, list)):
+        return f"{kind} of {len(value)}"
+    return f"{reprlib.repr(value)} ({kind})"
+
+
+def _get(config: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+    """``config[key]`` checked against its kind: integers are integers (not ``"256"``, ``256.0``
+    or ``true``) within :data:`_INT_RANGES`, flags are booleans. Null counts as not set."""
     value = config.get(key)
     if value is None:
-        raise ValueError(f"config.json: key {key!r} is missing (needed for {config.get('architectures')})")
+        if default is _REQUIRED:
+            arch = config.get("architectures")
+            needed = f" (needed for {reprlib.repr(arch)})" if arch else ""
+            raise ConfigError(key, f"missing{needed}")
+        return default
+    if key in _INT_RANGES:
+        least, most = _INT_RANGES[key]
+        if type(value) is not int:  # bool is an int to Python, not to a config
+            raise ConfigError(key, f"expected an integer, got {describe_value(value)}")
+        if value < least:
+            raise ConfigError(key, f"{value} is below {least}")
+        if value > most:
+            raise ConfigError(key, f"{value} is more than any model day0 plans for (at most {most})")
+    elif key in _BOOL_KEYS and type(value) is not bool:
+        raise ConfigError(key, f"expected true or false, got {describe_value(value)}")
+    elif key in _STR_KEYS and not isinstance(value, str):
+        raise ConfigError(key, f"expected a string, got {describe_value(value)}")
     return value
+
+
+def check_types(config: Any) -> None:
+    """Every key day0 reads that config.json sets has the right type and range (whatever the model).
+
+    Why apart from :func:`check_config`: the weights audit still checks dtypes of a model day0
+    has no tensor list for, but a wrong type there is a finding all the same.
+    """
+    _architecture_names(config)
+    for key in (*_INT_RANGES, *_BOOL_KEYS, *_STR_KEYS):
+        _get(config, key, None)
+    only = config.get("mlp_only_layers")
+    if only is not None and (not isinstance(only, list) or len(only) > MAX_LAYERS
+                             or not all(type(i) is int and 0 <= i < MAX_LAYERS for i in only)):
+        raise ConfigError("mlp_only_layers", f"expected an array of layer numbers, got {describe_value(only)}")
+    for key in ("rope_scaling", "rope_parameters"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ConfigError(key, f"expected an object, got {describe_value(config[key])}")
+        if config.get(key):
+            _rope_factor(config, config[key])
+    quant = config.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ConfigError("quantization_config", f"expected an object, got {describe_value(quant)}")
+    derived_max_model_len(config)
+
+
+def tensor_count_bound(config: dict[str, Any]) -> int:
+    """At most how many tensors config.json implies, computed without listing them.
+
+    Per layer: attention <= 10 (q, k, v, o with biases, q/k norms), MLP <= 6, a router with its bias,
+    a shared expert <= 4, 2 norms, 7 for an MTP layer; plus 3 per routed expert.
+    """
+    layers = num_layers(config) + (num_mtp_layers(config) if architecture(config) in DEEPSEEK else 0)
+    return 8 + layers * (32 + 3 * routed_experts(config))
+
+
+def check_config(config: Any) -> str:
+    """The architecture, once every key its tensor list needs is present, typed and in range.
+
+    Raises :class:`ConfigError` naming the key. A dry run builds one layer of each kind (dense and
+    MoE), so a missing key is found without listing every layer, and the implied tensor count is
+    bounded by :data:`MAX_TENSORS` before anything is listed.
+    """
+    check_types(config)
+    arch = architecture(config)
+    layers = num_layers(config)
+    bound = tensor_count_bound(config)
+    if bound > MAX_TENSORS:
+        experts = routed_experts(config)
+        raise ConfigError("num_hidden_layers", f"{layers} layers x {experts} routed experts imply up to {bound} tensors, "
+                                               f"more than day0 lists (at most {MAX_TENSORS})")
+    sparse = _sparse_rule(config, arch)
+    kinds: set[bool] = set()
+    for i in range(layers):  # at most MAX_LAYERS cheap tests; stops once both kinds were built
+        kind = sparse(i)
+        if kind not in kinds:
+            kinds.add(kind)
+            _BUILDERS[arch](config, f"model.layers.{i}.", {}, kind)
+            if len(kinds) == 2:
+                break
+    _get(config, "vocab_size")
+    head_dim(config)
+    num_kv_heads(config)
+    return arch
+
+
+# --------------------------------------------------------------------------- per-architecture layers
 
 
 def _linear(out: Shapes, name: str, out_f: int, in_f: int, bias: bool = False) -> None:
@@ -247,15 +402,15 @@ def _linear(out: Shapes, name: str, out_f: int, in_f: int, bias: bool = False) -
 
 def _gqa_attention(config: dict[str, Any], p: str, out: Shapes) -> None:
     arch = architecture(config)
-    hidden = int(_get(config, "hidden_size"))
+    hidden = _get(config, "hidden_size")
     hd = head_dim(config)
     nh, nkv = num_attention_heads(config), num_kv_heads(config)
     if arch == "Qwen2ForCausalLM":
         qkv_bias, o_bias = True, False
     elif arch == "Qwen2MoeForCausalLM":
-        qkv_bias, o_bias = bool(config.get("qkv_bias", True)), False
+        qkv_bias, o_bias = _get(config, "qkv_bias", True), False
     else:
-        qkv_bias = o_bias = bool(config.get("attention_bias", False))
+        qkv_bias = o_bias = _get(config, "attention_bias", False)
     a = p + "self_attn."
     _linear(out, a + "q_proj", nh * hd, hidden, qkv_bias)
     _linear(out, a + "k_proj", nkv * hd, hidden, qkv_bias)
@@ -273,23 +428,23 @@ def _gated_mlp(out: Shapes, p: str, hidden: int, inter: int, bias: bool = False)
 
 
 def _norms(config: dict[str, Any], p: str, out: Shapes) -> None:
-    hidden = int(_get(config, "hidden_size"))
+    hidden = _get(config, "hidden_size")
     out[p + "input_layernorm.weight"] = (hidden,)
     out[p + "post_attention_layernorm.weight"] = (hidden,)
 
 
-def _llama_layer(config: dict[str, Any], i: int, p: str, out: Shapes) -> None:
+def _llama_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
     _gqa_attention(config, p, out)
-    hidden = int(_get(config, "hidden_size"))
-    _gated_mlp(out, p + "mlp.", hidden, int(_get(config, "intermediate_size")), bool(config.get("mlp_bias", False)))
+    hidden = _get(config, "hidden_size")
+    _gated_mlp(out, p + "mlp.", hidden, _get(config, "intermediate_size"), _get(config, "mlp_bias", False))
     _norms(config, p, out)
 
 
-def _mixtral_layer(config: dict[str, Any], i: int, p: str, out: Shapes) -> None:
+def _mixtral_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
     _gqa_attention(config, p, out)
-    hidden = int(_get(config, "hidden_size"))
-    inter = int(_get(config, "intermediate_size"))
-    experts = int(_get(config, "num_local_experts"))
+    hidden = _get(config, "hidden_size")
+    inter = _get(config, "intermediate_size")
+    experts = _get(config, "num_local_experts")
     m = p + "block_sparse_moe."
     _linear(out, m + "gate", experts, hidden)
     for e in range(experts):
@@ -300,70 +455,72 @@ def _mixtral_layer(config: dict[str, Any], i: int, p: str, out: Shapes) -> None:
     _norms(config, p, out)
 
 
-def _qwen_moe_is_sparse(config: dict[str, Any], i: int) -> bool:
-    experts = int(config.get("num_experts") or 0)
-    step = int(config.get("decoder_sparse_step") or 1)
-    return i not in (config.get("mlp_only_layers") or []) and experts > 0 and (i + 1) % step == 0
+def _sparse_rule(config: dict[str, Any], arch: str) -> Callable[[int], bool]:
+    """Which layers are MoE layers, as a test on the layer number, the config read once."""
+    if arch in QWEN_MOE:
+        experts = _get(config, "num_experts", 0)
+        step = _get(config, "decoder_sparse_step", 1)
+        dense = frozenset(config.get("mlp_only_layers") or ())
+        return lambda i: experts > 0 and i not in dense and (i + 1) % step == 0
+    if arch in DEEPSEEK:
+        routed = _get(config, "n_routed_experts", 0)
+        first = _get(config, "first_k_dense_replace", 0)
+        freq = _get(config, "moe_layer_freq", 1)
+        return lambda i: routed > 0 and i >= first and i % freq == 0
+    moe = arch in MIXTRAL
+    return lambda i: moe
 
 
-def _qwen_moe_layer(config: dict[str, Any], i: int, p: str, out: Shapes) -> None:
+def _qwen_moe_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
     _gqa_attention(config, p, out)
-    hidden = int(_get(config, "hidden_size"))
+    hidden = _get(config, "hidden_size")
     m = p + "mlp."
-    if not _qwen_moe_is_sparse(config, i):
-        _gated_mlp(out, m, hidden, int(_get(config, "intermediate_size")))
+    if not sparse:
+        _gated_mlp(out, m, hidden, _get(config, "intermediate_size"))
     else:
-        experts = int(_get(config, "num_experts"))
-        inter = int(_get(config, "moe_intermediate_size"))
+        experts = _get(config, "num_experts")
+        inter = _get(config, "moe_intermediate_size")
         _linear(out, m + "gate", experts, hidden)
         for e in range(experts):
             _gated_mlp(out, f"{m}experts.{e}.", hidden, inter)
-        shared = int(config.get("shared_expert_intermediate_size") or 0)
+        shared = _get(config, "shared_expert_intermediate_size", 0)
         if shared:
             _gated_mlp(out, m + "shared_expert.", hidden, shared)
             _linear(out, m + "shared_expert_gate", 1, hidden)
     _norms(config, p, out)
 
 
-def _deepseek_is_moe(config: dict[str, Any], i: int) -> bool:
-    return (
-        bool(config.get("n_routed_experts"))
-        and i >= int(config.get("first_k_dense_replace") or 0)
-        and i % int(config.get("moe_layer_freq") or 1) == 0
-    )
-
-
-def _deepseek_layer(config: dict[str, Any], i: int, p: str, out: Shapes) -> None:
-    hidden = int(_get(config, "hidden_size"))
+def _deepseek_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
+    hidden = _get(config, "hidden_size")
     nh = num_attention_heads(config)
-    nope, rope = int(_get(config, "qk_nope_head_dim")), int(_get(config, "qk_rope_head_dim"))
-    v_dim, kv_rank = int(_get(config, "v_head_dim")), int(_get(config, "kv_lora_rank"))
-    bias = bool(config.get("attention_bias", False))
+    nope, rope = _get(config, "qk_nope_head_dim"), _get(config, "qk_rope_head_dim")
+    v_dim, kv_rank = _get(config, "v_head_dim"), _get(config, "kv_lora_rank")
+    bias = _get(config, "attention_bias", False)
     a = p + "self_attn."
-    q_rank = config.get("q_lora_rank")
+    q_rank = _get(config, "q_lora_rank", None)
     if q_rank is None:
         _linear(out, a + "q_proj", nh * (nope + rope), hidden)
     else:
-        _linear(out, a + "q_a_proj", int(q_rank), hidden, bias)
-        out[a + "q_a_layernorm.weight"] = (int(q_rank),)
-        _linear(out, a + "q_b_proj", nh * (nope + rope), int(q_rank))
+        _linear(out, a + "q_a_proj", q_rank, hidden, bias)
+        out[a + "q_a_layernorm.weight"] = (q_rank,)
+        _linear(out, a + "q_b_proj", nh * (nope + rope), q_rank)
     _linear(out, a + "kv_a_proj_with_mqa", kv_rank + rope, hidden, bias)
     out[a + "kv_a_layernorm.weight"] = (kv_rank,)
     _linear(out, a + "kv_b_proj", nh * (nope + v_dim), kv_rank)
     _linear(out, a + "o_proj", hidden, nh * v_dim, bias)
     m = p + "mlp."
-    if not _deepseek_is_moe(config, i):
-        _gated_mlp(out, m, hidden, int(_get(config, "intermediate_size")))
+    if not sparse:
+        _gated_mlp(out, m, hidden, _get(config, "intermediate_size"))
     else:
-        experts = int(_get(config, "n_routed_experts"))
-        inter = int(_get(config, "moe_intermediate_size"))
+        experts = _get(config, "n_routed_experts")
+        inter = _get(config, "moe_intermediate_size")
         _linear(out, m + "gate", experts, hidden)
-        topk_method = config.get("topk_method", "noaux_tc" if architecture(config) == "DeepseekV3ForCausalLM" else "greedy")
-        if topk_method == "noaux_tc":
+        default_topk = "noaux_tc" if architecture(config) == "DeepseekV3ForCausalLM" else "greedy"
+        if _get(config, "topk_method", default_topk) == "noaux_tc":
             out[m + "gate.e_score_correction_bias"] = (experts,)
         for e in range(experts):
             _gated_mlp(out, f"{m}experts.{e}.", hidden, inter)
-        shared = int(config.get("n_shared_experts") or 0)
+        shared = _get(config, "n_shared_experts", 0)
         if shared:
             _gated_mlp(out, m + "shared_experts.", hidden, inter * shared)
     _norms(config, p, out)
@@ -373,15 +530,15 @@ def routed_experts(config: dict[str, Any]) -> int:
     """Routed experts per MoE layer (0 for dense models); shared experts are not routed."""
     arch = architecture(config)
     if arch in MIXTRAL:
-        return int(_get(config, "num_local_experts"))
+        return _get(config, "num_local_experts")
     if arch in QWEN_MOE:
-        return int(config.get("num_experts") or 0)
+        return _get(config, "num_experts", 0)
     if arch in DEEPSEEK:
-        return int(config.get("n_routed_experts") or 0)
+        return _get(config, "n_routed_experts", 0)
     return 0
 
 
-_BUILDERS: dict[str, Callable[[dict[str, Any], int, str, Shapes], None]] = {
+_BUILDERS: dict[str, Callable[[dict[str, Any], str, Shapes, bool], None]] = {
     **{a: _llama_layer for a in LLAMA_LIKE},
     **{a: _mixtral_layer for a in MIXTRAL},
     **{a: _qwen_moe_layer for a in QWEN_MOE},

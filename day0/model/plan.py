@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from day0.config.profile import MAX_DEVICE_MEMORY_GIB, MAX_DEVICES_PER_NODE, MAX_NODES
 from day0.model import archs
 from day0.model.plan_model import Plan, StagePlan
 from day0.model.plan_report import format_table
@@ -88,10 +89,9 @@ def plan(
     """
     _check_layout_arguments(tp, pp, devices_per_node, nodes, target_concurrency, gpu_memory_utilization,
                             device_memory_gib, activation_headroom_gib)
+    _check_sizes(max_model_len, block_size, target_context, kv_cache_memory_bytes)
     block_size = int(block_size or 16)
-    if block_size < 1:
-        raise ValueError(f"block_size={block_size} must be >= 1")
-    arch = archs.architecture(config)
+    arch = archs.check_config(config)
     layers = archs.num_layers(config)
     if pp > layers:
         raise ValueError(f"pipeline_parallel_size={pp} exceeds num_hidden_layers={layers} in config.json")
@@ -99,7 +99,7 @@ def plan(
     scheme = weight_scheme(quantization, config)
     notes = _model_notes(config, quantization, scheme)
     derived_len, _ = archs.derived_max_model_len(config)
-    max_len = int(max_model_len or derived_len)
+    max_len = int(max_model_len if max_model_len not in (None, 0, -1) else derived_len)  # -1: vLLM's "derive it"
     context = int(target_context or max_len)
     kv_layer = kv_layer_bytes(config, kv_cache_dtype, dt, tp)
     req = _Request(dt, scheme, kv_cache_dtype, block_size, max_len, context, target_concurrency,
@@ -111,6 +111,8 @@ def plan(
     if tp > devices_per_node:
         notes.append(f"tp={tp} spans nodes: TP all-reduces would cross the inter-node network")
     smallest = _smallest_layout(config, fp, req, layers)
+    if smallest is None and min(layers, devices_per_node * nodes) > MAX_SEARCH_PP:
+        notes.append(f"the search for a layout that fits stopped at PP={MAX_SEARCH_PP} stages")
     return _assemble(config, arch, fp, req, tp, pp, stages, reasons, smallest, notes)
 
 
@@ -165,16 +167,46 @@ class _Request:
         return why
 
 
+MAX_RANKS = 1 << 20  # tp and pp each; any more is not a layout, and the arithmetic stays small
+MAX_TOKENS = 1 << 62  # max_model_len, target_context, block_size
+MAX_SEARCH_PP = 256  # the smallest-layout search stops at this many pipeline stages
+
+
 def _check_layout_arguments(tp: int, pp: int, devices_per_node: int, nodes: int, target_concurrency: int,
                             gpu_memory_utilization: float, device_memory_gib: float,
                             activation_headroom_gib: float) -> None:
-    if tp < 1 or pp < 1 or devices_per_node < 1 or nodes < 1 or target_concurrency < 1:
-        raise ValueError(f"plan: tp={tp}, pp={pp}, devices_per_node={devices_per_node}, nodes={nodes}, "
-                         f"target_concurrency={target_concurrency} must all be >= 1")
+    for name, value, most in (("tp", tp, MAX_RANKS), ("pp", pp, MAX_RANKS), ("nodes", nodes, MAX_NODES),
+                              ("devices_per_node", devices_per_node, MAX_DEVICES_PER_NODE),
+                              ("target_concurrency", target_concurrency, 1 << 30)):
+        _whole(name, value, 1, most)
+    for name, value in (("gpu_memory_utilization", gpu_memory_utilization), ("device_memory_gib", device_memory_gib),
+                        ("activation_headroom_gib", activation_headroom_gib)):
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be a finite number")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
-    if device_memory_gib <= 0 or activation_headroom_gib < 0:
-        raise ValueError(f"device_memory_gib={device_memory_gib} must be > 0 and activation_headroom_gib >= 0")
+    if not 0 < device_memory_gib <= MAX_DEVICE_MEMORY_GIB or not 0 <= activation_headroom_gib <= MAX_DEVICE_MEMORY_GIB:
+        raise ValueError(f"device_memory_gib={device_memory_gib} must be in (0, {MAX_DEVICE_MEMORY_GIB:g}] and "
+                         f"activation_headroom_gib={activation_headroom_gib} in [0, {MAX_DEVICE_MEMORY_GIB:g}]")
+
+
+def _check_sizes(max_model_len: int | None, block_size: int | None, target_context: int | None,
+                 kv_cache_memory_bytes: int | None) -> None:
+    """Token counts and byte sizes are whole numbers in range (None: derived from config.json)."""
+    if max_model_len not in (None, -1):
+        _whole("max_model_len", max_model_len, 1, MAX_TOKENS)
+    for name, value in (("block_size", block_size), ("target_context", target_context)):
+        if value is not None:
+            _whole(name, value, 1, MAX_TOKENS)
+    if kv_cache_memory_bytes is not None:
+        _whole("kv_cache_memory_bytes", kv_cache_memory_bytes, 0, int(MAX_DEVICE_MEMORY_GIB) * GIB)
+
+
+def _whole(name: str, value: Any, least: int, most: int) -> None:
+    if type(value) is not int:  # bool is an int to Python, not to a layout
+        raise ValueError(f"{name}={value!r} must be a whole number")
+    if not least <= value <= most:
+        raise ValueError(f"{name}={value} must be between {least} and {most}")
 
 
 def _model_notes(config: dict[str, Any], quantization: str | None, scheme: WeightScheme) -> list[str]:
@@ -210,9 +242,9 @@ def _smallest_layout(config: dict[str, Any], fp: Footprint, req: _Request, layer
     tps = [2**k for k in range(req.devices_per_node.bit_length()) if valid_tp(config, 2**k)]
     candidates = []
     for t in tps:
-        for p in range(1, min(layers, (req.devices_per_node * req.nodes) // t) + 1):
-            if t * p <= req.devices_per_node or t == tps[-1]:
-                candidates.append((t * p, p, t))
+        most = (req.devices_per_node * req.nodes) // t if t == tps[-1] else req.devices_per_node // t
+        for p in range(1, min(layers, most, MAX_SEARCH_PP) + 1):
+            candidates.append((t * p, p, t))
     for _, _, p, t in sorted((r, -t, p, t) for r, p, t in candidates):  # fewest devices, then widest TP
         kv_t = kv_layer_bytes(config, req.kv_cache_dtype, req.dtype, t)
         if not req.reasons(req.price(config, fp, t, p, kv_t), t * p):

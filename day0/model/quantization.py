@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from day0.model.archs import ConfigError, describe_value
+
 
 @dataclass(frozen=True)
 class WeightScheme:
@@ -59,19 +61,24 @@ def weight_scheme(quantization: str | None, config: dict[str, Any]) -> WeightSch
     checkpoint is ``compressed-tensors``); they size int4 with group-128 scales, int8 per channel.
     """
     qc = config.get("quantization_config") or {}
-    method = (quantization or qc.get("quant_method") or "").lower() or None
+    if not isinstance(qc, dict):
+        raise ConfigError("quantization_config", f"expected an object, got {describe_value(qc)}")
+    ckpt_method = qc.get("quant_method")
+    if ckpt_method is not None and not isinstance(ckpt_method, str):
+        raise ConfigError("quantization_config.quant_method", f"expected a string, got {describe_value(ckpt_method)}")
+    method = (quantization or ckpt_method or "").lower() or None
     if method is None or method == "none":
         return UNQUANTIZED
     if method in _FP8_NAMES:
-        block = qc.get("weight_block_size") if qc.get("quant_method") == "fp8" else None
+        block = _pair(qc, "weight_block_size") if ckpt_method == "fp8" else None
         if method == "fp8_per_block" and not block:
-            block = [128, 128]
+            block = (128, 128)
         if block:
-            return WeightScheme(method, 8, block=(int(block[0]), int(block[1])))
+            return WeightScheme(method, 8, block=block)
         return WeightScheme(method, 8, per_channel=method == "fp8_per_channel")
     if method in _INT_GROUP_NAMES:
-        bits = int(qc.get("bits") or qc.get("w_bit") or 4)
-        group = int(qc.get("group_size") or qc.get("q_group_size") or 128)
+        bits = _int(qc, "bits", None) or _int(qc, "w_bit", None) or 4
+        group = _int(qc, "group_size", None, least=-1) or _int(qc, "q_group_size", None, least=-1) or 128
         group = group if group > 0 else None  # gptq group_size=-1: one group per row
         return WeightScheme(method, bits, group_size=group, per_channel=group is None, scale_bytes=2, zero_points=True)
     if method in ("w4a16", "int4"):
@@ -93,19 +100,50 @@ def weight_scheme(quantization: str | None, config: dict[str, Any]) -> WeightSch
 
 def _compressed_tensors_scheme(qc: dict[str, Any]) -> WeightScheme:
     groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        raise ConfigError("quantization_config.config_groups", f"expected an object, got {describe_value(groups)}")
     weights = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)
     if not weights:  # no checkpoint description: the common W4A16 group-128 recipe
         return WeightScheme("compressed-tensors(w4a16)", 4, group_size=128, scale_bytes=2)
-    bits = int(weights.get("num_bits") or 4)
+    if not isinstance(weights, dict):
+        raise ConfigError("quantization_config.config_groups.weights", f"expected an object, got {describe_value(weights)}")
+    where = "quantization_config.config_groups.weights"
+    bits = _int(weights, "num_bits", where) or 4
     strategy = weights.get("strategy") or "group"
+    if not isinstance(strategy, str):
+        raise ConfigError(f"{where}.strategy", f"expected a string, got {describe_value(strategy)}")
     name = f"compressed-tensors({weights.get('type', 'int')}{bits},{strategy})"
     zeros = not weights.get("symmetric", True)
     if strategy == "group":
-        return WeightScheme(name, bits, group_size=int(weights.get("group_size") or 128), scale_bytes=2, zero_points=zeros)
+        group = _int(weights, "group_size", where) or 128
+        return WeightScheme(name, bits, group_size=group, scale_bytes=2, zero_points=zeros)
     if strategy == "block":
-        block = weights.get("block_structure") or [128, 128]
-        return WeightScheme(name, bits, block=(int(block[0]), int(block[1])))
+        return WeightScheme(name, bits, block=_pair(weights, "block_structure", where) or (128, 128))
     return WeightScheme(name, bits, per_channel=strategy == "channel", zero_points=zeros)
+
+
+def _int(table: dict[str, Any], key: str, where: str | None, least: int = 1, most: int = 1 << 20) -> int | None:
+    """An integer field of the quantization config (None when unset), refused in one line otherwise."""
+    value = table.get(key)
+    if value is None:
+        return None
+    name = f"{where or 'quantization_config'}.{key}"
+    if type(value) is not int:
+        raise ConfigError(name, f"expected an integer, got {describe_value(value)}")
+    if not least <= value <= most:
+        raise ConfigError(name, f"{value} is outside [{least}, {most}]")
+    return value
+
+
+def _pair(table: dict[str, Any], key: str, where: str | None = None) -> tuple[int, int] | None:
+    """A ``[out, in]`` block of positive integers (None when unset)."""
+    value = table.get(key)
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and 0 < v <= 1 << 20 for v in value)):
+        raise ConfigError(f"{where or 'quantization_config'}.{key}",
+                          f"expected [out, in] positive integers, got {describe_value(value)}")
+    return (value[0], value[1])
 
 
 def stays_unquantized(name: str, shape: tuple[int, ...]) -> bool:

@@ -7,9 +7,10 @@ layout, so the search for the smallest layout that fits is a loop over them.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from day0.model import archs
@@ -88,6 +89,20 @@ class Footprint:
     total: float
     parameters: int = 0
     active_parameters: float = 0.0
+    _prefix: dict[tuple[int, float], list[float]] = field(default_factory=dict, repr=False)
+
+    def layer_bytes(self, tp: int, kv_share: float, start: int, end: int) -> float:
+        """Bytes of layers [start, end) on one TP rank, from running totals kept per (tp, kv_share).
+
+        Why running totals: the search for the smallest layout prices hundreds of layouts, and
+        summing every layer for each would cost layers x layouts.
+        """
+        key = (tp, kv_share)
+        prefix = self._prefix.get(key)
+        if prefix is None:
+            per_layer = (r + math.ceil(s / tp) + k * kv_share for r, s, k in zip(self.replicated, self.split, self.kv_proj))
+            prefix = self._prefix[key] = [0.0, *itertools.accumulate(per_layer)]
+        return prefix[end] - prefix[start]
 
 
 def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) -> Footprint:
@@ -141,9 +156,7 @@ def pp_partition(num_layers: int, pp: int) -> list[tuple[int, int]]:
 def stage_weights(config: dict[str, Any], fp: Footprint, tp: int, start: int, end: int, first: bool, last: bool) -> int:
     kv = archs.num_kv_heads(config)
     kv_share = max(1, kv // tp) / kv
-    total = 0.0
-    for i in range(start, end):
-        total += fp.replicated[i] + math.ceil(fp.split[i] / tp) + fp.kv_proj[i] * kv_share
+    total = fp.layer_bytes(tp, kv_share, start, end)
     vocab = int(config["vocab_size"])
     vocab_share = math.ceil(math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING / tp) / vocab
     if first:

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import reprlib
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
+from day0.core.inputs import InputError, open_regular
+
 MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers (HeaderTooLarge)
 LENGTH_FIELD_BYTES = 8
+MAX_RANK = 64  # dimensions of one tensor; real ones have at most 5
+MAX_BYTES = 2**64 - 1  # safetensors sizes are u64: a shape whose bytes overflow it is refused (ValidationOverflow)
 
 # Bits per element for every dtype safetensors 0.8 knows. Sub-byte types (F4, F6_*) pack several
 # elements per byte; a tensor of them must still occupy a whole number of bytes.
@@ -147,8 +151,9 @@ def read_header_bytes(path: Path, label: str) -> tuple[bytes, int]:
     which holds it, runs in one thread.
     """
     try:
-        with open(path, "rb") as fh:
-            file_size = os.fstat(fh.fileno()).st_size
+        fh, st = open_regular(path, label=label)
+        with fh:
+            file_size = st.st_size
             head = fh.read(LENGTH_FIELD_BYTES)
             if len(head) < LENGTH_FIELD_BYTES:
                 raise HeaderError(
@@ -166,6 +171,8 @@ def read_header_bytes(path: Path, label: str) -> tuple[bytes, int]:
                     f"{file_size - LENGTH_FIELD_BYTES} follow it (file truncated inside the header?)"
                 )
             raw = fh.read(n)
+    except InputError as exc:
+        raise HeaderError(str(exc)) from None
     except OSError as exc:
         raise HeaderError(f"{label}: cannot read ({exc.strerror or exc})") from None
     if len(raw) != n:
@@ -183,6 +190,10 @@ def parse_header(raw: bytes, file_size: int, label: str) -> ShardHeader:
         obj = loads_json(raw)
     except json.JSONDecodeError as exc:
         raise HeaderError(f"{label}: header is not JSON ({exc.msg} at char {exc.pos})") from None
+    except RecursionError:  # safetensors headers are 3 levels deep; this one is thousands
+        raise HeaderError(f"{label}: header JSON is nested too deeply to be a safetensors header") from None
+    except ValueError as exc:  # an integer of more digits than int() converts
+        raise HeaderError(f"{label}: header is not usable JSON ({str(exc).split(';')[0]})") from None
     if not isinstance(obj, dict):
         raise HeaderError(f"{label}: header JSON is a {type(obj).__name__}, not an object (starts {text[:16]!r})")
     header = ShardHeader(name=label, file_size=file_size, header_len=len(raw))
@@ -220,7 +231,7 @@ def validate_entries(
             dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
             key = (dtype, shape)
             nbytes = nbytes_of[key] if key in nbytes_of else nbytes_of.setdefault(key, _nbytes(dtype, shape))
-            if nbytes != -1 and type(begin) is int and type(end) is int and 0 <= begin <= end:
+            if nbytes != -1 and type(begin) is int and type(end) is int and 0 <= begin <= end <= MAX_BYTES:
                 entry = TensorEntry(tname, dtype, shape, begin, end)
         except (TypeError, KeyError, ValueError):
             pass
@@ -235,14 +246,14 @@ def validate_entries(
         if nbytes is None:
             problems.append(Problem(
                 "layout",
-                f"{label}: tensor {tname}: {entry.numel} x {entry.dtype} is {entry.numel * DTYPE_BITS[entry.dtype]} "
+                f"{label}: tensor {short_name(tname)}: {entry.numel} x {entry.dtype} is {entry.numel * DTYPE_BITS[entry.dtype]} "
                 "bits, not a whole number of bytes",
                 tname,
             ))
         elif entry.end - entry.begin != nbytes:
             problems.append(Problem(
                 "layout",
-                f"{label}: tensor {tname}: data_offsets span {entry.end - entry.begin} bytes, "
+                f"{label}: tensor {short_name(tname)}: data_offsets span {entry.end - entry.begin} bytes, "
                 f"but {entry.dtype} x {list(entry.shape)} needs {nbytes}",
                 tname, entry.end - entry.begin, nbytes,
             ))
@@ -258,35 +269,54 @@ def _entry(tname: str, info: Any, label: str, problems: list[Problem]) -> Tensor
     """
 
     def bad(why: str) -> None:
-        problems.append(Problem("layout", f"{label}: tensor {tname}: {why}", tname))
+        problems.append(Problem("layout", f"{label}: tensor {short_name(tname)}: {why}", tname))
 
     if not isinstance(info, dict):
         bad(f"entry is a {type(info).__name__}, not an object")
         return None
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
-        bad(f"data_offsets {offsets!r} is not a pair of non-negative integers")
+        bad(f"data_offsets {reprlib.repr(offsets)} is not a pair of non-negative integers")
         return None
     begin, end = offsets
+    if end > MAX_BYTES:
+        bad(f"data_offsets {reprlib.repr(offsets)} reach past what a 64-bit size can count")
+        return None
     if end < begin:
         bad(f"data_offsets [{begin}, {end}] end before they begin")
         return None
     valid = True
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        bad(f"shape {shape!r} is not a list of non-negative integers")
+        bad(f"shape {reprlib.repr(shape)} is not a list of non-negative integers")
+        shape, valid = [], False
+    elif len(shape) > MAX_RANK:
+        bad(f"shape has {len(shape)} dimensions (at most {MAX_RANK})")
+        shape, valid = [], False
+    elif math.prod(shape) * DTYPE_BITS.get(dtype if isinstance(dtype, str) else "", 8) > 8 * MAX_BYTES:
+        bad(f"shape {reprlib.repr(shape)} holds more bytes than a 64-bit size can count")
         shape, valid = [], False
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        bad(f"dtype {dtype!r} is not a safetensors dtype")
-        dtype, valid = str(dtype), False
+        bad(f"dtype {reprlib.repr(dtype)} is not a safetensors dtype")
+        dtype, valid = reprlib.repr(dtype), False
     return TensorEntry(tname, dtype, tuple(shape), begin, end, valid)
+
+
+def short_name(name: str) -> str:
+    """A tensor name as one line may quote it: control characters escaped, whole up to 200
+    characters, else its start and its length."""
+    if not name.isprintable():
+        name = name.encode("unicode_escape").decode("ascii")
+    return name if len(name) <= 200 else f"{name[:120]}... ({len(name)} characters)"
 
 
 def _nbytes(dtype: Any, shape: tuple[Any, ...]) -> int | None:
     """Bytes a tensor occupies; None if not whole bytes; -1 if dtype or shape is malformed."""
     bits = DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
-    if bits is None or not all(_is_uint(d) for d in shape):
+    if bits is None or len(shape) > MAX_RANK or not all(_is_uint(d) for d in shape):
         return -1
     total = math.prod(shape) * bits
+    if total > 8 * MAX_BYTES:
+        return -1  # _entry reports it
     return None if total % 8 else total // 8
 
 
@@ -304,17 +334,17 @@ def _tiling_problems(
     last: TensorEntry | None = None  # the tensor that reaches furthest so far
     for t in ordered:
         if t.begin > cursor:
-            after = f"after {last.name}" if last else "at the start of the data"
+            after = f"after {short_name(last.name)}" if last else "at the start of the data"
             problems.append(Problem(
                 "layout",
                 f"{label}: {t.begin - cursor} bytes [{cursor}, {t.begin}) {after} belong to no tensor "
-                f"(hole before {t.name})",
+                f"(hole before {short_name(t.name)})",
                 t.name, t.begin, cursor,
             ))
         elif t.begin < cursor and last is not None:
             problems.append(Problem(
                 "layout",
-                f"{label}: tensor {t.name} [{t.begin}, {t.end}) overlaps {last.name} "
+                f"{label}: tensor {short_name(t.name)} [{t.begin}, {t.end}) overlaps {short_name(last.name)} "
                 f"[{last.begin}, {last.end})",
                 t.name, t.begin, cursor,
             ))
@@ -323,7 +353,7 @@ def _tiling_problems(
     if cursor != data_len:
         if cursor > data_len:
             cut = [t.name for t in ordered if t.end > data_len]
-            what = f"truncated: {cursor - data_len} bytes missing, {len(cut)} tensor(s) cut off, first {cut[0]}"
+            what = f"truncated: {cursor - data_len} bytes missing, {len(cut)} tensor(s) cut off, first {short_name(cut[0])}"
         else:
             what = f"padded: {data_len - cursor} bytes after the end of the last tensor"
         problems.append(Problem(

@@ -4,11 +4,13 @@ the plan (kvcache capacity, weights per rank) price the same thing."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from day0.config.profile import Profile
 from day0.model.config import ConfigUnavailable, model_config
 from day0.model.plan import Plan, plan, plan_kwargs
+from day0.model.what_if import check_engine_args
 
 
 def kv_cache_memory_bytes(profile: Profile) -> int | None:
@@ -18,11 +20,18 @@ def kv_cache_memory_bytes(profile: Profile) -> int | None:
         return int(args["kv_cache_memory_bytes"])
     space = profile.engine.env.get("VLLM_CPU_KVCACHE_SPACE")
     if profile.topology.device == "cpu" and space:
-        return int(float(space) * 2**30)
+        try:
+            gib = float(space)
+        except ValueError:
+            gib = math.nan
+        if not 0 <= gib <= 1 << 20:  # nan, inf and garbage alike
+            raise ValueError(f"engine.env.VLLM_CPU_KVCACHE_SPACE: {space[:40]!r} is not a size in GiB (0 to 1048576)")
+        return int(gib * 2**30)
     return None
 
 
 def plan_arguments(profile: Profile, what_if: dict[str, Any] | None = None) -> dict[str, Any]:
+    check_engine_args(profile.engine.args)
     t = profile.topology
     kw: dict[str, Any] = {
         "device_memory_gib": t.device_memory_gib,

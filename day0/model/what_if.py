@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from typing import Any
 
 PLAN_KEYS = (
@@ -32,6 +33,8 @@ def plan_kwargs(mapping: dict[str, Any]) -> dict[str, Any]:
 def parse_human_int(text: str, key: str = "value") -> int:
     """Integers as vLLM's CLI reads them: ``1m`` = 1,000,000, ``1M`` = 1,048,576, ``25.6k`` = 25,600."""
     s = text.strip().replace("_", "")
+    if len(s) > 40:  # past any size, and past what int() converts (sys.get_int_max_str_digits)
+        raise ValueError(f"{key}={reprlib.repr(text)} has {len(s)} characters: not a size day0 reads")
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", s)
     if m:
         number, suffix = m.groups()
@@ -65,7 +68,7 @@ def parse_what_if(text: str) -> dict[str, Any]:
         if not value:
             raise ValueError(f"--what-if: {key} has no value")
         if k in _INT_KEYS:
-            out[k] = parse_human_int(value, key)
+            out[k] = parse_human_int(value, f"--what-if: {key}")
         elif k in _FLOAT_KEYS:
             try:
                 out[k] = float(value)
@@ -75,7 +78,66 @@ def parse_what_if(text: str) -> dict[str, Any]:
                 raise ValueError(f"--what-if: {key}={value!r} is not a finite number")
         else:
             out[k] = None if value.lower() in ("none", "null") and k == "quantization" else value
+        problem = _out_of_range(k, out[k])
+        if problem:
+            raise ValueError(f"--what-if: {key}={value}: {problem}")
     return out
+
+
+# Ranges of the plan's numeric keywords: (least, most). Past them no deployment exists, and the
+# plan's arithmetic or its layout search would only spend time.
+_RANGES: dict[str, tuple[int, int]] = {
+    "tp": (1, 1 << 20), "pp": (1, 1 << 20), "block_size": (1, 1 << 20), "max_model_len": (1, 1 << 62),
+    "target_context": (1, 1 << 62), "target_concurrency": (1, 1 << 30), "kv_cache_memory_bytes": (0, 1 << 50),
+    "devices_per_node": (1, 1024), "nodes": (1, 4096), "gpu_memory_utilization": (0, 1),
+    "device_memory_gib": (0, 1 << 20), "activation_headroom_gib": (0, 1 << 20),
+}
+# Floats whose least value is excluded: no memory at all is not a device.
+_OPEN_BELOW = {"gpu_memory_utilization", "device_memory_gib"}
+# vLLM's engine-arg names for the plan's keys, and the other engine args day0 reads as numbers or flags.
+ENGINE_ARG_KEYS: dict[str, str] = {
+    "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "max_model_len": "max_model_len",
+    "block_size": "block_size", "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes", "max_num_batched_tokens": "target_context",
+}
+_ENGINE_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager")
+
+
+def _out_of_range(key: str, value: Any) -> str:
+    """Why a plan keyword's value is unusable, or "" when it is fine."""
+    if key in _STR_KEYS:
+        return "" if value is None or isinstance(value, str) else f"expected a string, got {reprlib.repr(value)}"
+    least, most = _RANGES.get(key, (-math.inf, math.inf))
+    if key in _INT_KEYS and type(value) is not int:  # bool is an int to Python, not to a layout
+        return f"expected a whole number, got {reprlib.repr(value)}"
+    if key in _FLOAT_KEYS and (type(value) not in (int, float) or not math.isfinite(value)):
+        return f"expected a finite number, got {reprlib.repr(value)}"
+    if key == "max_model_len" and value == -1:  # vLLM's "derive it from config.json"
+        return ""
+    below = value <= least if key in _OPEN_BELOW else value < least
+    if below or value > most:
+        bracket = "(" if key in _OPEN_BELOW else "["
+        return f"{value} is outside {bracket}{least}, {most}]"
+    return ""
+
+
+def check_engine_args(args: dict[str, Any]) -> None:
+    """The engine args day0 reads to lint and plan are of the type vLLM takes, within range.
+
+    Why: ``[engine.args]`` is passed to vLLM unchanged, so the profile's schema does not type it;
+    but the plan prices ``tensor_parallel_size = "8"`` or ``max_model_len = -5`` and would judge a
+    layout vLLM refuses. Raises ValueError naming ``engine.args.<key>``.
+    """
+    for raw_key, value in args.items():
+        key = str(raw_key).replace("-", "_")
+        if value is None:
+            continue
+        if key in _ENGINE_FLAGS and type(value) is not bool:
+            raise ValueError(f"engine.args.{raw_key}: expected true or false, got {reprlib.repr(value)}")
+        plan_key = ENGINE_ARG_KEYS.get(key) or (key if key in _STR_KEYS else None)
+        problem = _out_of_range(plan_key, value) if plan_key else ""
+        if problem:
+            raise ValueError(f"engine.args.{raw_key}: {problem}")
 
 
 def format_what_if(changes: dict[str, Any]) -> str:

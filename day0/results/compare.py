@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from day0.core.inputs import InputError, refusal, term_safe
 from day0.core.record import RUN_FILE, Check, RecordError, RunRecord, load, one_line
 from day0.core.stages import REGRESSION_STAGE
 from day0.results import history
@@ -55,6 +56,7 @@ class Baselines:
     label: str
     runs: list[tuple[str, RunRecord]]
     paths: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # history entries that did not load, named
 
 
 def resolve_baselines(specs: Sequence[str], run: RunRecord, folder: Path, n: int) -> Baselines | None:
@@ -69,12 +71,13 @@ def resolve_baselines(specs: Sequence[str], run: RunRecord, folder: Path, n: int
         raise CompareError(f"--baseline {keywords[0]} reads the history; it cannot be combined with other baselines")
     if keywords:
         verdict = "accepted" if keywords[0] == history.LATEST_ACCEPTED else ""
-        found = history.recent(folder, n, run.run_id, verdict=verdict)
+        skipped: list[str] = []
+        found = history.recent(folder, n, run.run_id, verdict=verdict, skipped=skipped)
         if not found:
             return None
         first, last = found[0][0].label, found[-1][0].label
         label = (first if first == last else f"{first}..{last}") + f", {keywords[0]}"
-        return Baselines(label, [(e.label, rec) for e, rec in found], [str(e.path) for e, _ in found])
+        return Baselines(label, [(e.label, rec) for e, rec in found], [str(e.path) for e, _ in found], skipped)
     runs, paths = [], []
     for spec in specs:
         path = Path(spec)
@@ -112,7 +115,7 @@ def format_table(result: CompareResult, show_all: bool = False) -> str:
     if unchanged and not show_all:
         lines.append(f"  ({unchanged} checks unchanged within the history's spread; --all lists them)")
     lines.append(f"result: {result.summary()}")
-    return "\n".join(lines)
+    return "\n".join(term_safe(line) for line in lines)  # run ids, keys and notes are record text
 
 
 def _table(result: CompareResult) -> dict[str, Any]:
@@ -219,6 +222,7 @@ def nightly_checks(
             log(f"regression: {msg}")
             return [], msg
         result = judge_history(found.runs, record, settings, found.label)
+        result.notes += found.skipped
         shown = {rec.run_id for _, rec in found.runs}
         recent = [(e.label, rec) for e, rec in history.recent(folder, max(0, settings.trend_runs - 1), record.run_id)]
         past = sorted(found.runs + [lr for lr in recent if lr[1].run_id not in shown],
@@ -262,6 +266,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if found is None:
         raise CompareError(f"no {args.baseline[0]} run in {folder}; give --baseline PATH, or store a run first")
     result = judge_history(found.runs, run, settings, found.label)
+    result.notes += found.skipped
     print(format_table(result, show_all=args.all))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
@@ -272,8 +277,8 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (CompareError, RecordError, history.HistoryError, OSError) as exc:
-            print(f"day0 compare: error: {one_line(str(exc))}", file=sys.stderr)
+        except (CompareError, InputError, OSError) as exc:  # RecordError, HistoryError: unusable input
+            print(refusal(exc), file=sys.stderr)
             return 2
 
     return run

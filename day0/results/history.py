@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from day0.config.compare import CompareSection
-from day0.core.record import RUN_FILE, RecordError, RunRecord, load
+from day0.core.inputs import InputError, refusal, term_safe
+from day0.core.record import RUN_FILE, RecordError, RunRecord, load, load_with_bytes
 
 _DEFAULTS = CompareSection()  # the [compare] defaults, for records made before a key existed
 DEFAULT_HISTORY_DIR = _DEFAULTS.history_dir
@@ -42,7 +43,7 @@ NAME = re.compile(
 _SLUG = re.compile(r"[^a-z0-9.]+")
 
 
-class HistoryError(ValueError):
+class HistoryError(InputError):
     """History that cannot be used as asked; the message names the folder or file."""
 
 
@@ -162,12 +163,14 @@ def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
     src = Path(run_json)
     if src.is_dir():
         src = src / RUN_FILE
-    record = load(src)  # a record that does not load must not enter the history
-    data = src.read_bytes()
+    record, data = load_with_bytes(src)  # one read: what is stored is the record that was checked
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".incoming-{os.getpid()}-{record.run_id[-16:]}.tmp"
-    tmp.write_bytes(data)
+    tmp = folder / f".incoming-{os.getpid()}-{slug(record.run_id[-16:])}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a stale one; created anew below, never written through (a FIFO would block)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)), "wb") as fh:
+        fh.write(data)
     try:
         for _ in range(attempts):
             existing = entries(folder)
@@ -186,9 +189,11 @@ def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
     raise HistoryError(f"{folder}: could not claim a history number after {attempts} attempts")
 
 
-def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "") -> list[tuple[Entry, RunRecord]]:
+def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
+           skipped: list[str] | None = None) -> list[tuple[Entry, RunRecord]]:
     """The last ``n`` stored runs (oldest first), never the run ``exclude_run_id`` itself, only
-    those with ``verdict`` when one is given (``latest-accepted``); unreadable files are skipped.
+    those with ``verdict`` when one is given (``latest-accepted``). An entry that does not load
+    is skipped (one bad file must not stop every later nightly) and named in ``skipped``.
     The nightly judges a run against these, and the trend charts draw them."""
     out: list[tuple[Entry, RunRecord]] = []
     for e in reversed(entries(folder)):
@@ -198,7 +203,9 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "") ->
             continue
         try:
             rec = e.load()
-        except RecordError:
+        except RecordError as exc:
+            if skipped is not None:
+                skipped.append(f"history entry skipped: {exc}")
             continue
         if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict):
             out.append((e, rec))
@@ -237,7 +244,7 @@ def _cmd_add(args: argparse.Namespace) -> int:
     record = load(run)
     folder = folder_for(_root_for(args, record, run), record, args.machine or "")
     e = store(run, folder)
-    print(f"stored {run} as {e.path}")
+    print(term_safe(f"stored {run} as {e.path}"))
     return 0
 
 
@@ -251,11 +258,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.machine:
         folders = [f for f in folders if f.name == slug(args.machine)]
     if not folders:
-        print(f"{root}: no stored runs" + (f" for profile {args.profile}" if args.profile else ""))
+        print(term_safe(f"{root}: no stored runs" + (f" for profile {args.profile}" if args.profile else "")))
         return 0
-    for f in folders:
+    for f in folders:  # folder names are whatever is on disk: escaped like record text
         es = entries(f)
-        print(f"{f.relative_to(root)}: {len(es)} runs")
+        print(term_safe(f"{f.relative_to(root)}: {len(es)} runs"))
         for e in es[-args.last:] if args.last else es:
             print(f"  {e.label:>6}  {e.stamp}  {e.commit:<18} {e.verdict:<11} {e.path.name}")
     return 0
@@ -265,8 +272,8 @@ def _guard(name: str, fn: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (RecordError, HistoryError, OSError) as exc:
-            print(f"day0 history {name}: error: {exc}", file=sys.stderr)
+        except (InputError, OSError) as exc:  # RecordError, HistoryError
+            print(refusal(exc), file=sys.stderr)
             return 2
 
     return run

@@ -10,8 +10,9 @@ real launchers (:func:`run_local` on this host; torchrun / srun run
 Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 writes),
 ``exact`` (the exact data), ``sweep`` and ``rank`` (the rank side), ``launcher`` and ``faults``
 (local ranks, watchdog, diagnosis), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
-``transport`` (NCCL_DEBUG logs), ``nccl_tests`` (importing nccl-tests output), ``tp_equivalence``
-(vLLM's TP path), ``cli``.
+``transport`` (NCCL_DEBUG logs), ``nccl_tests`` with ``nccl_format``, ``nccl_text`` and
+``nccl_json`` (importing nccl-tests output), ``inputs`` (reading a file handed in without trusting
+it), ``tp_equivalence`` (vLLM's TP path), ``cli``.
 """
 
 from day0.stages.collectives.checks import result_checks

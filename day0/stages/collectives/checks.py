@@ -126,6 +126,10 @@ def _correct_check(op: str, outcome: OpOutcome, rows: list[SweepRow], src: str) 
         if bad:
             detail = ", ".join(f"{human_bytes(r.size_bytes)} {r.mode}: {r.wrong}" for r in bad[:6])
             msg = f"{wrong} wrong elements in {op} ({detail}); results must be exact, suspect the fabric or NCCL/driver versions"
+        elif outcome.out_of_bounds:  # the footer counts what the rows do not show: trust the worse
+            wrong = outcome.out_of_bounds
+            msg = (f"nccl-tests' footer reports {wrong} out-of-bounds values in {op} although every row shows "
+                   "#wrong 0; results must be exact")
         else:
             msg = f"all {len(known)} sweep points exact (#wrong 0 at every size and mode)"
         return measured(cid_c, t_c, wrong, 0, unit="elements", direction="exact", message=msg,

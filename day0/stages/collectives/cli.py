@@ -1,7 +1,9 @@
-"""The stage's command line: ``day0 collectives run|import`` and ``python -m day0.stages.collectives``.
+"""The stage's command line: ``day0 collectives run|import|transport`` and ``python -m day0.stages.collectives``.
 
 ``run`` sweeps on local ranks (or is one rank under torchrun/srun); ``import`` reads a site's
-nccl-tests output. Both print the sweep as an nccl-tests-like table and the checks' verdicts.
+nccl-tests output; ``transport`` holds NCCL_DEBUG=INFO logs to the links a topology promises.
+Each prints what it read and the checks' verdicts: exit 0 all pass, 1 a check failed or could
+not measure, 2 an input that cannot be used (one line, ``day0: <file>[:line[:col]]: <problem>``).
 """
 
 from __future__ import annotations
@@ -13,12 +15,18 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from day0.core.inputs import InputError, loose_json, read_text, term_safe
+from day0.core.record import Check
 from day0.stages.collectives.checks import result_checks
 from day0.stages.collectives.launcher import run_local, zygote_main
-from day0.stages.collectives.nccl_tests import NcclParseError, import_nccl_tests
+from day0.stages.collectives.nccl_debug import read_nccl_debug
+from day0.stages.collectives.nccl_tests import import_nccl_tests
 from day0.stages.collectives.rank import RankEnv, run_rank
 from day0.stages.collectives.result import RESULT_FILE, CollectivesResult
 from day0.stages.collectives.settings import CollectivesSettings, SettingsError
+from day0.stages.collectives.transport import INTER_LINKS, INTRA_LINKS, TransportTopology, log_checks
+
+SETTINGS_CAP = 16 << 20  # a [collectives] table, or a whole profile, is kilobytes
 
 
 def format_table(result: CollectivesResult) -> str:
@@ -46,18 +54,21 @@ def format_table(result: CollectivesResult) -> str:
 
 
 def _load_settings_file(path: Path) -> dict[str, Any]:
-    text = Path(path).read_text(encoding="utf-8")
+    """A settings file read like any other input: bounded, and refused in one line naming it."""
+    text = read_text(path, cap=SETTINGS_CAP)
     if Path(path).suffix == ".json":
-        data = json.loads(text)
+        data = loose_json(text, str(path))
     else:
         import tomllib
 
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+            raise InputError(path, f"not valid TOML ({exc})") from None
     if isinstance(data, dict) and isinstance(data.get("collectives"), dict):
         data = data["collectives"]  # a whole profile: take its [collectives] table
+    if not isinstance(data, dict):
+        raise InputError(path, f"holds a {type(data).__name__}, not a [collectives] table")
     return data
 
 
@@ -79,15 +90,35 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
 def _settings_from_args(args: argparse.Namespace) -> CollectivesSettings:
     data: dict[str, Any] = _load_settings_file(Path(args.settings)) if args.settings else {}
     data.update(_parse_set(args.set or []))
-    return CollectivesSettings.from_mapping(data)
+    try:
+        return CollectivesSettings.from_mapping(data)
+    except SettingsError as exc:
+        raise SettingsError(f"{args.settings}: {exc}" if args.settings else str(exc)) from None
+
+
+def _refuse(exc: BaseException) -> int:
+    """The one stderr line of an unusable input (exit 2)."""
+    print(f"day0: {term_safe(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}", file=sys.stderr)
+    return 2
+
+
+def _report(checks: list[Check], json_path: str | None) -> int:
+    """Print the verdicts (and write them as JSON); exit 1 unless every check passed or was skipped."""
+    for c in checks:
+        print(term_safe(f"{c.status.upper():5} {c.id}: {c.message}"))
+    if json_path:
+        try:
+            Path(json_path).write_text(json.dumps([c.to_dict() for c in checks], indent=1) + "\n", encoding="utf-8")
+        except OSError as exc:
+            return _refuse(InputError(json_path, f"cannot write ({exc.strerror or exc})"))
+    return 1 if any(c.status in ("fail", "error") for c in checks) else 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
         settings = _settings_from_args(args)
     except (SettingsError, OSError, ValueError) as exc:
-        print(f"day0 collectives: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(exc)
     out_dir = Path(args.out_dir)
     rank_env = RankEnv.from_environ()
     if args.worker or (rank_env is not None and not args.local_ranks):
@@ -116,17 +147,29 @@ def _cmd_import(args: argparse.Namespace) -> int:
     try:
         result = import_nccl_tests(Path(args.path), op=args.op)
         settings = _settings_from_args(args) if (args.settings or args.set) else None
-    except (NcclParseError, SettingsError, OSError, ValueError) as exc:
-        print(f"day0 collectives import: {exc}", file=sys.stderr)
-        return 2
+    except (SettingsError, OSError, ValueError) as exc:  # InputError is a ValueError
+        return _refuse(exc)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        result.write(Path(args.out))
-    print(format_table(result))
-    checks = result_checks(result, settings)
-    for c in checks:
-        print(f"{c.status.upper():5} {c.id}: {c.message}")
-    return 1 if any(c.status in ("fail", "error") for c in checks) else 0
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            result.write(Path(args.out))
+        except OSError as exc:
+            return _refuse(InputError(args.out, f"cannot write ({exc.strerror or exc})"))
+    for line in format_table(result).splitlines():
+        print(term_safe(line))
+    return _report(result_checks(result, settings), args.json)
+
+
+def _cmd_transport(args: argparse.Namespace) -> int:
+    try:
+        topology = TransportTopology(args.intra_node, args.inter_node, args.nodes, args.devices_per_node)
+        log = read_nccl_debug(args.logs)
+    except ValueError as exc:  # InputError too
+        return _refuse(exc)
+    print(term_safe(f"# NCCL log: {len(args.logs)} file(s), {log.lines} lines, NCCL {', '.join(log.versions) or '?'}, "
+                    f"{sum(c.count for c in log.connections)} channel connections, {len(log.rank_hosts)} ranks on "
+                    f"{len(set(log.rank_hosts.values()))} host(s)"))
+    return _report(log_checks(log, topology), args.json)
 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
@@ -147,9 +190,20 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     imp = sub.add_parser("import", help="read nccl-tests output (text or -J JSON) and apply the same checks")
     common(imp)
     imp.add_argument("path", help="nccl-tests output: its stdout (text) or its -J JSON file")
-    imp.add_argument("--op", help="collective name when the output does not say (e.g. all_reduce)")
+    imp.add_argument("--op", help="the collective (e.g. all_reduce); wins over the output's program line and "
+                                  "the file name")
     imp.add_argument("--out", help="write the converted result JSON here")
+    imp.add_argument("--json", metavar="FILE", help="write the checks (id, status, value, message, ...) as JSON here")
     imp.set_defaults(func=_cmd_import)
+    tr = sub.add_parser("transport", help="hold NCCL_DEBUG=INFO logs to the links the topology promises")
+    tr.add_argument("logs", nargs="+", metavar="LOG", help="NCCL_DEBUG=INFO output: every node's NCCL_DEBUG_FILE")
+    tr.add_argument("--intra-node", default="any", help=f"promised inside a node: {', '.join(INTRA_LINKS)}")
+    tr.add_argument("--inter-node", default="any", help=f"promised between nodes: {', '.join(INTER_LINKS)}")
+    tr.add_argument("--nodes", type=int, default=None, help="nodes in the job (topology.nodes)")
+    tr.add_argument("--devices-per-node", type=int, default=None,
+                    help="places ranks that logged nothing (a log from some nodes only)")
+    tr.add_argument("--json", metavar="FILE", help="write the checks as JSON here")
+    tr.set_defaults(func=_cmd_transport)
     return p
 
 
@@ -161,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_cli(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("run", "import"):
+    if argv and argv[0] in ("run", "import", "transport"):
         argv = ["collectives", *argv]
     args = parser.parse_args(argv)
     return int(args.func(args))

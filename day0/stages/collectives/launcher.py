@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from day0.stages.collectives.faults import clean_error, diagnose
 from day0.stages.collectives.rank import RankEnv, run_rank
@@ -195,8 +195,12 @@ def run_local(
             env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=repo_root,
         )
         _atomic_write(ranks_dir / "launcher.pid", str(launcher.pid))
+        from day0.core.progress import Progress
+
+        points = _points(s)
         try:
-            fault = _watch(ranks, launcher, s, out, t_start, poll_s)
+            with Progress(len(points) or None, f"collectives sweep ({n} ranks)", "points") as bar:
+                fault = _watch(ranks, launcher, s, out, t_start, poll_s, lambda st: _show(bar, points, st))
         finally:
             _kill_all(ranks, launcher)
     elapsed = time.monotonic() - t_start
@@ -262,12 +266,30 @@ def _log_hint(path: Path) -> str | None:
     return None
 
 
+def _points(s: CollectivesSettings) -> list[tuple[str, str, int]]:
+    """The sweep's (op, mode, size) points in the order a rank measures them."""
+    try:
+        return [(op, mode, size) for op in s.ops for mode in s.modes(op) for size in s.sizes()]
+    except Exception:  # progress only: settings the ranks will refuse say so themselves
+        return []
+
+
+def _show(bar: Any, points: list[tuple[str, str, int]], states: list[RankState]) -> None:
+    """Rank 0's step file says which point it is measuring; that is the sweep's progress."""
+    step = states[0].step if states else None
+    if not step or step.get("phase") != "sweep":
+        return
+    key = (step.get("op"), step.get("mode"), step.get("size"))
+    if key in points:
+        bar.set(points.index(key), f"{key[0]} {key[1]} {key[2]} B")
+
+
 def _started(st: RankState) -> bool:
     return bool(st.step) and st.step.get("phase") not in ("import", "rendezvous")
 
 
 def _watch(ranks: list[_Rank], launcher: subprocess.Popen, s: CollectivesSettings, out: Path, t_start: float,
-           poll_s: float) -> Fault | None:
+           poll_s: float, show: Callable[[list[RankState]], None] = lambda states: None) -> Fault | None:
     """Wait for the ranks; on the first failure give the rest ``grace_s``, then kill and diagnose."""
     first_fail: float | None = None
     hb_limit = float(s.timeout_s) + float(s.grace_s)
@@ -284,6 +306,7 @@ def _watch(ranks: list[_Rank], launcher: subprocess.Popen, s: CollectivesSetting
             break
         if first_fail is None:
             states = _rank_states(ranks, out, lrc)
+            show(states)
             started = started or all(_started(st) for st in states)
             if not started and now - t_start > s.startup_timeout_s:
                 where = ", ".join(f"{st.rank}:{(st.step or {}).get('phase', 'not started')}" for st in states)

@@ -6,13 +6,24 @@ and the topology search result (``Pattern 4, ..., type NVL/PIX``). A node whose 
 InfiniBand is misconfigured still runs, only slower, through SHM or sockets: the log is the only
 place that says so. Formats follow NCCL's ``transport/{p2p,shm,net}.cc``, ``graph/search.cc``
 and ``init.cc``, of any version since 2.7.
+
+Logs come from every rank of a job, so they are big and are read without trusting them: a file
+is streamed under the caps of :mod:`inputs`, connections are kept once per (ranks, side,
+transport, host) with a count and the channels that used it, so memory follows the ranks and
+links of the job, not the lines of the file; a log that contradicts itself (two NCCL versions)
+or names impossible channels is refused with its file and line, since no verdict drawn from it
+could be trusted.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, NamedTuple
+from pathlib import Path
+from typing import Any, Callable, Iterable, NamedTuple
+
+from day0.stages.collectives.inputs import UNREADABLE_LOG, InputError, iter_lines
 
 # "host:pid:tid [dev] NCCL INFO message"; the prefix is optional (NCCL_DEBUG_FILE keeps it, a
 # grep'ed excerpt may not).
@@ -40,18 +51,31 @@ _COMM = re.compile(
     r"\s+localRanks\s+(?P<lranks>\d+)\s+localRank\s+(?P<lrank>\d+)"
 )
 _INIT = re.compile(r"comm\s+0x[0-9a-fA-F]+\s+rank\s+(?P<rank>\d+)\s+nranks\s+(?P<nranks>\d+)\s+cudaDev\s+(?P<dev>\d+)")
-_VERSION = re.compile(r"NCCL version\s+(?P<v>\S+)")
+_VERSION = re.compile(r"^NCCL version\s+(?P<v>\S+)")
 _USING_NET = re.compile(r"Using network\s+(?P<net>.+?)\s*$")
 
 #: Path types NCCL prints in Pattern lines that mean the intra-node path is NVLink (or local).
 NVLINK_PATH_TYPES = frozenset({"NVL", "NVB", "C2C", "LOC"})
 
 
-@dataclass
-class Connection:
-    """One channel connection as NCCL set it up, from one log line."""
+#: Bounds on what one log may hold: far above a 10,000-rank job, far below what exhausts memory.
+MAX_CHANNEL = 1024  # NCCL has at most 64 channels (MAXCHANNELS) today
+MAX_GROUPS = 500_000  # distinct connections (rank pair, side, transport, host) and topology patterns
+MAX_RANKS = 1_000_000
+MAX_TREES = 256  # tree entries kept as evidence (their ranks' hosts are all kept)
+MAX_RINGS, MAX_RING_RANKS = 64, 4096  # ring orders kept as evidence: channels, ranks of each
+MAX_WARNINGS = 50
 
-    channel: int
+
+class NcclLogError(InputError):
+    """An NCCL_DEBUG log that cannot be judged; ``str()`` names the file and line."""
+
+
+@dataclass(slots=True)
+class Connection:
+    """One channel connection as NCCL set it up, kept once however many channels (lines) used it."""
+
+    channel: int  # the first channel seen
     conn_index: int | None
     src: int
     dst: int
@@ -60,8 +84,10 @@ class Connection:
     side: str | None  # "send" / "receive" for NET lines, None for P2P/SHM (always the sender's line)
     via: str  # everything after "via ": "P2P/CUMEM/read", "NET/IB/0/GDRDMA", "SHM/direct/direct"
     host: str | None  # the host of the process that logged the line
-    line_no: int
+    line_no: int  # the first line
     line: str
+    count: int = 1  # lines (channels x connection indices) that set this connection up
+    channels: int = 0  # bit c set: channel c used it
 
     @property
     def transport(self) -> str:
@@ -81,8 +107,12 @@ class Connection:
         """The rank whose process printed the line: the receiver for [receive], else the sender."""
         return self.dst if self.side == "receive" else self.src
 
+    @property
+    def channel_list(self) -> list[int]:
+        return [c for c in range(self.channels.bit_length()) if self.channels >> c & 1]
 
-@dataclass
+
+@dataclass(slots=True)
 class GraphPattern:
     pattern: int
     cross_nic: int
@@ -94,6 +124,7 @@ class GraphPattern:
     host: str | None
     line_no: int
     line: str
+    count: int = 1  # ranks (lines) that printed the same search result on this host
 
 
 @dataclass
@@ -102,17 +133,21 @@ class NcclDebugLog:
 
     connections: list[Connection] = field(default_factory=list)
     rings: dict[int, list[int]] = field(default_factory=dict)  # channel -> rank order
-    trees: list[dict[str, Any]] = field(default_factory=list)  # {rank, channel, up, down}
+    trees: list[dict[str, Any]] = field(default_factory=list)  # {rank, channel, up, down}, the first MAX_TREES
     patterns: list[GraphPattern] = field(default_factory=list)
     rank_hosts: dict[int, str] = field(default_factory=dict)
     local_ranks: dict[str, int] = field(default_factory=dict)  # host -> localRanks NCCL reported
     nranks: int | None = None
     nnodes: int | None = None
-    versions: list[str] = field(default_factory=list)
-    networks: list[str] = field(default_factory=list)  # "Using network IB"
+    versions: list[str] = field(default_factory=list)  # distinct, in the order seen
+    networks: list[str] = field(default_factory=list)  # "Using network IB", distinct
     nvls: bool = False
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # the first MAX_WARNINGS
+    warning_count: int = 0
     lines: int = 0
+    nccl_lines: int = 0  # lines NCCL printed (INFO/WARN/TRACE)
+    _index: dict[tuple, Any] = field(default_factory=dict, repr=False)  # group key -> Connection/GraphPattern
+    _version_at: str = field(default="", repr=False)  # where the first version was printed
 
     def host_of(self, rank: int, devices_per_node: int | None = None) -> str | None:
         """The host of a rank: seen in the log, else inferred, else None when it cannot be known.
@@ -139,80 +174,140 @@ class NcclDebugLog:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "connections": len(self.connections),
-            "rings": {str(k): v for k, v in sorted(self.rings.items())},
-            "trees": self.trees[:256],
-            "patterns": [asdict(p) for p in self.patterns],
-            "rank_hosts": {str(k): v for k, v in sorted(self.rank_hosts.items())},
+            "connections": sum(c.count for c in self.connections),
+            "rings": {str(k): v[:1024] for k, v in sorted(self.rings.items())},
+            "trees": self.trees[:MAX_TREES],
+            "patterns": [asdict(p) for p in self.patterns[:64]],
+            "rank_hosts": {str(k): v for k, v in sorted(self.rank_hosts.items())[:4096]},
             "nranks": self.nranks,
             "nnodes": self.nnodes,
             "versions": sorted(set(self.versions)),
             "networks": sorted(set(self.networks)),
             "nvls": self.nvls,
-            "warnings": self.warnings[:50],
+            "warnings": self.warnings[:MAX_WARNINGS],
+            "warning_count": self.warning_count,
         }
 
 
 class _Line(NamedTuple):
     """One NCCL line: the host of the process that logged it (None without a prefix), its number,
-    the raw text, and the message after ``NCCL INFO``."""
+    the raw text, the message after ``NCCL INFO``, and the file it came from."""
 
     host: str | None
     n: int
     raw: str
     msg: str
+    where: str
+
+
+def _feed(log: NcclDebugLog, where: str, n: int, raw: str) -> None:
+    """Read one line of a log into ``log`` (the first reader that knows the line takes it)."""
+    log.lines += 1
+    if raw.startswith(UNREADABLE_LOG):  # nccl_log_text's stand-in for a rank log it could not read
+        _, path, problem = (raw.split("\t", 2) + ["", ""])[:3]
+        raise NcclLogError(path, problem)
+    m = _PREFIX.match(raw)
+    if m:
+        host, level, msg = sys.intern(m["host"]), m["level"], m["msg"].strip()
+    else:
+        b = _BARE.match(raw)
+        if not b:
+            return
+        host, level, msg = None, b["level"], b["msg"].strip()
+    log.nccl_lines += 1
+    if level == "WARN":
+        log.warning_count += 1
+        if len(log.warnings) < MAX_WARNINGS:
+            log.warnings.append(raw.strip()[:500])
+        return
+    line = _Line(host, n, raw, msg, where)
+    for read in _READERS:
+        if read(log, line):
+            break
+
+
+def parse_nccl_debug_lines(lines: Iterable[tuple[int, str]], *, where: str = "<log>",
+                           log: NcclDebugLog | None = None) -> NcclDebugLog:
+    """Parse numbered lines of NCCL_DEBUG=INFO output of one or many processes (interleaved is fine)."""
+    log = log if log is not None else NcclDebugLog()
+    for n, raw in lines:
+        _feed(log, where, n, raw)
+    return log
 
 
 def parse_nccl_debug(text: str) -> NcclDebugLog:
-    """Parse NCCL_DEBUG=INFO output of one or many processes (interleaved lines are fine)."""
+    """Parse NCCL_DEBUG=INFO output held in memory (see :func:`parse_nccl_debug_lines`)."""
+    return parse_nccl_debug_lines(enumerate(text.splitlines(), 1))
+
+
+def read_nccl_debug(paths: Iterable[Path | str]) -> NcclDebugLog:
+    """One log from the files of every node (NCCL_DEBUG_FILE per process or per node), streamed.
+
+    Each file must hold NCCL lines: a file without any is not an NCCL_DEBUG log, and is refused
+    rather than read as a log in which nothing was connected.
+    """
     log = NcclDebugLog()
-    for n, raw in enumerate(text.splitlines(), 1):
-        log.lines = n
-        m = _PREFIX.match(raw)
-        if m:
-            host, level, msg = m["host"], m["level"], m["msg"].strip()
-        else:
-            b = _BARE.match(raw)
-            if not b:
-                continue
-            host, level, msg = None, b["level"], b["msg"].strip()
-        if level == "WARN":
-            log.warnings.append(raw.strip())
-            continue
-        line = _Line(host, n, raw, msg)
-        for read in _READERS:  # the first reader that knows the line takes it
-            if read(log, line):
-                break
+    for path in paths:
+        before = log.nccl_lines
+        parse_nccl_debug_lines(iter_lines(path), where=str(path), log=log)
+        if log.nccl_lines == before:
+            raise NcclLogError(path, "no 'NCCL INFO' or 'NCCL WARN' line: not an NCCL_DEBUG=INFO log")
     return log
+
+
+def _group(log: NcclDebugLog, line: _Line, key: tuple) -> Any:
+    """The connection or pattern already kept under ``key``, or None; refuses past MAX_GROUPS."""
+    seen = log._index.get(key)
+    if seen is None and len(log._index) >= MAX_GROUPS:
+        raise NcclLogError(line.where, f"more than {MAX_GROUPS} distinct connections and topology patterns: not "
+                                       "one NCCL job's log (split it by job)", line.n)
+    return seen
+
+
+def _host(log: NcclDebugLog, rank: int, line: _Line) -> None:
+    if line.host is None or rank in log.rank_hosts:
+        return
+    if len(log.rank_hosts) >= MAX_RANKS:
+        raise NcclLogError(line.where, f"more than {MAX_RANKS} ranks: not one NCCL job's log", line.n)
+    log.rank_hosts[rank] = line.host
+
+
+def _channel(ch: str, line: _Line) -> int:
+    c = int(ch)
+    if c >= MAX_CHANNEL:
+        raise NcclLogError(line.where, f"channel {c}: NCCL has at most {MAX_CHANNEL} channels; not an NCCL line",
+                           line.n)
+    return c
 
 
 def _read_connection(log: NcclDebugLog, line: _Line) -> bool:
     c = _CONN.match(line.msg)
     if not c:
         return False
-    conn = Connection(
-        channel=int(c["ch"]),
-        conn_index=int(c["ci"]) if c["ci"] is not None else None,
-        src=int(c["src"]),
-        dst=int(c["dst"]),
-        src_dev=c["srcdev"],
-        dst_dev=c["dstdev"],
-        side=c["side"],
-        via=c["via"],
-        host=line.host,
-        line_no=line.n,
-        line=line.raw.strip(),
-    )
-    log.connections.append(conn)
-    if line.host is not None:
-        log.rank_hosts.setdefault(conn.logger_rank, line.host)
+    ch = _channel(c["ch"], line)
+    src, dst, via = int(c["src"]), int(c["dst"]), sys.intern(c["via"])
+    key = ("conn", src, dst, c["side"], via, line.host)
+    conn = _group(log, line, key)
+    if conn is None:
+        conn = Connection(
+            channel=ch, conn_index=int(c["ci"]) if c["ci"] is not None else None, src=src, dst=dst,
+            src_dev=c["srcdev"], dst_dev=c["dstdev"], side=c["side"], via=via, host=line.host, line_no=line.n,
+            line=line.raw.strip()[:300], count=0,
+        )
+        log._index[key] = conn
+        log.connections.append(conn)
+    conn.count += 1
+    conn.channels |= 1 << ch
+    _host(log, conn.logger_rank, line)
     return True
 
 
 def _read_ring(log: NcclDebugLog, line: _Line) -> bool:
     r = _RING.match(line.msg)
     if r:
-        log.rings.setdefault(int(r["ch"]), [int(x) for x in r["ranks"].split()])
+        ch = _channel(r["ch"], line)
+        if ch not in log.rings and len(log.rings) < MAX_RINGS:
+            log.rings[ch] = [int(x) for x in r["ranks"].split(maxsplit=MAX_RING_RANKS)[:MAX_RING_RANKS]]
     return r is not None
 
 
@@ -221,16 +316,16 @@ def _read_trees(log: NcclDebugLog, line: _Line) -> bool:
         return False
     for t in _TREE_ITEM.finditer(line.msg):
         me = int(t["me"])
-        log.trees.append(
-            {
-                "rank": me,
-                "channel": int(t["ch"]),
-                "up": int(t["up"]),
-                "down": [int(t[k]) for k in ("d0", "d1", "d2") if int(t[k]) >= 0],
-            }
-        )
-        if line.host is not None:
-            log.rank_hosts.setdefault(me, line.host)
+        if len(log.trees) < MAX_TREES:
+            log.trees.append(
+                {
+                    "rank": me,
+                    "channel": int(t["ch"]),
+                    "up": int(t["up"]),
+                    "down": [int(t[k]) for k in ("d0", "d1", "d2") if int(t[k]) >= 0],
+                }
+            )
+        _host(log, me, line)
     return True
 
 
@@ -238,20 +333,25 @@ def _read_pattern(log: NcclDebugLog, line: _Line) -> bool:
     p = _PATTERN.match(line.msg)
     if not p:
         return False
-    log.patterns.append(
-        GraphPattern(
-            pattern=int(p["pattern"]),
-            cross_nic=int(p["crossnic"]),
-            nchannels=int(p["nch"]),
-            bw_intra=float(p["bwi"]) if p["bwi"] else None,
-            bw_inter=float(p["bwo"]) if p["bwo"] else None,
-            type_intra=p["ti"],
-            type_inter=p["to"],
-            host=line.host,
-            line_no=line.n,
-            line=line.raw.strip(),
-        )
+    key = ("pattern", p["pattern"], p["crossnic"], p["nch"], p["ti"], p["to"], line.host)
+    seen = _group(log, line, key)
+    if seen is not None:
+        seen.count += 1
+        return True
+    pattern = GraphPattern(
+        pattern=int(p["pattern"]),
+        cross_nic=int(p["crossnic"]),
+        nchannels=int(p["nch"]),
+        bw_intra=float(p["bwi"]) if p["bwi"] else None,
+        bw_inter=float(p["bwo"]) if p["bwo"] else None,
+        type_intra=p["ti"],
+        type_inter=p["to"],
+        host=line.host,
+        line_no=line.n,
+        line=line.raw.strip()[:300],
     )
+    log._index[key] = pattern
+    log.patterns.append(pattern)
     return True
 
 
@@ -261,8 +361,8 @@ def _read_comm(log: NcclDebugLog, line: _Line) -> bool:
         return False
     log.nranks = int(cm["nranks"])
     log.nnodes = int(cm["nnodes"])
-    if line.host is not None:
-        log.rank_hosts.setdefault(int(cm["rank"]), line.host)
+    _host(log, int(cm["rank"]), line)
+    if line.host is not None and (line.host in log.local_ranks or len(log.local_ranks) < MAX_RANKS):
         log.local_ranks[line.host] = int(cm["lranks"])
     return True
 
@@ -272,21 +372,30 @@ def _read_init(log: NcclDebugLog, line: _Line) -> bool:
     if not im:
         return False
     log.nranks = log.nranks or int(im["nranks"])
-    if line.host is not None:
-        log.rank_hosts.setdefault(int(im["rank"]), line.host)
+    _host(log, int(im["rank"]), line)
     return True
 
 
 def _read_version(log: NcclDebugLog, line: _Line) -> bool:
-    v = _VERSION.search(line.msg)
-    if v:
-        log.versions.append(v["v"])
-    return v is not None
+    """NCCL's version, once per process; two different ones are two builds in one job, or two jobs."""
+    v = _VERSION.match(line.msg)
+    if v is None:
+        return False
+    version = v["v"]
+    if not log.versions:
+        log._version_at = f"{line.where}:{line.n}"
+    elif version not in log.versions and version.split("+")[0] != log.versions[0].split("+")[0]:
+        raise NcclLogError(line.where, f"NCCL version {version} contradicts version {log.versions[0]} at "
+                                       f"{log._version_at}: logs of different NCCL builds (mixed nodes, or another "
+                                       "job's log); judge one job with one NCCL", line.n)
+    if version not in log.versions:
+        log.versions.append(version)
+    return True
 
 
 def _read_network(log: NcclDebugLog, line: _Line) -> bool:
     u = _USING_NET.search(line.msg)
-    if u:
+    if u and u["net"] not in log.networks and len(log.networks) < 64:
         log.networks.append(u["net"])
     return u is not None
 

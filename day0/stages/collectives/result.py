@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from day0.core.inputs import InputError, loose_json, read_text
 from day0.core.record import jsonable
+from day0.stages.collectives.inputs import MAX_JSON_BYTES, UNREADABLE_LOG, iter_lines
 
 RESULT_FILE = "collectives.json"
 SETTINGS_FILE = "settings.json"
@@ -119,32 +121,48 @@ class CollectivesResult:
     def write(self, path: Path) -> Path:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # leave nothing half-written behind
+            raise
         return path
 
 
 def nccl_log_text(result: CollectivesResult) -> str:
-    """The NCCL_DEBUG output the ranks wrote (for :func:`day0.stages.collectives.transport.transport_checks`)."""
+    """The NCCL_DEBUG output the ranks wrote (for :func:`day0.stages.collectives.transport.transport_checks`).
+
+    Each file is read under the caps of :mod:`inputs` (bytes that are not text replaced: the ranks
+    wrote these, a killed one may leave padding); one that cannot be read (gone, a FIFO, too big)
+    becomes an ``UNREADABLE_LOG`` line naming it, which the parser turns into an error: judging
+    the other ranks' logs alone could pass a node nobody looked at.
+    """
     parts = []
     for p in result.nccl_logs:
         try:
-            parts.append(Path(p).read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            continue
+            parts.extend(line for _, line in iter_lines(p, lenient=True))
+        except InputError as exc:
+            parts.append(f"{UNREADABLE_LOG}\t{exc.path}\t{exc.problem}")
     return "\n".join(parts)
 
 
 def load_result(path: Path) -> CollectivesResult:
+    """A ``collectives.json`` (or the folder holding one), refused in one line if it is not one."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULT_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no collectives result (rank 0 writes it)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if data.get("schema") != RESULT_SCHEMA:
-        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {RESULT_SCHEMA}")
-    return CollectivesResult.from_dict(data)
+        text = read_text(path, cap=MAX_JSON_BYTES)
+    except InputError as exc:
+        if exc.problem == "does not exist":
+            raise FileNotFoundError(f"{path}: no collectives result (rank 0 writes it)") from None
+        raise
+    data = loose_json(text, str(path))  # day0's own file: a NaN figure in it is the checks' to judge
+    if not isinstance(data, dict) or data.get("schema") != RESULT_SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise InputError(path, f"schema {schema!r} is not {RESULT_SCHEMA}")
+    try:
+        return CollectivesResult.from_dict(data)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InputError(path, f"not a {RESULT_SCHEMA} result ({exc})") from None

@@ -18,6 +18,7 @@ from day0.stages.collectives.nccl_debug import (
     Connection,
     GraphPattern,
     NcclDebugLog,
+    NcclLogError,
     parse_nccl_debug,
 )
 
@@ -118,7 +119,9 @@ def classify(log: NcclDebugLog, topology: TransportTopology) -> dict[str, list[C
 
 
 def _summary(conns: Iterable[Connection]) -> str:
-    counts = Counter(_short_via(c) for c in conns)
+    counts: Counter[str] = Counter()
+    for c in conns:
+        counts[_short_via(c)] += c.count
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
 
 
@@ -128,51 +131,72 @@ def _short_via(c: Connection) -> str:
 
 
 def _conn_table(conns: list[Connection], limit: int = 400) -> dict[str, Any]:
-    grouped: dict[tuple, list[int]] = defaultdict(list)
+    grouped: dict[tuple, list[Connection]] = defaultdict(list)
     for c in conns:
-        grouped[(c.src, c.dst, c.side or "", c.via, c.host or "")].append(c.channel)
-    rows = [
-        [src, dst, side, via, host, len(chs), " ".join(str(x) for x in sorted(set(chs))[:16])]
-        for (src, dst, side, via, host), chs in sorted(grouped.items())
-    ]
+        grouped[(c.src, c.dst, c.side or "", c.via, c.host or "")].append(c)
+    rows = []
+    for (src, dst, side, via, host), cs in sorted(grouped.items())[:limit]:
+        chs = sorted({ch for c in cs for ch in c.channel_list})
+        rows.append([src, dst, side, via, host, sum(c.count for c in cs), " ".join(str(x) for x in chs[:16])])
     return {"columns": ["from", "to", "side", "via", "logged on", "connections", "channels"], "rows": rows[:limit]}
 
 
+_TITLE_INTRA = "Intra-node transport matches the topology"
+_TITLE_INTER = "Inter-node transport matches the topology"
+
+
+def _both_error(topo: TransportTopology, msg: str, evidence: dict[str, Any]) -> list[Check]:
+    return [
+        Check(id=cid, title=t, status="error", limit=lim, message=msg, evidence=dict(evidence), source="nccl_debug")
+        for cid, t, lim in (
+            ("collectives.transport.intra_node", _TITLE_INTRA, topo.intra_node),
+            ("collectives.transport.inter_node", _TITLE_INTER, topo.inter_node),
+        )
+    ]
+
+
 def transport_checks(log_text: str, topology: Any, *, backend: str = "nccl") -> list[Check]:
-    """Checks that each channel used the transport the topology promises, intra- and inter-node."""
+    """Checks that each channel used the transport the topology promises, intra- and inter-node.
+
+    A log that cannot be judged (two NCCL versions, a rank log that could not be read) makes
+    both checks ``error`` naming the file and line: never a pass drawn from part of the job.
+    """
     topo = TransportTopology.coerce(topology)
-    title_intra = "Intra-node transport matches the topology"
-    title_inter = "Inter-node transport matches the topology"
+    title_intra, title_inter = _TITLE_INTRA, _TITLE_INTER
     if backend != "nccl":
         reason = f"backend {backend} has no NCCL transport log; transport verification applies to NCCL runs"
         return [
             Check(id="collectives.transport.intra_node", title=title_intra, status="skip", message=reason, source="nccl_debug"),
             Check(id="collectives.transport.inter_node", title=title_inter, status="skip", message=reason, source="nccl_debug"),
         ]
-    log = parse_nccl_debug(log_text or "")
+    try:
+        log = parse_nccl_debug(log_text or "")
+    except NcclLogError as exc:
+        return _both_error(topo, f"the NCCL log cannot be judged: {exc}", {})
+    return log_checks(log, topo)
+
+
+def log_checks(log: NcclDebugLog, topology: Any) -> list[Check]:
+    """The two transport checks of a log already read (``day0 collectives transport`` reads files)."""
+    topo = TransportTopology.coerce(topology)
     base_evidence = {"nccl": log.to_dict()}
     if not log.connections:
         msg = (
             "no NCCL channel connection lines in the log: run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH "
             "and run at least one collective (connections are set up lazily)"
         )
-        return [
-            Check(id=cid, title=t, status="error", limit=lim, message=msg, evidence=base_evidence, source="nccl_debug")
-            for cid, t, lim in (
-                ("collectives.transport.intra_node", title_intra, topo.intra_node),
-                ("collectives.transport.inter_node", title_inter, topo.inter_node),
-            )
-        ]
+        return _both_error(topo, msg, base_evidence)
     groups = classify(log, topo)
-    checks = [
+    return [
         _scope_check(
-            "collectives.transport.intra_node", title_intra, "intra_node", topo.intra_node, groups, log, base_evidence, topo
+            "collectives.transport.intra_node", _TITLE_INTRA, "intra_node", topo.intra_node, groups, log, base_evidence,
+            topo,
         ),
         _scope_check(
-            "collectives.transport.inter_node", title_inter, "inter_node", topo.inter_node, groups, log, base_evidence, topo
+            "collectives.transport.inter_node", _TITLE_INTER, "inter_node", topo.inter_node, groups, log, base_evidence,
+            topo,
         ),
     ]
-    return checks
 
 
 def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: TransportTopology) -> Check:
@@ -198,8 +222,9 @@ def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: Tr
         )
         lines = [c.line for c, _ in bad[:20]] + [p.line for p in pattern_bad[:5]]
         evidence["log_excerpt"] = "\n".join(lines)
-        evidence["offending"] = len(bad) + len(pattern_bad)
-        more = f" ({len(bad) + len(pattern_bad)} offending lines)" if len(bad) + len(pattern_bad) > 1 else ""
+        offending = sum(c.count for c, _ in bad) + sum(p.count for p in pattern_bad)
+        evidence["offending"] = offending
+        more = f" ({offending} offending lines)" if offending > 1 else ""
         return Check(
             id=cid, title=title, status="fail", value=value, limit=expect, direction="exact",
             message=f"{first}{more}; check NVLink/IB health (nvidia-smi topo -m, ibstat) and NCCL_P2P/NET settings",
@@ -218,7 +243,8 @@ def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: Tr
             evidence["log_excerpt"] = "\n".join(c.line for c in groups["unknown"][:20])
             return Check(
                 id=cid, title=title, status="error", value=value, limit=expect, direction="exact",
-                message=f"{len(groups['unknown'])} NET connections whose node could not be told from the log; "
+                message=f"{sum(c.count for c in groups['unknown'])} NET connections whose node could not be told "
+                "from the log; "
                 "keep the host:pid prefix (NCCL_DEBUG_FILE) or set topology.devices_per_node",
                 evidence=evidence, source="nccl_debug",
             )
@@ -226,7 +252,7 @@ def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: Tr
             id=cid, title=title, status="skip", value=value, limit=expect, direction="exact",
             message=f"no {scope.replace('_', '-')} connections in this run", evidence=evidence, source="nccl_debug",
         )
-    msg = f"{len(conns)} {scope.replace('_', '-')} connections, all {expect if expect != 'any' else 'unconstrained'}: {value}"
+    msg = f"{sum(c.count for c in conns)} {scope.replace('_', '-')} connections, all {expect if expect != 'any' else 'unconstrained'}: {value}"
     return Check(
         id=cid, title=title, status="pass", value=value, limit=expect, direction="exact",
         message=msg, evidence=evidence, source="nccl_debug",

@@ -62,7 +62,7 @@ def preflight(profile: Profile, what_if: dict[str, Any] | None = None, rules: An
     fast_domain = t.world_size if t.inter_node == "nvlink" else t.devices_per_node
     findings = lint(engine_args_with(profile, what_if), config, device=t.device,
                     devices_per_node=fast_domain, nodes=t.nodes if fast_domain == t.devices_per_node else 1,
-                    env={**profile.engine.env}, rules=rules)
+                    env={**profile.engine.env}, rules=rules, mode=profile.engine.mode)
     try:
         return Preflight(source, findings, plan(config, **plan_arguments(profile, what_if)))
     except ValueError as exc:  # the lint findings already say why; keep them

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from day0.core.record import Check, measured
+from day0.core.redact import REDACTED, is_secret_key
 from day0.model import archs
 
 Severity = Literal["error", "warning", "info"]
@@ -65,6 +66,9 @@ class VllmRules:
     quantization_methods: tuple[str, ...]
     default_gpu_memory_utilization: float
     from_vllm: bool
+    # The OpenAI server's own flags (FrontendArgs: api_key, host, chat_template, ...): not EngineArgs,
+    # but what `engine.args` may hold when day0 starts vLLM's server.
+    server_arg_names: frozenset[str] = frozenset()
 
 
 def vllm_rules() -> VllmRules:
@@ -77,6 +81,12 @@ def vllm_rules() -> VllmRules:
         return VllmRules("0.32.0 (snapshot)", frozenset(), _SNAPSHOT_DTYPES, _SNAPSHOT_KV_DTYPES, _SNAPSHOT_QUANT,
                          0.92, False)
     fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
+    try:
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+        server_args = frozenset(f.name for f in dataclasses.fields(FrontendArgs)) - set(fields)
+    except (ImportError, TypeError):  # the module moved between vLLM releases: accept the secret we know of
+        server_args = frozenset({"api_key"})
     return VllmRules(
         version=str(version),
         engine_arg_names=frozenset(name for name in fields if not name.startswith("_")),
@@ -85,6 +95,7 @@ def vllm_rules() -> VllmRules:
         quantization_methods=tuple(QUANTIZATION_METHODS),
         default_gpu_memory_utilization=float(fields["gpu_memory_utilization"].default),
         from_vllm=True,
+        server_arg_names=server_args,
     )
 
 
@@ -113,8 +124,13 @@ class Finding:
         if self.severity not in SEVERITIES:
             raise ValueError(f"finding {self.rule}: severity {self.severity!r} is not one of {SEVERITIES}")
 
+    @property
+    def shown(self) -> Any:
+        """The value as a report may show it: never the value of a key that names a secret."""
+        return REDACTED if is_secret_key(self.key.rsplit(".", 1)[-1]) else self.value
+
     def line(self) -> str:
-        return f"{self.severity}: {self.key}={self.value!r}: {self.why}; fix: {self.fix}"
+        return f"{self.severity}: {self.key}={self.shown!r}: {self.why}; fix: {self.fix}"
 
 
 def lint(
@@ -126,12 +142,14 @@ def lint(
     nodes: int = 1,
     env: Mapping[str, str] | None = None,
     rules: VllmRules | None = None,
+    mode: str = "server",
 ) -> list[Finding]:
     """All findings for one engine-args dict (the profile's ``[engine.args]``) and one ``config.json``.
 
     ``device`` is ``"cuda"`` or ``"cpu"`` (the backend whose block sizes apply); ``env`` defaults
     to this process's environment (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``); ``rules`` defaults to
-    :func:`vllm_rules` (pass one in to lint many profiles for one vLLM import).
+    :func:`vllm_rules` (pass one in to lint many profiles for one vLLM import); ``mode`` is
+    ``engine.mode`` (the server takes its own flags, such as ``api_key``, beside the engine's).
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"lint: device={device!r} must be 'cuda' or 'cpu'")
@@ -143,7 +161,7 @@ def lint(
         f.append(Finding("info", "vllm_missing", "vllm", None, "vLLM is not importable here",
                          f"rules come from day0's snapshot of vLLM {rules.version}; install vLLM to lint against it"))
     args = dict(engine_args)
-    f += _unknown_args(args, rules)
+    f += _unknown_args(args, rules, mode)
     args = {k.replace("-", "_"): v for k, v in args.items()}
     f += _dtype(args, config, rules)
     f += _kv_cache_dtype(args, config, rules)
@@ -159,12 +177,19 @@ def lint(
 # --------------------------------------------------------------------------- rules
 
 
-def _unknown_args(args: dict[str, Any], rules: VllmRules) -> list[Finding]:
+def _unknown_args(args: dict[str, Any], rules: VllmRules, mode: str = "server") -> list[Finding]:
     if not rules.engine_arg_names:
         return []
     out = []
     for key in args:
         if key in rules.engine_arg_names:
+            continue
+        if key in rules.server_arg_names:
+            if mode == "inprocess":
+                out.append(Finding("error", "server_only_arg", f"engine.args.{key}", args[key],
+                                   "only vLLM's OpenAI server takes it; engine.mode = \"inprocess\" passes "
+                                   "engine.args to vllm.LLM, which would refuse it",
+                                   "remove it, or use engine.mode = \"server\""))
             continue
         norm = key.replace("-", "_")
         if norm in rules.engine_arg_names:
@@ -416,7 +441,7 @@ def lint_checks(findings: list[Finding]) -> list[Check]:
     Infos only appear in the summary's table: they explain defaults, they do not ask for action.
     """
     table = {"columns": ["severity", "rule", "key", "value", "why", "fix"],
-             "rows": [[x.severity, x.rule, x.key, repr(x.value), x.why, x.fix] for x in findings]}
+             "rows": [[x.severity, x.rule, x.key, repr(x.shown), x.why, x.fix] for x in findings]}
     checks: list[Check] = []
     seen: set[str] = set()
     for x in findings:
@@ -431,8 +456,8 @@ def lint_checks(findings: list[Finding]) -> list[Check]:
             cid, n = f"{base}_{n}", n + 1
         seen.add(cid)
         checks.append(Check(id=cid, title=f"Lint: {x.key}", status="fail" if x.severity == "error" else "pass",
-                            value=x.value if isinstance(x.value, (int, float, str, bool)) or x.value is None
-                            else repr(x.value),
+                            value=x.shown if isinstance(x.shown, (int, float, str, bool)) or x.shown is None
+                            else repr(x.shown),
                             message=("" if x.severity == "error" else "warning: ") + f"{x.key}: {x.why}; fix: {x.fix}",
                             evidence={"severity": x.severity, "why": x.why, "fix": x.fix}, source="static"))
     errors = sum(1 for x in findings if x.severity == "error")

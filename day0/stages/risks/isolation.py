@@ -354,7 +354,7 @@ def _policy_check(run: IsolationRun) -> Check:
     failure = _probe_failure(probes)
     if failure:
         return _error(cid, title, failure)
-    a, b = probes[0], probes[-1]
+    b = probes[-1]
     table = {"columns": PROBE_COLUMNS, "rows": [p.row() for p in probes]}
     evidence = {"tenants": s.tenants, "salt_policy": s.salt, "table": table}
     if b.cached_tokens is None:

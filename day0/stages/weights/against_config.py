@@ -13,11 +13,13 @@ unquantized model.
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from collections import Counter
 from typing import Any
 
+from day0.config.errors import InputError, path_problem
+from day0.model.jsonfile import MAX_CONFIG_BYTES, read_json
 from day0.model.safetensors_header import TensorEntry
 from day0.stages.weights.findings import CONFIG_NAME, AuditRun
 
@@ -51,7 +53,12 @@ def check_against_config(a: AuditRun) -> None:
         return
     from day0.model import archs  # lazy: the audit's file checks must work even if archs breaks
 
-    arch, arch_error = _architecture(a, config, archs)
+    try:
+        archs.check_types(config)
+        arch, arch_error = _architecture(a, config, archs)
+    except archs.ConfigError as exc:  # a wrong type or an absurd value: shapes cannot be judged
+        arch, arch_error = None, f"{CONFIG_NAME}: {exc.key}: {exc.problem}"
+        a.fail("weights.config", arch_error)
     dtype = config_dtype(config) or "no torch_dtype"
     quant = config.get("quantization_config")
     qnote = f", quantized ({quant.get('quant_method')})" if isinstance(quant, dict) else ""
@@ -90,18 +97,13 @@ def check_against_config(a: AuditRun) -> None:
 def read_config(a: AuditRun) -> dict[str, Any] | None:
     """config.json as a dict, or None after one ``weights.config`` failure saying why not."""
     path = a.dir / CONFIG_NAME
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if path_problem(path) == "does not exist":
         a.fail("weights.config", f"{CONFIG_NAME} is missing from {a.dir}: dtypes, shapes and parameter count cannot be checked")
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        a.fail("weights.config", f"{CONFIG_NAME}: cannot read ({exc})")
-        return None
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        a.fail("weights.config", f"{CONFIG_NAME}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+        config = read_json(path, limit=MAX_CONFIG_BYTES, label=CONFIG_NAME, what="a config.json", unique_keys=True)
+    except InputError as exc:  # a FIFO, a symlink loop, 50 MB, not UTF-8 or JSON, a key twice...
+        a.fail("weights.config", str(exc))
         return None
     if not isinstance(config, dict):
         a.fail("weights.config", f"{CONFIG_NAME}: top level is a {type(config).__name__}, not an object")
@@ -137,6 +139,9 @@ def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str
     optional: Shapes = {}
     if arch is not None:
         try:
+            archs.check_config(config)
+            if not _within_named(a, config, archs):
+                return None, {}
             expected = archs.expected_tensors(config)
             if archs.num_mtp_layers(config):
                 optional = {k: v for k, v in archs.expected_tensors(config, include_mtp=True).items()
@@ -150,6 +155,40 @@ def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str
         for cat in ("weights.shapes", "weights.param_count"):
             a.skip(cat, f"not checked: {arch_error}")
     return expected, optional
+
+
+_LAYER_NAME = re.compile(r"^model\.layers\.(\d{1,9})\.")
+_EXPERT_NAME = re.compile(r"\.experts\.(\d{1,9})\.")
+
+
+def _within_named(a: AuditRun, config: dict[str, Any], archs: Any) -> bool:
+    """Whether config.json's layer and expert counts stay within what the checkpoint's tensors name.
+
+    Why before listing the expected tensors: ``num_hidden_layers: 1000000000`` would list billions
+    of tensors before any comparison. The checkpoint bounds the count instead: up to twice the
+    layers (or experts) its tensor names reach, plus a few, the missing tensors are listed one by
+    one; beyond that it is one finding, and shapes and parameter count are not listed. False: a
+    finding or skip was recorded.
+    """
+    names = set(a.located) | set(a.weight_map or ())
+    layers = max((int(m.group(1)) + 1 for m in map(_LAYER_NAME.match, names) if m), default=0)
+    experts = max((int(m.group(1)) + 1 for m in map(_EXPERT_NAME.search, names) if m), default=0)
+    wanted = [("num_hidden_layers", archs.num_layers(config), layers, "layers", "model.layers.N")]
+    if archs.routed_experts(config):
+        key = next(k for k in ("num_local_experts", "num_experts", "n_routed_experts") if config.get(k))
+        wanted.append((key, archs.routed_experts(config), experts, "experts", "experts.N"))
+    for key, want, named, what, pattern in wanted:
+        if want <= 2 * named + 8:
+            continue
+        if a.weight_map is None and (a.unreadable or a.missing):  # unread shards may name the rest
+            for cat in ("weights.shapes", "weights.param_count"):
+                a.skip(cat, f"not checked: {CONFIG_NAME} {key} is {want}, the readable shards name {named} {what}")
+            return False
+        a.fail("weights.shapes", f"{CONFIG_NAME}: {key} is {want}, but the checkpoint's tensor names ({pattern}) "
+                                 f"reach only {named} {what}", value=named, limit=want, unit=what)
+        a.skip("weights.param_count", f"not checked: {CONFIG_NAME} {key} does not match the checkpoint")
+        return False
+    return True
 
 
 def fp8_scales(present: dict[str, list[str]], block: tuple[int, int] | None) -> set[str]:

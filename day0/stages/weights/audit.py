@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from day0.config.errors import path_problem
 from day0.core.record import Check
 from day0.stages.weights import against_config, headers, index, integrity
 from day0.stages.weights.findings import CATEGORIES, DEFAULT_MAX_CHECKS_PER_CATEGORY, AuditRun
@@ -51,8 +52,9 @@ def audit(
 
 def run_steps(a: AuditRun) -> None:
     """Every step in order; each reads what the earlier ones learnt (looked up at call time)."""
-    if not a.dir.is_dir():
-        why = "does not exist" if not a.dir.exists() else "is not a directory"
+    why = path_problem(a.dir)
+    if why != "is a directory, not a file":  # a symlink loop says so, not "does not exist"
+        why = why or "is a file, not a directory"
         a.fail("weights.index", f"{a.dir}: {why}")
         for cat in CATEGORIES[1:]:
             a.skip(cat, f"not checked: model folder {a.dir} {why}")

@@ -23,6 +23,9 @@ INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 SOURCE = "static"
 DEFAULT_MAX_CHECKS_PER_CATEGORY = 200
+# Findings kept per category; past it they are only counted. A hostile index naming a million
+# missing shards must cost a counter, not a million objects and a million-row evidence table.
+MAX_FINDINGS_KEPT = 10_000
 
 TITLES: dict[str, str] = {
     "weights.index": "Shard index readable and well-formed",
@@ -82,6 +85,7 @@ class AuditRun:
         self.progress = progress
         self.manifest_name = manifest_name
         self.findings: dict[str, list[Finding]] = {c: [] for c in CATEGORIES}
+        self.dropped: dict[str, int] = {c: 0 for c in CATEGORIES}  # findings past MAX_FINDINGS_KEPT
         self.summaries: dict[str, Summary] = {}
         self.crashed: Check | None = None
         # what the run learns
@@ -96,6 +100,9 @@ class AuditRun:
     # ----------------------------------------------------------------- bookkeeping
 
     def fail(self, cat: str, message: str, **kw: Any) -> None:
+        if len(self.findings[cat]) >= MAX_FINDINGS_KEPT:
+            self.dropped[cat] += 1
+            return
         self.findings[cat].append(Finding(message, **kw))
 
     def ok(self, cat: str, message: str, **kw: Any) -> None:
@@ -124,8 +131,8 @@ class AuditRun:
             found = self.findings[cat]
             if found:
                 out += [_failed(cat, f) for f in found[:cap]]
-                if found[cap:]:
-                    out.append(_folded(cat, found, cap))
+                if found[cap:] or self.dropped[cat]:
+                    out.append(_folded(cat, found, cap, self.dropped[cat]))
                 continue
             s = self.summaries.get(cat) or Summary("skip", "not checked: an earlier problem stopped the audit")
             out.append(Check(id=cat, title=TITLES[cat], status=s.status, value=s.value,  # type: ignore[arg-type]
@@ -143,13 +150,16 @@ def _failed(cat: str, f: Finding) -> Check:
                  source=SOURCE)
 
 
-def _folded(cat: str, found: list[Finding], cap: int) -> Check:
-    """The failures beyond the cap as one check whose evidence table lists them all."""
+def _folded(cat: str, found: list[Finding], cap: int, dropped: int = 0) -> Check:
+    """The failures beyond the cap as one check whose evidence table lists them (the first
+    :data:`MAX_FINDINGS_KEPT`; ``dropped`` more were only counted)."""
     rest = found[cap:]
+    total = len(found) + dropped
+    first = f", first: {rest[0].message}" if rest else ""
     return Check(
-        id=cat, title=TITLES[cat], status="fail", value=len(found), limit=0, unit="problems",
+        id=cat, title=TITLES[cat], status="fail", value=total, limit=0, unit="problems",
         direction="exact",
-        message=f"{len(rest)} more {cat} problems (of {len(found)}), first: {rest[0].message}",
+        message=f"{len(rest) + dropped} more {cat} problems (of {total}){first}",
         evidence={"table": {"columns": ["shard", "tensor", "message"],
                             "rows": [[f.shard, f.tensor, f.message] for f in rest]}},
         source=SOURCE,

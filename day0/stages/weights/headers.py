@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
-from day0.model.safetensors_header import HeaderError, ShardHeader, parse_header, read_header_bytes
+from day0.model.safetensors_header import HeaderError, ShardHeader, parse_header, read_header_bytes, short_name
 from day0.stages.weights.findings import AuditRun, human
 
 _PROBE_READS = 8  # header reads timed before deciding whether threads would help
@@ -44,11 +44,15 @@ def read_headers(a: AuditRun) -> None:
 def _read_all(a: AuditRun, todo: list[str], bar: Any) -> list[Parsed]:
     """Headers of ``todo`` in order, read in this thread or (on a slow file system) a thread pool."""
 
+    # Each shard's problem is that shard's finding: nothing one file holds may stop the others
+    # from being read, hence the broad excepts (the message names the shard and the error).
     def fetch(shard: str) -> tuple[bytes, int] | HeaderError:
         try:
-            return read_header_bytes(a.dir / shard, shard)
+            return read_header_bytes(a.dir / shard, short_name(shard))
         except HeaderError as exc:
             return exc
+        except Exception as exc:  # e.g. a path the OS refuses outright
+            return HeaderError(f"{short_name(shard)}: cannot read ({type(exc).__name__}: {exc})")
 
     def parse(shard: str, got: tuple[bytes, int] | HeaderError) -> Parsed:
         if bar is not None:
@@ -56,9 +60,11 @@ def _read_all(a: AuditRun, todo: list[str], bar: Any) -> list[Parsed]:
         if isinstance(got, HeaderError):
             return got
         try:
-            return parse_header(got[0], got[1], shard)
+            return parse_header(got[0], got[1], short_name(shard))
         except HeaderError as exc:
             return exc
+        except Exception as exc:  # RecursionError and MemoryError included
+            return HeaderError(f"{short_name(shard)}: header cannot be parsed ({type(exc).__name__})")
 
     # A local or page-cached read takes tens of microseconds, and threads would only add GIL
     # hand-offs; a network file system (Lustre, NFS, a FUSE bucket) takes milliseconds per

@@ -12,12 +12,15 @@ the tensors their headers hold.
 
 from __future__ import annotations
 
-import json
+import os
+import reprlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from day0.model.safetensors_header import loads_json
+from day0.config.errors import InputError, path_problem
+from day0.model.jsonfile import MAX_INDEX_BYTES, read_json
+from day0.model.safetensors_header import short_name
 from day0.stages.weights.findings import INDEX_NAME, AuditRun, human
 
 
@@ -26,13 +29,19 @@ def shard_names(model_dir: Path) -> tuple[list[str], dict[str, str] | None]:
     index_path = model_dir / INDEX_NAME
     if index_path.is_file():
         try:
-            weight_map = loads_json(index_path.read_bytes()).get("weight_map")
+            doc = read_json(index_path, limit=MAX_INDEX_BYTES, label=INDEX_NAME, what="an index")
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
             if isinstance(weight_map, dict):
-                names = sorted({v for v in weight_map.values() if isinstance(v, str)})
+                names = sorted({v for v in weight_map.values() if isinstance(v, str) and inside_folder(v)})
                 return names, weight_map
-        except (OSError, ValueError, AttributeError):
+        except InputError:
             pass
     return sorted(p.name for p in model_dir.glob("*.safetensors")), None
+
+
+def inside_folder(name: str) -> bool:
+    """A shard name the index may use: relative, inside the model folder, a usable path."""
+    return bool(name) and "\0" not in name and not (Path(name).is_absolute() or ".." in Path(name).parts)
 
 
 # --------------------------------------------------------------------------- the index
@@ -42,16 +51,13 @@ def check_index(a: AuditRun) -> None:
     """Read the index into ``a.weight_map`` / ``a.shards`` (or fall back to the files on disk)."""
     path = a.dir / INDEX_NAME
     on_disk = sorted(p.name for p in a.dir.glob("*.safetensors"))
-    if not path.exists():
+    if not os.path.lexists(path):
         return _no_index(a, on_disk)
     fallback = f"; auditing the {len(on_disk)} *.safetensors files found instead"
     try:
-        doc = loads_json(path.read_bytes())
-    except (OSError, UnicodeDecodeError) as exc:
-        return _index_unusable(a, f"{INDEX_NAME}: cannot read ({exc}){fallback}", on_disk)
-    except json.JSONDecodeError as exc:
-        return _index_unusable(
-            a, f"{INDEX_NAME}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){fallback}", on_disk)
+        doc = read_json(path, limit=MAX_INDEX_BYTES, label=INDEX_NAME, what="an index")
+    except InputError as exc:  # a FIFO, a symlink loop, not UTF-8 or JSON, nested too deep...
+        return _index_unusable(a, f"{exc}{fallback}", on_disk)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         return _index_unusable(a, f"{INDEX_NAME}: no \"weight_map\" object{fallback}", on_disk)
@@ -89,17 +95,17 @@ def _usable_entries(a: AuditRun, weight_map: dict[Any, Any]) -> dict[str, str]:
         try:
             fine = verdicts[shard]
         except (KeyError, TypeError):
-            fine = isinstance(shard, str) and bool(shard) and not (
-                Path(shard).is_absolute() or ".." in Path(shard).parts)
+            fine = isinstance(shard, str) and inside_folder(shard)
             if isinstance(shard, str):
                 verdicts[shard] = fine
         if fine:
             good[tensor] = shard
         elif not isinstance(shard, str) or not shard:
-            a.fail("weights.index", f"{INDEX_NAME}: weight_map[{tensor!r}] is {shard!r}, not a file name",
-                   tensor=tensor)
+            a.fail("weights.index", f"{INDEX_NAME}: weight_map[{short_name(tensor)!r}] is "
+                                    f"{short_name(str(shard))!r}, not a file name", tensor=tensor)
         else:
-            a.fail("weights.index", f"{INDEX_NAME}: weight_map[{tensor!r}] = {shard!r} points outside the model folder",
+            a.fail("weights.index", f"{INDEX_NAME}: weight_map[{short_name(tensor)!r}] = {short_name(shard)!r} "
+                                    "points outside the model folder (or is not a usable path)",
                    tensor=tensor, shard=shard)
     return good
 
@@ -121,18 +127,19 @@ def check_presence(a: AuditRun) -> None:
     total = 0
     for shard in a.shards:
         path = a.dir / shard
-        if path.is_file():
+        why = path_problem(path)
+        if not why:
             total += path.stat().st_size
             continue
         a.missing.add(shard)
-        if path.is_symlink():
-            why = f"is a symlink to {path.readlink()}, which does not exist (incomplete download?)"
-        elif path.exists():
-            why = "is not a regular file"
-        else:
+        if why.startswith("dangling symlink"):
+            why = f"is a symlink to {os.readlink(path)}, which does not exist (incomplete download?)"
+        elif why == "does not exist":
             why = f"is missing from {a.dir}"
+        elif why.startswith("symlink loop"):
+            why = f"is a {why}"
         a.fail("weights.shards_present",
-               f"{shard}: named in the index for {per_shard[shard]} tensors but {why}", shard=shard)
+               f"{short_name(shard)}: named in the index for {per_shard[shard]} tensors but {why}", shard=shard)
     a.ok("weights.shards_present",
          f"all {len(a.shards)} shards named in the index exist ({human(total)} in all)",
          value=len(a.shards), limit=len(a.shards), unit="shards")
@@ -212,9 +219,11 @@ def check_total_size(a: AuditRun) -> None:
         a.skip(cat, "not checked: some shards are missing or unreadable")
         return
     actual = sum(t.nbytes for h in a.headers.values() for t in h.tensors.values())
-    if not isinstance(declared, (int, float)) or int(declared) != actual:
-        a.fail(cat, f"{INDEX_NAME}: metadata.total_size is {declared!r} bytes, the shards' tensors hold {actual} "
-                    "(index written for other shards?)", value=actual, limit=declared, unit="bytes")
+    if type(declared) is not int or declared != actual:  # NaN, 1e999, "217984" and true are not sizes
+        shown = reprlib.repr(declared)
+        a.fail(cat, f"{INDEX_NAME}: metadata.total_size is {shown} bytes, the shards' tensors hold {actual} "
+                    "(index written for other shards?)", value=actual,
+               limit=declared if type(declared) is int else shown, unit="bytes")
         return
     a.ok(cat, f"metadata.total_size {actual} bytes = sum of tensor bytes in the shards",
-         value=actual, limit=int(declared), unit="bytes")
+         value=actual, limit=declared, unit="bytes")

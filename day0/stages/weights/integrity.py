@@ -7,6 +7,7 @@ in :mod:`day0.stages.weights.manifest`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from day0.stages.weights import manifest as manifest_mod
@@ -45,7 +46,7 @@ def check_manifest(a: AuditRun) -> None:
     if not a.verify_manifest:
         a.skip(cat, "not checked: manifest verification turned off")
         return
-    if not path.exists():
+    if not os.path.lexists(path):  # a symlink loop or a FIFO is a finding, not "no manifest"
         a.skip(cat, f"not checked: no {a.manifest_name} in {a.dir} "
                     f"(create one with `day0 weights manifest {a.dir}` from a trusted copy)")
         return

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
+from day0.config.errors import InputError, open_regular
 from day0.core.record import utcnow
+from day0.model.jsonfile import MAX_MANIFEST_BYTES, read_json
 
 MANIFEST_NAME = "day0-manifest.json"
 MANIFEST_FORMAT = "day0-manifest"
@@ -48,7 +49,7 @@ def sha256_file(path: Path, *, chunk_bytes: int = CHUNK_BYTES, on_bytes: Callabl
     digest = hashlib.sha256()
     buf = bytearray(chunk_bytes)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
+    with open_regular(path, buffering=0) as fh:  # a FIFO or a device would never end: refused, not read
         while True:
             n = fh.readinto(buf)
             if not n:
@@ -87,6 +88,8 @@ def hash_files(
     def one(name: str) -> FileDigest:
         try:
             return FileDigest(name, sizes[name], sha256_file(root / name, chunk_bytes=chunk_bytes, on_bytes=tracker.add))
+        except InputError as exc:
+            return FileDigest(name, sizes[name], None, str(exc).split(": ", 1)[-1])
         except OSError as exc:
             return FileDigest(name, sizes[name], None, exc.strerror or str(exc))
 
@@ -104,7 +107,8 @@ def hash_files(
 
 
 class _Tracker:
-    """Thread-safe byte counter feeding a tqdm bar on stderr or a caller's callback."""
+    """Thread-safe byte counter feeding day0's progress (a tqdm bar on a terminal, else a line
+    every few seconds) or a caller's callback."""
 
     def __init__(self, total: int, progress: Progress) -> None:
         self.total, self.done = total, 0
@@ -112,10 +116,9 @@ class _Tracker:
         self._callback: ProgressFn | None = progress if callable(progress) else None
         self._bar: Any = None
         if progress is True:
-            from tqdm import tqdm  # lazy: only a progress bar needs it
+            from day0.core.progress import Progress as Bar
 
-            self._bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                             desc="sha256", file=sys.stderr, leave=False)
+            self._bar = Bar(total, "sha256", "B", unit_scale=True)
 
     def add(self, n: int) -> None:
         with self._lock:
@@ -157,11 +160,9 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
     """The manifest's files table ({name: {size, sha256}}), or a one-line ManifestError."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ManifestError(f"{path.name}: cannot read ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path.name}: not JSON ({getattr(exc, 'msg', exc)})") from None
+        doc = read_json(path, limit=MAX_MANIFEST_BYTES, label=path.name, what="a manifest")
+    except InputError as exc:
+        raise ManifestError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{path.name}: not a day0 manifest (\"format\" is not {MANIFEST_FORMAT!r})")
     if doc.get("version") != MANIFEST_VERSION or doc.get("algorithm") != "sha256":

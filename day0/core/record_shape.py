@@ -1,0 +1,147 @@
+"""The run record's shape, checked before any part of day0 reads a field of it.
+
+``run.json`` and the event log are read back by every command (report, compare, verify, sign,
+history, rebuild), often from a file someone else made. A field of the wrong type reaching
+those would be a traceback at best and a misread verdict at worst, so every field is checked
+here once, and the first wrong one is named by its key path (``stages[2].checks[0].status``)
+in one :class:`RecordError` line. Unknown keys are passed over (a newer day0 of the same schema
+may add optional fields); a wrong type is never coerced.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from day0.core.inputs import InputError, key_path
+
+SCHEMA_VERSION = 1
+STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "blocked")
+DIRECTIONS: tuple[str, ...] = ("lower_is_better", "higher_is_better", "exact")
+VERDICTS: tuple[str, ...] = ("accepted", "rejected", "incomplete")
+STAGE_VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "blocked", "skip", "not_run")
+MAX_RUN_ID = 200
+_RUN_ID_BAD = re.compile(r"[/\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+class RecordError(InputError):
+    """A run record or event log that cannot be read; the message names the file and why."""
+
+
+class NewerSchema(RecordError):
+    """A record of a schema this day0 does not know: refused whole, never read as an older one."""
+
+
+Test = tuple[Callable[[Any], bool], str]  # (accepts the value, what it expects in words)
+
+
+def got(v: Any) -> str:
+    """What was found instead, short enough for one line."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        text = repr(v)
+        return f"the number {text if len(text) <= 24 else text[:20] + '…'}"
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}{'…' if len(v) > 40 else ''}"
+    if isinstance(v, list):
+        return f"a list of {len(v)}"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _iso(v: Any) -> bool:
+    try:
+        datetime.fromisoformat(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def one_of(values: tuple[str, ...]) -> Test:
+    return (lambda v: isinstance(v, str) and v in values), "one of " + ", ".join(values)
+
+
+ANY: Test = (lambda v: True, "anything")
+STR: Test = (lambda v: isinstance(v, str), "a string")
+NAME: Test = (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string")
+TIME: Test = (lambda v: isinstance(v, str) and _iso(v), "an ISO 8601 time")
+OPT_TIME: Test = (lambda v: v is None or (isinstance(v, str) and _iso(v)), "an ISO 8601 time or null")
+OBJECT: Test = (lambda v: isinstance(v, dict), "an object")
+LIST: Test = (lambda v: isinstance(v, list), "a list")
+BOOL: Test = (lambda v: isinstance(v, bool), "true or false")
+REPEAT: Test = (lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null")
+RUN_ID: Test = (lambda v: isinstance(v, str) and 0 < len(v) <= MAX_RUN_ID and v not in (".", "..")
+                and not _RUN_ID_BAD.search(v),
+                f"a run id (1-{MAX_RUN_ID} characters, no slash or control character)")
+SECONDS: Test = (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                         and v == v and 0 <= v < float("inf")),
+                 "a number of seconds >= 0 or null")
+NAMES: Test = (lambda v: isinstance(v, list) and all(isinstance(s, str) and s.strip() for s in v),
+               "a list of non-empty strings")
+
+# name -> (required, test). Required fields are those a day0 of this schema always writes.
+CHECK: dict[str, tuple[bool, Test]] = {
+    "id": (True, NAME), "title": (True, STR), "status": (True, one_of(STATUSES)),
+    "value": (False, ANY), "limit": (False, ANY), "unit": (False, STR), "direction": (False, one_of(DIRECTIONS)),
+    "message": (False, STR), "evidence": (False, OBJECT), "source": (False, STR), "performance": (False, BOOL),
+    "repeat": (False, REPEAT), "stage": (False, STR), "nodeid": (False, STR), "finished_at": (False, STR),
+    "duration_s": (False, SECONDS),
+}
+STAGE: dict[str, tuple[bool, Test]] = {
+    "name": (True, NAME), "verdict": (True, one_of(STAGE_VERDICTS)), "checks": (False, LIST)}
+RUN: dict[str, tuple[bool, Test]] = {
+    "run_id": (True, RUN_ID), "started_at": (True, TIME), "finished_at": (False, OPT_TIME),
+    "verdict": (True, one_of(VERDICTS)), "reason": (False, STR), "environment": (False, OBJECT),
+    "profile": (False, OBJECT), "notes": (False, OBJECT), "stages": (True, LIST),
+}
+# Event log lines (run_started's schema_version is checked by schema_version()).
+RUN_STARTED: dict[str, tuple[bool, Test]] = {
+    "run_id": (True, RUN_ID), "at": (True, TIME), "environment": (False, OBJECT), "profile": (False, OBJECT),
+    "stages": (False, NAMES),
+}
+CHECK_EVENT: dict[str, tuple[bool, Test]] = {"stage": (True, NAME), "check": (True, OBJECT)}
+NOTE_EVENT: dict[str, tuple[bool, Test]] = {"key": (True, NAME), "value": (False, ANY)}
+FINISHED_EVENT: dict[str, tuple[bool, Test]] = {"at": (True, TIME)}
+
+
+def fields(data: Any, shape: Mapping[str, tuple[bool, Test]], where: str, path: tuple[Any, ...] = ()) -> dict:
+    """``data`` itself once every field of ``shape`` has the right type; else the first wrong one."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: {key_path(path)}: expected an object, got {got(data)}")
+    for name, (required, (test, expect)) in shape.items():
+        if name not in data:
+            if required:
+                raise RecordError(f"{where}: {key_path((*path, name))}: missing (expected {expect})")
+        elif not test(data[name]):
+            raise RecordError(f"{where}: {key_path((*path, name))}: expected {expect}, got {got(data[name])}")
+    return data
+
+
+def schema_version(data: Mapping[str, Any], where: str) -> int:
+    """The record's schema version: this one or older loads; newer is refused naming both."""
+    v = data.get("schema_version")
+    if v is None:
+        raise RecordError(f"{where}: schema_version: missing; not a day0 run record")
+    if not _is_int(v) or v < 1:
+        raise RecordError(f"{where}: schema_version: expected a whole number >= 1, got {got(v)}; "
+                          "not a day0 run record")
+    if v > SCHEMA_VERSION:
+        raise NewerSchema(f"{where}: schema_version {v} is newer than this day0 reads ({SCHEMA_VERSION}); "
+                          "use the day0 that wrote it, or a newer one")
+    return v
+
+
+def check_fields(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
+    """A check's fields, only those of the contract (a newer day0's extras are passed over)."""
+    fields(data, CHECK, where, path)
+    return {k: v for k, v in data.items() if k in CHECK}
