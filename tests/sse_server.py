@@ -53,6 +53,8 @@ class Script:
     metrics_ttft_bias_ms: float = 0.0  # added to TTFT on /metrics
     itl_metric: str = "vllm:inter_token_latency_seconds"  # or vllm:time_per_output_token_seconds
     spin: bool = False  # exact emission times; off by default (the log records the real ones)
+    empty_text_at: list[int] = field(default_factory=list)  # these message numbers (0 = first) have text ""
+    index_by_arrival: bool = False  # a request without a day0 X-Request-Id gets the next number, not 0
 
 
 def schedule(script: Script, index: int, max_tokens: int) -> list[tuple[float, int]]:
@@ -106,7 +108,10 @@ def build_app(script: Script):
         sc: Script = state["script"]
         chat = request.path.endswith("/chat/completions")
         body = await request.json()
-        phase, index = _parse_rid(request.headers.get("X-Request-Id", ""))
+        rid = request.headers.get("X-Request-Id", "")
+        phase, index = _parse_rid(rid)
+        if sc.index_by_arrival and not re.match(r"^day0-\w+-[0-9a-f]+-\d+$", rid):
+            index = state["arrivals"] = state.get("arrivals", -1) + 1  # other clients (GuideLLM) send no such id
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         prompt = body.get("prompt") if not chat else body["messages"][-1]["content"]
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
@@ -116,7 +121,7 @@ def build_app(script: Script):
         want_ids = bool(body.get("return_token_ids"))
         err = sc.errors.get(str(index) if phase == "measure" else f"{phase}:{index}")
         entry: dict[str, Any] = {"phase": phase, "index": index, "t0": t0, "emitted": [], "tokens": [],
-                                 "error": err}
+                                 "error": err, "authorization": request.headers.get("Authorization")}
         state["log"].append(entry)
         if err == "http500":
             return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
@@ -151,7 +156,7 @@ def build_app(script: Script):
                     return resp
             await _sleep_until(t0 + off, sc.spin)
             done_tokens += n
-            empty = sc.empty_text_every and (k + 1) % sc.empty_text_every == 0
+            empty = (sc.empty_text_every and (k + 1) % sc.empty_text_every == 0) or k in sc.empty_text_at
             text = "" if empty else "tok " * n
             fin = "length" if done_tokens >= max_tokens else None
             choice: dict[str, Any] = ({"index": 0, "delta": {"content": text}, "finish_reason": fin} if chat
@@ -197,6 +202,7 @@ def build_app(script: Script):
     async def set_script(request: web.Request) -> web.Response:
         state["script"] = Script(**(await request.json()))
         state["log"] = []
+        state.pop("arrivals", None)
         return web.json_response({"ok": True})
 
     async def get_log(_request: web.Request) -> web.Response:

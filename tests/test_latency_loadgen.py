@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
+from day0.client.workers import WorkerPool  # noqa: E402
 from day0.client.workload import WorkloadSpec, as_text, build_requests  # noqa: E402
 from day0.config.latency import LatencySection, SlaSection  # noqa: E402
 from day0.stages.latency import (  # noqa: E402
@@ -43,8 +44,9 @@ def server():
 
 
 def drive(srv: SSEServer, n: int, out_len: int, shape: LoadShape, opts: ClientOptions | None = None,
-          chat: bool = False, probe: list[float] | None = None):
-    """One phase against the server; ``probe`` collects this event loop's wake-up lateness (ms)."""
+          chat: bool = False, probe: list[float] | None = None, workers: int = 1):
+    """One phase against the server (``workers`` > 1: split across load-worker processes);
+    ``probe`` collects this event loop's wake-up lateness (ms)."""
     opts = opts or ClientOptions(endpoint="chat" if chat else "completions")
     assert (opts.endpoint == "chat") == chat
     reqs = build_requests(WorkloadSpec(16, out_len), VOCAB, n)
@@ -61,6 +63,9 @@ def drive(srv: SSEServer, n: int, out_len: int, shape: LoadShape, opts: ClientOp
     async def go():
         w = asyncio.create_task(watch(probe)) if probe is not None else None
         try:
+            if workers > 1:
+                async with WorkerPool(workers) as pool:
+                    return await pool.run_phase(srv.url, "scripted", reqs, shape, opts)
             async with make_session(opts, shape.concurrency) as s:
                 return await run_phase(s, srv.url, "scripted", reqs, shape, opts)
         finally:
@@ -114,13 +119,13 @@ def server_oversleep_ms(srv_log, script: Script, out_len: int) -> float:
 
 
 def check_timing(srv: SSEServer, script: Script, n: int, out_len: int, shape: LoadShape, chat: bool = False,
-                 opts: ClientOptions | None = None):
+                 opts: ClientOptions | None = None, workers: int = 1):
     """Run until an attempt meets 1 ms; skip (not pass) when every miss came with an overloaded box."""
     tries = []
     for _attempt in range(5):
         srv.set_script(script)
         probe: list[float] = []
-        phase = drive(srv, n, out_len, shape, opts, chat, probe)
+        phase = drive(srv, n, out_len, shape, opts, chat, probe, workers)
         assert all(r.ok for r in phase.results), [r.reason for r in phase.results if not r.ok]
         log = srv.log()
         tr = truth(phase.results, log)
@@ -165,6 +170,45 @@ def test_token_ids_source_and_multi_token_messages(server):
     assert {r.token_source for r in phase.results} == {"token_ids"}
 
 
+def test_an_empty_first_token_is_the_first_token_without_usage(server):
+    """No per-chunk usage and a first token that is half a UTF-8 character (empty text): it is still
+    the first token, so TTFT is not one inter-token gap (25 ms here) late."""
+    script = Script(ttft_ms=[15, 30], gaps_ms=[25, 3], empty_text_at=[0], empty_text_every=4, continuous_usage=False)
+    phase, _ = check_timing(server, script, 10, 6, LoadShape(concurrency=2))
+    assert {r.token_source for r in phase.results} == {"content"}
+    assert all(r.msg_n == [1] * 6 and r.ttft < r.msg_t[1] - 0.02 for r in phase.results)
+
+
+def test_two_load_workers_time_tokens_like_one(server):
+    """The same accuracy against the server's truth when the schedule is split across two processes."""
+    script = Script(ttft_ms=[20, 35], gaps_ms=[4, 7], tokens_per_message=[1, 2])
+    phase, _ = check_timing(server, script, 24, 9, LoadShape(mode="rate", request_rate=60.0, concurrency=0, seed=2),
+                            workers=2)
+    assert phase.workers == 2
+
+
+def test_vllm_arrivals_wait_one_gap_and_land_the_last_at_n_over_rate(server):
+    server.set_script(Script(ttft_ms=[5], gaps_ms=[1]))
+    phase = drive(server, 10, 2, LoadShape(mode="rate", request_rate=50.0, concurrency=0, seed=3, arrivals="vllm"))
+    offs = phase.target_offsets
+    assert offs[0] > 0 and offs[-1] == pytest.approx(10 / 50.0, rel=1e-12)
+    for r, off in zip(phase.results, offs):
+        assert r.scheduled - phase.started == pytest.approx(off, abs=1e-9)
+
+
+def test_a_failure_at_the_end_stretches_the_window_throughput_is_over(server):
+    """The window is t=0 to the end of the last measured stream, failed ones included (as vLLM's bench
+    times it): a request that stalls at the end and is cut at the stall timeout is inside it."""
+    server.set_script(Script(ttft_ms=[10], gaps_ms=[2], errors={"5": "stall"}, stall_s=5.0, error_after_messages=1))
+    phase = drive(server, 6, 4, LoadShape(concurrency=6), ClientOptions(stall_timeout_s=0.6))
+    m = compute_metrics(phase, [50, 99])
+    failed = next(r for r in phase.results if not r.ok)
+    last_ok = max(r.finished for r in phase.results if r.ok)
+    assert failed.error == "timeout" and failed.finished > last_ok + 0.4
+    assert phase.ended == failed.finished and m.duration_s == pytest.approx(failed.finished - phase.started)
+    assert m.request_throughput == pytest.approx(5 / m.duration_s) and m.output_throughput == pytest.approx(20 / m.duration_s)
+
+
 def test_open_loop_latency_includes_client_queueing(server):
     """Rate mode with a 1-request cap: requests wait for the slot, and that wait is in TTFT."""
     server.set_script(Script(ttft_ms=[40], gaps_ms=[2], tokens_per_message=[1]))
@@ -203,13 +247,13 @@ def test_request_timeout_counts_as_timeout(server):
     assert all("request_timeout_s" in r.reason for r in phase.results)
 
 
-def test_content_fallback_misses_empty_tokens_but_totals_come_from_usage(server):
+def test_content_fallback_counts_empty_text_tokens_and_totals_come_from_usage(server):
     server.set_script(Script(ttft_ms=[10], gaps_ms=[2], tokens_per_message=[1], empty_text_every=2,
                              continuous_usage=False))
     phase = drive(server, 4, 6, LoadShape(concurrency=2))
     for r in phase.results:
         assert r.ok and r.token_source == "content"
-        assert sum(r.msg_n) == 3 and r.output_tokens == 6 and r.output_tokens_source == "usage"
+        assert sum(r.msg_n) == 6 and r.output_tokens == 6 and r.output_tokens_source == "usage"
     server.set_script(Script(ttft_ms=[10], gaps_ms=[2], usage=False, continuous_usage=False))
     phase = drive(server, 2, 5, LoadShape(concurrency=2))
     assert all(r.output_tokens == 5 and r.output_tokens_source == "messages" for r in phase.results)

@@ -123,11 +123,26 @@ def test_real_vllm_chat_stream_counts_the_empty_text_token_and_not_the_role():
     assert (a.final_tokens, a.prompt_tokens, a.weakest) == (3, 3, 1)
 
 
-def test_without_usage_the_empty_text_token_is_missed_and_marked():
+def test_without_usage_the_empty_text_token_still_counts_and_is_marked():
+    """Without per-chunk usage the empty-text chunk is still a token (vLLM bench counts it so): the
+    first token is never missed; the role chunk still is no token."""
     a = TokenAccountant()
     stripped = [json.dumps({k: v for k, v in json.loads(d).items() if k != "usage"}) for d in VLLM_CHAT[:4]]
-    assert [a.tokens_in(d) for d in stripped] == [0, 0, 1, 1]
+    assert [a.tokens_in(d) for d in stripped] == [0, 1, 1, 1]
     assert a.weakest == 2 and a.final_tokens is None
+
+
+@pytest.mark.parametrize("choice, tokens", [
+    ({"index": 0, "text": ""}, 1),  # completions: half a UTF-8 character
+    ({"index": 0, "text": "", "finish_reason": "length"}, 1),
+    ({"index": 0, "delta": {"content": ""}}, 1),
+    ({"index": 0, "delta": {"role": "assistant", "content": ""}}, 0),  # the role announcement
+    ({"index": 0, "delta": {}, "finish_reason": "stop"}, 0),  # OpenAI's closing chunk: no text field
+    ({"index": 0, "text": None, "finish_reason": "stop"}, 0),
+    ({"index": 0, "delta": {"tool_calls": [{"index": 0}]}}, 1),
+])
+def test_a_text_field_is_a_token_even_empty(choice, tokens):
+    assert TokenAccountant().tokens_in(json.dumps({"choices": [choice]})) == tokens
 
 
 @st.composite
@@ -152,7 +167,7 @@ def test_accounting_recovers_the_tokens_of_every_message(msgs, endpoint):
         cum += k
         assert cont.tokens_in(json.dumps({"choices": [choice(text, {})], "usage": {"completion_tokens": cum}})) == k
         assert ids.tokens_in(json.dumps({"choices": [choice(text, {"token_ids": list(range(k))})]})) == k
-        assert plain.tokens_in(json.dumps({"choices": [choice(text, {})]})) == (1 if text else 0)
+        assert plain.tokens_in(json.dumps({"choices": [choice(text, {})]})) == 1  # one per message, empty or not
     assert cont.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": cum, "prompt_tokens": 5}})) == 0
     assert cont.final_tokens == cum and cont.prompt_tokens == 5
     assert (cont.weakest, ids.weakest, plain.weakest) == (1, 0, 2)

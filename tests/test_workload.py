@@ -110,6 +110,31 @@ def test_arrivals_have_the_asked_rate_and_burstiness(burstiness):
     assert arrival_offsets(100, rate, burstiness, seed=11) == t[:100]
 
 
+@pytest.mark.parametrize("burstiness", [0.5, 1.0, float("inf")])
+def test_vllm_arrivals_wait_one_gap_and_end_at_n_over_rate(burstiness):
+    """vLLM's get_request: n gaps (the first request waits one), rescaled so the last lands at n/rate;
+    day0's immediate: the first at t=0, n-1 gaps, no rescale."""
+    rate, n = 40.0, 200
+    v = arrival_offsets(n, rate, burstiness, seed=5, first="vllm")
+    i = arrival_offsets(n, rate, burstiness, seed=5)
+    assert len(v) == len(i) == n and v == sorted(v)
+    assert v[-1] == pytest.approx(n / rate, rel=1e-12) and v[0] > 0.0
+    assert i[0] == 0.0
+    if burstiness == float("inf"):  # evenly spaced: vLLM's first gap is 1/rate, ours starts at 0
+        assert v[0] == pytest.approx(1 / rate) and i[1] == pytest.approx(1 / rate)
+    else:  # random gaps: without the rescale the last lands where the draws put it
+        assert i[-1] != pytest.approx(n / rate, rel=1e-9)
+    # the same draws, one more of them, then one scale: the gaps keep their proportions
+    raw = arrival_offsets(n + 1, rate, burstiness, seed=5)[1:]
+    assert [x / raw[-1] for x in raw] == pytest.approx([x / v[-1] for x in v], rel=1e-9)
+
+
+def test_an_unknown_arrivals_convention_is_refused():
+    with pytest.raises(WorkloadError, match="arrivals: expected one of immediate, vllm"):
+        arrival_offsets(3, 1.0, 1.0, 0, first="later")
+    assert arrival_offsets(4, float("inf"), 1.0, 0, first="vllm") == [0.0] * 4
+
+
 def test_infinite_rate_sends_everything_at_once():
     assert arrival_offsets(5, float("inf"), 1.0, 0) == [0.0] * 5
     with pytest.raises(WorkloadError, match="request_rate"):

@@ -1,372 +1,49 @@
-"""Async streaming load generator for OpenAI-compatible completion endpoints.
+"""Load shapes and phases: one phase's schedule of requests, driven from one event loop.
 
-Every request carries two clocks: the time it was *scheduled* (the arrival process said "now")
-and the time it was actually sent. Latencies are measured from the scheduled time, so a client
-that falls behind (a full concurrency cap, a slow event loop) shows up as latency instead of
-silently lowering the offered load (coordinated omission). The lag between the two is kept per
-request so a person can tell client queueing from server queueing.
+A phase is a list of requests and a load shape: closed loop (a fixed number of requests in
+flight) or open loop (an arrival process at a request rate). :func:`run_phase` drives a whole
+phase from this process; :func:`drive` drives any part of one from a given start instant, which
+is what a shard of a phase split across processes runs (``day0.client.shards``), so one process
+and N processes time every request with the same code.
 
-A streamed message counts as carrying tokens by the best evidence the server gives, in order:
-``token_ids`` on the choice (vLLM ``return_token_ids``), the growth of the cumulative
-``usage.completion_tokens`` (vLLM ``continuous_usage_stats``), else non-empty text/content (any
-server; a token that decodes to an incomplete UTF-8 sequence is then missed, so the result says
-which source was used).
+Requests are timed from their scheduled send (``day0.client.stream``), so a loop that falls
+behind shows as latency, never as a lower offered load.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Literal, Sequence
 
 import aiohttp
 
-from day0.client.workload import Request, arrival_offsets
-
-Endpoint = Literal["completions", "chat"]
-# Per-message token-count evidence, strongest first; a request reports its weakest source.
-TOKEN_SOURCES: tuple[str, ...] = ("token_ids", "continuous_usage", "content")
-ERROR_KINDS: tuple[str, ...] = (
-    "http_error",       # non-200 status (reason carries the code: http_500)
-    "connection",       # could not connect / connection reset before a response
-    "dropped_stream",   # the stream ended (or broke) before data: [DONE]
-    "malformed_event",  # a data: line that is not JSON
-    "server_error",     # a JSON error object inside the stream
-    "timeout",          # total timeout, or no bytes for stall_timeout_s
-    "no_tokens",        # a complete stream that carried no generated token
-    "client_error",     # the client could not make or read the request (bad URL, framing)
+from day0.client.sse import SSEEvent, SSEParser
+from day0.client.stream import (
+    ERROR_KINDS,
+    TOKEN_SOURCES,
+    ClientOptions,
+    Endpoint,
+    RequestResult,
+    TokenAccountant,
+    _Failed,
+    build_payload,
+    endpoint_url,
+    fetch_models,
+    make_session,
+    stream_one,
+    token_source,
 )
+from day0.client.workload import ARRIVALS, Request, arrival_offsets
 
-
-# --------------------------------------------------------------------------- SSE parsing
-
-
-@dataclass(slots=True)
-class SSEEvent:
-    data: str
-    event: str = "message"
-    id: str | None = None
-
-
-class SSEParser:
-    """Incremental ``text/event-stream`` parser (WHATWG rules) fed with arbitrary byte splits.
-
-    Handles LF, CRLF and lone-CR line ends (also a CRLF split across two reads), comments,
-    multi-line ``data``, ``event`` and ``id`` fields, and multi-byte UTF-8 split across reads
-    (lines are decoded only once complete). An unterminated event at EOF is dropped, as the
-    spec says, which is how a stream cut mid-event is noticed.
-    """
-
-    __slots__ = ("_buf", "_data", "_event", "_id", "_skip_lf", "_started")
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._data: list[str] = []
-        self._event = ""
-        self._id: str | None = None
-        self._skip_lf = False
-        self._started = False
-
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if not chunk:
-            return []
-        if self._skip_lf:
-            self._skip_lf = False
-            if chunk[:1] == b"\n":
-                chunk = chunk[1:]
-        buf = self._buf + chunk if self._buf else chunk
-        if not self._started and buf:
-            if len(buf) < 3 and b"\xef\xbb\xbf".startswith(buf):
-                self._buf = buf
-                return []
-            self._started = True
-            if buf.startswith(b"\xef\xbb\xbf"):
-                buf = buf[3:]
-        if b"\r" in buf:
-            if buf.endswith(b"\r"):
-                self._skip_lf = True  # a following "\n" belongs to this CRLF
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = buf.split(b"\n")
-        self._buf = lines.pop()
-        out: list[SSEEvent] = []
-        for raw in lines:
-            if not raw:
-                if self._data:
-                    out.append(SSEEvent("\n".join(self._data), self._event or "message", self._id))
-                self._data = []
-                self._event = ""
-                continue
-            line = raw.decode("utf-8", "replace")
-            if line[0] == ":":
-                continue
-            name, sep, value = line.partition(":")
-            if sep and value[:1] == " ":
-                value = value[1:]
-            if name == "data":
-                self._data.append(value)
-            elif name == "event":
-                self._event = value
-            elif name == "id":
-                if "\0" not in value:
-                    self._id = value
-        return out
-
-    @property
-    def pending(self) -> bool:
-        """Whether bytes or fields of an unfinished event are buffered (a cut stream)."""
-        return bool(self._buf) or bool(self._data)
-
-
-# --------------------------------------------------------------------------- one request
-
-
-@dataclass
-class ClientOptions:
-    """How requests are shaped and how long the client waits."""
-
-    endpoint: Endpoint = "completions"
-    ignore_eos: bool = True
-    continuous_usage: bool = True  # vLLM: usage on every chunk -> exact tokens per message
-    return_token_ids: bool = False  # vLLM: token ids on every chunk (stronger than usage)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    request_timeout_s: float = 300.0  # from send to the end of the stream
-    stall_timeout_s: float = 60.0  # longest silence between two reads
-    connect_timeout_s: float = 10.0
-
-
-@dataclass
-class RequestResult:
-    """One request as the client saw it. Times are seconds; ``msg_t`` is relative to scheduled."""
-
-    index: int
-    phase: str
-    scheduled: float  # perf_counter at which the arrival process wanted it sent
-    sent: float  # perf_counter when it was handed to the HTTP client
-    input_len: int
-    expected_output_len: int
-    ok: bool = False
-    error: str | None = None  # one of ERROR_KINDS
-    reason: str = ""  # the specific reason: http_500, stalled 2.0 s, ...
-    finished: float = 0.0  # perf_counter when the stream ended (or failed)
-    msg_t: list[float] = field(default_factory=list)  # token-carrying messages, s after scheduled
-    msg_n: list[int] = field(default_factory=list)  # tokens in each of those messages
-    output_tokens: int = 0  # server usage.completion_tokens when given, else sum(msg_n)
-    output_tokens_source: str = "usage"  # usage | messages
-    prompt_tokens: int | None = None
-    token_source: str = "content"  # weakest evidence used for a message's token count
-    count_mismatch: bool = False  # per-message counts disagree with the final usage
-
-    @property
-    def send_lag(self) -> float:
-        return self.sent - self.scheduled
-
-    @property
-    def ttft(self) -> float | None:
-        return self.msg_t[0] if self.msg_t else None
-
-    @property
-    def e2e(self) -> float | None:
-        return self.msg_t[-1] if self.msg_t else None
-
-
-def build_payload(req: Request, model: str, opts: ClientOptions) -> dict[str, Any]:
-    stream_options: dict[str, Any] = {"include_usage": True}
-    if opts.continuous_usage:
-        stream_options["continuous_usage_stats"] = True
-    payload: dict[str, Any] = {"model": model, "stream": True, "stream_options": stream_options}
-    if opts.endpoint == "chat":
-        content = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
-        payload["messages"] = [{"role": "user", "content": content}]
-        payload["max_completion_tokens"] = req.output_len
-    else:
-        payload["prompt"] = req.prompt
-        payload["max_tokens"] = req.output_len
-    if opts.ignore_eos:
-        payload["ignore_eos"] = True
-    if opts.return_token_ids:
-        payload["return_token_ids"] = True
-    payload.update(opts.extra_body)
-    return payload
-
-
-def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
-    base = base_url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[:-3]
-    return f"{base}/v1/chat/completions" if endpoint == "chat" else f"{base}/v1/completions"
-
-
-class _Failed(Exception):
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
-def _delta_text(choice: dict[str, Any]) -> str:
-    text = choice.get("text")
-    if text:
-        return text
-    delta = choice.get("delta")
-    if delta:
-        for key in ("content", "reasoning_content", "reasoning"):
-            v = delta.get(key)
-            if v:
-                return v
-        if delta.get("tool_calls"):
-            return "<tool_call>"
-    return ""
-
-
-class TokenAccountant:
-    """Per stream: how many generated tokens each ``data:`` payload carries, by the best evidence.
-
-    ``token_ids`` on the choice beats the growth of cumulative ``usage.completion_tokens``
-    (continuous usage), which beats "non-empty text means one token"; ``weakest`` remembers the
-    weakest evidence used. A role-only chat chunk is no token under any of them. A usage-only
-    chunk (``choices: []``) carries the final totals. Error objects and bad shapes raise
-    ``_Failed`` so the request is counted as failed, never averaged in.
-    """
-
-    __slots__ = ("cum", "weakest", "final_tokens", "prompt_tokens")
-
-    def __init__(self) -> None:
-        self.cum = 0  # cumulative completion_tokens seen so far
-        self.weakest = 0  # index into TOKEN_SOURCES
-        self.final_tokens: int | None = None
-        self.prompt_tokens: int | None = None
-
-    def tokens_in(self, data: str) -> int:
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            raise _Failed("malformed_event", f"malformed event: {data[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise _Failed("malformed_event", f"event is not an object: {data[:80]!r}")
-        try:
-            return self._count(obj)
-        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
-            raise _Failed("malformed_event", f"unexpected event shape ({type(exc).__name__}): {data[:80]!r}") from None
-
-    def _count(self, obj: dict[str, Any]) -> int:
-        choices = obj.get("choices")
-        usage = obj.get("usage")
-        if "error" in obj and not choices:
-            err = obj["error"]
-            msg = err.get("message", err) if isinstance(err, dict) else err
-            raise _Failed("server_error", f"error event: {str(msg)[:160]}")
-        n = 0
-        if choices:
-            choice = choices[0]
-            tids = choice.get("token_ids")
-            if tids is not None:
-                n = len(tids)
-            elif usage and usage.get("completion_tokens") is not None:
-                n = int(usage["completion_tokens"]) - self.cum
-                self.weakest = max(self.weakest, 1)
-            else:
-                n = 1 if _delta_text(choice) else 0
-                if not _role_only(choice):
-                    self.weakest = 2
-        if usage:
-            ct = usage.get("completion_tokens")
-            if ct is not None:
-                self.cum = max(self.cum, int(ct))
-                if not choices:
-                    self.final_tokens = int(ct)
-            if usage.get("prompt_tokens") is not None:
-                self.prompt_tokens = int(usage["prompt_tokens"])
-        return n
-
-
-def _role_only(choice: dict[str, Any]) -> bool:
-    """A chat chunk that only announces the assistant role: by construction it holds no token."""
-    delta = choice.get("delta")
-    return bool(delta) and "role" in delta and not _delta_text(choice) and choice.get("text") is None
-
-
-async def stream_one(
-    session: aiohttp.ClientSession,
-    url: str,
-    req: Request,
-    model: str,
-    opts: ClientOptions,
-    *,
-    scheduled: float,
-    phase: str,
-    request_id: str,
-) -> RequestResult:
-    """Send one streaming request and time every token-carrying message; never raises."""
-    payload = build_payload(req, model, opts)
-    headers = {"X-Request-Id": request_id, **opts.headers}
-    res = RequestResult(req.index, phase, scheduled, 0.0, req.input_len, req.output_len)
-    acct = TokenAccountant()
-    perf = time.perf_counter
-    res.sent = perf()
-    try:
-        async with asyncio.timeout(opts.request_timeout_s):
-            try:
-                async with session.post(url, json=payload, headers=headers) as resp:
-                    if resp.status != 200:
-                        body = (await resp.text())[:200]
-                        raise _Failed("http_error", f"http_{resp.status}: {' '.join(body.split())}")
-                    parser = SSEParser()
-                    done = False
-                    async for chunk in resp.content.iter_any():
-                        now = perf()
-                        for ev in parser.feed(chunk):
-                            data = ev.data
-                            if data == "[DONE]":
-                                done = True
-                                continue
-                            n = acct.tokens_in(data)
-                            if n > 0:
-                                res.msg_t.append(now - scheduled)
-                                res.msg_n.append(n)
-                    if not done:
-                        cut = " mid-event" if parser.pending else ""
-                        raise _Failed("dropped_stream", f"stream ended{cut} before [DONE]")
-            except aiohttp.ClientResponseError as exc:
-                raise _Failed("http_error", f"http_{exc.status}: {exc.message}") from None
-            except aiohttp.ClientPayloadError as exc:
-                raise _Failed("dropped_stream", f"stream broken: {type(exc).__name__}") from None
-            except aiohttp.ServerDisconnectedError:
-                kind = "dropped_stream" if res.msg_t else "connection"
-                raise _Failed(kind, "server disconnected") from None
-            except aiohttp.ServerTimeoutError:
-                raise _Failed("timeout", f"no data for {opts.stall_timeout_s:g} s (stalled)") from None
-            except aiohttp.ClientConnectionError as exc:
-                raise _Failed("connection", f"{type(exc).__name__}: {exc}") from None
-    except _Failed as f:
-        res.error, res.reason = f.kind, f.reason
-    except TimeoutError:
-        res.error, res.reason = "timeout", f"exceeded request_timeout_s={opts.request_timeout_s:g}"
-    except (aiohttp.ClientError, ValueError, OSError) as exc:  # bad URL, odd framing: still one failed request
-        res.error, res.reason = "client_error", f"{type(exc).__name__}: {str(exc)[:160]}"
-    res.finished = perf()
-    res.token_source = TOKEN_SOURCES[acct.weakest]
-    res.prompt_tokens = acct.prompt_tokens
-    msg_total = sum(res.msg_n)
-    if acct.final_tokens is not None:
-        res.output_tokens = acct.final_tokens
-        res.output_tokens_source = "usage"
-        res.count_mismatch = acct.weakest < 2 and msg_total != res.output_tokens
-    else:
-        res.output_tokens = msg_total
-        res.output_tokens_source = "messages"
-    if res.error is None:
-        if not res.msg_t:
-            res.error, res.reason = "no_tokens", "stream finished without a generated token"
-        else:
-            res.ok = True
-    return res
-
-
-# --------------------------------------------------------------------------- load shapes
+__all__ = [
+    "ARRIVALS", "ERROR_KINDS", "TOKEN_SOURCES", "ClientOptions", "Endpoint", "LoadShape", "Part", "PhaseResult",
+    "RequestResult", "SSEEvent", "SSEParser", "TokenAccountant", "_Failed", "build_payload", "drive",
+    "endpoint_url", "fetch_models", "make_session", "new_tag", "request_id", "run_phase", "sleep_until",
+    "stream_one", "token_source",
+]
 
 
 @dataclass
@@ -374,7 +51,9 @@ class LoadShape:
     """Fixed concurrency (closed loop) or an open-loop arrival rate.
 
     In ``rate`` mode ``concurrency`` > 0 caps the requests in flight; the wait for a slot is
-    inside the measured latency because latency runs from the scheduled time.
+    inside the measured latency because latency runs from the scheduled time. ``arrivals`` says
+    where the first request goes: ``immediate`` at t=0, ``vllm`` after one gap with the schedule
+    rescaled so the last request lands at n/rate (``day0.client.workload.arrival_offsets``).
     """
 
     mode: Literal["concurrency", "rate"] = "concurrency"
@@ -384,6 +63,7 @@ class LoadShape:
     seed: int = 0
     duration_s: float | None = None  # stop scheduling new requests after this long
     precise_timing: bool = True  # spin the last ~1 ms before a send (epoll sleeps are ms-coarse)
+    arrivals: str = "immediate"  # one of ARRIVALS
 
     def validate(self) -> None:
         if self.mode not in ("concurrency", "rate"):
@@ -398,6 +78,14 @@ class LoadShape:
             raise ValueError(f"burstiness: must be > 0, got {self.burstiness}")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"duration_s: must be > 0, got {self.duration_s}")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals: expected one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
+
+    def offsets(self, count: int) -> list[float] | None:
+        """Scheduled send offsets (s after t=0) of ``count`` requests; None in closed loop."""
+        if self.mode != "rate":
+            return None
+        return arrival_offsets(count, self.request_rate, self.burstiness, self.seed, first=self.arrivals)
 
 
 @dataclass
@@ -408,13 +96,30 @@ class PhaseResult:
     shape: LoadShape
     results: list[RequestResult]
     started: float  # perf_counter at the phase's t=0
-    ended: float  # perf_counter when the last request finished
+    ended: float  # perf_counter when the last request finished (succeeded or failed)
     not_sent: int = 0
     target_offsets: list[float] = field(default_factory=list)
+    workers: int = 1  # processes that drove it (day0.client.workers)
 
     @property
     def duration(self) -> float:
         return max(self.ended - self.started, 1e-9)
+
+
+@dataclass
+class Part:
+    """The requests one event loop drives: a whole phase, or one shard of it.
+
+    ``offsets`` (open loop) are the scheduled sends in seconds after the phase's t=0, one per
+    request, ascending; ``None`` is the closed loop. ``concurrency`` is the closed loop's number
+    of requests in flight, or the open loop's in-flight cap (0: none).
+    """
+
+    requests: Sequence[Request]
+    offsets: list[float] | None
+    concurrency: int
+    duration_s: float | None = None
+    precise: bool = True
 
 
 async def sleep_until(target: float, precise: bool = True) -> None:
@@ -434,13 +139,69 @@ async def sleep_until(target: float, precise: bool = True) -> None:
             await asyncio.sleep(0)
 
 
-def make_session(opts: ClientOptions, limit: int = 0) -> aiohttp.ClientSession:
-    """One session per run so warm-up leaves warm keep-alive connections for the measurement."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60,
-                                     enable_cleanup_closed=True)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_s,
-                                    sock_read=opts.stall_timeout_s)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+def new_tag() -> str:
+    """A random tag that makes one phase's request ids unique on the server."""
+    return secrets.token_hex(3)
+
+
+def request_id(phase: str, tag: str, index: int) -> str:
+    """The ``X-Request-Id`` of a request: the same in every process that drives part of the phase."""
+    return f"day0-{phase}-{tag}-{index}"
+
+
+async def drive(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions, *,
+                t0: float, phase: str, tag: str) -> tuple[list[RequestResult], int]:
+    """Drive ``part`` from the perf_counter instant ``t0``; (results in send order, requests not sent).
+
+    Requests scheduled at or after ``t0 + duration_s`` are not sent (kept back, not failed)."""
+    deadline = t0 + part.duration_s if part.duration_s else float("inf")
+    if part.offsets is None:
+        return await _closed_loop(session, url, model, part, opts, deadline, phase, tag)
+    return await _open_loop(session, url, model, part, opts, t0, deadline, phase, tag)
+
+
+async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
+                       deadline: float, phase: str, tag: str) -> tuple[list[RequestResult], int]:
+    """``concurrency`` loops, each sending the next request when its previous one ends (scheduled = sent)."""
+    perf = time.perf_counter
+    queue = iter(part.requests)
+    results: list[RequestResult] = []
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        for r in queue:
+            now = perf()
+            if now >= deadline:
+                return
+            sent += 1
+            results.append(await stream_one(session, url, r, model, opts, scheduled=now, phase=phase,
+                                            request_id=request_id(phase, tag, r.index)))
+
+    await asyncio.gather(*(worker() for _ in range(min(part.concurrency, max(len(part.requests), 1)))))
+    return results, len(part.requests) - sent
+
+
+async def _open_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
+                     t0: float, deadline: float, phase: str, tag: str) -> tuple[list[RequestResult], int]:
+    """Each request at ``t0 + offset``, whatever is in flight; a cap makes it wait (inside its latency)."""
+    cap = asyncio.Semaphore(part.concurrency) if part.concurrency > 0 else None
+    tasks: list[asyncio.Task[RequestResult]] = []
+
+    async def capped(r: Request, scheduled: float) -> RequestResult:
+        rid = request_id(phase, tag, r.index)
+        if cap is None:
+            return await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
+        async with cap:
+            return await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
+
+    for r, off in zip(part.requests, part.offsets or []):
+        target = t0 + off
+        if target >= deadline:
+            break
+        await sleep_until(target, part.precise)
+        tasks.append(asyncio.create_task(capped(r, target)))
+    return list(await asyncio.gather(*tasks)), len(part.requests) - len(tasks)
 
 
 async def run_phase(
@@ -453,79 +214,13 @@ async def run_phase(
     *,
     phase: str = "measure",
 ) -> PhaseResult:
-    """Drive one phase of load and return every request's result (none raise)."""
+    """Drive one phase of load from this process and return every request's result (none raise)."""
     shape.validate()
     url = endpoint_url(base_url, opts.endpoint)
-    tag = secrets.token_hex(3)
-    results: list[RequestResult] = []
-    perf = time.perf_counter
-
-    def rid(r: Request) -> str:
-        return f"day0-{phase}-{tag}-{r.index}"
-
-    t0 = perf()
-    deadline = t0 + shape.duration_s if shape.duration_s else float("inf")
-    not_sent = 0
-    offsets: list[float] = []
-    if shape.mode == "concurrency":
-        queue = iter(requests)
-        sent_count = 0
-
-        async def worker() -> None:
-            nonlocal sent_count
-            for r in queue:
-                now = perf()
-                if now >= deadline:
-                    return
-                sent_count += 1
-                results.append(await stream_one(session, url, r, model, opts, scheduled=now,
-                                                phase=phase, request_id=rid(r)))
-
-        await asyncio.gather(*(worker() for _ in range(min(shape.concurrency, max(len(requests), 1)))))
-        not_sent = len(requests) - sent_count
-    else:
-        offsets = arrival_offsets(len(requests), shape.request_rate, shape.burstiness, shape.seed)
-        cap = asyncio.Semaphore(shape.concurrency) if shape.concurrency > 0 else None
-        tasks: list[asyncio.Task[RequestResult]] = []
-
-        async def capped(r: Request, scheduled: float) -> RequestResult:
-            if cap is None:
-                return await stream_one(session, url, r, model, opts, scheduled=scheduled,
-                                        phase=phase, request_id=rid(r))
-            async with cap:
-                return await stream_one(session, url, r, model, opts, scheduled=scheduled,
-                                        phase=phase, request_id=rid(r))
-
-        for r, off in zip(requests, offsets):
-            target = t0 + off
-            if target >= deadline:
-                break
-            await sleep_until(target, shape.precise_timing)
-            tasks.append(asyncio.create_task(capped(r, target)))
-        not_sent = len(requests) - len(tasks)
-        results.extend(await asyncio.gather(*tasks))
-    ended = max((r.finished for r in results), default=perf())
+    offsets = shape.offsets(len(requests))
+    part = Part(requests, offsets, shape.concurrency, shape.duration_s, shape.precise_timing)
+    t0 = time.perf_counter()
+    results, not_sent = await drive(session, url, model, part, opts, t0=t0, phase=phase, tag=new_tag())
+    ended = max((r.finished for r in results), default=time.perf_counter())
     results.sort(key=lambda r: r.scheduled)
-    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets)
-
-
-async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
-    """Served model names from /v1/models (the first is vLLM's served model name)."""
-    url = base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
-    try:
-        async with session.get(url) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{url}: HTTP {resp.status}")
-            data = await resp.json(content_type=None)
-        return [m["id"] for m in data.get("data", [])]
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise RuntimeError(f"{url}: cannot list models ({type(exc).__name__}: {exc}); pass the model name") from None
-
-
-def token_source(results: Iterable[RequestResult]) -> str:
-    """The weakest per-message token evidence any successful request relied on ("none": no success)."""
-    worst = -1
-    for r in results:
-        if r.ok:
-            worst = max(worst, TOKEN_SOURCES.index(r.token_source))
-    return TOKEN_SOURCES[worst] if worst >= 0 else "none"
+    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [])

@@ -209,12 +209,24 @@ def as_text(requests: Sequence[Request], seed: int = 0) -> list[Request]:
     return out
 
 
-def arrival_offsets(count: int, rate: float, burstiness: float, seed: int) -> list[float]:
+ARRIVALS: tuple[str, ...] = ("immediate", "vllm")
+
+
+def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, first: str = "immediate") -> list[float]:
     """Scheduled send times (s from the start) of an open-loop arrival process.
 
-    Gaps are gamma distributed with shape ``burstiness`` and mean ``1/rate`` (vLLM's
-    convention): burstiness 1 is a Poisson process, below 1 burstier, above 1 more regular.
-    The first request goes at t=0. ``rate = inf`` sends everything at once.
+    Gaps are gamma distributed with shape ``burstiness`` and mean ``1/rate``: burstiness 1 is a
+    Poisson process, below 1 burstier, above 1 more regular. ``first`` says where the schedule
+    starts, since the two conventions differ by one gap and a rescale:
+
+    - ``immediate`` (day0's default): the first request goes at t=0, then ``count - 1`` gaps; the
+      last lands wherever the draws put it (about ``(count - 1) / rate``).
+    - ``vllm`` (``vllm bench serve``, ``benchmarks/serve.py:get_request``): ``count`` gaps, so
+      the first request waits one; then every time is rescaled by one factor so the last request
+      lands exactly at ``count / rate`` (vLLM does this to steady throughput across seeds).
+
+    ``rate = inf`` sends everything at t=0 under either. The draws come from this seed's own
+    random stream (not numpy's), so a schedule never matches vLLM's draw for draw, only in law.
     """
     if count <= 0:
         return []
@@ -222,13 +234,21 @@ def arrival_offsets(count: int, rate: float, burstiness: float, seed: int) -> li
         raise WorkloadError(f"request_rate: must be > 0, got {rate}")
     if not burstiness > 0:
         raise WorkloadError(f"burstiness: must be > 0, got {burstiness}")
+    if first not in ARRIVALS:
+        raise WorkloadError(f"arrivals: expected one of {', '.join(ARRIVALS)}, got {first!r}")
     if math.isinf(rate):
         return [0.0] * count
     rng = random.Random(f"{seed}:arrivals")
+
+    def gap() -> float:
+        return 1.0 / rate if math.isinf(burstiness) else rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+
     t = 0.0
-    out = [0.0]
-    for _ in range(count - 1):
-        gap = 1.0 / rate if math.isinf(burstiness) else rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
-        t += gap
+    out = [0.0] if first == "immediate" else []
+    for _ in range(count - len(out)):
+        t += gap()
         out.append(t)
+    if first == "vllm" and out[-1] > 0:
+        scale = (count / rate) / out[-1]
+        out = [x * scale for x in out]
     return out

@@ -20,6 +20,7 @@ LIMIT_METRICS = ("ttft", "tpot", "itl", "e2e")
 # A latency limit: <metric>_p<NN>_ms, the percentile with "." or "_" for its decimal point (p99_9 = p99.9).
 LIMIT_KEY = re.compile(rf"^({'|'.join(LIMIT_METRICS)})_p(\d+(?:[._]\d+)?)_ms$")
 LIMIT_FORM = "<ttft|tpot|itl|e2e>_p<NN>_ms"
+GOODPUT_METRICS = ("ttft", "tpot", "e2e")  # per-request figures a goodput SLO may name (ITL is per gap)
 
 # A length in tokens: fixed, or [lo, hi] drawn uniformly (inclusive).
 Length = Union[Annotated[int, Field(ge=1)],
@@ -65,6 +66,11 @@ class LatencySection(_Table):
     prefix_len: int = Field(0, ge=0, description="> 0: shared-prefix workload, below the shortest input_len")
     num_prefixes: int = Field(1, ge=1, description="distinct shared prefixes, round robin")
     seed: int = Field(0, description="fixes prompts and arrival times")
+    arrivals: Literal["immediate", "vllm"] = Field(
+        "immediate", description="open loop's first arrival: immediate = at t=0, no rescale; vllm = after one gap, "
+                                 "rescaled so the last lands at n/rate (vllm bench serve)")
+    workers: int = Field(0, ge=0, description="load-generator processes, each with its own event loop; 0 = one per "
+                                              "8000 offered streamed messages/s, at most the usable cores")
     special_token_ids: list[int] = Field([], description="ids never drawn (added to those the engine reports)")
     request_timeout_s: float = Field(300.0, gt=0, description="from send to the end of the stream")
     stall_timeout_s: float = Field(60.0, gt=0, description="longest silence between two reads")
@@ -122,8 +128,9 @@ class SlaSection(_Table):
 
     Latency limits are ``<metric>_p<NN>_ms`` keys: the p99 ones are fields; any other percentile
     (``ttft_p90_ms``, ``tpot_p99_9_ms``) may be written in the table itself or under ``limits``
-    and is kept in ``limits``. For goodput a request is good when it meets the loosest limit set
-    for each of TTFT, TPOT and E2E (DistServe's per-request SLO).
+    and is kept in ``limits``. For goodput a request is good when it meets every per-request SLO
+    at once (DistServe): ``goodput_slo_ms`` when given, else the loosest limit set for each of
+    TTFT, TPOT and E2E.
     """
 
     model_config = ConfigDict(json_schema_extra={"patternProperties": {
@@ -138,6 +145,9 @@ class SlaSection(_Table):
     min_request_throughput_req_s: float | None = Field(None, ge=0)
     min_goodput_req_s: float | None = Field(None, ge=0)
     max_error_rate: float = Field(0.0, ge=0, le=1, description="share of failed requests allowed")
+    goodput_slo_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        {}, description="per-request SLO goodput judges (ms), e.g. {ttft = 500, tpot = 50}; empty = the loosest "
+                        "latency limit set for each of ttft, tpot, e2e")
     limits: dict[str, Annotated[float, Field(gt=0)]] = Field(
         {}, description=f"other percentiles, {LIMIT_FORM}, e.g. {{ttft_p90_ms = 800, tpot_p99_9_ms = 300}}")
 
@@ -166,6 +176,14 @@ class SlaSection(_Table):
                 raise ValueError(f"{key}: not a '{LIMIT_FORM}' limit")
         return value
 
+    @field_validator("goodput_slo_ms")
+    @classmethod
+    def _goodput_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        for key in value:
+            if key not in GOODPUT_METRICS:
+                raise ValueError(f"{key}: not a per-request metric (expected {', '.join(GOODPUT_METRICS)})")
+        return value
+
     def latency_limits(self) -> list[tuple[str, float, float]]:
         """(metric, percentile, limit ms) for every latency limit set, in a stable order."""
         out: dict[tuple[str, float], float] = {}
@@ -178,7 +196,11 @@ class SlaSection(_Table):
         return [(m, p, v) for (m, p), v in order]
 
     def per_request_slo(self) -> dict[str, float]:
-        """Loosest limit per metric (ms), used to call one request good or not."""
+        """The limit (ms) each metric of one request is held to for goodput: ``goodput_slo_ms`` as
+        written when set (each metric at the limit the user set, nothing derived); otherwise the
+        loosest percentile limit set for each of TTFT, TPOT and E2E."""
+        if self.goodput_slo_ms:
+            return {m: float(self.goodput_slo_ms[m]) for m in GOODPUT_METRICS if m in self.goodput_slo_ms}
         slo: dict[str, float] = {}
         for metric, _, limit in self.latency_limits():
             if metric in ("ttft", "tpot", "e2e"):

@@ -5,12 +5,15 @@ Modules: ``settings`` (the client objects the ``[latency]`` table of ``day0.conf
 describes), ``metrics`` (definitions and
 statistics of one phase), ``run`` (the measured run over HTTP), ``inprocess`` (the same on vLLM's
 own engine), ``agreement`` (client vs engine), ``sweep`` (the SLA sweep), ``checks`` (the
-run-record checks), ``stage`` (the stage against the run's engine), ``cli`` (``day0 latency``).
+run-record checks), ``stage`` (the stage against the run's engine), ``cli`` (``day0 latency``),
+and ``importing`` with ``imported``, ``from_vllm``, ``from_guidellm`` (``day0 latency import``: a
+``vllm bench serve`` or GuideLLM result judged by the same checks).
 """
 
 from day0.stages.latency.agreement import agreement_allowance
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.cli import add_cli, main
+from day0.stages.latency.importing import import_checks, read_result
 from day0.stages.latency.metrics import compute_metrics, per_token_itl, summarize, tpot_of
 from day0.stages.latency.run import LatencyRun, MeasuredThroughput, measure_throughput, run_latency
 from day0.stages.latency.settings import SettingsError
@@ -26,10 +29,12 @@ __all__ = [
     "add_cli",
     "agreement_allowance",
     "compute_metrics",
+    "import_checks",
     "latency_checks",
     "main",
     "measure_throughput",
     "per_token_itl",
+    "read_result",
     "run_latency",
     "run_stage",
     "summarize",

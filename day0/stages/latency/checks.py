@@ -24,15 +24,16 @@ def latency_checks(run: LatencyRun) -> list[Check]:
     """The stage's checks: one per latency limit (p99 of each metric always), errors,
     throughput, goodput, server agreement, token accounting and the optional sweep."""
     m, sla = run.metrics, run.sla
-    checks = percentile_checks(m, sla)
-    checks.append(_error_rate_check(m, sla))
-    checks += _throughput_checks(m, sla, run.settings)
-    checks.append(_goodput_check(m, sla))
+    checks = [warmup_check(run.warmup)] if run.warmup is not None else []
+    checks += percentile_checks(m, sla)
+    checks.append(error_rate_check(m, sla))
+    checks += throughput_checks(m, sla, run.settings)
+    checks.append(goodput_check(m, sla))
     checks.append(server_agreement_check(run))
     overhead = frontend_overhead_check(run)
     if overhead is not None:
         checks.append(overhead)
-    checks.append(_token_accounting_check(m))
+    checks.append(token_accounting_check(m))
     if run.sweep:
         checks.append(sweep_check(run))
     return checks
@@ -42,7 +43,7 @@ def percentile_checks(m: LatencyMetrics, sla: SlaSection) -> list[Check]:
     """One check per ``[sla]`` latency limit, plus p99 of every metric (recorded without a limit)."""
     note = ""
     if m.token_source == "content":
-        note = " (per-message token counts from non-empty text: the server gave no per-chunk usage)"
+        note = " (per-message token counts from text fields, one per message: the server gave no per-chunk usage)"
     wanted: dict[tuple[str, float], float | None] = {(metric, p): lim for metric, p, lim in sla.latency_limits()}
     for metric in METRICS:
         wanted.setdefault((metric, 99.0), None)
@@ -57,7 +58,8 @@ def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | N
     title = f"{METRIC_TITLES[metric]} {pct_name(p)}"
     cid = _check_id(metric, p)
     if value is None:
-        why = "no successful request" if metric != "tpot" else "no successful request with more than one token"
+        why = m.missing.get(metric) or ("no successful request" if metric != "tpot"
+                                         else "no successful request with more than one token")
         return Check(id=cid, title=title, status="error" if limit is not None else "skip",
                      limit=limit, unit="ms", direction="lower_is_better",
                      message=f"{why}; nothing to measure", evidence=evidence, source=SOURCE)
@@ -94,7 +96,24 @@ def _percentile_evidence(m: LatencyMetrics, metric: str, p: float, limit: float 
     return evidence
 
 
-def _error_rate_check(m: LatencyMetrics, sla: SlaSection) -> Check:
+def warmup_check(w: LatencyMetrics) -> Check:
+    """The warm-up is excluded from the figures, not from scrutiny: a server that fails every
+    warm-up request is broken before the measurement starts (its numbers would be of error pages),
+    and a partial failure is named so nobody reads the run as clean."""
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(w.reasons.items(), key=lambda kv: -kv[1])[:3])
+    evidence = {"sent": w.sent, "completed": w.completed, "failed": w.failed, "errors": w.errors,
+                "failures": w.failures}
+    if w.sent and w.failed == w.sent:
+        return Check("latency.warmup", "Warm-up requests", "fail", value=w.failed, limit=w.sent - 1, unit="failed",
+                     direction="lower_is_better", source=SOURCE, evidence=evidence,
+                     message=f"every one of the {w.sent} warm-up requests failed ({reasons})")
+    message = (f"warning: {w.failed} of {w.sent} warm-up requests failed ({reasons}); excluded from the figures"
+               if w.failed else f"{w.completed} of {w.sent} warm-up requests completed (excluded from the figures)")
+    return Check("latency.warmup", "Warm-up requests", "pass", value=w.failed, unit="failed",
+                 direction="lower_is_better", source=SOURCE, evidence=evidence, message=message)
+
+
+def error_rate_check(m: LatencyMetrics, sla: SlaSection) -> Check:
     err_rows = [[k, v] for k, v in sorted(m.reasons.items(), key=lambda kv: -kv[1])]
     err_msg = (f"{m.failed} of {m.sent} requests failed ({', '.join(f'{k}: {v}' for k, v in sorted(m.errors.items()))}); "
                f"limit {sla.max_error_rate:.4g}") if m.failed else f"0 of {m.sent} requests failed"
@@ -110,11 +129,13 @@ def _error_rate_check(m: LatencyMetrics, sla: SlaSection) -> Check:
     return check
 
 
-def _throughput_checks(m: LatencyMetrics, sla: SlaSection, s: LatencySection) -> list[Check]:
+def throughput_checks(m: LatencyMetrics, sla: SlaSection, s: LatencySection) -> list[Check]:
     """Output tokens and completed requests per second, with the load that produced them."""
     load_table = {"columns": ["figure", "value"], "rows": [
-        ["load", s.load], ["concurrency", s.concurrency],
+        ["load", s.load], ["concurrency", s.concurrency], ["arrivals", s.arrivals if s.load == "rate" else "-"],
+        ["load workers (processes)", m.workers],
         ["offered rate (req/s)", m.offered_rate], ["duration (s)", rounded(m.duration_s)],
+        ["duration window", "t=0 of the arrivals -> end of the last measured stream, failed ones included"],
         ["completed", m.completed], ["input tokens", m.input_tokens], ["output tokens", m.output_tokens],
         ["output tokens from", m.output_tokens_source], ["per-message tokens from", m.token_source],
         ["send lag p50 (ms)", rounded(m.stats["send_lag"].percentiles.get("p50"))],
@@ -133,31 +154,35 @@ def _throughput_checks(m: LatencyMetrics, sla: SlaSection, s: LatencySection) ->
     ]
 
 
-def _goodput_check(m: LatencyMetrics, sla: SlaSection) -> Check:
+def goodput_check(m: LatencyMetrics, sla: SlaSection) -> Check:
     if m.goodput is None:
         return Check(id="latency.goodput", title="Goodput (requests meeting every SLO per second)",
                      status="skip", unit="req/s", direction="higher_is_better",
-                     message="no TTFT/TPOT/E2E limit in [sla]; goodput needs a per-request SLO",
+                     message="no goodput_slo_ms and no TTFT/TPOT/E2E limit in [sla]; goodput needs a per-request SLO",
                      source=SOURCE)
     return measured(
         "latency.goodput", "Goodput (requests meeting every SLO per second)", rounded(m.goodput), sla.min_goodput_req_s,
         unit="req/s", direction="higher_is_better",
         message=(f"{m.good_requests} of {m.sent} requests met every SLO "
-                 f"({', '.join(f'{k} <= {v:g} ms' for k, v in m.slo_ms.items())}): {m.goodput:.4g} req/s"
+                 f"({', '.join(f'{k} <= {v:g} ms' for k, v in m.slo_ms.items())}"
+                 f"{'' if sla.goodput_slo_ms else ', the loosest [sla] limit per metric'}): {m.goodput:.4g} req/s"
                  + (f"; limit >= {sla.min_goodput_req_s:g}" if sla.min_goodput_req_s is not None else "")),
-        evidence={"good_requests": m.good_requests, "slo_ms": m.slo_ms, "sent": m.sent}, source=SOURCE,
+        evidence={"good_requests": m.good_requests, "slo_ms": m.slo_ms, "sent": m.sent,
+                  "slo_from": "sla.goodput_slo_ms" if sla.goodput_slo_ms else "the loosest latency limit per metric"},
+        source=SOURCE,
         performance=True)
 
 
 _TOKEN_SOURCE_TEXT = {
     "token_ids": "per-message token counts from token_ids on each chunk",
     "continuous_usage": "per-message token counts from cumulative usage on each chunk",
-    "content": "per-message token counts fall back to non-empty text: a token that is an incomplete UTF-8 "
-               "sequence is not seen (server lacks continuous_usage_stats)",
+    "content": "per-message token counts fall back to one per message with a text field (empty text counts, as "
+               "vLLM bench counts it); a message carrying several tokens counts one (server lacks "
+               "continuous_usage_stats)",
 }
 
 
-def _token_accounting_check(m: LatencyMetrics) -> Check:
+def token_accounting_check(m: LatencyMetrics) -> Check:
     title = "Tokens per streamed message known exactly"
     if m.token_source == "none":
         return Check(id="latency.token_accounting", title=title, status="skip",

@@ -1,21 +1,34 @@
 """Stage 3 outside pytest: ``day0 latency --url ...`` (and ``python -m day0.stages.latency``)
-drives the load at a URL, prints the figures and the SLA checks; exit 1 when a check fails."""
+drives the load at a URL, prints the figures and the SLA checks; ``day0 latency import FILE``
+judges a ``vllm bench serve`` or GuideLLM result by the same SLA. Exit 0 when every check passes,
+1 when one fails (or could not measure), 2 on unusable input (one line naming it).
+
+Every ``[latency]`` and ``[sla]`` key a person tunes per run has a flag; ``--help`` gives each
+with its unit. The flags become the same tables a profile holds and are validated by the same
+models (``day0.config.latency``), so a bad value is the profile's one-line error.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
+import socket
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any, Sequence
 
+from day0.client.workers import AUTO_MESSAGES_PER_WORKER, usable_cores
 from day0.client.workload import Vocab, read_vocab
-from day0.config.latency import LatencySection, SlaSection
+from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, LatencySection, SettingsError, SlaSection
+from day0.core.inputs import refusal, term_safe
 from day0.core.record import Check
 from day0.core.stats import percentile
-from day0.stages.latency.metrics import METRIC_TITLES
-from day0.stages.latency.run import LatencyRun, run_latency
+from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
+from day0.stages.latency.metrics import METRIC_TITLES, LatencyMetrics
+from day0.stages.latency.run import LatencyRun, report_percentiles, run_latency
 
 
 def _length_arg(text: str) -> int | list[int]:
@@ -25,53 +38,114 @@ def _length_arg(text: str) -> int | list[int]:
     return int(text)
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def add_sla_flags(p: argparse.ArgumentParser) -> None:
+    """The ``[sla]`` limits and the reported percentiles, shared by a live run and an import."""
+    g = p.add_argument_group("SLA (a figure outside its limit fails the run; units in capitals)")
+    for metric, what in (("ttft", "time to first token"), ("tpot", "time per output token"),
+                         ("itl", "inter-token latency, per message"), ("e2e", "end-to-end latency")):
+        g.add_argument(f"--{metric}-p99-ms", type=float, metavar="MS", help=f"{what}, p99 limit in ms")
+    g.add_argument("--limit", action="append", metavar="KEY=MS",
+                   help=f"a latency limit at any percentile, {LIMIT_FORM} (p99_9 = p99.9), in ms; repeatable, "
+                        "e.g. --limit ttft_p90_ms=800 --limit tpot_p50_ms=40")
+    g.add_argument("--min-output-throughput", type=float, metavar="TOK/S", help="output tokens per second, at least")
+    g.add_argument("--min-request-throughput", type=float, metavar="REQ/S",
+                   help="completed requests per second, at least")
+    g.add_argument("--min-goodput", type=float, metavar="REQ/S",
+                   help="requests meeting every per-request SLO, per second, at least")
+    g.add_argument("--goodput", metavar="METRIC:MS,...",
+                   help="the per-request SLO goodput judges, each metric at exactly this limit in ms, e.g. "
+                        "ttft:500,tpot:50 (vLLM's --goodput; e2el = e2e); default: the loosest limit set per metric")
+    g.add_argument("--max-error-rate", type=float, metavar="FRACTION", help="failed requests / sent allowed (default 0)")
+    g.add_argument("--percentiles", type=_floats, metavar="P,P,...",
+                   help="percentiles reported for every metric (default 50,90,95,99,99.9; limits add theirs)")
+
+
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``latency`` on an argparse subparsers object; ``args.func(args)`` runs it."""
-    p = subparsers.add_parser("latency", help="measure TTFT/TPOT/ITL/E2E against an OpenAI-compatible URL",
-                              description="Stage 3 outside pytest: drive load at URL, print the figures and "
-                                          "the SLA checks; exit 1 when a check fails.")
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    """Register ``latency`` (and ``latency import``) on an argparse subparsers object."""
+    p = subparsers.add_parser("latency", help="measure TTFT/TPOT/ITL/E2E against an OpenAI-compatible URL, or "
+                                              "import a vllm bench serve / GuideLLM result",
+                              description="Stage 3 outside pytest: drive load at --url, print the figures and the "
+                                          "SLA checks; exit 1 when a check fails, 2 on unusable input. "
+                                          "'day0 latency import FILE' judges another tool's result instead.")
+    p.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000 (required to measure)")
     p.add_argument("--model", help="served model name (default: first of /v1/models)")
-    p.add_argument("--vocab-size", type=int, help="tokenizer vocabulary size (token ids stay below it)")
-    p.add_argument("--tokenizer", type=Path, help="model/tokenizer folder to read vocab size and special ids from")
+    p.add_argument("--vocab-size", type=int, metavar="N", help="tokenizer vocabulary size (token ids stay below it)")
+    p.add_argument("--tokenizer", type=Path, metavar="DIR", help="model folder to read vocab size and special ids from")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="OpenAI API to stream from (default: completions)")
-    p.add_argument("--concurrency", type=int, help="closed-loop workers (or in-flight cap with --rate)")
-    p.add_argument("--rate", type=float, help="open-loop request rate (req/s); switches to load=rate")
-    p.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1 = Poisson)")
-    p.add_argument("--num-requests", type=int, help="measured requests")
-    p.add_argument("--duration", type=float, help="stop scheduling after this many seconds")
-    p.add_argument("--warmup", type=int, help="warm-up requests (excluded)")
-    p.add_argument("--input-len", type=_length_arg, help="N or LO:HI tokens")
-    p.add_argument("--output-len", type=_length_arg, help="N or LO:HI tokens")
-    p.add_argument("--prefix-len", type=int, help="shared-prefix tokens")
-    p.add_argument("--num-prefixes", type=int, help="distinct shared prefixes (round robin)")
-    p.add_argument("--seed", type=int, help="seed of prompts and arrival times")
-    p.add_argument("--no-continuous-usage", action="store_true", help="for servers that reject continuous_usage_stats")
-    p.add_argument("--no-server-metrics", action="store_true", help="do not scrape /metrics")
-    p.add_argument("--sweep-rates", help="comma-separated ascending rates for the SLA sweep")
-    p.add_argument("--ttft-p99-ms", type=float, help="SLA: TTFT p99 limit (ms)")
-    p.add_argument("--tpot-p99-ms", type=float, help="SLA: TPOT p99 limit (ms)")
-    p.add_argument("--itl-p99-ms", type=float, help="SLA: ITL p99 limit (ms)")
-    p.add_argument("--e2e-p99-ms", type=float, help="SLA: end-to-end p99 limit (ms)")
-    p.add_argument("--min-output-throughput", type=float, help="tok/s")
-    p.add_argument("--max-error-rate", type=float, help="SLA: failed fraction allowed (default 0)")
-    p.add_argument("--json", type=Path, help="write the checks (run-record form) to this file")
+    load = p.add_argument_group("load")
+    load.add_argument("--concurrency", type=int, metavar="N", help="closed-loop requests in flight (or the "
+                                                                   "in-flight cap with --rate; 0 = none)")
+    load.add_argument("--rate", type=float, metavar="REQ/S", help="open-loop request rate; switches to load=rate")
+    load.add_argument("--burstiness", type=float, metavar="SHAPE", help="gamma shape of the gaps (1 = Poisson)")
+    load.add_argument("--arrivals", choices=["immediate", "vllm"],
+                      help="open loop's first arrival: immediate = at t=0, no rescale (default); vllm = after one "
+                           "gap, rescaled so the last lands at n/rate, as vllm bench serve does")
+    load.add_argument("--num-requests", type=int, metavar="N", help="measured requests")
+    load.add_argument("--duration", type=float, metavar="S", help="stop scheduling after this many seconds")
+    load.add_argument("--warmup", type=int, metavar="N", help="warm-up requests (run first, excluded)")
+    load.add_argument("--input-len", type=_length_arg, metavar="N|LO:HI", help="prompt tokens")
+    load.add_argument("--output-len", type=_length_arg, metavar="N|LO:HI", help="generated tokens")
+    load.add_argument("--prefix-len", type=int, metavar="TOKENS", help="shared-prefix tokens")
+    load.add_argument("--num-prefixes", type=int, metavar="N", help="distinct shared prefixes (round robin)")
+    load.add_argument("--seed", type=int, help="seed of prompts and arrival times")
+    load.add_argument("--sweep-rates", metavar="REQ/S,...", help="comma-separated ascending rates for the SLA sweep")
+    client = p.add_argument_group("client")
+    client.add_argument("--workers", type=int, metavar="N",
+                        help="load-generator processes, each with its own event loop, splitting one schedule "
+                             f"(default 0 = one per {AUTO_MESSAGES_PER_WORKER:g} offered streamed messages/s, at "
+                             f"most the usable cores: {usable_cores()} here)")
+    client.add_argument("--request-timeout", type=float, metavar="S",
+                        help="seconds a request may take in all before it counts as failed (default 300)")
+    client.add_argument("--stall-timeout", type=float, metavar="S",
+                        help="seconds without a byte mid-stream before the request counts as stalled (default 60)")
+    client.add_argument("--api-key-env", metavar="NAME",
+                        help="environment variable holding the server's API key (sent as a bearer token; "
+                             "the key itself never goes on a command line)")
+    client.add_argument("--no-continuous-usage", action="store_true",
+                        help="for servers that reject continuous_usage_stats")
+    client.add_argument("--no-server-metrics", action="store_true", help="do not scrape /metrics")
+    add_sla_flags(p)
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the checks (run-record form) to this file")
     p.set_defaults(func=cli_main)
+    sub = p.add_subparsers(dest="latency_command", title="subcommand", metavar="import")
+    imp = sub.add_parser("import", help="judge a vllm bench serve (--save-result --save-detailed) or GuideLLM "
+                                        "JSON result by the same SLA",
+                         description="Read another tool's result and run the latency checks on it with the same "
+                                     "definitions and SLA as a live run; exit 1 when a check fails, 2 when the file "
+                                     "cannot be used.")
+    imp.add_argument("file", type=Path, help="vllm bench serve result JSON, or GuideLLM's benchmarks JSON")
+    imp.add_argument("--format", choices=FORMATS, default="auto", help="what wrote the file (default: detected)")
+    imp.add_argument("--benchmark", type=int, metavar="N",
+                     help="which run, when the file holds several (GuideLLM's benchmarks, appended vLLM results)")
+    add_sla_flags(imp)
+    imp.add_argument("--json", type=Path, metavar="FILE", help="write the checks (run-record form) to this file")
+    imp.add_argument("--out", type=Path, metavar="DIR",
+                     help="write a run folder (events.jsonl, run.json) that 'day0 report DIR' renders")
+    imp.set_defaults(func=import_main)
     return p
+
+
+_LATENCY_FLAGS = [("concurrency", "concurrency"), ("burstiness", "burstiness"), ("num_requests", "num_requests"),
+                  ("duration", "duration_s"), ("warmup", "warmup_requests"), ("input_len", "input_len"),
+                  ("output_len", "output_len"), ("prefix_len", "prefix_len"), ("num_prefixes", "num_prefixes"),
+                  ("seed", "seed"), ("request_timeout", "request_timeout_s"), ("stall_timeout", "stall_timeout_s"),
+                  ("workers", "workers"), ("arrivals", "arrivals"), ("percentiles", "percentiles")]
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSection]:
     """The flags as ``[latency]`` and ``[sla]`` tables, validated as a profile's (SettingsError on a bad one)."""
-    lat: dict[str, Any] = {}
-    for attr, key in [("concurrency", "concurrency"), ("burstiness", "burstiness"), ("num_requests", "num_requests"),
-                      ("duration", "duration_s"), ("warmup", "warmup_requests"), ("input_len", "input_len"),
-                      ("output_len", "output_len"), ("prefix_len", "prefix_len"), ("num_prefixes", "num_prefixes"),
-                      ("seed", "seed")]:
-        v = getattr(args, attr, None)
-        if v is not None:
-            lat[key] = v
+    lat: dict[str, Any] = {key: getattr(args, attr) for attr, key in _LATENCY_FLAGS
+                           if getattr(args, attr, None) is not None}
     lat["endpoint"] = args.endpoint
+    if getattr(args, "api_key_env", None):
+        if not os.environ.get(args.api_key_env):
+            raise SettingsError(f"--api-key-env: environment variable {args.api_key_env} is not set")
+        lat["api_key_env"] = args.api_key_env
     if args.rate is not None:
         lat["load"] = "rate"
         lat["request_rate"] = args.rate
@@ -81,27 +155,55 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
     if args.no_server_metrics:
         lat["server_metrics"] = False
     if args.sweep_rates:
-        lat["sweep_rates"] = [float(x) for x in args.sweep_rates.split(",") if x.strip()]
+        lat["sweep_rates"] = _floats(args.sweep_rates)
+    return LatencySection.from_table(lat), sla_from_args(args)
+
+
+def sla_from_args(args: argparse.Namespace) -> SlaSection:
+    """The SLA flags as an ``[sla]`` table (SettingsError naming the flag or key)."""
     sla: dict[str, Any] = {}
-    for attr in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms"):
+    for attr in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "max_error_rate"):
         if getattr(args, attr) is not None:
             sla[attr] = getattr(args, attr)
-    if args.min_output_throughput is not None:
-        sla["min_output_throughput_tok_s"] = args.min_output_throughput
-    if args.max_error_rate is not None:
-        sla["max_error_rate"] = args.max_error_rate
-    return LatencySection.from_table(lat), SlaSection.from_table(sla)
+    for attr, key in (("min_output_throughput", "min_output_throughput_tok_s"),
+                      ("min_request_throughput", "min_request_throughput_req_s"), ("min_goodput", "min_goodput_req_s")):
+        if getattr(args, attr) is not None:
+            sla[key] = getattr(args, attr)
+    for item in args.limit or []:
+        key, sep, value = item.partition("=")
+        try:
+            sla.setdefault("limits", {})[key.strip()] = float(value)
+        except ValueError:
+            raise SettingsError(f"--limit {item!r}: expected KEY=MS, e.g. ttft_p90_ms=800") from None
+        if not sep:
+            raise SettingsError(f"--limit {item!r}: expected KEY=MS, e.g. ttft_p90_ms=800")
+    if args.goodput:
+        sla["goodput_slo_ms"] = _goodput_arg(args.goodput)
+    return SlaSection.from_table(sla)
 
 
-def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
-    m = run.metrics
-    pn = [k for k in m.stats["ttft"].percentiles]
-    head = f"{'metric (ms)':<34}{'n':>7}{'mean':>10}{'std':>10}" + "".join(f"{k:>10}" for k in pn)
-    st = run.settings
-    load = (f"{st.concurrency} concurrent" if st.load == "concurrency" else
-            f"{st.request_rate:g} req/s, burstiness {st.burstiness:g}" + (f", cap {st.concurrency}" if st.concurrency else ""))
-    lines = [f"latency against {run.base_url} model={run.model} load: {load}; duration {m.duration_s:.2f} s",
-             head, "-" * len(head)]
+def _goodput_arg(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        metric, sep, value = item.partition(":")
+        metric = "e2e" if metric == "e2el" else metric
+        try:
+            out[metric] = float(value) if sep else math.nan
+        except ValueError:
+            out[metric] = math.nan
+        if metric not in GOODPUT_METRICS or not out[metric] > 0:
+            raise SettingsError(f"--goodput {item!r}: expected METRIC:MS with METRIC one of "
+                                f"{', '.join(GOODPUT_METRICS)} and MS > 0, e.g. ttft:500,tpot:50")
+    return out
+
+
+def format_figures(m: LatencyMetrics, head: str) -> list[str]:
+    """The statistics table and the request counts of one phase, for a terminal."""
+    pn = list(m.stats["ttft"].percentiles)
+    cols = f"{'metric (ms)':<34}{'n':>7}{'mean':>10}{'std':>10}" + "".join(f"{k:>10}" for k in pn)
+    lines = [head, cols, "-" * len(cols)]
 
     def f(x: float) -> str:
         return f"{x:>10.3f}" if not math.isnan(x) else f"{'-':>10}"
@@ -112,12 +214,26 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
     lines.append("")
     lines.append(f"requests: sent {m.sent}, completed {m.completed}, failed {m.failed}"
                  + (f" ({', '.join(f'{k}={v}' for k, v in m.errors.items())})" if m.errors else "")
-                 + (f", not sent (duration bound) {m.not_sent}" if m.not_sent else ""))
+                 + (f", not sent {m.not_sent}" if m.not_sent else ""))
     lines.append(f"throughput: {m.request_throughput:.3f} req/s, {m.output_throughput:.2f} output tok/s, "
-                 f"{m.total_token_throughput:.2f} total tok/s"
+                 f"{m.total_token_throughput:.2f} total tok/s over {m.duration_s:.3f} s"
                  + (f", goodput {m.goodput:.3f} req/s" if m.goodput is not None else ""))
     for reason, count in sorted(m.reasons.items(), key=lambda kv: -kv[1])[:3]:
         lines.append(f"  {count} x {reason}")
+    return lines
+
+
+def load_text(st: LatencySection) -> str:
+    """The offered load in words: closed loop, or rate, burstiness, first arrival and cap."""
+    return (f"{st.concurrency} concurrent" if st.load == "concurrency" else
+            f"{st.request_rate:g} req/s, burstiness {st.burstiness:g}, arrivals {st.arrivals}"
+            + (f", cap {st.concurrency}" if st.concurrency else ""))
+
+
+def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
+    m = run.metrics
+    lines = format_figures(m, f"latency against {run.base_url} model={run.model} load: {load_text(run.settings)}; "
+                              f"{m.workers} load worker{'s' if m.workers > 1 else ''}; duration {m.duration_s:.2f} s")
     lines.append(f"token counts: per message from {m.token_source}, totals from {m.output_tokens_source}")
     if run.server:
         lines.append("engine /metrics over the run: " + "; ".join(
@@ -128,15 +244,18 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
         lines.append(f"sweep {pt.rate:g} req/s: ttft p99 {percentile(pt.metrics.samples['ttft'], 99):.2f} ms, "
                      f"errors {pt.metrics.error_rate:.3f} -> {'meets' if pt.meets_sla else 'misses ' + ','.join(pt.failing)}")
     lines.append("")
-    for c in checks:
-        lines.append(f"{c.status.upper():<6} {c.id:<28} {c.message}")
+    lines += [f"{c.status.upper():<6} {c.id:<28} {c.message}" for c in checks]
     return "\n".join(lines)
 
 
 def cli_main(args: argparse.Namespace) -> int:
     try:
+        if not args.url:
+            raise ValueError("--url: required to measure (or 'day0 latency import FILE' to judge a result)")
         settings, sla = settings_from_args(args)
         if args.vocab_size is not None:
+            if args.vocab_size < 2:
+                raise ValueError(f"--vocab-size {args.vocab_size}: must be at least 2 (token ids are drawn below it)")
             vocab: Vocab | int = Vocab(args.vocab_size)
         elif args.tokenizer is not None:
             vocab = read_vocab(args.tokenizer)
@@ -144,6 +263,7 @@ def cli_main(args: argparse.Namespace) -> int:
             print("day0 latency: pass --vocab-size N or --tokenizer DIR (token ids must stay inside the vocabulary)",
                   file=sys.stderr)
             return 2
+        reachable(args.url)
     except ValueError as exc:
         print(f"day0 latency: {exc}", file=sys.stderr)
         return 2
@@ -158,6 +278,50 @@ def cli_main(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps([c.to_dict() for c in checks], indent=2) + "\n", encoding="utf-8")
     return 1 if any(c.failed for c in checks) else 0
+
+
+def import_main(args: argparse.Namespace) -> int:
+    """``day0 latency import FILE``: the file's run through the stage's checks; --json, --out as asked."""
+    try:
+        sla = sla_from_args(args)
+        pcts = report_percentiles(LatencySection.from_table(
+            {"percentiles": args.percentiles} if args.percentiles is not None else {}), sla)
+        run = read_result(args.file, args.format, args.benchmark)
+        metrics, checks = import_checks(run, sla, pcts)
+        print(term_safe(f"{run.tool} {run.label}: {run.path}"))
+        for line in format_figures(metrics, f"imported {run.tool} run, load: {load_text(run.settings)}"):
+            print(term_safe(line))
+        for note in run.notes:
+            print(term_safe(f"note: {note}"))
+        print()
+        for c in checks:
+            print(term_safe(f"{c.status.upper():<6} {c.id:<28} {c.message}"))
+        if args.json:
+            args.json.write_text(json.dumps([c.to_dict() for c in checks], indent=2) + "\n", encoding="utf-8")
+        if args.out:
+            record = write_run(args.out, run, checks, sla)
+            print(term_safe(f"run folder: {args.out} (verdict {record.verdict}; render it with: day0 report {args.out})"))
+    except (ValueError, OSError) as exc:  # InputError and SettingsError are ValueErrors
+        print(refusal(exc), file=sys.stderr)
+        return 2
+    return 1 if any(c.failed for c in checks) else 0
+
+
+def reachable(url: str, timeout_s: float = 10.0) -> None:
+    """Refuse (ValueError, one line naming the URL) a URL that is not http(s) or where nothing
+    listens: an unreachable deployment is unusable input, not a measured failure of 100% errors."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url {url!r}: not an http(s) URL (e.g. http://127.0.0.1:8000)")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"--url {url!r}: the port is not a number in 1-65535") from None
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ValueError(f"--url {url}: cannot connect to {parts.hostname}:{port} "
+                         f"({exc.strerror or type(exc).__name__})") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

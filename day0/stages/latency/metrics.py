@@ -11,8 +11,11 @@ Definitions (docs/metrics.md, ``## Latency``), per successful request, times fro
 - ITL (per token): a message carrying k tokens that arrived g after the previous one counts
   k gaps of g/k; the first message's extra tokens count as 0. Summed per request this is
   exactly E2E - TTFT over (tokens - 1), so its mean is the token-weighted TPOT.
-- Throughput: measured requests (tokens) / phase duration (t=0 to the last stream's end).
-- Goodput: successful requests that met every per-request SLO at once, per second.
+- Throughput: completed requests (their tokens) / phase duration: t=0 of the arrival process
+  to the end of the last measured stream, succeeded or failed (a request that times out at the
+  end stretches the window by its wait, as in vLLM's bench).
+- Goodput: successful requests that met every per-request SLO at once, per second
+  (``SlaSection.per_request_slo``).
 
 Failed requests are counted by kind and reason and kept out of every latency statistic.
 """
@@ -20,7 +23,7 @@ Failed requests are counted by kind and reason and kept out of every latency sta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from day0.client.loadgen import PhaseResult, RequestResult, token_source
@@ -125,6 +128,8 @@ class LatencyMetrics:
     count_mismatches: int
     offered_rate: float | None
     failures: list[dict[str, Any]]  # first few failed requests, for the record
+    workers: int = 1  # load-generator processes that drove the phase
+    missing: dict[str, str] = field(default_factory=dict)  # metric -> why it has no samples (an import)
 
     @property
     def error_rate(self) -> float:
@@ -192,4 +197,5 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
         failures=[{"index": r.index, "error": r.error, "reason": r.reason,
                    "after_ms": round((r.finished - r.scheduled) * ms, 3), "tokens_seen": sum(r.msg_n)}
                   for r in bad[:20]],
+        workers=phase.workers,
     )

@@ -4,17 +4,21 @@ the optional sweep; and the short throughput run other stages price."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from day0.client.loadgen import fetch_models, make_session, run_phase
+import aiohttp
+
+from day0.client.loadgen import ClientOptions, LoadShape, PhaseResult, fetch_models, make_session, run_phase
 from day0.client.prom import PromError, ServerFigure, scrape, server_view
-from day0.client.workload import Vocab, as_text, build_requests
+from day0.client.workers import WorkerPool
+from day0.client.workload import Request, Vocab, as_text, build_requests
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
-from day0.stages.latency.settings import client_options, load_shape, workload_spec
+from day0.stages.latency.settings import client_options, load_shape, load_workers, workload_spec
 from day0.stages.latency.sweep import SweepPoint, run_sweep
 
 
@@ -41,6 +45,27 @@ def report_percentiles(settings: LatencySection, sla: SlaSection) -> list[float]
     return sorted(set(settings.percentiles) | {p for _, p, _ in sla.latency_limits()} | {50.0, 99.0})
 
 
+class _Load:
+    """Where a phase's load comes from: this process (one worker: the plain single-loop path) or
+    a pool of worker processes that each drive a shard (``day0.client.workers``)."""
+
+    def __init__(self, session: aiohttp.ClientSession, pool: WorkerPool | None, base_url: str,
+                 opts: ClientOptions) -> None:
+        self.session, self.pool, self.base_url, self.opts = session, pool, base_url, opts
+
+    async def phase(self, model: str, reqs: Sequence[Request], shape: LoadShape, name: str) -> PhaseResult:
+        if self.pool is None:
+            return await run_phase(self.session, self.base_url, model, reqs, shape, self.opts, phase=name)
+        return await self.pool.run_phase(self.base_url, model, reqs, shape, self.opts, phase=name)
+
+
+async def _scrape(session: aiohttp.ClientSession, base_url: str) -> tuple[Any, str | None]:
+    try:
+        return await scrape(session, base_url), None
+    except PromError as exc:
+        return None, str(exc)
+
+
 async def measure_latency(
     base_url: str,
     model: str | None,
@@ -49,8 +74,12 @@ async def measure_latency(
     sla: SlaSection | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> LatencyRun:
-    """Warm up, scrape /metrics, run the measured phase, scrape again, optionally sweep."""
+    """Warm up, scrape /metrics, run the measured phase, scrape again, optionally sweep.
+
+    ``headers`` go with every request (the engine's bearer key, from ``day0.engine.auth_headers``).
+    With more than one load worker (``latency.workers``) every phase is split across them."""
     s = settings or LatencySection()
     sla = sla or SlaSection()
     say = progress or (lambda _msg: None)
@@ -58,61 +87,53 @@ async def measure_latency(
         vocab = Vocab(vocab, frozenset(s.special_token_ids))
     elif s.special_token_ids:
         vocab = Vocab(vocab.size, vocab.special_ids | frozenset(s.special_token_ids))
-    spec = workload_spec(s)
-    opts = client_options(s)
-    pcts = report_percentiles(s, sla)
+    spec, opts, pcts, slo = workload_spec(s), client_options(s, headers), report_percentiles(s, sla), sla.per_request_slo()
+    workers = load_workers(s)
 
-    def requests(n: int, stream: str):
+    def requests(n: int, stream: str) -> list[Request]:
         reqs = build_requests(spec, vocab, n, stream=stream)
         return as_text(reqs, s.seed) if s.endpoint == "chat" else reqs
 
     # no connection cap in the HTTP client: the load shape bounds what is in flight, and a cap
     # here would queue requests invisibly (that wait would look like server latency)
-    async with make_session(opts, limit=0) as session:
+    async with make_session(opts, limit=0) as session, contextlib.AsyncExitStack() as stack:
         if not model:
             names = await fetch_models(session, base_url)
             if not names:
                 raise RuntimeError(f"{base_url}/v1/models lists no model; pass the served model name")
             model = names[0]
+        pool = await stack.enter_async_context(WorkerPool(workers)) if workers > 1 else None
+        load = _Load(session, pool, base_url, opts)
         warm = None
         if s.warmup_requests:
             say(f"warm-up: {s.warmup_requests} requests")
-            wphase = await run_phase(session, base_url, model, requests(s.warmup_requests, "warmup"),
-                                     load_shape(s), opts, phase="warmup")
-            warm = compute_metrics(wphase, pcts)
-        before = after = None
-        server_error = None
-        if s.server_metrics:
-            try:
-                before = await scrape(session, base_url)
-            except PromError as exc:
-                server_error = str(exc)
-        say(f"measure: {s.num_requests} requests, load={s.load}")
-        phase = await run_phase(session, base_url, model, requests(s.num_requests, "main"), load_shape(s), opts)
-        metrics = compute_metrics(phase, pcts, sla.per_request_slo())
+            warm = compute_metrics(await load.phase(model, requests(s.warmup_requests, "warmup"), load_shape(s),
+                                                    "warmup"), pcts)
+        before, server_error = await _scrape(session, base_url) if s.server_metrics else (None, None)
+        say(f"measure: {s.num_requests} requests, load={s.load}" + (f", {workers} load workers" if pool else ""))
+        phase = await load.phase(model, requests(s.num_requests, "main"), load_shape(s), "measure")
+        metrics = compute_metrics(phase, pcts, slo)
         server = None
         if s.server_metrics and server_error is None:
-            try:
-                after = await scrape(session, base_url)
-                server = server_view(before, after, percentiles=pcts)  # type: ignore[arg-type]
+            after, server_error = await _scrape(session, base_url)
+            if after is not None:
+                server = server_view(before, after, percentiles=pcts)
                 if not server:
                     server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
-            except PromError as exc:
-                server_error = str(exc)
 
         async def measure_at(rate: float, n: int) -> LatencyMetrics:
-            sp = await run_phase(session, base_url, model, requests(n, f"sweep{rate:g}"), load_shape(s, rate), opts,
-                                 phase="sweep")
-            return compute_metrics(sp, pcts, sla.per_request_slo())
+            sp = await load.phase(model, requests(n, f"sweep{rate:g}"), load_shape(s, rate), "sweep")
+            return compute_metrics(sp, pcts, slo)
 
         sweep = await run_sweep(measure_at, s, sla, say)
     return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep)
 
 
 def run_latency(base_url: str, model: str | None, vocab: Vocab | int, settings: LatencySection | None = None,
-                sla: SlaSection | None = None, *, progress: Callable[[str], None] | None = None) -> LatencyRun:
+                sla: SlaSection | None = None, *, progress: Callable[[str], None] | None = None,
+                headers: dict[str, str] | None = None) -> LatencyRun:
     """Blocking entry point for the suite and the CLI (runs its own event loop)."""
-    return asyncio.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress))
+    return asyncio.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress, headers=headers))
 
 
 @dataclass(frozen=True)
@@ -125,13 +146,13 @@ class MeasuredThroughput:
 
 
 def measure_throughput(base_url: str, model: str, vocab: Any, latency: LatencySection, requests: int,
-                       progress: Any = None) -> MeasuredThroughput:
+                       progress: Any = None, headers: dict[str, str] | None = None) -> MeasuredThroughput:
     """A short run of stage 3's own workload (the profile's ``[latency]`` load shape, fewer
     requests, no sweep), for runs where stage 3 did not record a throughput."""
     settings = LatencySection.from_table({**latency.model_dump(), "num_requests": requests,
                                           "warmup_requests": min(1, requests), "sweep_rates": [],
                                           "server_metrics": False})
-    run = run_latency(base_url, model, vocab, settings, progress=progress)
+    run = run_latency(base_url, model, vocab, settings, progress=progress, headers=headers)
     m = run.metrics
     if m.completed == 0 or not m.output_throughput > 0:
         raise RuntimeError(f"throughput measurement at {base_url}: no request completed")

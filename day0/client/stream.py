@@ -1,0 +1,334 @@
+"""One streaming request against an OpenAI-compatible completion endpoint, timed per message.
+
+Every request carries two clocks: the time it was *scheduled* (the arrival process said "now")
+and the time it was actually sent. Latencies are measured from the scheduled time, so a client
+that falls behind (a full concurrency cap, a slow event loop) shows up as latency instead of
+silently lowering the offered load (coordinated omission). The lag between the two is kept per
+request so a person can tell client queueing from server queueing.
+
+A streamed message counts as carrying tokens by the best evidence the server gives, in order:
+``token_ids`` on the choice (vLLM ``return_token_ids``), the growth of the cumulative
+``usage.completion_tokens`` (vLLM ``continuous_usage_stats``), else one token per message whose
+choice carries a text/content field, even an empty one (as vLLM's bench counts them: a token that
+decodes to half a UTF-8 character arrives with empty text); a message carrying several tokens then
+counts as one, so the result says which source was used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+import aiohttp
+
+from day0.client.sse import SSEParser
+from day0.client.workload import Request
+
+Endpoint = Literal["completions", "chat"]
+# Per-message token-count evidence, strongest first; a request reports its weakest source.
+TOKEN_SOURCES: tuple[str, ...] = ("token_ids", "continuous_usage", "content")
+ERROR_KINDS: tuple[str, ...] = (
+    "http_error",       # non-200 status (reason carries the code: http_500)
+    "connection",       # could not connect / connection reset before a response
+    "dropped_stream",   # the stream ended (or broke) before data: [DONE]
+    "malformed_event",  # a data: line that is not JSON
+    "server_error",     # a JSON error object inside the stream
+    "timeout",          # total timeout, or no bytes for stall_timeout_s
+    "no_tokens",        # a complete stream that carried no generated token
+    "client_error",     # the client could not make or read the request (bad URL, framing)
+)
+
+
+# --------------------------------------------------------------------------- one request
+
+
+@dataclass
+class ClientOptions:
+    """How requests are shaped and how long the client waits."""
+
+    endpoint: Endpoint = "completions"
+    ignore_eos: bool = True
+    continuous_usage: bool = True  # vLLM: usage on every chunk -> exact tokens per message
+    return_token_ids: bool = False  # vLLM: token ids on every chunk (stronger than usage)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    request_timeout_s: float = 300.0  # from send to the end of the stream
+    stall_timeout_s: float = 60.0  # longest silence between two reads
+    connect_timeout_s: float = 10.0
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it. Times are seconds; ``msg_t`` is relative to scheduled."""
+
+    index: int
+    phase: str
+    scheduled: float  # perf_counter at which the arrival process wanted it sent
+    sent: float  # perf_counter when it was handed to the HTTP client
+    input_len: int
+    expected_output_len: int
+    ok: bool = False
+    error: str | None = None  # one of ERROR_KINDS
+    reason: str = ""  # the specific reason: http_500, stalled 2.0 s, ...
+    finished: float = 0.0  # perf_counter when the stream ended (or failed)
+    msg_t: list[float] = field(default_factory=list)  # token-carrying messages, s after scheduled
+    msg_n: list[int] = field(default_factory=list)  # tokens in each of those messages
+    output_tokens: int = 0  # server usage.completion_tokens when given, else sum(msg_n)
+    output_tokens_source: str = "usage"  # usage | messages
+    prompt_tokens: int | None = None
+    token_source: str = "content"  # weakest evidence used for a message's token count
+    count_mismatch: bool = False  # per-message counts disagree with the final usage
+
+    @property
+    def send_lag(self) -> float:
+        return self.sent - self.scheduled
+
+    @property
+    def ttft(self) -> float | None:
+        return self.msg_t[0] if self.msg_t else None
+
+    @property
+    def e2e(self) -> float | None:
+        return self.msg_t[-1] if self.msg_t else None
+
+
+def build_payload(req: Request, model: str, opts: ClientOptions) -> dict[str, Any]:
+    stream_options: dict[str, Any] = {"include_usage": True}
+    if opts.continuous_usage:
+        stream_options["continuous_usage_stats"] = True
+    payload: dict[str, Any] = {"model": model, "stream": True, "stream_options": stream_options}
+    if opts.endpoint == "chat":
+        content = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
+        payload["messages"] = [{"role": "user", "content": content}]
+        payload["max_completion_tokens"] = req.output_len
+    else:
+        payload["prompt"] = req.prompt
+        payload["max_tokens"] = req.output_len
+    if opts.ignore_eos:
+        payload["ignore_eos"] = True
+    if opts.return_token_ids:
+        payload["return_token_ids"] = True
+    payload.update(opts.extra_body)
+    return payload
+
+
+def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return f"{base}/v1/chat/completions" if endpoint == "chat" else f"{base}/v1/completions"
+
+
+class _Failed(Exception):
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def _delta_text(choice: dict[str, Any]) -> str:
+    text = choice.get("text")
+    if text:
+        return text
+    delta = choice.get("delta")
+    if delta:
+        for key in ("content", "reasoning_content", "reasoning"):
+            v = delta.get(key)
+            if v:
+                return v
+        if delta.get("tool_calls"):
+            return "<tool_call>"
+    return ""
+
+
+class TokenAccountant:
+    """Per stream: how many generated tokens each ``data:`` payload carries, by the best evidence.
+
+    ``token_ids`` on the choice beats the growth of cumulative ``usage.completion_tokens``
+    (continuous usage), which beats "a message with a text field is one token" (empty text too, as
+    vLLM's bench counts it); ``weakest`` remembers the weakest evidence used. A role-only chat
+    chunk is no token under any of them. A usage-only chunk (``choices: []``) carries the final
+    totals. Error objects and bad shapes raise ``_Failed`` so the request is counted as failed,
+    never averaged in.
+    """
+
+    __slots__ = ("cum", "weakest", "final_tokens", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.cum = 0  # cumulative completion_tokens seen so far
+        self.weakest = 0  # index into TOKEN_SOURCES
+        self.final_tokens: int | None = None
+        self.prompt_tokens: int | None = None
+
+    def tokens_in(self, data: str) -> int:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            raise _Failed("malformed_event", f"malformed event: {data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise _Failed("malformed_event", f"event is not an object: {data[:80]!r}")
+        try:
+            return self._count(obj)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+            raise _Failed("malformed_event", f"unexpected event shape ({type(exc).__name__}): {data[:80]!r}") from None
+
+    def _count(self, obj: dict[str, Any]) -> int:
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        if "error" in obj and not choices:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise _Failed("server_error", f"error event: {str(msg)[:160]}")
+        n = 0
+        if choices:
+            choice = choices[0]
+            tids = choice.get("token_ids")
+            if tids is not None:
+                n = len(tids)
+            elif usage and usage.get("completion_tokens") is not None:
+                n = int(usage["completion_tokens"]) - self.cum
+                self.weakest = max(self.weakest, 1)
+            else:
+                role_only = _role_only(choice)
+                n = 1 if _carries_output(choice) and not role_only else 0
+                if not role_only:
+                    self.weakest = 2
+        if usage:
+            ct = usage.get("completion_tokens")
+            if ct is not None:
+                self.cum = max(self.cum, int(ct))
+                if not choices:
+                    self.final_tokens = int(ct)
+            if usage.get("prompt_tokens") is not None:
+                self.prompt_tokens = int(usage["prompt_tokens"])
+        return n
+
+
+_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def _carries_output(choice: dict[str, Any]) -> bool:
+    """Whether a choice holds a generated token, by its text field being there at all: vLLM sends a
+    token that decodes to half a UTF-8 character with empty text, so emptiness proves nothing (a
+    chunk with only ``finish_reason``, or ``delta: {}``, carries none)."""
+    if choice.get("text") is not None:
+        return True
+    delta = choice.get("delta")
+    return bool(delta) and any(delta.get(k) is not None for k in _OUTPUT_FIELDS)
+
+
+def _role_only(choice: dict[str, Any]) -> bool:
+    """A chat chunk that only announces the assistant role: by construction it holds no token."""
+    delta = choice.get("delta")
+    return bool(delta) and "role" in delta and not _delta_text(choice) and choice.get("text") is None
+
+
+async def stream_one(
+    session: aiohttp.ClientSession,
+    url: str,
+    req: Request,
+    model: str,
+    opts: ClientOptions,
+    *,
+    scheduled: float,
+    phase: str,
+    request_id: str,
+) -> RequestResult:
+    """Send one streaming request and time every token-carrying message; never raises."""
+    payload = build_payload(req, model, opts)
+    headers = {"X-Request-Id": request_id, **opts.headers}
+    res = RequestResult(req.index, phase, scheduled, 0.0, req.input_len, req.output_len)
+    acct = TokenAccountant()
+    perf = time.perf_counter
+    res.sent = perf()
+    try:
+        async with asyncio.timeout(opts.request_timeout_s):
+            try:
+                async with session.post(url, json=payload, headers=headers) as resp:
+                    if resp.status != 200:
+                        body = (await resp.text())[:200]
+                        raise _Failed("http_error", f"http_{resp.status}: {' '.join(body.split())}")
+                    parser = SSEParser()
+                    done = False
+                    async for chunk in resp.content.iter_any():
+                        now = perf()
+                        for ev in parser.feed(chunk):
+                            data = ev.data
+                            if data == "[DONE]":
+                                done = True
+                                continue
+                            n = acct.tokens_in(data)
+                            if n > 0:
+                                res.msg_t.append(now - scheduled)
+                                res.msg_n.append(n)
+                    if not done:
+                        cut = " mid-event" if parser.pending else ""
+                        raise _Failed("dropped_stream", f"stream ended{cut} before [DONE]")
+            except aiohttp.ClientResponseError as exc:
+                raise _Failed("http_error", f"http_{exc.status}: {exc.message}") from None
+            except aiohttp.ClientPayloadError as exc:
+                raise _Failed("dropped_stream", f"stream broken: {type(exc).__name__}") from None
+            except aiohttp.ServerDisconnectedError:
+                kind = "dropped_stream" if res.msg_t else "connection"
+                raise _Failed(kind, "server disconnected") from None
+            except aiohttp.ServerTimeoutError:
+                raise _Failed("timeout", f"no data for {opts.stall_timeout_s:g} s (stalled)") from None
+            except aiohttp.ClientConnectionError as exc:
+                raise _Failed("connection", f"{type(exc).__name__}: {exc}") from None
+    except _Failed as f:
+        res.error, res.reason = f.kind, f.reason
+    except TimeoutError:
+        res.error, res.reason = "timeout", f"exceeded request_timeout_s={opts.request_timeout_s:g}"
+    except (aiohttp.ClientError, ValueError, OSError) as exc:  # bad URL, odd framing: still one failed request
+        res.error, res.reason = "client_error", f"{type(exc).__name__}: {str(exc)[:160]}"
+    res.finished = perf()
+    res.token_source = TOKEN_SOURCES[acct.weakest]
+    res.prompt_tokens = acct.prompt_tokens
+    msg_total = sum(res.msg_n)
+    if acct.final_tokens is not None:
+        res.output_tokens = acct.final_tokens
+        res.output_tokens_source = "usage"
+        res.count_mismatch = acct.weakest < 2 and msg_total != res.output_tokens
+    else:
+        res.output_tokens = msg_total
+        res.output_tokens_source = "messages"
+    if res.error is None:
+        if not res.msg_t:
+            res.error, res.reason = "no_tokens", "stream finished without a generated token"
+        else:
+            res.ok = True
+    return res
+
+
+def make_session(opts: ClientOptions, limit: int = 0) -> aiohttp.ClientSession:
+    """One session per run so warm-up leaves warm keep-alive connections for the measurement."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60,
+                                     enable_cleanup_closed=True)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_s,
+                                    sock_read=opts.stall_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+
+
+async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
+    """Served model names from /v1/models (the first is vLLM's served model name)."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
+    try:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{url}: HTTP {resp.status}")
+            data = await resp.json(content_type=None)
+        return [m["id"] for m in data.get("data", [])]
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"{url}: cannot list models ({type(exc).__name__}: {exc}); pass the model name") from None
+
+
+def token_source(results: Iterable[RequestResult]) -> str:
+    """The weakest per-message token evidence any successful request relied on ("none": no success)."""
+    worst = -1
+    for r in results:
+        if r.ok:
+            worst = max(worst, TOKEN_SOURCES.index(r.token_source))
+    return TOKEN_SOURCES[worst] if worst >= 0 else "none"

@@ -1,0 +1,215 @@
+"""Local worker processes that each run shards of a phase on their own event loop.
+
+:class:`WorkerPool` starts N processes (``python -m day0.client.workers``) once per run, so
+each keeps its keep-alive connections from warm-up to measurement, and drives every phase the
+same way: each worker gets its :class:`~day0.client.shards.ShardSpec` and prepares; once all say
+``READY`` the pool picks the phase's t=0 a little in the future on the host's monotonic clock,
+says ``go``, and merges the raw results (``day0.client.shards.merge_shards``).
+
+The protocol is one JSON object per line on the worker's stdin and stdout, so a node launcher
+can run the same worker on another host (see ``day0.client.shards`` for what that needs).
+``auto_workers`` is ``latency.workers = 0``: enough processes for the offered message rate,
+no more than the cores this process may run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import aiohttp
+
+from day0.client.loadgen import LoadShape, PhaseResult, new_tag
+from day0.client.shards import ShardResult, ShardSpec, merge_shards, run_shard, split_phase
+from day0.client.stream import ClientOptions, make_session
+from day0.client.workload import Request
+
+# Streamed messages per second one worker times within 1 ms at p99, with room to spare: the
+# ladder (benchmarks/bench_ladder.py) measured one process sustaining about 12,800 on a 2-core box.
+AUTO_MESSAGES_PER_WORKER = 8000.0
+AUTO_STREAMS_PER_WORKER = 256  # closed loop: requests in flight per worker
+READY_TIMEOUT_S = 120.0  # a worker's start-up (imports) and preparing its shard
+START_LEAD_S = 0.05  # t=0 this far after the last READY: every worker is asleep waiting for it
+MAX_LINE = 1 << 31  # a result line holds every sample of a shard
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_workers(shape: LoadShape, mean_output_len: float, cores: int | None = None) -> int:
+    """Workers for ``latency.workers = 0``: one per AUTO_MESSAGES_PER_WORKER offered streamed
+    messages per second (open loop: rate x output length; closed loop: one per
+    AUTO_STREAMS_PER_WORKER requests in flight), at least 1, at most the usable cores."""
+    cores = cores or usable_cores()
+    if shape.mode == "rate":
+        if math.isinf(shape.request_rate):
+            return cores
+        need = shape.request_rate * max(1.0, mean_output_len) / AUTO_MESSAGES_PER_WORKER
+    else:
+        need = shape.concurrency / AUTO_STREAMS_PER_WORKER
+    return max(1, min(cores, math.ceil(need)))
+
+
+class WorkerError(RuntimeError):
+    """A worker process that died or broke the protocol; the message names it and its stderr."""
+
+
+class _Worker:
+    """One worker process and the pipes to it."""
+
+    def __init__(self, number: int, proc: asyncio.subprocess.Process, stderr: Any) -> None:
+        self.number, self.proc, self.stderr = number, proc, stderr
+
+    def tail(self, n: int = 800) -> str:
+        self.stderr.seek(0)
+        text = self.stderr.read().decode("utf-8", "replace").strip()
+        return " ".join(text[-n:].split())
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            await self.proc.wait()
+            raise WorkerError(f"load worker {self.number} exited (rc {self.proc.returncode}): "
+                              f"{self.tail() or 'no output'}") from None
+
+    async def receive(self) -> str:
+        assert self.proc.stdout is not None
+        line = await self.proc.stdout.readline()
+        if not line.endswith(b"\n"):
+            await self.proc.wait()
+            raise WorkerError(f"load worker {self.number} exited (rc {self.proc.returncode}) mid-phase: "
+                              f"{self.tail() or 'no output'}")
+        return line.decode("utf-8")
+
+
+class WorkerPool:
+    """N local worker processes for a run; ``async with WorkerPool(n) as pool: await pool.run_phase(...)``."""
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {workers}")
+        self.size = workers
+        self._workers: list[_Worker] = []
+
+    async def __aenter__(self) -> "WorkerPool":
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the day0 package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        try:
+            for i in range(self.size):
+                err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "day0.client.workers", stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=err, env=env, limit=MAX_LINE)
+                self._workers.append(_Worker(i, proc, err))
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run_phase(self, base_url: str, model: str, requests: Sequence[Request], shape: LoadShape,
+                        opts: ClientOptions, *, phase: str = "measure") -> PhaseResult:
+        """One phase split across the pool's workers (as many as it can use) and merged back."""
+        specs, offsets = split_phase(base_url, model, requests, shape, opts, self.size, phase=phase, tag=new_tag())
+        workers = self._workers[:len(specs)]
+        for w, spec in zip(workers, specs):
+            await w.send({"cmd": "prepare", "spec": spec.to_json()})
+
+        async def ready(w: _Worker) -> None:
+            line = await w.receive()
+            if line.strip() != "READY":
+                raise WorkerError(f"load worker {w.number}: {line.strip()[:300]}")
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(ready(w) for w in workers)), READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise WorkerError(f"load workers not ready within {READY_TIMEOUT_S:g} s") from None
+        t0 = time.perf_counter() + START_LEAD_S
+        for w in workers:
+            await w.send({"cmd": "go", "t0": t0})
+        lines = await asyncio.gather(*(w.receive() for w in workers))
+        try:
+            parts = [ShardResult.from_json(json.loads(line)) for line in lines]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WorkerError(f"a load worker's results cannot be read ({type(exc).__name__}: {exc})") from None
+        return merge_shards(phase, shape, parts, t0, offsets)
+
+    async def close(self) -> None:
+        """Ask every worker to exit (its stdin closes), give them a few seconds together, then kill
+        what is left: a worker never outlives its pool."""
+        for w in self._workers:
+            if w.proc.stdin is not None and not w.proc.stdin.is_closing():
+                w.proc.stdin.close()
+        waits = [asyncio.ensure_future(w.proc.wait()) for w in self._workers]
+        if waits:
+            await asyncio.wait(waits, timeout=5.0)
+        for w in self._workers:
+            if w.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+            w.stderr.close()
+        self._workers = []
+
+
+# --------------------------------------------------------------------------- the worker side
+
+
+async def _open_session(opts: ClientOptions) -> aiohttp.ClientSession:
+    return make_session(opts, limit=0)
+
+
+def _read(stdin: Any) -> dict[str, Any] | None:
+    line = stdin.readline()
+    return json.loads(line) if line.strip() else None
+
+
+def worker_main(stdin: Any = None, stdout: Any = None) -> int:
+    """One worker: prepare a shard, say READY, wait for go, run it, print its raw results; repeat."""
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    loop = asyncio.new_event_loop()
+    session: aiohttp.ClientSession | None = None
+    gc.collect()
+    gc.freeze()  # the imports' objects never move again: a full collection stays short mid-phase
+    try:
+        while (msg := _read(stdin)) is not None and msg.get("cmd") == "prepare":
+            spec = ShardSpec.from_json(msg["spec"])
+            if session is None:
+                session = loop.run_until_complete(_open_session(spec.options))
+            stdout.write("READY\n")
+            stdout.flush()
+            go = _read(stdin)
+            if go is None or go.get("cmd") != "go":
+                break
+            result = loop.run_until_complete(run_shard(session, spec, float(go["t0"])))
+            stdout.write(json.dumps(result.to_json(), separators=(",", ":")) + "\n")
+            stdout.flush()
+    finally:
+        if session is not None:
+            loop.run_until_complete(session.close())
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

@@ -1,0 +1,139 @@
+"""GuideLLM's benchmark report JSON (``guidellm run --output kind=json``) as day0's own phase.
+
+GuideLLM (0.8, report schema version 2) keeps per request ``info.timings``: ``targeted_start``
+(when its scheduler meant to send), ``request_start``, ``first_token_iteration`` and
+``last_token_iteration`` (wall-clock seconds), with ``output_tokens`` from the server's usage,
+grouped as ``requests.successful``, ``errored`` and ``incomplete`` (in flight when the benchmark
+ended; GuideLLM leaves them out of its figures, and so does the import). It keeps no instant of
+the messages in between, so ITL per message cannot be recomputed: named as missing, never guessed.
+A report that kept a sample of the requests (``sample_size``) is refused: percentiles of a sample
+are not the run's.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
+from day0.config.latency import LatencySection
+from day0.stages.latency.imported import Doc, ImportedRun, error_kind
+
+TOOL = "guidellm"
+MISSING_ITL = ("GuideLLM records no per-message times, only the first and last token of each request "
+               "(its 'ITL' is a per-request mean over the decode: day0's TPOT)")
+NOTES = [
+    "TTFT and E2E here run from GuideLLM's targeted start (its scheduled send, day0's definition); GuideLLM's own "
+    "TTFT starts at its request start, so the two differ by its dispatch delay",
+    "E2E ends at the last token (GuideLLM's request latency ends when the response closes)",
+    "requests GuideLLM marked incomplete (cut off when the benchmark ended) are left out, as GuideLLM leaves them "
+    "out of its own figures; they show as not sent",
+]
+
+
+def looks_like_guidellm(obj: Any) -> bool:
+    return (isinstance(obj, dict) and isinstance(obj.get("benchmarks"), list)
+            and isinstance(obj.get("metadata"), dict) and "guidellm_version" in obj["metadata"])
+
+
+def benchmark_labels(obj: dict[str, Any]) -> list[str]:
+    """One label per benchmark of a report (its strategy and rate), for a person choosing one."""
+    out = []
+    for b in obj.get("benchmarks") or []:
+        strat = (b.get("config") or {}).get("strategy") if isinstance(b, dict) else None
+        strat = strat if isinstance(strat, dict) else {}
+        rate = strat.get("rate", strat.get("streams"))
+        out.append(f"{strat.get('type_', '?')}" + (f"@{rate:g}" if isinstance(rate, (int, float)) else ""))
+    return out
+
+
+def read_guidellm(path: Path, obj: dict[str, Any], index: int) -> ImportedRun:
+    """Benchmark ``index`` of a GuideLLM report as an :class:`ImportedRun`."""
+    doc = Doc(path)
+    b = doc.obj(obj, "benchmarks", index)
+    bd = doc.at("benchmarks", index)  # reads from b name their whole key path
+    groups = {g: bd.listed(b, "requests", g, default=[]) or [] for g in ("successful", "errored", "incomplete")}
+    for g in ("successful", "errored"):
+        total = bd.number(b, "metrics", "request_totals", g, default=None)
+        if total is not None and len(groups[g]) < total:
+            raise bd.fail(("requests", g), f"{len(groups[g])} of {int(total)} requests kept (GuideLLM sampled "
+                          "them: sample_size); the per-request checks need every one")
+    results = [_request(bd.at("requests", "successful", i), i, r) for i, r in enumerate(groups["successful"])]
+    base = len(results)
+    results += [_failed(bd.at("requests", "errored", i), base + i, r) for i, r in enumerate(groups["errored"])]
+    start = bd.number(b, "scheduler_metrics", "measure_start_time")
+    end = bd.number(b, "scheduler_metrics", "measure_end_time", minimum=start)
+    results.sort(key=lambda r: (r.scheduled, r.index))
+    settings = _settings(bd, b, len(results))
+    shape = LoadShape(mode=settings.load, concurrency=settings.concurrency, request_rate=settings.request_rate,
+                      burstiness=settings.burstiness)
+    phase = PhaseResult("measure", shape, results, start, end, len(groups["incomplete"]),
+                        [r.scheduled - start for r in results] if settings.load == "rate" else [])
+    version = doc.text(obj, "metadata", "guidellm_version", default=None)
+    facts = [("guidellm_version", version), ("strategy", benchmark_labels(obj)[index]), ("duration", end - start),
+             ("successful", len(groups["successful"])), ("errored", len(groups["errored"])),
+             ("incomplete", len(groups["incomplete"]))]
+    for metric in ("time_to_first_token_ms", "inter_token_latency_ms", "request_latency"):
+        for stat in ("mean", "median"):
+            v = bd.get(b, "metrics", metric, "successful", stat, default=None)
+            if isinstance(v, (int, float)):
+                facts.append((f"{stat} {metric}", v))
+    return ImportedRun(TOOL, version, path, f"benchmark {index} ({benchmark_labels(obj)[index]})", phase, settings,
+                       missing={"itl": MISSING_ITL}, notes=list(NOTES), facts=facts)
+
+
+def _times(doc: Doc, r: Any) -> tuple[float, float]:
+    """(scheduled, sent) of a request: its targeted start (its request start when it has none)."""
+    sent = doc.number(r, "info", "timings", "request_start")
+    target = doc.number(r, "info", "timings", "targeted_start", default=None)
+    return (sent if target is None else target), sent
+
+
+def _request(doc: Doc, index: int, r: Any) -> RequestResult:
+    scheduled, sent = _times(doc, r)
+    first = doc.number(r, "info", "timings", "first_token_iteration", default=None)
+    last = doc.number(r, "info", "timings", "last_token_iteration", default=None)
+    out = doc.number(r, "output_tokens", default=None)
+    if out is None:
+        out = doc.number(r, "info", "timings", "token_iterations", default=0) or 0
+    prompt = doc.number(r, "prompt_tokens", default=None)
+    res = RequestResult(index, "measure", scheduled, sent, int(prompt or 0), int(out))
+    res.finished = doc.number(r, "request_end_time", default=None) or last or sent
+    if first is None:
+        res.error, res.reason = "no_tokens", "GuideLLM saw no token (non-streaming, or an empty reply)"
+        return res
+    last = max(first, last if last is not None else first)
+    out = int(out)
+    res.msg_t = [first - scheduled] + ([last - scheduled] if out > 1 else [])
+    res.msg_n = [1, out - 1] if out > 1 else [1]
+    res.output_tokens, res.output_tokens_source = max(1, out), "usage"
+    res.prompt_tokens = int(prompt) if prompt is not None else None
+    res.token_source, res.ok = "content", True
+    return res
+
+
+def _failed(doc: Doc, index: int, r: Any) -> RequestResult:
+    scheduled, sent = _times(doc, r)
+    message = doc.text(r, "info", "error", default=None) or "GuideLLM marked the request errored"
+    res = RequestResult(index, "measure", scheduled, sent, 0, 0)
+    res.finished = doc.number(r, "request_end_time", default=None) or sent
+    res.error, res.reason = error_kind(message)
+    return res
+
+
+def _settings(doc: Doc, b: dict[str, Any], n: int) -> LatencySection:
+    """GuideLLM's strategy as a ``[latency]`` table: poisson and constant are open loop (constant:
+    evenly spaced, burstiness inf), concurrent and synchronous closed loop, throughput all at once."""
+    strat = doc.obj(b, "config", "strategy")
+    kind = doc.text(strat, "type_")
+    table: dict[str, Any] = {"num_requests": max(1, n), "warmup_requests": 0, "server_metrics": False}
+    if kind in ("poisson", "constant"):
+        table.update(load="rate", concurrency=0, request_rate=float(doc.number(strat, "rate", minimum=0.0) or math.inf),
+                     burstiness=1.0 if kind == "poisson" else math.inf)
+    elif kind in ("concurrent", "synchronous"):
+        streams = doc.number(strat, "streams", default=1) or 1
+        table.update(load="concurrency", concurrency=max(1, int(streams)))
+    else:
+        table.update(load="rate", concurrency=0, request_rate=math.inf)
+    return LatencySection.from_table(table)

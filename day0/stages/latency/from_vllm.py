@@ -1,0 +1,104 @@
+"""``vllm bench serve --save-result --save-detailed`` JSON as day0's own phase of requests.
+
+vLLM (``vllm/benchmarks/serve.py``) keeps, per request: ``ttfts`` (s from its send), ``itls``
+(the gaps between chunks carrying choices), ``latencies`` (send to the last such chunk),
+``start_times`` (perf_counter at the send), ``queue_times`` (the wait for a ``--max-concurrency``
+slot before it), ``input_lens``, ``output_lens`` (the server's usage when it sent one) and
+``errors`` ("" on success). day0 rebuilds each request's message instants from them, timed from
+the scheduled send (vLLM's start minus its queue time), so the stage's own definitions apply.
+Without ``--save-detailed`` the file holds summaries only: refused, naming the missing key.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
+from day0.config.latency import LatencySection
+from day0.stages.latency.imported import Doc, ImportedRun, error_kind
+
+TOOL = "vllm bench serve"
+DETAILED = "ttfts"
+_HINT = "vllm bench serve writes per-request figures only with --save-result --save-detailed"
+_FACTS = ("date", "backend", "model_id", "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
+          "completed", "failed", "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+          "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms")
+NOTES = [
+    "TTFT and E2E here run from the scheduled send, which vLLM does not record: its send minus its "
+    "client queue time (the --max-concurrency wait); vLLM's own TTFT starts at the send, and any lag of its "
+    "arrival loop is in neither (coordinated omission)",
+    "a message is a chunk carrying choices, each counted as one token as vLLM counts it (empty text included); "
+    "output token totals are vLLM's (the server's usage when it sent one)",
+    "success is vLLM's verdict: a stream that carried a token and raised no exception counts as completed, "
+    "including one that ended with an error event in the stream",
+]
+
+
+def looks_like_vllm(obj: Any) -> bool:
+    return isinstance(obj, dict) and "duration" in obj and "completed" in obj and "benchmarks" not in obj
+
+
+def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
+    """One saved ``vllm bench serve`` result (an object of the file) as an :class:`ImportedRun`."""
+    doc = Doc(path, _HINT)
+    n = len(doc.listed(obj, DETAILED))
+    for key in ("itls", "latencies", "start_times", "errors", "input_lens", "output_lens"):
+        doc.listed(obj, key, length=n)
+    doc.listed(obj, "queue_times", length=n, default=None)  # older vLLM versions did not write it
+    duration = doc.number(obj, "duration", minimum=0.0)
+    results = [_request(doc, obj, i) for i in range(n)]
+    ended = max((r.finished for r in results), default=0.0)
+    started = ended - duration
+    results.sort(key=lambda r: (r.scheduled, r.index))
+    settings = _settings(doc, obj, n)
+    shape = LoadShape(mode=settings.load, concurrency=settings.concurrency, request_rate=settings.request_rate,
+                      burstiness=settings.burstiness, arrivals="vllm")
+    phase = PhaseResult("measure", shape, results, started, ended, 0,
+                        [r.scheduled - started for r in results] if settings.load == "rate" else [])
+    facts = [(k, obj[k]) for k in _FACTS if k in obj and not isinstance(obj[k], (list, dict))]
+    return ImportedRun(TOOL, None, path, label, phase, settings, notes=list(NOTES), facts=facts)
+
+
+def _request(doc: Doc, obj: dict[str, Any], i: int) -> RequestResult:
+    """Request ``i``: vLLM's send minus its queue wait is the scheduled time day0 measures from."""
+    start = doc.number(obj, "start_times", i)
+    wait = doc.number(obj, "queue_times", i, default=0.0, none_ok=True) or 0.0
+    r = RequestResult(i, "measure", start - wait, start, int(doc.number(obj, "input_lens", i, minimum=0)),
+                      int(doc.number(obj, "output_lens", i, none_ok=True) or 0))
+    latency = doc.number(obj, "latencies", i, none_ok=True) or 0.0
+    r.finished = start + latency
+    err = doc.text(obj, "errors", i)
+    if err:
+        r.error, r.reason = error_kind(err)
+        return r
+    ttft = doc.number(obj, "ttfts", i, minimum=0.0)
+    gaps = doc.listed(obj, "itls", i)
+    t = wait + ttft
+    r.msg_t = [t]
+    for k in range(len(gaps)):
+        t += doc.number(obj, "itls", i, k, minimum=0.0)
+        r.msg_t.append(t)
+    r.msg_n = [1] * len(r.msg_t)
+    r.output_tokens = r.expected_output_len or len(r.msg_t)
+    r.output_tokens_source = "usage" if r.expected_output_len else "messages"
+    r.prompt_tokens = r.input_len
+    r.token_source = "content"
+    r.ok = True
+    return r
+
+
+def _settings(doc: Doc, obj: dict[str, Any], n: int) -> LatencySection:
+    """The load vLLM offered, as a ``[latency]`` table: open loop at ``request_rate`` ("inf": all at
+    once), capped by ``max_concurrency``; all at once under a cap is a closed loop of that many."""
+    raw = doc.get(obj, "request_rate", default="inf")
+    rate = math.inf if raw == "inf" else doc.number(obj, "request_rate", minimum=0.0)
+    cap = doc.number(obj, "max_concurrency", default=None)
+    burst = doc.number(obj, "burstiness", default=1.0) or 1.0
+    table: dict[str, Any] = {"load": "rate", "request_rate": rate if rate > 0 else math.inf,
+                             "concurrency": int(cap or 0), "burstiness": float(burst), "arrivals": "vllm",
+                             "num_requests": max(1, n), "warmup_requests": 0, "server_metrics": False}
+    if math.isinf(rate) and cap:
+        table.update(load="concurrency", request_rate=1.0)
+    return LatencySection.from_table(table)

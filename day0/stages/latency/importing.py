@@ -1,0 +1,141 @@
+"""``day0 latency import FILE``: a run a site already made, judged as if day0 had measured it.
+
+Reads a ``vllm bench serve --save-result --save-detailed`` result or a GuideLLM benchmark report
+(``from_vllm``, ``from_guidellm``) through the shared reader of untrusted files
+(``day0.core.inputs``), rebuilds day0's own phase of requests, and runs the stage's metrics and
+checks on it with the same SLA: the same definitions, percentiles and goodput as a live run. The
+checks can be written as a list (``--json``, like ``day0 collectives import``) and as a run folder
+(``--out``: ``events.jsonl`` and ``run.json``) that ``day0 report`` renders. An unusable file is
+one line naming it and the key (exit 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from day0.config.latency import SlaSection
+from day0.core.inputs import InputError, read_regular, strict_json
+from day0.core.record import EVENTS_FILE, Check, EventLog, RunRecord, rebuild
+from day0.stages.latency.checks import (
+    error_rate_check,
+    goodput_check,
+    percentile_checks,
+    throughput_checks,
+)
+from day0.stages.latency.from_guidellm import benchmark_labels, looks_like_guidellm, read_guidellm
+from day0.stages.latency.from_vllm import looks_like_vllm, read_vllm
+from day0.stages.latency.imported import ImportedRun
+from day0.stages.latency.metrics import LatencyMetrics, compute_metrics, rounded, summarize
+
+MAX_RESULT_BYTES = 256 << 20  # as a run record: a detailed vLLM result of 100,000 x 64-token requests is ~150 MB
+FORMATS = ("auto", "vllm", "guidellm")
+
+
+def read_result(path: Path, fmt: str = "auto", benchmark: int | None = None) -> ImportedRun:
+    """The run in ``path`` (``benchmark``: which one, when the file holds several); InputError names
+    the file and key of anything that cannot be used."""
+    path = Path(path)
+    text = read_regular(path, "benchmark result", MAX_RESULT_BYTES)
+    runs = _documents(path, text)
+    first = runs[0]
+    kind = fmt if fmt != "auto" else ("guidellm" if looks_like_guidellm(first) else
+                                      "vllm" if looks_like_vllm(first) else "")
+    if not kind:
+        raise InputError(f"{path}: neither a vllm bench serve result (no 'duration' and 'completed') nor a "
+                         "GuideLLM report (no 'benchmarks' and 'metadata.guidellm_version')")
+    if kind == "guidellm":
+        if len(runs) != 1 or not isinstance(first, dict) or not isinstance(first.get("benchmarks"), list):
+            raise InputError(f"{path}: benchmarks: missing; not a GuideLLM report")
+        run = read_guidellm(path, first, _pick(path, benchmark, benchmark_labels(first), "benchmarks"))
+    else:
+        labels = [str(r.get("date", i)) if isinstance(r, dict) else str(i) for i, r in enumerate(runs)]
+        i = _pick(path, benchmark, labels, "results (one per line, --append-result)")
+        if not isinstance(runs[i], dict):
+            raise InputError(f"{path}: result {i}: expected an object, not a vllm bench serve result")
+        run = read_vllm(path, runs[i], f"result {i} ({labels[i]})" if len(runs) > 1 else labels[i])
+    run.sha256 = hashlib.sha256(text).hexdigest()
+    return run
+
+
+def _documents(path: Path, text: bytes) -> list[Any]:
+    """The file's JSON document, or (``vllm bench serve --append-result``) one per line."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and all(line.lstrip().startswith(b"{") for line in lines):
+        try:
+            return [strict_json(text, str(path))]
+        except InputError:
+            return [strict_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1)]
+    return [strict_json(text, str(path))]
+
+
+def _pick(path: Path, benchmark: int | None, labels: list[str], what: str) -> int:
+    if not labels:
+        raise InputError(f"{path}: {what.split(' ')[0]}: empty; no run to import")
+    if benchmark is None:
+        if len(labels) > 1:
+            listing = ", ".join(f"{i}: {label}" for i, label in enumerate(labels[:12]))
+            raise InputError(f"{path}: {what}: {len(labels)} runs ({listing}); choose one with --benchmark N")
+        return 0
+    if not 0 <= benchmark < len(labels):
+        raise InputError(f"{path}: --benchmark {benchmark}: the file holds runs 0-{len(labels) - 1}")
+    return benchmark
+
+
+def imported_metrics(run: ImportedRun, sla: SlaSection, percentiles: list[float]) -> LatencyMetrics:
+    """The stage's metrics of the imported phase, with what the tool did not record left empty."""
+    m = compute_metrics(run.phase, percentiles, sla.per_request_slo())
+    for metric in run.missing:
+        for key in [metric] + (["itl_token"] if metric == "itl" else []):
+            m.samples[key] = []
+            m.stats[key] = summarize([], percentiles)
+    # the tool's own token accounting, named as such (not day0's "content" fallback: no note on every check)
+    return replace(m, missing=dict(run.missing), token_source=f"{run.tool} (one token per message)")
+
+
+def import_checks(run: ImportedRun, sla: SlaSection, percentiles: list[float]) -> tuple[LatencyMetrics, list[Check]]:
+    """The stage's checks of an imported run (no engine cross-check: the file has no engine view)."""
+    m = imported_metrics(run, sla, percentiles)
+    checks = [source_check(run, m), *percentile_checks(m, sla), error_rate_check(m, sla),
+              *throughput_checks(m, sla, run.settings), goodput_check(m, sla)]
+    for c in checks:
+        c.source = f"import:{run.tool}"
+    return m, checks
+
+
+def source_check(run: ImportedRun, m: LatencyMetrics) -> Check:
+    """What was read, from where, and how the tool's figures differ from a live day0 run's."""
+    rows = [[k, v if not isinstance(v, float) else rounded(v, 4)] for k, v in run.facts]
+    return Check("latency.import", "Imported benchmark result", "pass", value=run.tool, unit="", direction="exact",
+                 message=(f"{run.tool} {run.label} from {run.path.name}: {m.sent} requests read, {m.completed} "
+                          f"completed, {m.failed} failed" + (f", {m.not_sent} left out (incomplete)" if m.not_sent
+                                                              else "")
+                          + (f"; not recorded by the tool: {', '.join(run.missing)}" if run.missing else "")),
+                 evidence={"file": str(run.path), "sha256": run.sha256, "tool": run.tool,
+                           "tool_version": run.version, "run": run.label, "notes": run.notes,
+                           "missing": run.missing,
+                           "table": {"columns": ["the tool's own figure", "as written"], "rows": rows}})
+
+
+def write_run(out_dir: Path, run: ImportedRun, checks: list[Check], sla: SlaSection) -> RunRecord:
+    """A run folder ``day0 report`` renders: the checks as events of a one-stage run, and run.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / EVENTS_FILE).exists():
+        raise InputError(f"{out_dir}: already holds {EVENTS_FILE}; pass an empty folder to --out")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    events = EventLog(out_dir / EVENTS_FILE)
+    environment = {"imported": True, "tool": run.tool, "tool_version": run.version, "file": str(run.path),
+                   "run": run.label}
+    profile = {"name": f"import of {run.path.name}", "latency": run.settings.model_dump(),
+               "sla": sla.model_dump(exclude_none=True)}
+    events.run_started(f"latency-import-{stamp}-{secrets.token_hex(3)}", environment, profile, ["latency"])
+    for c in checks:
+        events.check("latency", c)
+    events.note("imported_from", {"file": str(run.path), "tool": run.tool, "notes": run.notes})
+    events.run_finished(1 if any(c.failed for c in checks) else 0)
+    return rebuild(out_dir)
