@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build .venv and install day0 with the vLLM build this machine can run. Idempotent: a second
-# run with an unchanged pyproject.toml only checks. Used by `make demo` and `make test`.
+# run with an unchanged pyproject.toml only checks. Used by `make demo` and `make test`. The eval
+# extra (lm-eval, for risks.accuracy.task_delta) adds ~30 s and changes no pinned version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,10 +29,10 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 
-echo "[install] installing day0[$extra,test] (vLLM and torch: a few minutes the first time)"
+echo "[install] installing day0[$extra,test,eval] (vLLM and torch: a few minutes the first time)"
 start=$(date +%s)
 # (this machine's pip config lists local indexes; drop its "Location ... is ignored" noise)
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra,test]" 2>&1 \
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extra,test,eval]" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 if [[ $extra == cpu ]]; then

@@ -41,6 +41,43 @@ def perturbed_copy(src: Path, dst: Path, seed: int) -> Path:
     return dst
 
 
+def w4a16_copy(src: Path, dst: Path) -> Path:
+    """The tiny model quantized offline to compressed-tensors W4A16 (symmetric int4 weights, groups
+    of 128, packed), the INT4 format vLLM 0.32's CPU backend serves (its CPUWNA16 kernel, in
+    bfloat16 only). Scales are the weights' own min/max: weight-only quantization needs no data."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme("W4A16", ["Linear"])},
+                                ignore=["lm_head"], format="pack-quantized")
+    apply_quantization_config(model, config)
+    for module in model.modules():
+        args = getattr(getattr(module, "quantization_scheme", None), "weights", None)
+        if args is None:
+            continue
+        w = module.weight.data.reshape(module.weight.shape[0], -1, args.group_size)
+        scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), args)
+        module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
+        module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
+        module.quantization_status = QuantizationStatus.CALIBRATION
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(str(dst))
+    compressor.update_config(str(dst))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(src / name, dst / name)
+    return dst
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     profile = load_profile("cpu-tiny")
@@ -127,3 +164,57 @@ def test_budget_above_passes_and_below_fails(live):
     assert above["risks.cost.per_million_output_tokens"].status == "pass"
     assert below["risks.cost.per_million_output_tokens"].status == "fail"
     assert tput.tok_s > 0 and "own measurement" in tput.source
+
+
+def test_transformers_reference_passes_on_the_same_weights_and_fails_on_perturbed_ones(live, tmp_path):
+    """The default target's accuracy reference: transformers in this process, no second server."""
+    from day0.stages.risks.accuracy import check_accuracy
+
+    profile, deployed, _, model_dir = live
+    other = perturbed_copy(model_dir, tmp_path / "other", seed=profile.model.tiny.seed + 2)
+
+    def run(reference_model):
+        settings = profile.risks.accuracy.model_copy(update={"reference": "transformers",
+                                                             "reference_model": reference_model})
+        variant = profile.model_copy(update={"risks": profile.risks.model_copy(update={"accuracy": settings})})
+        return _checks(check_accuracy(deployed.base_url, served_name(profile), variant, tmp_path, print))
+
+    same = run(None)
+    assert [same[k].status for k in ("risks.accuracy.ppl_delta", "risks.accuracy.top1_agreement",
+                                     "risks.accuracy.mean_kl")] == ["pass", "pass", "pass"]
+    assert same["risks.accuracy.ppl_delta"].evidence["reference_kind"] == "transformers"
+    assert same["risks.accuracy.top1_agreement"].value == 1.0
+    perturbed = run(str(other))
+    # near-flat random distributions: agreement falls to chance, the top-k KL bound stays loose (docs)
+    assert perturbed["risks.accuracy.top1_agreement"].status == "fail"
+    assert perturbed["risks.accuracy.mean_kl"].value > same["risks.accuracy.mean_kl"].value
+    assert perturbed["risks.accuracy.ppl_delta"].value > same["risks.accuracy.ppl_delta"].value
+
+
+def test_an_int4_deployment_is_scored_against_the_transformers_reference(tmp_path):
+    """The seed's INT4 risk on the embedded model: vLLM serves a W4A16 copy (bfloat16, CPUWNA16
+    kernel), transformers scores the unquantized checkpoint; the quantization error is measured."""
+    from day0.stages.risks.accuracy import check_accuracy
+
+    base = load_profile("cpu-tiny")
+    trusted = cached_model(base.model.tiny)
+    quantized = w4a16_copy(trusted, tmp_path / "w4a16")
+    assert json.loads((quantized / "config.json").read_text())["quantization_config"]["quant_method"] == \
+        "compressed-tensors"
+    settings = base.risks.accuracy.model_copy(update={"reference": "transformers", "reference_model": str(trusted)})
+    profile = base.model_copy(update={
+        "model": base.model.model_copy(update={"source": "path", "path": str(quantized)}),
+        "engine": base.engine.model_copy(update={"args": {**base.engine.args, "dtype": "bfloat16"}}),
+        "risks": base.risks.model_copy(update={"accuracy": settings})})
+    engine = ServerEngine(profile, tmp_path, print, name="w4a16")
+    engine.start()
+    try:
+        checks = _checks(check_accuracy(engine.base_url, served_name(profile), profile, tmp_path, print))
+    finally:
+        engine.stop()
+    for c in checks.values():
+        print(c.id, c.status, c.message)
+    assert f"transformers on {trusted}" in checks["risks.accuracy.ppl_delta"].evidence["reference"]
+    assert checks["risks.accuracy.ppl_delta"].value > 0  # int4 moved the distribution
+    assert checks["risks.accuracy.top1_agreement"].value < 1.0
+    assert checks["risks.accuracy.mean_kl"].value > 1e-6  # float32 vs float32 gives ~1e-15

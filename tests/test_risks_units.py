@@ -456,7 +456,7 @@ def test_throughput_comes_from_this_runs_event_log(tmp_path):
 
 def test_presets_carry_risk_tables():
     cpu = load_profile("cpu-tiny").risks
-    assert cpu.isolation.tenants >= 1 and cpu.accuracy.reference == "variant"
+    assert cpu.isolation.tenants >= 1 and cpu.accuracy.reference == "transformers"
     assert cpu.cost.price_per_device_hour is not None and cpu.cost.max_per_million_output_tokens is not None
     assert load_profile("h200x8").risks.accuracy.reference == "none"
 
@@ -470,3 +470,44 @@ def test_presets_carry_risk_tables():
 def test_bad_risk_settings_name_the_key(table, where):
     with pytest.raises(ProfileError, match=where.replace(".", r"\.")):
         validate({"name": "x", "risks": table}, origin="x.toml")
+
+
+def test_transformers_reference_settings_are_validated():
+    assert AccuracySettings(reference="transformers").reference == "transformers"
+    with pytest.raises(ValueError, match="reference_url: only read with reference"):
+        AccuracySettings(reference="transformers", reference_url="http://x")
+    with pytest.raises(ValueError, match="reference_model: empty"):
+        AccuracySettings(reference="transformers", reference_model=" ")
+    assert load_profile("cpu-tiny").risks.accuracy.reference == "transformers"
+
+
+def test_task_accuracy_fails_on_a_drop_beyond_the_limit_and_never_on_a_gain():
+    from day0.stages.risks.task_accuracy import judge_tasks
+
+    ok = judge_tasks({"a": 0.50, "b": 0.9}, {"a": 0.52, "b": 0.8}, 0.05, {})
+    assert (ok.id, ok.status, ok.value) == ("risks.accuracy.task_delta", "pass", 0.02)
+    bad = judge_tasks({"a": 0.40}, {"a": 0.52}, 0.05, {})
+    assert bad.status == "fail" and bad.message.startswith("largest accuracy drop +12.0% on a (40.0% deployed")
+
+
+def test_task_accuracy_without_lm_eval_is_a_skip_naming_the_extra(monkeypatch, tmp_path):
+    import day0.stages.risks.task_accuracy as tasks
+
+    monkeypatch.setattr(tasks, "find_spec", lambda name: None)
+    check = tasks.check_tasks("http://127.0.0.1:1", "m", load_profile("cpu-tiny"), tmp_path)
+    assert check.status == "skip" and "pip install 'day0[eval]'" in check.message
+
+
+def test_the_shipped_task_files_are_package_data_and_name_their_data(tmp_path):
+    import tomllib
+    from pathlib import Path
+
+    from day0.stages.risks.task_accuracy import TASK_DIR, include_dir
+
+    root = Path(__file__).resolve().parent.parent
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["day0"]
+    assert "stages/risks/task_data/*.yaml" in data and "stages/risks/task_data/*.jsonl" in data
+    written = include_dir(AccuracySettings(), tmp_path / "t")
+    yaml = (written / "day0_tiny_qa.yaml").read_text()
+    assert f"test: {TASK_DIR / 'day0_tiny_qa.jsonl'}" in yaml and "DATA_FILE" not in yaml
+    assert len((TASK_DIR / "day0_tiny_qa.jsonl").read_text().splitlines()) >= 30

@@ -52,14 +52,17 @@ class AccuracySettings(_Table):
     """``[risks.accuracy]``: the deployed model scored against a reference on a fixed text."""
 
     enabled: bool = True
-    # "variant": a second server started beside the deployment with ``reference_args`` (and
-    # ``reference_model``) changed; "url": a reference deployment someone else runs; "none": skip.
-    reference: Literal["variant", "url", "none"] = "variant"
+    # "transformers": Hugging Face transformers scores the same tokens on the host CPU in float32
+    # (the deployment's own checkpoint, or ``reference_model``): an independent implementation, and
+    # no second server; "variant": a second server started beside the deployment with
+    # ``reference_args`` (and ``reference_model``) changed; "url": a reference deployment someone
+    # else runs; "none": skip.
+    reference: Literal["transformers", "variant", "url", "none"] = "variant"
     # Engine-arg changes for the reference, tried in order until one starts (a CPU kernel that
     # dies with SIGILL on one box may work on the next).
     reference_args: list[dict[str, Any]] = [{"dtype": "bfloat16"}]
     reference_env: dict[str, str] = {}
-    reference_model: Optional[str] = None  # other weights for the reference (a local dir or hub id)
+    reference_model: Optional[str] = None  # other weights for the reference (a local dir; a hub id for "variant")
     reference_url: Optional[str] = None
     reference_served_name: Optional[str] = None  # model name at reference_url (default: its first)
     text: str = Field(EVAL_TEXT, min_length=1)
@@ -68,11 +71,22 @@ class AccuracySettings(_Table):
     max_ppl_delta: float = Field(0.02, gt=0)  # |PPL_deployed / PPL_reference - 1|
     min_top1_agreement: float = Field(0.9, ge=0, le=1)
     max_mean_kl: float = Field(0.01, gt=0)  # nats per token, top-k lower bound
+    # Downstream tasks (lm-eval, the day0[eval] extra): names of tasks in the shipped folder or in
+    # ``task_paths`` (local YAML folders: no hub downloads), scored on the deployment and on the
+    # transformers reference; a drop in accuracy beyond ``max_task_delta`` fails.
+    tasks: list[str] = ["day0_tiny_qa"]
+    task_paths: list[str] = []
+    max_task_delta: float = Field(0.05, ge=0, le=1)  # accuracy points, as a fraction
+    task_timeout_s: float = Field(600, gt=0)  # per side
 
     @model_validator(mode="after")
     def _args(self) -> "AccuracySettings":
         if self.reference == "variant" and not self.reference_args and not self.reference_model:
             raise ValueError("reference_args: a variant reference needs changed args or reference_model")
+        if self.reference == "transformers" and self.reference_url:
+            raise ValueError("reference_url: only read with reference = \"url\" (this one is \"transformers\")")
+        if self.reference == "transformers" and self.reference_model is not None and not self.reference_model.strip():
+            raise ValueError("reference_model: empty; leave it out to score the deployment's own checkpoint")
         return self
 
 

@@ -51,9 +51,15 @@ class EngineInfo:
 
 @dataclass
 class Completion:
+    """One greedy answer. ``top_logprobs`` (per generated step: token id -> logprob, the top-k and
+    the chosen token) and ``prompt_token_ids`` are there only when logprobs were asked for, so a
+    caller that compares with an independent reference can tell a near-tie from a divergence."""
+
     text: str
     token_ids: list[int] | None
     completion_tokens: int
+    top_logprobs: list[dict[int, float]] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 def served_name(profile: Profile) -> str:

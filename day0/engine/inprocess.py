@@ -77,13 +77,22 @@ class InprocessEngine:
                 os.environ[k] = v
         self._saved_env = {}
 
-    def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
+    def greedy(self, prompts: list[str], max_tokens: int, logprobs: int = 0) -> list[Completion]:
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=logprobs or None)
         outs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [Completion(text=o.outputs[0].text, token_ids=list(o.outputs[0].token_ids),
-                           completion_tokens=len(o.outputs[0].token_ids)) for o in outs]
+        return [_completion(o, logprobs) for o in outs]
+
+
+def _completion(out: Any, logprobs: int) -> Completion:
+    first = out.outputs[0]
+    top = None
+    if logprobs:
+        top = [{int(t): float(lp.logprob) for t, lp in (step or {}).items()} for step in (first.logprobs or [])]
+    return Completion(text=first.text, token_ids=list(first.token_ids), completion_tokens=len(first.token_ids),
+                      top_logprobs=top, prompt_token_ids=list(out.prompt_token_ids or []) if logprobs else None)
 
 
 class _Timeout(Exception):

@@ -1,4 +1,5 @@
-"""What the engine actually loaded: weight bytes per rank and greedy tokens against a golden file.
+"""What the engine actually loaded: weight bytes per rank, greedy tokens with their logprobs, and
+golden files (recorded from a trusted engine, or from the transformers reference).
 
 Kept apart from the static audit (day0/stages/weights/audit.py), which reads headers only and needs no engine.
 """
@@ -9,24 +10,59 @@ import json
 from pathlib import Path
 from typing import Any
 
+from day0.engine.handle import Completion, ViewUnavailable
+from day0.engine.http_api import auth_headers, http_greedy
+from day0.model.reference import greedy_reference
+
 GOLDEN_PROMPTS = ["The supernode serves", "Paged attention keeps blocks", "A signed report says",
                   "Tensor parallel ranks exchange"]
 GOLDEN_TOKENS = 16
 
 
+def _persistent_buffers(model: Any) -> int:
+    """Bytes of the buffers a checkpoint holds; derived caches (RoPE's cos/sin table, registered
+    non-persistent) are left out: they are not weights, and a long max_position makes them large."""
+    return int(sum(b.numel() * b.element_size() for m in model.modules() for name, b in m._buffers.items()
+                   if b is not None and name not in m._non_persistent_buffers_set))
+
+
+def _repacked(model: Any) -> tuple[int, int]:
+    """(bytes, layers) of the linear weights vLLM's CPU backend moved out of ``layer.weight``.
+
+    ``dispatch_cpu_unquantized_gemm`` packs them into a oneDNN (or sgl/zentorch) handle reached
+    through ``layer.cpu_linear`` and leaves an empty parameter of the same dtype. The handle does
+    not expose its allocation, so the bytes are counted from the partition shape vLLM gave the layer
+    on this rank: ``input_size_per_partition`` x ``sum(output_partition_sizes)`` x the params dtype.
+    """
+    total = layers = 0
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if not hasattr(m, "cpu_linear") or w is None or w.is_meta or w.numel() > 0:
+            continue
+        k = getattr(m, "input_size_per_partition", None) or m.input_size  # ReplicatedLinear: whole input
+        n = getattr(m, "output_partition_sizes", None) or [getattr(m, "output_size_per_partition", m.output_size)]
+        dtype = getattr(m, "params_dtype", None) or w.dtype
+        total += int(k) * int(sum(n)) * w.new_empty(0, dtype=dtype).element_size()
+        layers += 1
+    return total, layers
+
+
 def _weight_bytes(worker: Any) -> dict[str, Any]:  # runs inside each vLLM worker (collective_rpc)
     runner = worker.model_runner
-    params = int(sum(p.numel() * p.element_size() for p in runner.model.parameters()))
+    model = runner.model
+    params = int(sum(p.numel() * p.element_size() for p in model.parameters()))  # empty placeholders add 0
+    buffers = _persistent_buffers(model)
+    repacked, layers = _repacked(model)
     loaded = getattr(runner, "model_memory_usage", None)  # GPU runners: device memory the load took
-    return {"loaded_bytes": int(loaded) if loaded else None, "parameter_bytes": params}
+    return {"loaded_bytes": int(loaded) if loaded else None, "parameter_bytes": params, "buffer_bytes": buffers,
+            "repacked_bytes": repacked, "repacked_layers": layers, "weight_bytes": params + buffers + repacked}
 
 
 def weight_bytes_per_rank(llm: Any) -> list[dict[str, Any]]:
-    """Per worker: the memory its weight load took (GPU runners record it) and its parameter bytes.
-
-    vLLM's CPU backend repacks linear weights into oneDNN handles and empties their parameters,
-    so on CPU ``parameter_bytes`` undercounts and ``loaded_bytes`` is None: there is no honest
-    per-rank figure to compare with the plan.
+    """Per worker: the memory its weight load took (GPU runners record it, else None) and the
+    weight bytes it holds, in parts: parameters that still hold data, persistent buffers, and the
+    linear weights the CPU backend repacked into oneDNN handles (counted from the layers' partition
+    shapes; see :func:`_repacked`). ``weight_bytes`` is their sum.
     """
     return list(llm.collective_rpc(_weight_bytes))
 
@@ -35,6 +71,39 @@ def write_golden(engine: Any, path: Path, *, model: str) -> Path:
     outs = engine.greedy(GOLDEN_PROMPTS, GOLDEN_TOKENS)
     data = {"model": model, "max_tokens": GOLDEN_TOKENS,
             "prompts": [{"prompt": p, "token_ids": o.token_ids, "text": o.text} for p, o in zip(GOLDEN_PROMPTS, outs)]}
+    path = Path(path)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def greedy_logprobs(engine: Any, prompts: list[str], max_tokens: int, top_k: int) -> list[Completion]:
+    """Greedy answers with each step's top-``top_k`` logprobs, from any engine handle.
+
+    The handles' ``greedy`` gives token ids only; a comparison with an independent reference needs
+    the engine's own logprobs to tell a near-tie from a divergence. In-process engines take
+    ``logprobs`` directly; HTTP ones (server, external) are asked through the completions API.
+    """
+    if getattr(engine, "llm", None) is not None:
+        return list(engine.greedy(prompts, max_tokens, logprobs=top_k))
+    base = getattr(engine, "base_url", None)
+    if not base or engine.info is None:
+        raise ViewUnavailable(f"{type(engine).__name__} has neither an in-process LLM nor an HTTP endpoint")
+    profile = engine.profile
+    return [http_greedy(base, engine.info.served_model_name, p, max_tokens, timeout=profile.engine.request_timeout_s,
+                        headers=auth_headers(profile), logprobs=top_k) for p in prompts]
+
+
+def write_reference_golden(model_dir: Path, path: Path, *, model: str, top_k: int = 5) -> Path:
+    """A golden file computed by transformers (CPU, float32) from a trusted copy of the checkpoint,
+    with each step's top-k logprobs, so a later comparison knows its near-ties.
+
+    For targets whose model does not fit this host at check time: record it once where it fits
+    (or from the trusted copy), and point ``weights.golden`` at it.
+    """
+    refs = greedy_reference(model_dir, GOLDEN_PROMPTS, GOLDEN_TOKENS, top_k=top_k)
+    data = {"model": model, "max_tokens": GOLDEN_TOKENS, "reference": "transformers cpu/float32", "top_k": top_k,
+            "prompts": [{"prompt": r.prompt, "token_ids": r.tokens, "text": r.text, "sequence": r.to_dict()}
+                        for r in refs]}
     path = Path(path)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path

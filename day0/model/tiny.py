@@ -20,6 +20,7 @@ from typing import Any, Callable
 from day0.config.profile import TinySpec
 
 BUILDER_VERSION = 2
+MANIFEST_NAME = "day0-manifest.json"
 # A plain role-tagged template, so /v1/chat/completions works on the tiny model too.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -52,6 +53,8 @@ def cached_model(spec: TinySpec, *, log: Callable[[str], None] | None = None) ->
     """Path of the model for ``spec``, building it once; concurrent builders race harmlessly."""
     target = cache_root() / f"tiny-{spec_digest(spec)}"
     if (target / "model.safetensors.index.json").is_file():
+        if not (target / MANIFEST_NAME).is_file():  # built before builds wrote one
+            write_manifest(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
@@ -91,7 +94,35 @@ def build(spec: TinySpec, out_dir: Path) -> Path:
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos})
     _write_shards(_weights(spec, vocab), out_dir, spec.num_shards)
+    write_manifest(out_dir)
     return out_dir
+
+
+def write_manifest(model_dir: Path) -> Path:
+    """``day0-manifest.json`` for a model this builder wrote: the build is the trusted copy, so the
+    weights stage's ``weights.manifest`` verifies the embedded model on every run instead of skipping.
+
+    The format is the weights stage's (``day0.stages.weights.manifest``, which reads it; a stage
+    is above this layer, so the few lines are here); a test holds the two to the same bytes.
+    """
+    model_dir = Path(model_dir)
+    names = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    names += [n for n in ("model.safetensors.index.json", "config.json") if (model_dir / n).is_file()]
+    files = {}
+    for name in sorted(names):
+        digest = hashlib.sha256()
+        with open(model_dir / name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+        files[name] = {"size": (model_dir / name).stat().st_size, "sha256": digest.hexdigest()}
+    doc = {"format": "day0-manifest", "version": 1, "algorithm": "sha256", "created_by": "day0.model.tiny",
+           "files": files}
+    path = model_dir / MANIFEST_NAME
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=model_dir)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def model_config(spec: TinySpec, *, vocab_size: int, bos_token_id: int, eos_token_id: int) -> dict[str, Any]:

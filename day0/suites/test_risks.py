@@ -4,8 +4,9 @@ isolation) are recorded as skips that say "declared, not measured" for sign-off.
 
 import pytest
 
+from day0.engine import auth_headers
 from day0.stages import latency
-from day0.stages.risks import accuracy, cost, isolation
+from day0.stages.risks import accuracy, cost, isolation, task_accuracy
 
 pytestmark = [pytest.mark.day0, pytest.mark.risks]
 
@@ -49,7 +50,8 @@ def _stage3_throughput(http, profile, session) -> cost.Throughput:
         pytest.skip("stage latency recorded no throughput in this run and the model has no local "
                     "tokenizer.json to build prompts from; run stage latency first")
     own = latency.measure_throughput(http.base_url, _model(http), vocab, profile.latency,
-                                     profile.risks.cost.measure_requests, progress=session.log)
+                                     profile.risks.cost.measure_requests, progress=session.log,
+                                     headers=auth_headers(profile))
     return cost.Throughput(own.tok_s, own.source, own.detail)
 
 
@@ -61,3 +63,12 @@ def test_quantization_accuracy(day0_http_engine, day0_profile, day0_session, day
     day0_checks.extend(accuracy.check_accuracy(day0_http_engine.base_url, _model(day0_http_engine), day0_profile,
                                                day0_session.run_dir, day0_session.log,
                                                on_start=day0_session.engines.on_start))
+
+
+def test_task_accuracy(day0_http_engine, day0_profile, day0_session, day0_checks):
+    """Downstream task accuracy (lm-eval, local task files) of the deployment against the
+    transformers reference: the drop in accuracy within its limit."""
+    if not day0_profile.risks.accuracy.enabled:
+        pytest.skip("[risks.accuracy].enabled = false")
+    day0_checks.add(task_accuracy.check_tasks(day0_http_engine.base_url, _model(day0_http_engine), day0_profile,
+                                              day0_session.run_dir))

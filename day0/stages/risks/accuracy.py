@@ -12,9 +12,12 @@ position i the model has seen tokens 0..i-1), so the figures compare the models,
   (data-processing inequality), so this is a lower bound of the full-vocabulary KL, tight when the
   shared top-k hold most of the mass (``mean_captured_mass`` in the evidence says how tight).
 
-The reference is a second server started beside the deployment with some engine args changed
-(e.g. bfloat16 against float32 on CPU, bf16 weights against a quantized checkpoint), or a
-reference deployment at a URL; :func:`check_accuracy` starts it, scores both and stops it.
+The reference is transformers scoring the same token ids on the host CPU in float32 (an
+independent implementation that needs no second server: the deployment's checkpoint, or other
+weights such as the unquantized model, ``reference_model``), a second server started beside the
+deployment with some engine args changed (e.g. bfloat16 against float32 on CPU, bf16 weights
+against a quantized checkpoint), or a reference deployment at a URL; :func:`check_accuracy`
+starts it, scores both and stops it.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ import math
 import time
 import urllib.error
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from day0.config.risks import AccuracySettings
 from day0.core.record import Check, measured
 from day0.engine import EngineError, EngineInfo, ServerEngine, auth_headers, http_json, served_name
+from day0.model.locate import local_model_dir
+from day0.model.reference import host_reference_unavailable, score_tokens
 
 # Probabilities below this are float rounding of sums, not mass (a top-k that sums to 1 - 1e-12).
 MASS_EPS = 1e-9
@@ -218,6 +224,7 @@ class Reference:
     model: str
     description: str
     attempts: list[dict[str, Any]] = field(default_factory=list)  # variant start-ups that failed
+    headers: dict[str, str] = field(default_factory=dict)  # its bearer key: a variant day0 starts shares the site's
 
 
 class NoReference(RuntimeError):
@@ -274,7 +281,7 @@ def reference_engine(profile: Any, settings: AccuracySettings, run_dir: Any, log
         what = f"weights {settings.reference_model}" + (f", {what}" if what else "")
     try:
         yield Reference(server.base_url, served_name(profile), f"the deployment's model served with {what}",
-                        attempts)
+                        attempts, headers=auth_headers(server.profile))
     finally:
         server.stop()
 
@@ -335,10 +342,31 @@ def no_reference_checks(reason: str) -> list[Check]:
 # --------------------------------------------------------------------------- the stage
 
 
+def transformers_reference(profile: Any, settings: AccuracySettings, ids: list[int]) -> tuple[PromptLogprobs, str, float]:
+    """transformers' scores of ``ids`` (CPU, float32), its description and its seconds (load included).
+
+    Raises :class:`NoReference` when the checkpoint is not local or does not fit in host memory.
+    """
+    if settings.reference_model:
+        model_dir = Path(settings.reference_model).expanduser()
+        if not model_dir.is_dir():
+            raise NoReference(f"[risks.accuracy].reference_model {settings.reference_model!r} is not a local "
+                              "directory (the transformers reference reads the checkpoint on this host)")
+    else:
+        model_dir = local_model_dir(profile)
+    reason = host_reference_unavailable(model_dir)
+    if reason is not None:
+        raise NoReference(f"not verified: no transformers reference here: {reason}")
+    scores = score_tokens(model_dir, ids, settings.top_k)
+    plp = PromptLogprobs(scores.token_ids, scores.actual, scores.top, scores.top1)
+    return plp, f"transformers on {model_dir} (cpu/float32)", scores.seconds
+
+
 def check_accuracy(base_url: str, model: str, profile: Any, run_dir: Any, log: Callable[[str], None],
                    on_start: Callable[[EngineInfo], None] | None = None) -> list[Check]:
-    """Score the deployment at ``base_url`` and its reference (:func:`reference_engine`, stopped
-    before this returns) on ``[risks.accuracy].text``; the three checks, or skips without a reference.
+    """Score the deployment at ``base_url`` and its reference (transformers in this process, or an
+    engine from :func:`reference_engine`, stopped before this returns) on ``[risks.accuracy].text``;
+    the three checks, or skips without a reference.
 
     Raises AssertionError (the run's verdict: fail) when the reference tokenizes the text differently.
     """
@@ -348,17 +376,24 @@ def check_accuracy(base_url: str, model: str, profile: Any, run_dir: Any, log: C
     t0 = time.perf_counter()
     deployed = fetch_prompt_logprobs(base_url, model, ids, settings.top_k, timeout=timeout, headers=headers)
     deployed_s = time.perf_counter() - t0
+    attempts: list[dict[str, Any]] = []
     try:
-        with reference_engine(profile, settings, run_dir, log, on_start=on_start) as ref:
-            ref_ids = tokenize(ref.base_url, ref.model, settings.text)[: settings.max_tokens]
-            t0 = time.perf_counter()
-            reference = fetch_prompt_logprobs(ref.base_url, ref.model, ids, settings.top_k, timeout=timeout)
-            reference_s = time.perf_counter() - t0
+        if settings.reference == "transformers":
+            reference, description, reference_s = transformers_reference(profile, settings, ids)
+            ref_ids = ids  # scored from the deployment's ids; the golden-token check holds the tokenizers equal
+        else:
+            with reference_engine(profile, settings, run_dir, log, on_start=on_start) as ref:
+                ref_ids = tokenize(ref.base_url, ref.model, settings.text, headers=ref.headers)[: settings.max_tokens]
+                t0 = time.perf_counter()
+                reference = fetch_prompt_logprobs(ref.base_url, ref.model, ids, settings.top_k, timeout=timeout,
+                                                  headers=ref.headers)
+                reference_s = time.perf_counter() - t0
+                description, attempts = ref.description, ref.attempts
     except NoReference as exc:
         return no_reference_checks(str(exc))
     if ref_ids != ids:
-        raise AssertionError(f"the reference tokenizes the evaluation text differently ({ref.description}); "
+        raise AssertionError(f"the reference tokenizes the evaluation text differently ({description}); "
                              "compare models that share a tokenizer")
     evidence = {"engine_seconds": {"deployed": round(deployed_s, 3), "reference": round(reference_s, 3)},
-                "reference_attempts": ref.attempts, "token_ids": ids}
-    return accuracy_checks(compare(deployed, reference), settings, ref.description, evidence)
+                "reference_kind": settings.reference, "reference_attempts": attempts, "token_ids": ids}
+    return accuracy_checks(compare(deployed, reference), settings, description, evidence)

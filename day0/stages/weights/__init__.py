@@ -5,11 +5,14 @@ running engine loaded it right.
   steps in :mod:`.index`, :mod:`.headers`, :mod:`.against_config` and :mod:`.integrity`);
   :func:`write_manifest` records a trusted copy's SHA-256 digests for it (:mod:`.manifest`).
 * :func:`smoke_checks`, :func:`load_time_check` and :func:`golden_check` judge the live engine
-  (:mod:`.live`); :func:`memory_checks` holds the weight bytes per rank to the plan (:mod:`.memory`).
+  (:mod:`.live`); :func:`golden_tokens_check` holds its greedy tokens to an independent reference,
+  transformers or a golden file (:mod:`.golden`); :func:`memory_checks` holds the weight bytes per
+  rank to the plan (:mod:`.memory`).
 """
 
 from day0.stages.weights.audit import audit
 from day0.stages.weights.findings import CATEGORIES
+from day0.stages.weights.golden import golden_tokens_check
 from day0.stages.weights.integrity import write_manifest
 from day0.stages.weights.live import golden_check, load_time_check, smoke_checks
 from day0.stages.weights.memory import Unmeasurable, loaded_bytes_per_rank, memory_checks
@@ -19,6 +22,7 @@ __all__ = [
     "Unmeasurable",
     "audit",
     "golden_check",
+    "golden_tokens_check",
     "load_time_check",
     "loaded_bytes_per_rank",
     "memory_checks",

@@ -1,39 +1,104 @@
-"""Weight memory per rank: what each vLLM worker's weight load took, against the memory plan.
+"""Weight memory per rank: what each vLLM worker's weights take, against the memory plan.
 
 The plan is stage 0's (:func:`day0.model.plan.plan` with the profile's arguments), so the
 figure a person reads in ``day0 plan`` is the one the live engine is held to. The bytes are read
-through vLLM's worker RPC, which only the in-process engine exposes, and only GPU workers record.
+through vLLM's worker RPC, which only an in-process engine exposes: in server mode on a CPU target
+the session's scheduler view (the in-process engine with the same model and args, which the kvcache
+stage uses too) is measured; on GPU targets a second engine would not fit, and the check skips.
+
+GPU workers record the device memory their load took. CPU workers do not, and vLLM's CPU backend
+repacks linear weights into oneDNN handles and empties their parameters, so there the bytes are
+the parameters that still hold data plus the repacked layers counted from their partition shapes
+(:func:`day0.engine.loaded.weight_bytes_per_rank`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from day0.config.profile import Profile
 from day0.core.record import Check, measured
+from day0.engine.handle import ViewUnavailable
 from day0.engine.loaded import weight_bytes_per_rank
 from day0.model.config import ConfigUnavailable, model_config
 from day0.model.plan import Plan, plan
 from day0.model.sizing import plan_arguments
+
+SERVER_NOTE = "the server's workers are not reachable over HTTP, so the in-process engine with the same args was measured"
 
 
 class Unmeasurable(RuntimeError):
     """This engine cannot tell the memory its weights take; ``str()`` says why, in one line."""
 
 
-def loaded_bytes_per_rank(engine: Any) -> list[int]:
-    """Bytes each worker's weight load took, rank by rank; raises :class:`Unmeasurable` when unknown."""
+@dataclass
+class RankWeights:
+    """Weight bytes per rank as held to the plan, how they were counted, and the parts per rank."""
+
+    per_rank: list[int]
+    note: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _per_rank(values: list[Any]) -> str:
+    """One figure when every rank has the same, else the list (keeps a TP=8 message within one line)."""
+    return f"{values[0]}" if len(set(values)) == 1 else f"{values}"
+
+
+def _mib(values: list[int]) -> str:
+    return _per_rank([round(v / 2**20, 2) for v in values])
+
+
+def _cpu_note(parts: dict[str, list[int]]) -> str:
+    """How CPU ranks were counted, in one clause of the check's message (buffers named from 16 KiB)."""
+    if not any(parts["repacked_layers"]):
+        return "counted as parameters + persistent buffers"
+    buffers = f" + buffers {_mib(parts['buffer_bytes'])} MiB" if max(parts["buffer_bytes"]) >= 2**14 else ""
+    return (f"parameters {_mib(parts['parameter_bytes'])} MiB{buffers} + {_mib(parts['repacked_bytes'])} MiB "
+            f"repacked into oneDNN handles ({_per_rank(parts['repacked_layers'])} linear layers), whose own "
+            "allocation is not exposed, so counted from the partition shapes the engine holds (a wrong TP split "
+            "still shows, since the shapes are the live engine's)")
+
+
+def rank_weights(engine: Any) -> RankWeights:
+    """Weight bytes each worker holds, rank by rank; raises :class:`Unmeasurable` without the worker RPC.
+
+    Where every worker records the memory its load took (GPU runners), that is the figure; else
+    parameters + persistent buffers + the linear weights repacked into oneDNN handles.
+    """
     if getattr(engine, "llm", None) is None:
         raise Unmeasurable(f"weight memory per rank is read through vLLM's worker RPC, which the {engine.info.mode} "
                            "mode does not expose; run with engine.mode = \"inprocess\" to measure it")
     ranks = weight_bytes_per_rank(engine.llm)
-    per_rank = [r["loaded_bytes"] for r in ranks]
-    if None in per_rank:
-        raise Unmeasurable("this vLLM worker does not record the memory its weight load took (the CPU backend "
-                           "repacks linear weights into oneDNN handles, so parameter bytes undercount: "
-                           f"{[round(r['parameter_bytes'] / 2**20, 2) for r in ranks]} MiB seen); "
-                           "measured on GPU workers")
-    return per_rank
+    loaded = [r.get("loaded_bytes") for r in ranks]
+    if None not in loaded:
+        return RankWeights(loaded, "", {"basis": "memory the weight load took (worker record)"})
+    parts = {k: [int(r.get(k, 0)) for r in ranks]
+             for k in ("parameter_bytes", "buffer_bytes", "repacked_bytes", "repacked_layers")}
+    per_rank = [int(r["weight_bytes"]) for r in ranks]
+    return RankWeights(per_rank, _cpu_note(parts), {"basis": "parameters + buffers + repacked partition shapes", **parts})
+
+
+def loaded_bytes_per_rank(engine: Any) -> list[int]:
+    """Bytes each worker's weights take, rank by rank (:func:`rank_weights`)."""
+    return rank_weights(engine).per_rank
+
+
+def measure_weights(primary: Any, engines: Any) -> RankWeights:
+    """:func:`rank_weights` of the primary engine, or, when it is a server on a CPU target, of the
+    session's scheduler view (``engines.scheduler()``: started here if it is not up yet, and kept for
+    the kvcache stage). Raises :class:`Unmeasurable` where neither exposes the worker RPC."""
+    if getattr(primary, "llm", None) is not None:
+        return rank_weights(primary)
+    try:
+        engine = engines.scheduler()
+    except ViewUnavailable:
+        return rank_weights(primary)  # raises, with the mode's reason
+    found = rank_weights(engine)
+    found.note = "; ".join(n for n in (SERVER_NOTE, found.note) if n)
+    found.evidence["engine"] = "scheduler view (in-process, same model and args)"
+    return found
 
 
 def planned(profile: Profile) -> tuple[Plan | None, str]:
@@ -45,16 +110,20 @@ def planned(profile: Profile) -> tuple[Plan | None, str]:
         return None, str(exc)
 
 
-def memory_checks(per_rank: list[int], profile: Profile) -> list[Check]:
+def memory_checks(per_rank: list[int], profile: Profile, *, note: str = "",
+                  evidence: dict[str, Any] | None = None) -> list[Check]:
     """``weights.memory_per_rank`` (worst deviation from the plan) and ``weights.memory_headroom``
-    (weights within device memory x gpu_memory_utilization); a skip when there is no plan."""
+    (weights within device memory x gpu_memory_utilization); a skip when there is no plan.
+    ``note`` (how the bytes were counted) ends the message; ``evidence`` joins the check's."""
     plan_, reason = planned(profile)
     tol = profile.weights.memory_tolerance
     table = {"columns": ["rank", "measured GiB"], "rows": [[r, round(b / 2**30, 4)] for r, b in enumerate(per_rank)]}
+    extra = {**(evidence or {}), "table": table}
+    tail = f"; {note}" if note else ""
     if plan_ is None:
         return [Check(id="weights.memory_per_rank", title="Weight memory per rank", status="skip",
                       value=max(per_rank), unit="bytes", source="scheduler",
-                      message=f"no plan to compare with: {reason}", evidence={"table": table})]
+                      message=f"no plan to compare with: {reason}{tail}", evidence=extra)]
     plan_bytes = plan_.weight_bytes_per_rank
     worst = max(abs(b - plan_bytes) / plan_bytes for b in per_rank)
     capacity = profile.topology.device_memory_gib * 2**30 * float(
@@ -64,8 +133,8 @@ def memory_checks(per_rank: list[int], profile: Profile) -> list[Check]:
             "weights.memory_per_rank", "Weight memory per rank matches the plan", round(worst, 4), tol,
             unit="relative deviation", direction="lower_is_better", source="scheduler",
             message=(f"ranks hold {[round(b / 2**20, 2) for b in per_rank]} MiB of weights; plan "
-                     f"{plan_bytes / 2**20:.2f} MiB (worst deviation {worst:.1%}, tolerance {tol:.0%})"),
-            evidence={"table": table, "plan_bytes": plan_bytes, "measured_bytes": per_rank},
+                     f"{plan_bytes / 2**20:.2f} MiB (worst deviation {worst:.1%}, tolerance {tol:.0%}){tail}"),
+            evidence={**extra, "plan_bytes": plan_bytes, "measured_bytes": per_rank},
         ),
         measured(
             "weights.memory_headroom", "Weights per rank within device capacity x utilization",
