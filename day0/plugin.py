@@ -7,9 +7,11 @@ changes an unrelated test run.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,22 +28,27 @@ RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
 BLOCKED_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 PROFILE_KEY = pytest.StashKey[Profile]()
+STARTED_KEY = pytest.StashKey[float]()
 
 
 class CheckRecorder:
     """What a Day0 test uses to record checks; failed checks fail the test after it returns,
     so one test can report every problem it found rather than stopping at the first."""
 
-    def __init__(self, session: Day0Session, stage: str, nodeid: str, repeat: int | None = None) -> None:
+    def __init__(self, session: Day0Session, stage: str, nodeid: str, repeat: int | None = None,
+                 started: float | None = None) -> None:
         self._session = session
         self.stage = stage
         self.nodeid = nodeid
         self.repeat = repeat
+        self.started = time.perf_counter() if started is None else started
         self.checks: list[Check] = []
 
     def add(self, check: Check) -> Check:
         check.nodeid = self.nodeid
         check.repeat = self.repeat
+        if check.duration_s is None:  # stamped now, so the event log holds it even if the run dies later
+            check.duration_s = elapsed(self.started)
         self.checks.append(self._session.add_check(self.stage, check))
         return check
 
@@ -76,6 +83,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--day0-repeat", type=_positive_int, default=1, metavar="N",
                     help="measure the collectives, latency and kvcache stages N times on the same engine and "
                          "report each check's spread and any verdict that flipped (default 1)")
+    group.addoption("--day0-prom-textfile", default=None, metavar="PATH",
+                    help="also write the run's checks and verdict as Prometheus metrics to PATH (node_exporter "
+                         "textfile collector format, replaced atomically; docs/ci.md)")
+    group.addoption("--day0-pushgateway", default=None, metavar="URL",
+                    help="also push the run's checks and verdict to a Prometheus Pushgateway at URL "
+                         "(job=day0, grouped by profile; a failed push is logged, the run is kept)")
+
+
+def elapsed(started: float) -> float:
+    """Seconds since ``started`` (time.perf_counter), as recorded in a check's ``duration_s``."""
+    return round(max(0.0, time.perf_counter() - started), 3)
 
 
 def _positive_int(text: str) -> int:
@@ -175,9 +193,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not out.is_absolute():
         out = Path(config.invocation_params.dir) / out
     template_dir = config.getoption("--day0-template-dir")
+    from day0.results.export import Targets
+
+    exports = Targets.from_options(config.getoption("--day0-prom-textfile"), config.getoption("--day0-pushgateway"),
+                                   os.environ)
     day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config),
                        template_dir=Path(template_dir) if template_dir else None,
-                       baseline=config.getoption("--day0-baseline"), repeats=config.getoption("--day0-repeat"))
+                       baseline=config.getoption("--day0-baseline"), repeats=config.getoption("--day0-repeat"),
+                       exports=exports)
     day0.start()
     config.stash[SESSION_KEY] = day0
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -217,7 +240,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     stage = stage_of(item)
     assert stage is not None
-    item.stash[RECORDER_KEY] = CheckRecorder(day0, stage, item.nodeid, repeat_of(item))
+    item.stash[STARTED_KEY] = started = time.perf_counter()  # before fixtures: their set-up is the test's time too
+    item.stash[RECORDER_KEY] = CheckRecorder(day0, stage, item.nodeid, repeat_of(item), started)
     reason = day0.blocked_by(stage)
     if reason:
         item.stash[BLOCKED_KEY] = True
@@ -256,7 +280,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if not recorded:
             reason = getattr(exc, "msg", None) or str(exc)
             day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="skip",
-                                        message=reason, nodeid=item.nodeid, repeat=repeat_of(item)))
+                                        message=reason, nodeid=item.nodeid, repeat=repeat_of(item),
+                                        duration_s=_item_elapsed(item)))
         return rep
     if isinstance(exc, EngineError):
         message = f"engine failed: {exc}"
@@ -269,8 +294,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     # other exception is the harness unable to measure (error: the run is INCOMPLETE, not REJECTED).
     status = "fail" if isinstance(exc, (AssertionError, EngineError)) else "error"
     day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status=status,
-                                message=message, evidence=evidence, nodeid=item.nodeid, repeat=repeat_of(item)))
+                                message=message, evidence=evidence, nodeid=item.nodeid, repeat=repeat_of(item),
+                                duration_s=_item_elapsed(item)))
     return rep
+
+
+def _item_elapsed(item: pytest.Item) -> float | None:
+    started = item.stash.get(STARTED_KEY, None)
+    return None if started is None else elapsed(started)
 
 
 @pytest.hookimpl(trylast=True)

@@ -65,3 +65,39 @@ def test_any_message_gives_parseable_xml(message: str) -> None:
         root = ET.parse(write_junit(record, Path(d) / "j.xml")).getroot()
     got = root.find(".//failure").get("message")
     assert got == xml_text(message)
+
+
+def _timed(nodeid: str, cid: str, duration: float | None, repeat: int | None = None) -> Check:
+    return Check(id=cid, title=cid, status="pass", nodeid=nodeid, duration_s=duration, repeat=repeat)
+
+
+def test_testcase_time_is_each_checks_share_of_its_test(tmp_path: Path) -> None:
+    """A check's duration_s is the time since its test began; the testcases of one test split it."""
+    record = rf.make_record({
+        "latency": [_timed("t.py::a", "latency.x", 2.0), _timed("t.py::a", "latency.y", 5.5),
+                    _timed("t.py::b", "latency.z", 1.25)],
+        "kvcache": [_timed("t.py::c[repeat1]", "kvcache.k", 3.0, 1), _timed("t.py::c[repeat2]", "kvcache.k", 4.0, 2),
+                    Check(id="kvcache.old", title="from an older record", status="skip")],
+    })
+    root = ET.parse(write_junit(record, tmp_path)).getroot()
+    times = [float(tc.get("time")) for tc in _cases(root)]
+    assert times == [2.0, 3.5, 1.25, 3.0, 4.0, 0.0]
+    suites = {s.get("name"): float(s.get("time")) for s in root.findall("testsuite")}
+    assert suites == {"latency": 6.75, "kvcache": 7.0}
+    assert float(root.get("time")) == 13.75
+
+
+def test_check_without_duration_still_loads_and_says_zero(tmp_path: Path) -> None:
+    from day0.core.record import parse_record
+
+    record = rf.accepted()
+    data = record.to_dict()
+    for s in data["stages"]:
+        for c in s["checks"]:
+            c.pop("duration_s")  # a run.json from before the field
+    import json
+
+    old = parse_record(json.dumps(data), "old run.json")
+    assert all(c.duration_s is None for c in old.checks())
+    root = ET.parse(write_junit(old, tmp_path)).getroot()
+    assert {tc.get("time") for tc in _cases(root)} == {"0.000"}

@@ -167,9 +167,11 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     for n in doc.iter():
         for attr in ("src", "href", "action", "srcset", "data", "poster", "formaction"):
             v = n.attrs.get(attr)
-            if v is not None:
+            if v is not None and n.attrs.get("id") == "baseline-link":  # navigation to a sibling run's page
+                assert n.tag == "a" and v.startswith("../") and v.endswith("/report.html")
+            elif v is not None:
                 assert v.startswith(("#", "data:")), f"<{n.tag} {attr}={v!r}> needs the network or the disk"
-    assert all(l.attrs.get("rel") == "icon" and l.attrs["href"].startswith("data:") for l in doc.find_all("link"))
+    assert all(ln.attrs.get("rel") == "icon" and ln.attrs["href"].startswith("data:") for ln in doc.find_all("link"))
     assert all(s.attrs.get("type") == "application/json" for s in doc.find_all("script"))
     csp = [m for m in doc.find_all("meta") if m.attrs.get("http-equiv") == "Content-Security-Policy"]
     assert csp and "default-src 'none'" in csp[0].attrs["content"]
@@ -192,13 +194,13 @@ def test_charts_come_from_evidence_conventions(tmp_path: Path) -> None:
     for c in record.checks():
         expected = (2 if "samples" in c.evidence else 0) + len(c.evidence.get("charts", []))
         if expected:
-            art = doc.one(tag="article", id=f"check-{c.id}")
+            art = doc.one(tag="details", id=f"check-{c.id}")
             svgs = art.find_all("svg", cls="chart")
             assert len(svgs) == expected, c.id
             titles = [s.one(tag="title").text() for s in svgs]
             for spec in c.evidence.get("charts", []):
                 assert spec["title"] in titles
-    busbw = doc.one(tag="article", id="check-collectives.all_reduce_busbw")
+    busbw = doc.one(tag="details", id="check-collectives.all_reduce_busbw")
     svg = busbw.one(tag="svg")
     assert "expected 5 GB/s" in svg.text()  # the expected line is labelled
     assert {"1K", "1M", "1G"} & {t.text() for t in svg.find_all("text")}  # byte sizes on a log axis
@@ -209,7 +211,7 @@ def test_huge_sample_sets_are_downsampled_but_stats_use_all(tmp_path: Path) -> N
     out, html, doc = rendered(tmp_path, record)
     check = next(c for c in record.checks() if c.id == "latency.ttft_p99")
     xs = check.evidence["samples"]
-    art = doc.one(tag="article", id="check-latency.ttft_p99")
+    art = doc.one(tag="details", id="check-latency.ttft_p99")
     stats = dict(zip([th.text() for th in art.one(tag="table", cls="stats").find_all("th")],
                      [td.text() for td in art.one(tag="table", cls="stats").find_all("td")]))
     assert stats["count"] == "100,000"
@@ -218,7 +220,7 @@ def test_huge_sample_sets_are_downsampled_but_stats_use_all(tmp_path: Path) -> N
     cdf = art.find_all("svg", cls="chart")[0]
     n_points = len(cdf.one(tag="polyline").attrs["points"].split())
     assert 100 < n_points <= 500
-    kv = doc.one(tag="article", id="check-kvcache.fragmentation_max")
+    kv = doc.one(tag="details", id="check-kvcache.fragmentation_max")
     assert all(len(p.attrs["points"].split()) <= 800 for p in kv.find_all("polyline"))  # 2,000 drawn as <= 800
     assert len(doc.find_all("section", cls="stage")) == 5
     assert out.stat().st_size < (tmp_path / "run" / "run.json").stat().st_size
@@ -306,13 +308,17 @@ def test_summary_lines_name_verdict_failures_and_paths(tmp_path: Path) -> None:
     record = rf.rejected()
     paths = publish(rf.write(record, tmp_path / "run"))
     lines = summary_lines(record, paths)
-    assert lines[0] == f"day0 verdict: REJECTED: {record.reason}"
+    # the headline block (metric, value, limit, status) comes first, like vLLM bench's result block
+    assert lines[0].split() == ["metric", "value", "limit", "status"]
+    assert any(ln.startswith("TTFT p99") and ln.endswith("FAIL") for ln in lines)
+    verdict = next(i for i, ln in enumerate(lines) if ln.startswith("day0 verdict:"))
+    assert verdict > 1 and lines[verdict] == f"day0 verdict: REJECTED: {record.reason}"
     failed = [c.id for c in record.checks() if c.failed]
-    assert [l for l in lines if "FAIL" in l and any(f in l for f in failed)]
+    assert [ln for ln in lines if "FAIL" in ln and any(f in ln for f in failed)]
     for p in paths.values():
-        assert any(l.endswith(str(p)) for l in lines) and Path(p).exists()
+        assert any(ln.endswith(str(p)) for ln in lines) and Path(p).exists()
     blocked = summary_lines(rf.blocked_stages(), [tmp_path / "report.html"])
-    assert any("5 checks blocked" in l for l in blocked) and blocked[-1].endswith("report.html")
+    assert any("5 checks blocked" in ln for ln in blocked) and blocked[-1].endswith("report.html")
 
 
 def _cli(argv: list[str]) -> int:
@@ -461,3 +467,78 @@ def test_declared_items_are_apart_from_measured_ones(tmp_path: Path) -> None:
     assert "risks.isolation.cache_salt" in measured_part.split('id="stage-risks"')[1]
     assert "risks.isolation.network" in declared_part.split("</table>")[0]
     assert "risks.isolation.network" not in measured_part.split('id="stage-risks"')[1].split("</table>")[0]
+
+
+# --------------------------------------------------------------------------- the first screen
+
+
+def test_first_screen_shows_verdict_line_answer_headlines_and_what_was_not_verified(tmp_path: Path) -> None:
+    from test_summary import full_record
+
+    record = full_record(required=["collectives.transport.*"])
+    record.profile["report"]["signatories"] = ["Ada Lovelace, Infra lead"]
+    _, html, doc = rendered(tmp_path, record)
+    assert doc.one(id="verdict").text() == "INCOMPLETE"  # a required check was skipped
+    assert doc.one(id="verdict-line").text() == "INCOMPLETE, 2 checks not verified"
+    assert "required check not verified: collectives.transport.inter_node" in doc.one(id="verdict-reason").text()
+    adapt = doc.one(id="adaptation").text()
+    assert "Needs several devices on one node" in adapt and "TP=2 x PP=1" in adapt
+    head = {r.find_all("th")[0].text(): [td.text() for td in r.find_all("td")]
+            for r in doc.one(id="headline").one(tag="tbody").find_all("tr")}
+    assert list(head)[:3] == ["TTFT p99", "TPOT p99", "Output throughput"] and len(head) == 10
+    assert head["TTFT p99"][:3] == ["300 ms", "≤ 2,000 ms", "pass"]
+    assert head["Worst busbw vs expected"][0] == "200 GB/s" and "all_gather" in head["Worst busbw vs expected"][3]
+    assert head["Cost per 1M output tokens"][2] == "absent"
+    items = doc.one(id="not-verified").find_all("li")
+    assert [li.find_all("code")[0].text() for li in items] == ["collectives.transport.inter_node", "weights.manifest"]
+    assert "required" in items[0].text() and "required" not in items[1].text() and "one node" in items[0].text()
+    assert "Awaiting 1 signature: Ada Lovelace (Infra lead)" in doc.one(id="signoff-state").text()
+    assert "INCOMPLETE, 2 checks not verified: required check not verified" in doc.one(id="signoff").text()
+    assert not doc.find_all(tag="svg", cls="spark")  # no history beside the run: no trends
+
+
+def test_long_check_tables_and_evidence_start_collapsed_failures_open(tmp_path: Path) -> None:
+    record = rf.rejected()
+    record.stages[0].checks += [rf.measured(f"weights.extra{i}", "extra", 1, 1) for i in range(12)]
+    _, html, doc = rendered(tmp_path, record)
+    weights = doc.one(id="stage-weights")
+    wrap = weights.one(tag="details", cls="checks-wrap")
+    assert "open" not in wrap.attrs and wrap.one(tag="table", cls="checks")
+    assert not doc.one(id="stage-latency").find_all(tag="details", cls="checks-wrap")  # short, and failed
+    assert "open" in doc.one(tag="details", id="check-latency.ttft_p99").attrs
+    assert "open" not in doc.one(tag="details", id="check-latency.tpot_p99").attrs
+    assert "@media print" in html
+
+
+def _regression_record(run_id: str = "run-now"):
+    from day0.core.record import Check
+
+    record = rf.accepted()
+    record.run_id = run_id
+    base = Check(id="regression.baseline", title="No regression", status="pass", value=0, limit=0,
+                 unit="regressions", message="no regression against run-1",
+                 evidence={"baseline": {"label": "latest-accepted", "run_ids": ["run-0", "run-1"]}})
+    from day0.core.record import StageRecord
+
+    record.stages.append(StageRecord("regression", "pass", [base]))
+    return record
+
+
+def test_regression_section_links_to_the_baseline_and_trends_mark_it(tmp_path: Path) -> None:
+    from day0.results import history
+
+    out = tmp_path / "reports"
+    for i in range(2):
+        rec = rf.accepted()
+        rec.run_id = f"run-{i}"
+        history.store(rf.write(rec, out / rec.run_id), history.folder_for(history.history_root(rec.profile, out), rec))
+    record = _regression_record()
+    page = render(rf.write(record, out / record.run_id), out / record.run_id / "report.html")
+    doc = dom(page.read_text(encoding="utf-8"))
+    link = doc.one(id="baseline-link")
+    assert link.attrs["href"] == "../run-1/report.html"
+    assert (page.parent / link.attrs["href"]).resolve() == (out / "run-1" / "report.html").resolve()
+    sparks = doc.one(id="headline").find_all(tag="svg", cls="spark")
+    assert len(sparks) == 3  # TTFT, TPOT, output throughput: the figures rf records hold
+    assert all(len(s.find_all(tag="circle", cls="baseline")) == 1 for s in sparks)
+    assert "Last 3 runs" in doc.one(id="headline").text()

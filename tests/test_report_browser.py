@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -255,3 +256,178 @@ def test_missing_chromium_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception, match="not found"):
         chromium_or_skip()
+
+
+# --------------------------------------------------------------------------- layout probe (--dump-dom)
+
+# Runs inside a copy of the report (the report's own CSP allows no script). It measures the page
+# as a reader first sees it (height at 1400 px, details closed), then opens every <details> and
+# checks each chart's text boxes: getBBox() mapped into the SVG's user space, so a rotated axis
+# label counts with its real extent. Writes JSON into <pre id="day0-probe">.
+LAYOUT_PROBE = r"""
+(function () {
+  const out = {height: document.documentElement.scrollHeight, charts: 0, overlaps: [], outside: [],
+               first_screen: {}};
+  const fold = 900;
+  for (const sel of ['#verdict', '#verdict-line', '#headline', '#adaptation', '#not-verified', '#failures-first']) {
+    const el = document.querySelector(sel);
+    if (el) { const r = el.getBoundingClientRect(); out.first_screen[sel] = {top: r.top, bottom: r.bottom, visible: r.bottom <= fold && r.height > 0}; }
+  }
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const svgs = Array.from(document.querySelectorAll('svg.chart'));
+  out.charts = svgs.length;
+  svgs.forEach((svg, n) => {
+    const vb = svg.viewBox.baseVal;
+    const inv = svg.getScreenCTM().inverse();
+    const boxes = [];
+    svg.querySelectorAll('text').forEach(t => {
+      if (!t.textContent.trim()) return;
+      const b = t.getBBox();
+      const m = inv.multiply(t.getScreenCTM());
+      const xs = [], ys = [];
+      for (const [x, y] of [[b.x, b.y], [b.x + b.width, b.y], [b.x, b.y + b.height], [b.x + b.width, b.y + b.height]]) {
+        const p = new DOMPoint(x, y).matrixTransform(m); xs.push(p.x); ys.push(p.y);
+      }
+      boxes.push({text: t.textContent, x0: Math.min(...xs), x1: Math.max(...xs), y0: Math.min(...ys), y1: Math.max(...ys)});
+    });
+    const title = (svg.querySelector('title') || {}).textContent || ('chart ' + n);
+    const tol = 0.5;
+    boxes.forEach(b => {
+      if (b.x0 < vb.x - tol || b.y0 < vb.y - tol || b.x1 > vb.x + vb.width + tol || b.y1 > vb.y + vb.height + tol)
+        out.outside.push({chart: title, text: b.text});
+    });
+    for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+      const a = boxes[i], b = boxes[j];
+      const w = Math.min(a.x1, b.x1) - Math.max(a.x0, b.x0), h = Math.min(a.y1, b.y1) - Math.max(a.y0, b.y0);
+      if (w > tol && h > tol) out.overlaps.push({chart: title, a: a.text, b: b.text});
+    }
+  });
+  const pre = document.createElement('pre');
+  pre.id = 'day0-probe';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+"""
+CSP_RE = re.compile(r'(<meta http-equiv="Content-Security-Policy" content=")([^"]*)(")')
+
+
+def probe_copy(html: Path, dest: Path) -> Path:
+    """A copy of the report that runs LAYOUT_PROBE: its CSP relaxed to allow one inline script."""
+    text = html.read_text(encoding="utf-8")
+    text, n = CSP_RE.subn(lambda m: m.group(1) + m.group(2) + "; script-src 'unsafe-inline'" + m.group(3), text, 1)
+    assert n == 1, "the report has no CSP meta tag to relax"
+    cut = text.rindex("</body>")
+    dest.write_text(text[:cut] + f"<script>{LAYOUT_PROBE}</script>" + text[cut:], encoding="utf-8")
+    return dest
+
+
+def run_chromium(browser: str, args: list[str], profile_dir: Path, timeout: float = 90) -> subprocess.CompletedProcess:
+    """One headless Chromium run in its own session (killed as a group on timeout)."""
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-extensions", "--mute-audio", f"--user-data-dir={profile_dir}", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, b"")
+
+
+def measure_page(browser: str, html: Path, work: Path) -> dict[str, Any]:
+    """Height (px at 1400x900), chart count, overlapping text pairs and labels outside their chart."""
+    work.mkdir(parents=True, exist_ok=True)
+    copy = probe_copy(html, work / "probe.html")
+    done = run_chromium(browser, ["--window-size=1400,900", "--virtual-time-budget=5000", "--dump-dom",
+                                  copy.resolve().as_uri()], work / "profile")
+    m = re.search(rb'<pre id="day0-probe">(.*?)</pre>', done.stdout, re.S)
+    assert m, f"the probe wrote nothing (Chromium exit {done.returncode})"
+    import html as _html
+
+    return json.loads(_html.unescape(m.group(1).decode("utf-8")))
+
+
+def chart_record():
+    """A record whose charts hold every clash the report once drew: a long title beside a
+    four-entry legend (the memory plan), two reference lines 0.01 apart (expected busbw and its pass
+    line), a limit near the y axis (a busbw CDF against 0.04 GB/s), bars up to the top tick."""
+    from test_summary import full_record
+
+    from day0.core.record import Check, run_verdict
+
+    rec = full_record()
+    sizes = [2**k for k in range(0, 23)]
+    specs = [
+        {"kind": "bar", "title": "Memory per rank by pipeline stage (TP=8, PP=4), planned against the device",
+         "x_label": "pipeline stage", "y_label": "GiB",
+         "series": [{"name": n, "x": ["stage 0", "stage 1"], "y": [v, v]} for n, v in
+                    (("weights", 20.0), ("activation headroom", 2.0), ("KV pool", 30.0))],
+         "reference": [{"y": 64.0, "label": "device memory x gpu_memory_utilization"}]},
+        {"kind": "line", "title": "all_gather busbw vs message size (2 ranks, torch.distributed/gloo)",
+         "x_label": "message size S (bytes)", "y_label": "busbw (GB/s)", "x_log": True,
+         "series": [{"name": "in_place", "x": sizes, "y": [0.0001 * k for k in range(23)]},
+                    {"name": "out_of_place", "x": sizes, "y": [0.0002 * k for k in range(23)]}],
+         "reference": [{"y": 0.05, "label": "expected 0.05 GB/s (intra_node)"},
+                       {"y": 0.04, "label": "pass line 0.8 x expected"}]},
+    ]
+    busbw = [0.5 + 0.05 * i for i in range(40)]
+    rec.stages[2].checks += [
+        Check(id="collectives.plan.charts", title="charts", status="pass", evidence={"charts": specs}),
+        Check(id="collectives.all_to_all.busbw_samples", title="all_to_all: bus bandwidth at large messages",
+              status="pass", value=2.4, limit=0.04, unit="GB/s", direction="higher_is_better",
+              evidence={"samples": busbw}),
+    ]
+    rec.verdict, rec.reason = run_verdict(rec.stages, True)
+    return rec
+
+
+def test_no_chart_text_overlaps_another_or_leaves_its_chart(tmp_path: Path) -> None:
+    browser = chromium_or_skip()
+    pages = [render(rf.write(rec, tmp_path / name), tmp_path / f"{name}.html")
+             for name, rec in (("clash", chart_record()), ("rejected", rf.rejected()))]
+    for page in pages:
+        got = measure_page(browser, page, tmp_path / f"probe-{page.stem}")
+        assert got["charts"] >= 6
+        assert got["overlaps"] == [] and got["outside"] == [], page
+
+
+def test_the_overlap_probe_catches_text_that_collides_or_escapes(tmp_path: Path) -> None:
+    """The probe itself must be able to fail: a site chart with two labels on one spot and one
+    label past the right edge."""
+    browser = chromium_or_skip()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "report.html.j2").write_text(
+        '{% extends "day0/report.html.j2" %}{% block notes %}<svg class="chart" viewBox="0 0 200 100">'
+        '<title>bad</title><text x="20" y="40">limit 0.04 GB/s</text><text x="30" y="42">1</text>'
+        '<text x="190" y="80">runs off</text></svg>{% endblock %}', encoding="utf-8")
+    page = render(rf.write(rf.accepted(), tmp_path / "run"), tmp_path / "report.html", template_dir=site)
+    got = measure_page(browser, page, tmp_path / "probe")
+    assert {(o["chart"], o["a"], o["b"]) for o in got["overlaps"]} == {("bad", "limit 0.04 GB/s", "1")}
+    assert [o["text"] for o in got["outside"]] == ["runs off"]
+
+
+def test_the_first_screen_holds_the_decision_and_the_page_stays_short(tmp_path: Path) -> None:
+    browser = chromium_or_skip()
+    rec = chart_record()
+    page = render(rf.write(rec, tmp_path / "run"), tmp_path / "report.html")
+    got = measure_page(browser, page, tmp_path / "probe")
+    fold = got["first_screen"]
+    for sel in ("#verdict", "#verdict-line", "#headline", "#adaptation", "#not-verified"):
+        assert fold[sel]["visible"], (sel, fold[sel])  # wholly above 900 px at 1400 px wide
+    # every check's evidence starts collapsed: the page is a screenful per stage, not per chart
+    assert got["height"] < 6000, got["height"]
+
+
+def test_print_to_pdf_gives_a_readable_pdf(tmp_path: Path) -> None:
+    browser = chromium_or_skip()
+    page = render(rf.write(chart_record(), tmp_path / "run"), tmp_path / "report.html")
+    pdf = tmp_path / "report.pdf"
+    run_chromium(browser, ["--no-pdf-header-footer", f"--print-to-pdf={pdf}", page.resolve().as_uri()],
+                 tmp_path / "profile")
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
+    pages = len(re.findall(rb"/Type\s*/Page(?!s)", data))
+    assert 2 <= pages <= 20, pages

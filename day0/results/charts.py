@@ -16,10 +16,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from html import escape
 from typing import Any
 
 from day0.core.stats import percentile as _percentile
+from day0.results.chartbox import (  # noqa: F401  (sizes re-exported for callers)
+    HEIGHT,
+    M_BOTTOM,
+    M_LEFT,
+    M_RIGHT,
+    M_TOP,
+    WIDTH,
+    Canvas,
+    _t,
+    shorten,
+    text_width,
+)
+
+_Canvas = Canvas  # the name the chart functions grew up with
 
 KINDS = ("line", "scatter", "bar")
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#8C6D1F", "#000000")
@@ -28,8 +41,6 @@ HALO = ' stroke="#fff" stroke-width="3" paint-order="stroke"'  # keeps labels le
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 
 MAX_CATEGORIES = 500  # more bars than pixels is not a chart; use a line chart with numeric x
-WIDTH, HEIGHT = 640, 300
-M_LEFT, M_RIGHT, M_TOP, M_BOTTOM = 64, 20, 30, 46
 
 
 class ChartError(ValueError):
@@ -263,35 +274,6 @@ def parse_spec(raw: Any, where: str) -> ChartSpec:
 # --------------------------------------------------------------------------- SVG writer
 
 
-def _t(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".")
-
-
-class _Canvas:
-    """Accumulates SVG elements for one chart in plot coordinates."""
-
-    def __init__(self, title: str) -> None:
-        self.parts: list[str] = []
-        self.title = title
-        self.x0, self.x1 = M_LEFT, WIDTH - M_RIGHT
-        self.y0, self.y1 = HEIGHT - M_BOTTOM, M_TOP  # y grows downwards
-
-    def add(self, s: str) -> None:
-        self.parts.append(s)
-
-    def text(self, x: float, y: float, s: str, anchor: str = "middle", cls: str = "", extra: str = "") -> None:
-        c = f' class="{cls}"' if cls else ""
-        self.add(f'<text x="{_t(x)}" y="{_t(y)}" text-anchor="{anchor}"{c}{extra}>{escape(s)}</text>')
-
-    def svg(self, desc: str) -> str:
-        head = (
-            f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-            f'role="img" font-family="system-ui,sans-serif" font-size="11">'
-            f"<title>{escape(self.title)}</title><desc>{escape(desc)}</desc>"
-        )
-        return head + "".join(self.parts) + "</svg>"
-
-
 @dataclass
 class _Axis:
     lo: float
@@ -352,34 +334,25 @@ def _frame(c: _Canvas, xa: _Axis, ya: _Axis, x_label: str, y_label: str, categor
         return c.y0 - ya.frac(v) * (c.y0 - c.y1)
 
     grid: list[str] = []
-    for t in ya.ticks():
+    cy = (c.y0 + c.y1) / 2
+    if y_label:  # rotated: its box is tall and narrow
+        y_label = shorten(y_label, c.y0 - c.y1)
+        w = text_width(y_label)
+        c.text(14, cy, y_label, extra=f' transform="rotate(-90 14 {_t(cy)})"', box=(4.0, cy - w / 2, 18.0, cy + w / 2))
+    if x_label:
+        c.text((c.x0 + c.x1) / 2, HEIGHT - 8, shorten(x_label, c.x1 - c.x0))
+    for t in ya.ticks():  # a tick label that would cover its neighbour is left out, its grid line kept
         y = py(t)
         grid.append(f'<line x1="{c.x0}" y1="{_t(y)}" x2="{c.x1}" y2="{_t(y)}"/>')
-        c.text(c.x0 - 6, y + 4, ya.label(t), anchor="end")
+        c.place(ya.label(t), [(c.x0 - 6, y + 4, "end")])
     for t in xa.ticks():
         x = px(t)
         if not categorical_x:
             grid.append(f'<line x1="{_t(x)}" y1="{c.y1}" x2="{_t(x)}" y2="{c.y0}"/>')
-        c.text(x, c.y0 + 15, xa.label(t))
+        c.place(xa.label(t), [(x, c.y0 + 15, "middle")])
     c.parts.insert(0, f'<g stroke="#e3e3e3" stroke-width="1">{"".join(grid)}</g>')
     c.add(f'<rect x="{c.x0}" y="{c.y1}" width="{c.x1 - c.x0}" height="{c.y0 - c.y1}" fill="none" stroke="#999"/>')
-    c.text((c.x0 + c.x1) / 2, HEIGHT - 8, x_label)
-    cy = (c.y0 + c.y1) / 2
-    c.text(14, cy, y_label, extra=f' transform="rotate(-90 14 {_t(cy)})"')
-    c.text(c.x0, 18, c.title, anchor="start", extra=' font-size="13" font-weight="600"')
     return px, py
-
-
-def _legend(c: _Canvas, items: list[tuple[str, str, bool]]) -> None:
-    """Legend entries (label, colour, dashed) laid right-to-left along the top edge."""
-    x = c.x1
-    for label, color, dashed in reversed(items):
-        label = label if len(label) <= 28 else label[:27] + "…"
-        w = 7 * len(label) + 26
-        x -= w
-        dash = ' stroke-dasharray="5 3"' if dashed else ""
-        c.add(f'<line x1="{_t(x)}" y1="14" x2="{_t(x + 16)}" y2="14" stroke="{color}" stroke-width="2"{dash}/>')
-        c.text(x + 20, 18, label, anchor="start")
 
 
 def _references(c: _Canvas, refs: list[Reference], px_lo: float, px_hi: float, py) -> None:
@@ -389,13 +362,14 @@ def _references(c: _Canvas, refs: list[Reference], px_lo: float, px_hi: float, p
             f'<line x1="{_t(px_lo)}" y1="{_t(y)}" x2="{_t(px_hi)}" y2="{_t(y)}" stroke="{REF_COLOR}" '
             f'stroke-width="1.5" stroke-dasharray="6 4"/>'
         )
-        if r.label:
-            c.text(px_hi - 4, y - 4, r.label, anchor="end", extra=f' fill="{REF_COLOR}"{HALO}')
+        if r.label:  # above the line at the right, else below it, else at the left
+            c.place(r.label, [(px_hi - 4, y - 4, "end"), (px_hi - 4, y + 12, "end"), (px_lo + 4, y - 4, "start"),
+                              (px_lo + 4, y + 12, "start"), (px_hi - 4, y - 16, "end"), (px_hi - 4, y + 24, "end")],
+                    extra=f' fill="{REF_COLOR}"{HALO}')
 
 
 def render_spec(spec: ChartSpec, max_points: int = 800) -> str:
     """One chart spec as an SVG string; long series are downsampled to ``max_points``."""
-    c = _Canvas(spec.title)
     seen = _categories(spec)
     labels = list(seen) if seen is not None else None
     prepared = [(s, *_points(spec, s, seen, max_points)) for s in spec.series]
@@ -410,18 +384,14 @@ def render_spec(spec: ChartSpec, max_points: int = 800) -> str:
     else:
         xa = _linear_axis(all_x, include_zero=False)
     ya = _linear_axis(all_y, include_zero=True)
-    px, py = _frame(c, xa, ya, spec.x_label, spec.y_label, labels is not None)
-    legend: list[tuple[str, str, bool]] = []
     nser = len(prepared)
-    for k, (s, xs, ys) in enumerate(prepared):
-        color = PALETTE[k % len(PALETTE)]
-        if nser > 1:
-            legend.append((s.name, color, False))
-        _draw_series(c, spec.kind, color, xs, ys, px, py, k, nser, len(labels or []), ya.lo)
-    _references(c, spec.reference, c.x0, c.x1, py)
+    legend = [(s.name, PALETTE[k % len(PALETTE)], False) for k, (s, _, _) in enumerate(prepared)] if nser > 1 else []
     legend += [(r.label or "reference", REF_COLOR, True) for r in spec.reference if nser > 1]
-    if legend:
-        _legend(c, legend)
+    c = _Canvas(spec.title, legend)
+    px, py = _frame(c, xa, ya, spec.x_label, spec.y_label, labels is not None)
+    for k, (s, xs, ys) in enumerate(prepared):
+        _draw_series(c, spec.kind, PALETTE[k % len(PALETTE)], xs, ys, px, py, k, nser, len(labels or []), ya.lo)
+    _references(c, spec.reference, c.x0, c.x1, py)
     npts = sum(len(xs) for _, xs, _ in prepared)
     return c.svg(f"{spec.kind} chart, {nser} series, {npts} points drawn")
 
@@ -529,7 +499,9 @@ def cdf_chart(sorted_xs: Sequence[float], unit: str, title: str, limit: float | 
             f'<line x1="{_t(x)}" y1="{c.y1}" x2="{_t(x)}" y2="{c.y0}" stroke="{REF_COLOR}" '
             f'stroke-width="1.5" stroke-dasharray="6 4"/>'
         )
-        c.text(x - 4, c.y1 + 12, f"limit {fmt_num(limit)} {unit}".strip(), anchor="end", extra=f' fill="{REF_COLOR}"{HALO}')
+        c.place(f"limit {fmt_num(limit)} {unit}".strip(),
+                [(x - 4, c.y1 + 14, "end"), (x + 4, c.y1 + 14, "start"), (x + 4, c.y0 - 8, "start"),
+                 (x - 4, c.y0 - 8, "end"), (c.x1 - 4, c.y1 + 28, "end")], extra=f' fill="{REF_COLOR}"{HALO}')
     return c.svg(f"CDF of {len(sorted_xs)} samples, {len(pts)} points drawn")
 
 
@@ -553,6 +525,7 @@ def percentile_chart(sorted_xs: Sequence[float], unit: str, title: str, limit: f
     c.add(f'<g fill="{PALETTE[0]}">' + "".join(bars) + "</g>")
     if limit is not None:
         _references(c, [Reference(limit, f"limit {fmt_num(limit)} {unit}".strip())], c.x0, c.x1, py)
-    for i, v in enumerate(values):
-        c.text(px(i), min(py(v), base) - 4, fmt_num(v), extra=HALO)
+    for i, v in enumerate(values):  # above its bar, else just inside its top
+        top = min(py(v), base)
+        c.place(fmt_num(v), [(px(i), top - 4, "middle"), (px(i), top + 14, "middle")], extra=HALO)
     return c.svg(f"percentiles of {len(sorted_xs)} samples")

@@ -3,15 +3,23 @@
 One testcase per check (classname = stage, name = check id). fail -> <failure>, error ->
 <error>, skip and blocked -> <skipped> (a blocked check did not run because an earlier stage
 failed; CI has no closer word). Built from the run record only, like the HTML report.
+
+A testcase's ``time`` is the part of its pytest test's time that went into this check: a check's
+``duration_s`` is stamped when it is recorded (seconds since the test's set-up began), so the
+first check of a test gets the time up to it and each later one the time since the one before;
+a test's checks add up to the test's time, and a suite's time is the sum of its testcases.
+A record without durations (older runs, checks made outside pytest) says "0", as before.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from day0.core.inputs import replace_file
 from day0.core.record import Check, RunRecord
 
 # XML 1.0 forbids most control characters; an engine log excerpt may well contain them.
@@ -38,10 +46,33 @@ def _detail(check: Check) -> str:
     return xml_text("\n".join(lines))
 
 
+def check_seconds(checks: list[Check]) -> list[float]:
+    """Each check's own share of its test's time, in the order given (see the module docstring)."""
+    last: dict[tuple[str, int | None], float] = {}
+    out = []
+    for c in checks:
+        d = c.duration_s
+        if d is None or not c.nodeid:
+            out.append(max(0.0, d or 0.0))
+            continue
+        key = (c.nodeid, c.repeat)
+        prev = last.get(key, 0.0)
+        out.append(max(0.0, d - prev))
+        last[key] = max(prev, d)
+    return out
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.3f}"
+
+
 def junit_tree(record: RunRecord) -> ET.ElementTree:
     root = ET.Element("testsuites", name=xml_text(f"day0 {record.run_id}"))
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     host = record.environment.get("host") or record.environment.get("hostname") or ""
+    all_checks = list(record.checks())
+    seconds = dict(zip(map(id, all_checks), check_seconds(all_checks)))
+    total_s = 0.0
     for stage in record.stages:
         counts = {
             "tests": len(stage.checks),
@@ -55,13 +86,14 @@ def junit_tree(record: RunRecord) -> ET.ElementTree:
             name=xml_text(stage.name),
             timestamp=xml_text(record.started_at),
             hostname=xml_text(host),
-            time="0",
+            time=_seconds(sum(seconds.get(id(c), 0.0) for c in stage.checks)),
             **{k: str(v) for k, v in counts.items()},
         )
         props = ET.SubElement(suite, "properties")
         ET.SubElement(props, "property", name="stage_verdict", value=xml_text(stage.verdict))
         for check in stage.checks:
-            case = ET.SubElement(suite, "testcase", classname=xml_text(stage.name), name=xml_text(check.id), time="0")
+            case = ET.SubElement(suite, "testcase", classname=xml_text(stage.name), name=xml_text(check.id),
+                                 time=_seconds(seconds.get(id(check), 0.0)))
             msg = xml_text(check.message)
             if check.status == "fail":
                 ET.SubElement(case, "failure", message=msg, type="fail").text = _detail(check)
@@ -74,9 +106,10 @@ def junit_tree(record: RunRecord) -> ET.ElementTree:
             ET.SubElement(case, "system-out").text = _detail(check)
         for k in totals:
             totals[k] += counts[k]
+        total_s += sum(seconds.get(id(c), 0.0) for c in stage.checks)
     for k, v in totals.items():
         root.set(k, str(v))
-    root.set("time", "0")
+    root.set("time", _seconds(total_s))
     return ET.ElementTree(root)
 
 
@@ -87,7 +120,6 @@ def write_junit(record: RunRecord, path: Path) -> Path:
         path = path / "junit.xml"
     tree = junit_tree(record)
     ET.indent(tree)
-    tmp = path.with_name(path.name + ".tmp")
-    tree.write(tmp, encoding="utf-8", xml_declaration=True)
-    tmp.replace(path)
-    return path
+    buf = io.BytesIO()
+    tree.write(buf, encoding="utf-8", xml_declaration=True)
+    return replace_file(path, buf.getvalue())

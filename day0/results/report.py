@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
+from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
-from day0.core.record import RUN_FILE, Check, RecordError, RunRecord, load
+from day0.core.inputs import InputError, refusal, replace_file, term_safe
+from day0.core.record import Check, RunRecord, load_with_bytes, record_file
 from day0.core.stages import REGRESSION_STAGE, REPEAT_STAGE, STAGES
-from day0.results import charts
+from day0.results import charts, summary, trends
 from day0.results.compare import SUMMARY_ID
 from day0.results.junit import write_junit
 from day0.results.signoff import (
@@ -39,6 +42,7 @@ from day0.results.signoff import (
     signoff_block,
     verify_report,
 )
+from day0.results.textview import MAX_FLAT_ROWS, _summary, flatten, fmt_value, lookup  # noqa: F401
 
 __all__ = ["render", "write_junit", "summary_lines", "publish", "add_cli", "ReportError", "Signatory"]
 
@@ -50,87 +54,14 @@ KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
 MAX_TABLE_ROWS = 500
 MAX_LOG_CHARS = 20_000
 MAX_JSON_CHARS = 16_000
-MAX_FLAT_ROWS = 400
 DIRECTION_SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
 
 
-class ReportError(ValueError):
+class ReportError(InputError):
     """The report cannot be rendered as asked; the message names the file or template."""
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def fmt_value(v: Any, limit: int = 200) -> str:
-    """A value as a person reads it in a table cell (raw numbers stay in run.json)."""
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 100_000 else str(v)
-    if isinstance(v, float):
-        av = abs(v)
-        if v == 0:
-            return "0"
-        if av >= 1e12:
-            return f"{v:.3e}"
-        if av >= 1000:
-            return f"{v:,.0f}" if v.is_integer() else f"{v:,.1f}"
-        if av >= 1e-3:
-            return f"{v:.4g}"
-        return f"{v:.3e}"
-    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _summary(v: Any) -> str:
-    """One-cell summary of a structured fact (devices list, topology table)."""
-    if isinstance(v, list) and v and all(isinstance(d, dict) for d in v):
-        names: dict[str, int] = {}
-        for d in v:
-            n = str(d.get("name") or d.get("model") or d.get("type") or "device")
-            names[n] = names.get(n, 0) + 1
-        return ", ".join(f"{c} × {n}" for n, c in names.items())
-    if isinstance(v, list):
-        return fmt_value(", ".join(fmt_value(x) for x in v), 300)
-    if isinstance(v, dict):
-        return fmt_value(", ".join(f"{k}={fmt_value(x, 80)}" for k, x in v.items()), 300)
-    return fmt_value(v, 300)
-
-
-def flatten(obj: Any, prefix: str = "", out: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
-    """Nested tables as (dotted.key, text) rows, capped so a huge profile cannot bloat the page."""
-    out = [] if out is None else out
-    if len(out) >= MAX_FLAT_ROWS:
-        return out
-    if isinstance(obj, dict) and obj:
-        for k, v in obj.items():
-            flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif isinstance(obj, list) and obj and any(isinstance(x, (dict, list)) for x in obj):
-        for i, v in enumerate(obj):
-            flatten(v, f"{prefix}[{i}]", out)
-    elif isinstance(obj, list):
-        out.append((prefix, fmt_value(", ".join(fmt_value(x) for x in obj), 500) if obj else "[]"))
-    else:
-        out.append((prefix, fmt_value(obj, 500) if obj != {} else "{}"))
-    if len(out) == MAX_FLAT_ROWS:
-        out.append(("…", "more entries in run.json"))
-    return out
-
-
-def lookup(data: Mapping[str, Any], *paths: str) -> Any:
-    """The first present value among dotted ``paths`` (the environment's keys vary by collector)."""
-    for p in paths:
-        cur: Any = data
-        for part in p.split("."):
-            if not isinstance(cur, Mapping) or part not in cur:
-                cur = None
-                break
-            cur = cur[part]
-        if cur not in (None, "", [], {}):
-            return cur
-    return None
 
 
 def _duration(start: str | None, end: str | None) -> str:
@@ -293,36 +224,40 @@ class RegressionView:
     table: TableView | None
     charts: list[ChartView]
     notes: list[str]
+    baseline_link: str = ""
 
 
 def regression_view(record: RunRecord) -> RegressionView | None:
     """None when the run was not compared; changes first in the table, unchanged rows last."""
     stage = next((s for s in record.stages if s.name == REGRESSION_STAGE.name), None)
-    summary = next((c for c in stage.checks if c.id == SUMMARY_ID), None) if stage else None
-    if stage is None or summary is None:
+    found = next((c for c in stage.checks if c.id == SUMMARY_ID), None) if stage else None
+    if stage is None or found is None:
         return None
-    ev = summary.evidence if isinstance(summary.evidence, dict) else {}
+    ev = found.evidence  # an object (the record's shape is checked on load); its contents are not
     base = ev.get("baseline") if isinstance(ev.get("baseline"), dict) else {}
     facts = [(k, fmt_value(base.get(key))) for k, key in (("Baseline", "label"), ("Baseline file", "path")) if base.get(key)]
     counts = ev.get("counts") if isinstance(ev.get("counts"), dict) else {}
     table, _ = _table(ev["table"], f"{SUMMARY_ID} evidence.table") if "table" in ev else (None, None)
     charts_out: list[ChartView] = []
-    for i, raw in enumerate(ev.get("trend_charts") or []):
+    specs = ev.get("trend_charts")
+    for i, raw in enumerate(specs if isinstance(specs, list) else []):
         where = f"{SUMMARY_ID} evidence.trend_charts[{i}]"
         try:
             charts_out.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
-        except charts.ChartError as exc:
+        except (charts.ChartError, ValueError, ArithmeticError, TypeError) as exc:
             charts_out.append(ChartView(problem=f"{where}: {exc}"))
-    notes = [str(n) for n in ev.get("notes") or []]
-    return RegressionView(stage.verdict, summary.message, facts, [(str(k), int(v)) for k, v in counts.items()],
-                          table, charts_out, notes)
+    notes = [fmt_value(n, 500) for n in ev.get("notes")] if isinstance(ev.get("notes"), list) else []
+    rid = trends.baseline_run_id(record)  # run folders sit side by side: ../<run id>/report.html
+    return RegressionView(stage.verdict, found.message, facts,
+                          [(str(k), v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)],
+                          table, charts_out, notes, f"../{quote(rid)}/{REPORT_FILE}" if rid else "")
 
 
 def resolve_signatories(record: RunRecord, signatories: Iterable[Any] | None) -> list[Signatory]:
     """Explicit signatories win; otherwise the profile's ``[report] signatories``."""
     if signatories is None:
-        rep = record.profile.get("report") if isinstance(record.profile, dict) else None
-        signatories = (rep or {}).get("signatories") or []
+        rep = record.profile.get("report")
+        signatories = (rep if isinstance(rep, dict) else {}).get("signatories") or []
         where = "profile report.signatories"
     else:
         where = "signatory"
@@ -348,8 +283,12 @@ FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Signatory], title: str | None) -> dict:
-    """Everything the templates may use; templates hold no logic beyond loops and blocks."""
+def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Signatory], title: str | None,
+                  run_file: Path | None = None) -> dict:
+    """Everything the templates may use; templates hold no logic beyond loops and blocks. With
+    ``run_file``, earlier runs in the history beside it give the headline figures their trends."""
+    first = summary.summarize(record, trends.history_runs(record, run_file) if run_file else (),
+                              trends.baseline_run_id(record))
     both = {"environment": record.environment or {}, "profile": record.profile or {}}
     facts = [(label, _summary(v) if (v := lookup(both, *paths)) is not None else "—") for label, paths in FACTS]
     model = lookup(both, *dict(FACTS)["Model"])
@@ -370,11 +309,14 @@ def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Sig
     signoff = signoff_block(record, run_bytes, signatories)
     rep = profile.get("report") if isinstance(profile.get("report"), dict) else {}
     return {
-        "title": title or rep.get("title") or "Day0 acceptance report",
+        "title": title or fmt_value(rep.get("title") or "Day0 acceptance report"),
         "model": _summary(model) if model is not None else "—",
         "record": record,
         "verdict": record.verdict,
         "verdict_label": str(record.verdict).upper(),
+        "verdict_line": first.verdict_line,
+        "summary": first,
+        "sparks": {k: Markup(v) for k, v in trends.sparklines(first.headlines).items()},
         "reason": record.reason,
         "duration": _duration(record.started_at, record.finished_at),
         "facts": facts,
@@ -400,7 +342,7 @@ def _environment(template_dir: Path | None) -> jinja2.Environment:
             raise ReportError(f"{template_dir}: template directory not found")
         loaders.append(jinja2.FileSystemLoader(str(template_dir)))
     loaders += [builtin, jinja2.PrefixLoader({"day0": builtin})]
-    env = jinja2.Environment(
+    env = SandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
@@ -412,8 +354,7 @@ def _environment(template_dir: Path | None) -> jinja2.Environment:
 
 
 def _record_file(record_path: Path) -> Path:
-    p = Path(record_path)
-    return p / RUN_FILE if p.is_dir() else p
+    return record_file(Path(record_path))
 
 
 def render(
@@ -430,18 +371,19 @@ def render(
     ``[report] template_dir``. Returns the path written.
     """
     src = _record_file(record_path)
-    try:
-        run_bytes = src.read_bytes()
-    except FileNotFoundError:
-        raise RecordError(f"{src}: run record not found") from None
-    record = load(src)
-    if src.read_bytes() != run_bytes:  # the digest must be of the record that was rendered
-        raise ReportError(f"{src}: changed while the report was being rendered; render again")
+    record, run_bytes = load_with_bytes(src)  # one read: the digest is of the record rendered
+    return _render(record, run_bytes, src, Path(out), template_dir, signatories, title=title)
+
+
+def _render(
+    record: RunRecord, run_bytes: bytes, src: Path, out: Path, template_dir: Path | None,
+    signatories: Iterable[Signatory | str | Mapping[str, str]] | None, *, title: str | None = None,
+) -> Path:
     rep = record.profile.get("report") if isinstance(record.profile, dict) else None
     if template_dir is None and isinstance(rep, dict) and rep.get("template_dir"):
         template_dir = Path(str(rep["template_dir"]))
     env = _environment(Path(template_dir) if template_dir is not None else None)
-    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title)
+    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title, src)
     try:
         html = env.get_template(DEFAULT_TEMPLATE).render(ctx)
     except jinja2.TemplateError as exc:
@@ -461,18 +403,23 @@ def render(
     if parsed.run_bytes != run_bytes:
         raise ReportError(f"{src}: embedded run record does not round-trip; report not written")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(html.encode("utf-8"))
-    tmp.replace(out)
-    return out
+    return replace_file(out, html.encode("utf-8"))
 
 
 # --------------------------------------------------------------------------- summary / publish
 
 
 def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[Path | str]) -> list[str]:
-    """Lines for the terminal at the end of a run: verdict, what failed, where the files are."""
-    lines = [f"day0 verdict: {str(record.verdict).upper()}: {record.reason}"]
+    """Lines for the terminal at the end of a run: verdict, what failed, where the files are.
+    Record text is escaped (:func:`term_safe`): a message cannot forge or hide a line."""
+    rows = summary.headline_rows(summary.summarize(record))
+    if rows:  # like vLLM bench's result block: metric, value, limit, status
+        w = max(len(r[0]) for r in rows)
+        lines = [f"{'metric':<{w}}  {'value':>16}  {'limit':>16}  status"]
+        lines += [f"{m:<{w}}  {v:>16}  {lim:>16}  {st}" for m, v, lim, st in rows]
+    else:
+        lines = []
+    lines.append(f"day0 verdict: {summary.verdict_line(record)}: {record.reason}")
     failed = [(s.name, c) for s in record.stages for c in s.checks if c.failed]
     for _, c in failed[:20]:  # an error is the harness's, never the deployment's: say so
         lines.append(f"  {'ERROR (could not measure)' if c.status == 'error' else c.status.upper()} {c.id}: {c.message}")
@@ -484,7 +431,7 @@ def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[
     items = paths.items() if isinstance(paths, Mapping) else ((Path(p).name, p) for p in paths)
     for label, p in items:
         lines.append(f"  {label}: {p}")
-    return lines
+    return [term_safe(line) for line in lines]
 
 
 def publish(
@@ -495,10 +442,11 @@ def publish(
 ) -> dict[str, Path]:
     """report.html and junit.xml next to run.json (or in ``out_dir``); returns the three paths."""
     src = _record_file(record_path)
+    record, run_bytes = load_with_bytes(src)  # the page and junit.xml are views of the same bytes
     out_dir = Path(out_dir) if out_dir is not None else src.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    html = render(src, out_dir / REPORT_FILE, template_dir, signatories)
-    junit = write_junit(load(src), out_dir / JUNIT_FILE)
+    html = _render(record, run_bytes, src, out_dir / REPORT_FILE, template_dir, signatories)
+    junit = write_junit(record, out_dir / JUNIT_FILE)
     return {"run record": src, "report": html, "junit": junit}
 
 
@@ -507,9 +455,10 @@ def publish(
 
 def _cmd_report(args: argparse.Namespace) -> int:
     src = _record_file(Path(args.run))
+    record, run_bytes = load_with_bytes(src)
     out = Path(args.out) if args.out else src.parent / REPORT_FILE
-    html = render(src, out, Path(args.template_dir) if args.template_dir else None, args.signatory)
-    record = load(src)
+    html = _render(record, run_bytes, src, out, Path(args.template_dir) if args.template_dir else None,
+                   args.signatory)
     junit = write_junit(record, Path(args.junit) if args.junit else html.parent / JUNIT_FILE)
     for line in summary_lines(record, {"run record": src, "report": html, "junit": junit}):
         print(line)
@@ -524,17 +473,21 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
-    entry = sign_report(Path(args.report), Path(args.key), Signatory.parse(args.signer))
-    print(f"signed {args.report} as {entry['signer']}, {entry['role']} with key {entry['key_id']}")
+    entry = sign_report(Path(args.report), Path(args.key), Signatory.parse(args.signer),
+                        allow_rejected=args.allow_rejected)
+    despite = entry.get("despite_verdict")
+    tail = f", despite verdict {str(despite).upper()}" if despite else ""
+    print(term_safe(f"signed {args.report} as {entry['signer']}, {entry['role']} with key {entry['key_id']}{tail}"))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     result = verify_report(Path(args.report), [Path(p) for p in args.pubkey])
-    for line in result.lines:
-        print(line)
-    for p in result.problems:
-        print(f"FAILED: {p}", file=sys.stderr)
+    for line in result.lines:  # sign-off text comes from the page: escaped, it cannot forge "verified"
+        print(term_safe(line))
+    if result.problems:  # one line, like every refusal: each problem names the part that changed
+        print(term_safe(f"day0: {args.report}: verification failed: " + "; ".join(result.problems)),
+              file=sys.stderr)
     print("verified" if result.ok else f"verification FAILED ({len(result.problems)} problems)")
     return 0 if result.ok else 1
 
@@ -545,8 +498,8 @@ def _guard(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[argp
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (RecordError, SignoffError, ReportError, OSError) as exc:
-            print(f"day0 {name}: error: {exc}", file=sys.stderr)
+        except (InputError, OSError) as exc:  # RecordError, SignoffError, ReportError
+            print(refusal(exc), file=sys.stderr)
             return 2
 
     return run
@@ -575,6 +528,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--key", required=True, help="private key PEM (mode 0600)")
     p.add_argument("--signer", required=True, metavar='"NAME, ROLE"',
                    help="who signs, as shown in the report's sign-off block")
+    p.add_argument("--allow-rejected", action="store_true",
+                   help="sign a run that was not accepted (REJECTED or INCOMPLETE); the signature and the page "
+                        "then say 'signed despite verdict ...'")
     p.set_defaults(func=_guard("sign", _cmd_sign))
 
     p = subparsers.add_parser("verify", help="check a report's signatures and embedded run record")

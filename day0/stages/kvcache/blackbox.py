@@ -247,8 +247,12 @@ async def _blackbox_pass(session: Any, base: str, model: str, workload: Sequence
                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         tasks.append(asyncio.create_task(_stream(session, url, payload, f)))
         await asyncio.sleep(0)  # hand each request to the server in workload order
+    from day0.core.progress import Progress
+
+    bar = Progress(len(workload), f"kvcache workload (pass {run.passes})", "requests")
     try:
         while not all(t.done() for t in tasks):
+            bar.set(sum(f.done for f in flights), f"{run.scrapes} scrapes")
             if perf() > deadline:
                 run.error = f"workload did not finish within kvcache.workload_timeout_s = {timeout_s:g} s"
                 break
@@ -270,6 +274,7 @@ async def _blackbox_pass(session: Any, base: str, model: str, workload: Sequence
             while perf() < slow_until and any(not f.done and f.received == 0 for f in flights):
                 await asyncio.sleep(0.02)
     finally:
+        bar.close()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from day0.core.progress import Progress
 from day0.stages.kvcache.errors import WorkloadRejected
 from day0.stages.kvcache.fragmentation import BlockTable, Holding, KvSample, count_blocks, is_steady
 from day0.stages.kvcache.workload import KvRequest, check_fits, rejection_from_message
@@ -189,6 +190,7 @@ def run_exact(llm: Any, workload: Sequence[KvRequest], *, sample: bool = True, s
         external[f"day0-kv-{salt[:8]}-{r.index}"] = rid  # outputs carry the id we gave, the scheduler its own
     perf = time.perf_counter
     t0 = perf()
+    bar = Progress(len(workload), "kvcache workload (in-process)", "requests")
     try:
         while engine.has_unfinished_requests():
             if perf() - t0 > timeout_s:
@@ -198,16 +200,7 @@ def run_exact(llm: Any, workload: Sequence[KvRequest], *, sample: bool = True, s
                 break
             outputs = engine.step()
             run.steps += 1
-            for out in outputs:
-                rid = external.get(out.request_id, out.request_id)
-                idx = ids.get(rid)
-                if idx is None or not out.finished:
-                    continue
-                rec = run.requests[idx]
-                rec.finished = True
-                rec.output_tokens = len(out.outputs[0].token_ids) if out.outputs else 0
-                rec.cached_tokens = int(out.num_cached_tokens or 0)
-                state[rid] = (state[rid][0], True)
+            bar.update(_finished(run, outputs, ids, external, state), f"step {run.steps}")
             if sample:
                 ts = perf()
                 for rid, idx in ids.items():  # preemptions are counted on the live request objects
@@ -224,5 +217,25 @@ def run_exact(llm: Any, workload: Sequence[KvRequest], *, sample: bool = True, s
             engine.abort_request([rid for rid, (_, done) in state.items() if not done], internal=True)
         except Exception:
             pass
+    finally:
+        bar.close()
     run.wall_s = perf() - t0
     return run
+
+
+def _finished(run: ExactRun, outputs: Any, ids: dict[str, int], external: dict[str, str],
+              state: dict[str, tuple[int, bool]]) -> int:
+    """Record the requests one engine step finished; returns how many."""
+    n = 0
+    for out in outputs:
+        rid = external.get(out.request_id, out.request_id)
+        idx = ids.get(rid)
+        if idx is None or not out.finished:
+            continue
+        rec = run.requests[idx]
+        rec.finished = True
+        rec.output_tokens = len(out.outputs[0].token_ids) if out.outputs else 0
+        rec.cached_tokens = int(out.num_cached_tokens or 0)
+        state[rid] = (state[rid][0], True)
+        n += 1
+    return n

@@ -1,0 +1,151 @@
+"""A run's results where operators already look: Prometheus (textfile collector, Pushgateway)
+and the GitHub Actions job summary.
+
+Dashboards and alerts already watch Prometheus, and a CI reviewer already reads the job's
+summary page; a verdict that only lives in a run folder is one nobody sees at 3 a.m. Everything
+here is built from the run record alone (like the report and junit.xml), so it can be tested
+without pytest and rerun on an old run. An export that fails costs one log line, never the record.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from day0.core.record import RunRecord
+from day0.core.record_shape import STATUSES, VERDICTS
+from day0.results import summary
+
+JOB = "day0"
+PUSH_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where the run's results go besides the run folder; None leaves one out."""
+
+    textfile: str | None = None  # --day0-prom-textfile: node_exporter's textfile collector (*.prom)
+    pushgateway: str | None = None  # --day0-pushgateway: a Pushgateway URL
+    step_summary: str | None = None  # $GITHUB_STEP_SUMMARY: the job summary's Markdown file
+
+    @classmethod
+    def from_options(cls, textfile: str | None, pushgateway: str | None,
+                     environ: Mapping[str, str] | None = None) -> "Targets":
+        env = os.environ if environ is None else environ
+        return cls(textfile or None, pushgateway or None, env.get("GITHUB_STEP_SUMMARY") or None)
+
+
+def _num(v: object) -> float | None:
+    return summary.num(v)
+
+
+def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (imported lazily)
+    """The run as Prometheus gauges, every series labelled by profile and run id.
+
+    A check's status is a labelled gauge (one series per possible status, 1 for the one it has),
+    the kube-state-metrics way, so ``day0_check_status{status="fail"} == 1`` is an alert rule.
+    Only numeric values and limits become samples; a string value has no gauge."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    reg = CollectorRegistry()
+    run = {"profile": str(record.profile.get("name") or ""), "run_id": record.run_id}
+    keys = ["profile", "run_id", "stage", "check", "repeat"]
+    value = Gauge("day0_check_value", "A Day0 check's measured value, in the check's unit", [*keys, "unit"],
+                  registry=reg)
+    limit = Gauge("day0_check_limit", "A Day0 check's limit, in the check's unit", [*keys, "unit", "direction"],
+                  registry=reg)
+    status = Gauge("day0_check_status", "1 for the status a Day0 check has, 0 for the others",
+                   [*keys, "status"], registry=reg)
+    duration = Gauge("day0_check_duration_seconds", "Seconds the pytest test that recorded a check took",
+                     keys, registry=reg)
+    verdict = Gauge("day0_verdict", "1 for the run's verdict, 0 for the others", ["profile", "run_id", "verdict"],
+                    registry=reg)
+    finished = Gauge("day0_run_finished_timestamp_seconds", "When the run finished (Unix time)",
+                     ["profile", "run_id"], registry=reg)
+    for st in record.stages:
+        for c in st.checks:
+            labels = {**run, "stage": st.name, "check": c.id, "repeat": "" if c.repeat is None else str(c.repeat)}
+            if (v := _num(c.value)) is not None:
+                value.labels(**labels, unit=c.unit).set(v)
+            if (lim := _num(c.limit)) is not None:
+                limit.labels(**labels, unit=c.unit, direction=c.direction).set(lim)
+            for s in STATUSES:
+                status.labels(**labels, status=s).set(1 if c.status == s else 0)
+            if (d := _num(c.duration_s)) is not None:
+                duration.labels(**labels).set(d)
+    for v in VERDICTS:
+        verdict.labels(**run, verdict=v).set(1 if record.verdict == v else 0)
+    if record.finished_at:
+        from datetime import datetime
+
+        finished.labels(**run).set(datetime.fromisoformat(record.finished_at).timestamp())
+    return reg
+
+
+def write_textfile(record: RunRecord, path: Path) -> Path:
+    """The node_exporter textfile collector's file, replaced atomically (a scrape never reads half)."""
+    from prometheus_client import write_to_textfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_to_textfile(str(path), registry(record))
+    return path
+
+
+def push(record: RunRecord, url: str, timeout: float = PUSH_TIMEOUT_S) -> None:
+    """PUT the run to a Pushgateway, grouped by profile: each run of a profile replaces the last
+    one's series there (the run id stays a label), so the gateway holds one run per profile."""
+    from prometheus_client import push_to_gateway
+
+    profile = str(record.profile.get("name") or "unnamed")
+    push_to_gateway(url, job=JOB, registry=registry(record), grouping_key={"profile": profile}, timeout=timeout)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(record: RunRecord) -> str:
+    """The verdict line and the headline table (the terminal's rows, from day0.results.summary)."""
+    s = summary.summarize(record)
+    lines = [f"### day0 {_cell(record.run_id)}: {_cell(s.verdict_line)}", ""]
+    if s.reason:
+        lines += [_cell(s.reason), ""]
+    rows = summary.headline_rows(s)
+    if rows:
+        lines += ["| Metric | Value | Limit | Status |", "| --- | --- | --- | --- |"]
+        lines += [f"| {' | '.join(_cell(x) for x in row)} |" for row in rows]
+    else:
+        lines.append("No headline figure was measured in this run.")
+    if s.failed:
+        lines += ["", "**Failed:** " + ", ".join(f"`{_cell(c.id)}`" for c in s.failed)]
+    return "\n".join(lines) + "\n\n"
+
+
+def append_step_summary(record: RunRecord, path: Path) -> Path:
+    """Append (the job summary file is shared by every step of the job, never replaced)."""
+    path = Path(path)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(markdown(record))
+    return path
+
+
+def export(record: RunRecord, targets: Targets, log: Callable[[str], None]) -> dict[str, Path | str]:
+    """Every asked-for export; each failure is one log line, and the others still run.
+    Returns label -> where it went, for the run's closing summary."""
+    out: dict[str, Path | str] = {}
+    jobs: list[tuple[str, str | None, Callable[[str], Path | str]]] = [
+        ("prometheus textfile", targets.textfile, lambda t: write_textfile(record, Path(t))),
+        ("pushgateway", targets.pushgateway, lambda t: (push(record, t), t)[1]),
+        ("GitHub step summary", targets.step_summary, lambda t: append_step_summary(record, Path(t))),
+    ]
+    for label, target, run in jobs:
+        if not target:
+            continue
+        try:
+            out[label] = run(target)
+        except Exception as exc:  # an unreachable gateway or a full disk must not cost the run
+            log(f"{label} export to {target} failed: {type(exc).__name__}: {str(exc)[:300]}")
+    return out

@@ -1,0 +1,279 @@
+"""The figures a signer decides on, drawn from a run record as plain data (no HTML here).
+
+The report's first screen, the terminal's closing lines and ``day0 verify`` all show the same
+verdict line and headline figures; building them once, apart from any template (as pytest-html
+keeps its data model apart from its pages), keeps the three in agreement and lets them be tested
+without a browser. Every figure names the check it comes from, so a reader can follow it down
+to its evidence.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from day0.core.record import Check, RunRecord, required_checks, unverified_required
+
+NOT_VERIFIED = ("skip", "blocked", "error")
+SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
+
+# Stage 0's answer to "does this model need a supernode", by the plan's verdict (day0.model.ranks.scope).
+ANSWERS = {
+    "fits_one_device": "Fits one device",
+    "fits_one_node": "Needs several devices on one node",
+    "needs_supernode": "Needs a supernode (more than one node)",
+    "does_not_fit": "Does not fit the target topology",
+}
+
+
+def num(v: Any) -> float | None:
+    """A finite number, or None (bools and strings are not figures)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def fmt(v: Any) -> str:
+    """A figure as a person reads it: 4 significant digits, thousands separated."""
+    x = num(v)
+    if x is None:
+        return "—" if v is None else str(v)
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 1e-3:
+        return f"{x:.4g}"
+    return f"{x:.2e}"
+
+
+# --------------------------------------------------------------------------- verdict line
+
+
+def not_verified_ids(record: RunRecord) -> list[str]:
+    """Distinct ids of checks that did not verify anything (skip, blocked, error), in run order;
+    a check repeated across repeats counts once."""
+    return list(dict.fromkeys(c.id for c in record.checks() if c.status in NOT_VERIFIED))
+
+
+def verdict_line(record: RunRecord) -> str:
+    """The verdict as every place prints it: "ACCEPTED, 7 checks not verified". An ACCEPTED that
+    rests on skipped checks must say so wherever the word ACCEPTED appears."""
+    n = len(not_verified_ids(record))
+    label = str(record.verdict).upper()
+    return f"{label}, {n} check{'s' if n != 1 else ''} not verified" if n else label
+
+
+# --------------------------------------------------------------------------- headline figures
+
+
+@dataclass
+class Headline:
+    """One figure against its limit; ``status`` is the check's, or ``absent`` when none ran."""
+
+    key: str
+    label: str
+    value: float | None
+    text: str
+    limit: str
+    status: str
+    check_id: str
+    note: str = ""
+    direction: str = ""
+    trend: list[tuple[str, float]] = field(default_factory=list)  # (run id, value), oldest first
+    baseline_index: int | None = None  # which trend point the regression baseline is
+
+
+def _worst(checks: Sequence[Check]) -> Check:
+    """The worst of a repeated check: a fail first, then the value farthest on the wrong side."""
+    failed = [c for c in checks if c.status == "fail"]
+    pool = failed or [c for c in checks if num(c.value) is not None] or list(checks)
+    if len(pool) == 1 or num(pool[0].value) is None:
+        return pool[0]
+    key: Callable[[Check], float] = lambda c: num(c.value) or 0.0  # noqa: E731
+    return min(pool, key=key) if pool[0].direction == "higher_is_better" else max(pool, key=key)
+
+
+def _limit(c: Check, scale: float = 1.0, unit: str | None = None) -> str:
+    x = num(c.limit)
+    if x is None:
+        return "no limit set"
+    return f"{SIGN.get(c.direction, '')} {fmt(x * scale)} {c.unit if unit is None else unit}".strip()
+
+
+@dataclass(frozen=True)
+class Figure:
+    """How one headline is found: the check id (or glob's picker) and how it reads."""
+
+    key: str
+    label: str
+    check_id: str
+    scale: float = 1.0
+    unit: str | None = None
+
+
+FIGURES = (
+    Figure("ttft_p99", "TTFT p99", "latency.ttft_p99"),
+    Figure("tpot_p99", "TPOT p99", "latency.tpot_p99"),
+    Figure("output_throughput", "Output throughput", "latency.output_throughput"),
+    Figure("goodput", "Goodput", "latency.goodput"),
+    Figure("busbw", "Worst busbw vs expected", "collectives.*.busbw"),
+    Figure("frag_mean", "KV fragmentation, mean", "kvcache.fragmentation"),
+    Figure("frag_peak", "KV fragmentation, peak", "kvcache.fragmentation_peak"),
+    Figure("kv_tokens", "KV tokens held vs needed", "kvcache.capacity"),
+    Figure("cost", "Cost per 1M output tokens", "risks.cost.per_million_output_tokens"),
+    Figure("ppl_delta", "Perplexity change", "risks.accuracy.ppl_delta", scale=100.0, unit="%"),
+)
+
+
+def _busbw(checks: list[Check]) -> Check | None:
+    """The collective furthest below (or least above) its expected bandwidth."""
+    scored = []
+    for c in checks:
+        v = num(c.value)
+        ev = c.evidence if isinstance(c.evidence, dict) else {}
+        exp = num(ev.get("expected_gbps")) or num(c.limit)
+        if c.status == "fail" or (v is not None and exp):
+            scored.append((0 if c.status == "fail" else 1, (v or 0.0) / exp if v is not None and exp else 0.0, c))
+    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else (checks[0] if checks else None)
+
+
+def headline(fig: Figure, checks: list[Check]) -> Headline:
+    """The figure from the checks of this run with its id (a glob for busbw)."""
+    hits = [c for c in checks if fnmatch.fnmatchcase(c.id, fig.check_id)]
+    if not hits:
+        return Headline(fig.key, fig.label, None, "—", "", "absent", fig.check_id, "not measured in this run")
+    c = _busbw(hits) if fig.key == "busbw" else _worst(hits)
+    v = num(c.value)
+    unit = c.unit if fig.unit is None else fig.unit
+    text = f"{fmt(v * fig.scale)} {unit}".strip() if v is not None else "—"
+    note = "" if len(hits) == 1 else f"worst of {len(hits)}"
+    ev = c.evidence if isinstance(c.evidence, dict) else {}
+    if fig.key == "busbw":
+        exp = num(ev.get("expected_gbps"))
+        what = c.id.split(".")[1] if c.id.count(".") >= 2 else c.id
+        note = f"{what}" + (f"; expected {fmt(exp)} {c.unit}, {fmt(v / exp)}x" if exp and v is not None else "")
+    elif fig.key == "kv_tokens":
+        note = (note + "; " if note else "") + f"needs {fmt(c.limit)} {c.unit}".strip()
+    if c.status in NOT_VERIFIED:
+        note = (note + "; " if note else "") + c.message
+    return Headline(fig.key, fig.label, None if v is None else v * fig.scale, text, _limit(c, fig.scale, fig.unit),
+                    c.status, c.id, note, c.direction)
+
+
+def headlines(record: RunRecord) -> list[Headline]:
+    checks = list(record.checks())
+    return [headline(f, checks) for f in FIGURES]
+
+
+# --------------------------------------------------------------------------- stage 0's answer
+
+
+@dataclass
+class Adaptation:
+    """Does this model need a supernode: the plan's answer and the smallest layout that fits."""
+
+    verdict: str
+    answer: str
+    smallest: str
+    planned: str
+    status: str
+    message: str
+
+
+def adaptation(record: RunRecord) -> Adaptation | None:
+    """From the preflight plan (check ``preflight.plan.verdict``); None when no plan was made."""
+    c = next((c for c in record.checks() if c.id == "preflight.plan.verdict"), None)
+    if c is None:
+        return None
+    ev = c.evidence if isinstance(c.evidence, dict) else {}
+    plan = ev.get("plan") if isinstance(ev.get("plan"), dict) else {}
+    smallest_verdict = str(plan.get("smallest_verdict") or plan.get("verdict") or c.value or "")
+    tp, pp = plan.get("smallest_tp"), plan.get("smallest_pp")
+    smallest = f"TP={tp} x PP={pp}" if tp and pp else "none fits"
+    ranks = (plan.get("tp") or 0) * (plan.get("pp") or 0) if num(plan.get("tp")) and num(plan.get("pp")) else 0
+    planned = (f"TP={plan.get('tp')} x PP={plan.get('pp')} = {ranks} ranks on {plan.get('nodes', '?')} node(s)"
+               if ranks else "—")
+    answer = ANSWERS.get(smallest_verdict, smallest_verdict or "no answer recorded")
+    return Adaptation(str(plan.get("verdict") or c.value or ""), answer, smallest, planned, c.status, c.message)
+
+
+# --------------------------------------------------------------------------- what was not verified
+
+
+@dataclass(frozen=True)
+class Unverified:
+    check_id: str
+    status: str  # skip, blocked, error, or absent (a required check that never ran)
+    reason: str
+    required: bool
+    times: int = 1
+
+
+def unverified(record: RunRecord) -> list[Unverified]:
+    """Every check that verified nothing, each once with its reason; required ones first."""
+    req = required_checks(record.profile)
+    by_id: dict[str, list[Check]] = {}
+    for c in record.checks():
+        if c.status in NOT_VERIFIED:
+            by_id.setdefault(c.id, []).append(c)
+    out = [Unverified(i, cs[0].status, cs[0].message, any(fnmatch.fnmatchcase(i, g) for g in req), len(cs))
+           for i, cs in by_id.items()]
+    absent = [Unverified(glob, "absent", why, True) for glob, why in unverified_required(record.stages, req)
+              if why.startswith("required, but no such check")]
+    return sorted(absent + out, key=lambda u: not u.required)
+
+
+def failed(record: RunRecord) -> list[Check]:
+    """Failed checks, each id once (the first failure of a repeated check)."""
+    seen: dict[str, Check] = {}
+    for c in record.checks():
+        if c.status == "fail":
+            seen.setdefault(c.id, c)
+    return list(seen.values())
+
+
+# --------------------------------------------------------------------------- the whole summary
+
+
+@dataclass
+class Summary:
+    verdict: str
+    verdict_line: str
+    reason: str
+    adaptation: Adaptation | None
+    headlines: list[Headline]
+    failed: list[Check]
+    unverified: list[Unverified]
+    required: list[str]
+    trend_runs: int = 0
+    baseline_run: str = ""
+
+
+def summarize(record: RunRecord, history: Iterable[RunRecord] = (), baseline_run_id: str = "") -> Summary:
+    """The first screen's data. ``history`` is earlier runs of the same profile and machine
+    (oldest first); each headline then carries its values over those runs and this one."""
+    heads = headlines(record)
+    past = [r for r in history if r.run_id != record.run_id]
+    if past:
+        add_trends(heads, [*past, record], baseline_run_id)
+    return Summary(record.verdict, verdict_line(record), record.reason, adaptation(record), heads,
+                   failed(record), unverified(record), required_checks(record.profile),
+                   len(past) + 1 if past else 0, baseline_run_id)
+
+
+def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id: str = "") -> None:
+    """Each headline's value in each run (runs without the figure leave a gap, not a zero)."""
+    per_run = [(r.run_id, {h.key: h.value for h in headlines(r)}) for r in runs]
+    for h in heads:
+        h.trend = [(rid, vals[h.key]) for rid, vals in per_run if vals.get(h.key) is not None]  # type: ignore[misc]
+        ids = [rid for rid, _ in h.trend]
+        h.baseline_index = ids.index(baseline_run_id) if baseline_run_id in ids else None
+
+
+def headline_rows(s: Summary) -> list[tuple[str, str, str, str]]:
+    """(metric, value, limit, status) rows, like vLLM bench's result block, for the terminal."""
+    return [(h.label, h.text, h.limit, h.status.upper()) for h in s.headlines if h.status != "absent"]

@@ -1,0 +1,86 @@
+"""Record values as table text: one cell per value, nested tables flattened to dotted rows.
+
+Kept apart from the report module so the page, the first-screen summary and any site template
+format a value the same way; every function caps what it emits, so a huge or hostile record
+cannot bloat the page.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+MAX_FLAT_ROWS = 400
+
+
+def fmt_value(v: Any, limit: int = 200) -> str:
+    """A value as a person reads it in a table cell (raw numbers stay in run.json)."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 100_000 else str(v)
+    if isinstance(v, float):
+        av = abs(v)
+        if v == 0:
+            return "0"
+        if av >= 1e12:
+            return f"{v:.3e}"
+        if av >= 1000:
+            return f"{v:,.0f}" if v.is_integer() else f"{v:,.1f}"
+        if av >= 1e-3:
+            return f"{v:.4g}"
+        return f"{v:.3e}"
+    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _summary(v: Any) -> str:
+    """One-cell summary of a structured fact (devices list, topology table)."""
+    if isinstance(v, list) and v and all(isinstance(d, dict) for d in v):
+        names: dict[str, int] = {}
+        for d in v:
+            n = str(d.get("name") or d.get("model") or d.get("type") or "device")
+            names[n] = names.get(n, 0) + 1
+        return ", ".join(f"{c} × {n}" for n, c in names.items())
+    if isinstance(v, list):
+        return fmt_value(", ".join(fmt_value(x) for x in v), 300)
+    if isinstance(v, dict):
+        return fmt_value(", ".join(f"{k}={fmt_value(x, 80)}" for k, x in v.items()), 300)
+    return fmt_value(v, 300)
+
+
+def flatten(obj: Any, prefix: str = "", out: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """Nested tables as (dotted.key, text) rows, capped so a huge profile cannot bloat the page."""
+    out = [] if out is None else out
+    if len(out) >= MAX_FLAT_ROWS:
+        return out
+    if isinstance(obj, dict) and obj:
+        for k, v in obj.items():
+            flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(obj, list) and obj and any(isinstance(x, (dict, list)) for x in obj):
+        for i, v in enumerate(obj):
+            flatten(v, f"{prefix}[{i}]", out)
+    elif isinstance(obj, list):
+        out.append((prefix, fmt_value(", ".join(fmt_value(x) for x in obj), 500) if obj else "[]"))
+    else:
+        out.append((prefix, fmt_value(obj, 500) if obj != {} else "{}"))
+    if len(out) == MAX_FLAT_ROWS:
+        out.append(("…", "more entries in run.json"))
+    return out
+
+
+def lookup(data: Mapping[str, Any], *paths: str) -> Any:
+    """The first present value among dotted ``paths`` (the environment's keys vary by collector)."""
+    for p in paths:
+        cur: Any = data
+        for part in p.split("."):
+            if not isinstance(cur, Mapping) or part not in cur:
+                cur = None
+                break
+            cur = cur[part]
+        if cur not in (None, "", [], {}):
+            return cur
+    return None
