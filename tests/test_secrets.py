@@ -205,8 +205,9 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
             api_key_env = "VLLM_API_KEY"
             [engine.env]
             HF_TOKEN = "{HF}"
-            [report]                # cpu-tiny requires the exact KV view, which an external engine does not expose
-            required = ["weights.*", "latency.*", "collectives.engine_tp*"]
+            [report]    # cpu-tiny requires the exact KV view and worker memory: an external engine exposes neither
+            required = ["weights.golden_tokens", "weights.smoke.*", "latency.ttft_p99", "latency.error_rate",
+                        "collectives.engine_tp*", "risks.accuracy.*"]
         '''))
         out = tmp_path / "reports"
         run = subprocess.run(
