@@ -320,5 +320,5 @@ def test_the_profile_validates_required_globs():
     with pytest.raises(ValueError, match=r"required\[1\]: 'latency ttft' is not a check id or glob"):
         ReportSection(required=["weights.*", "latency ttft"])
     sn = load_profile("supernode-tp8pp4-1m").report.required
-    for must in ("weights.manifest", "weights.golden_tokens", "collectives.transport.*", "weights.weight_memory_per_rank"):
+    for must in ("weights.manifest", "weights.golden_tokens", "collectives.transport.*", "weights.memory_per_rank"):
         assert must in sn
