@@ -126,3 +126,29 @@ def test_server_view_prefers_new_itl_name_and_falls_back_to_the_old():
     old_h.observe(0.02)
     moved = server_view(before, generate_latest(reg).decode())["itl"]
     assert moved.source == "vllm:time_per_output_token_seconds" and moved.count == 1
+
+
+def _counters(hits: float, queries: float, engines: int = 1) -> str:
+    from prometheus_client import Counter
+
+    reg = CollectorRegistry()
+    h = Counter("vllm:prefix_cache_hits", "hits", ["engine"], registry=reg)
+    q = Counter("vllm:prefix_cache_queries", "queries", ["engine"], registry=reg)
+    for e in range(engines):
+        h.labels(engine=str(e)).inc(hits)
+        q.labels(engine=str(e)).inc(queries)
+    return generate_latest(reg).decode()
+
+
+def test_prefix_cache_window_is_the_counter_delta_summed_over_engines():
+    from day0.client.prom import prefix_cache_window
+
+    before, after = _counters(100, 1000, engines=2), _counters(1300, 3000, engines=2)
+    w = prefix_cache_window(before, after)
+    assert (w.hits, w.queries) == (2400, 4000)  # _created samples are not counts
+    assert w.share == pytest.approx(0.6)
+    assert prefix_cache_window(None, after).hits == 2600
+    assert prefix_cache_window(before, "# nothing\n") is None
+    with pytest.raises(PromError, match="went down"):
+        prefix_cache_window(after, before)
+    assert math.isnan(prefix_cache_window(before, before).share)

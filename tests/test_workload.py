@@ -172,3 +172,70 @@ def test_chat_text_keeps_indices_and_lengths():
     text = as_text(reqs)
     assert [r.index for r in text] == [0, 1, 2, 3]
     assert all(isinstance(r.prompt, str) and len(r.prompt.split()) == 12 for r in text)
+
+
+def test_a_nonce_makes_every_run_fresh_and_keeps_the_seeds_lengths():
+    """Two runs with one seed: without a nonce the prompts repeat token for token (a prefix cache
+    serves the second); with one, the first tokens differ, and the lengths and the rest stay."""
+    from day0.client.workload import NONCE_TOKENS
+
+    spec = WorkloadSpec([40, 90], [4, 9], seed=3)
+    plain = build_requests(spec, 1000, 12)
+    assert plain == build_requests(spec, 1000, 12)
+    one, two = (build_requests(WorkloadSpec([40, 90], [4, 9], seed=3, nonce=n), 1000, 12) for n in (1, 2))
+    for p, a, b in zip(plain, one, two):
+        assert (a.input_len, a.output_len) == (b.input_len, b.output_len) == (p.input_len, p.output_len)
+        assert len(a.prompt) == len(b.prompt) == p.input_len
+        assert a.prompt[:NONCE_TOKENS] != b.prompt[:NONCE_TOKENS]
+        assert a.prompt[NONCE_TOKENS:] == b.prompt[NONCE_TOKENS:] == p.prompt[: p.input_len - NONCE_TOKENS]
+        assert a.shared_len == 0  # nothing shared by design: the nonce alone is shorter than a block
+    # short prompts keep one token of their own after the nonce
+    tiny = build_requests(WorkloadSpec(3, 1, nonce=5), 1000, 4)
+    assert all(len(r.prompt) == 3 and r.prompt[:2] == tiny[0].prompt[:2] for r in tiny)
+    assert WorkloadSpec(3, 1, nonce=5).nonce_tokens() == 2 and WorkloadSpec(1, 1, nonce=5).nonce_tokens() == 0
+
+
+def test_the_nonce_goes_before_the_shared_prefix_which_stays_shared_within_a_run():
+    spec = dict(input_len=[60, 80], output_len=4, prefix_len=20, num_prefixes=2, seed=1)
+    runs = [build_requests(WorkloadSpec(**spec, nonce=n), 1000, 8) for n in (11, 12)]
+    for reqs in runs:
+        k = WorkloadSpec(**spec, nonce=11).nonce_tokens()
+        for r in reqs:
+            assert r.shared_len == k + 20
+            same_group = [o for o in reqs if o.prefix_group == r.prefix_group]
+            assert all(o.prompt[: r.shared_len] == r.prompt[: r.shared_len] for o in same_group)
+            other = [o for o in reqs if o.prefix_group != r.prefix_group]
+            assert all(o.prompt[: r.shared_len] != r.prompt[: r.shared_len] for o in other)
+    assert runs[0][0].prompt[:28] != runs[1][0].prompt[:28]  # fresh across runs
+    assert runs[0][0].prompt[8:28] == runs[1][0].prompt[8:28]  # the prefix itself is the seed's
+
+
+def test_shared_share_is_exact_from_the_requests():
+    from day0.client.workload import shared_share
+
+    reqs = build_requests(WorkloadSpec([50, 150], 2, prefix_len=10, seed=4, nonce=9), 1000, 30)
+    expected = sum(18 for _ in reqs) / sum(r.input_len for r in reqs)
+    assert shared_share(reqs) == pytest.approx(expected)
+    assert shared_share(build_requests(WorkloadSpec([50, 150], 2, seed=4, nonce=9), 1000, 30)) == 0.0
+
+
+def test_log_uniform_lengths_spread_over_every_decade():
+    reqs = build_requests(WorkloadSpec([100, 100_000], 1, input_dist="log_uniform", seed=2), 50, 600)
+    lens = [r.input_len for r in reqs]
+    assert min(lens) >= 100 and max(lens) <= 100_000
+    per_decade = [sum(1 for n in lens if lo <= n < lo * 10) for lo in (100, 1000, 10_000)]
+    assert all(150 <= c <= 250 for c in per_decade), per_decade  # uniform would put ~90% in the top decade
+    with pytest.raises(WorkloadError, match="input_dist"):
+        WorkloadSpec(input_dist="zipf").validate()
+
+
+def test_dataset_lengths_replace_both_lengths_and_are_drawn_by_the_seed():
+    pairs = ((10, 4), (200, 50), (33, 7))
+    a = build_requests(WorkloadSpec(lengths=pairs, seed=5), 1000, 40)
+    assert {(r.input_len, r.output_len) for r in a} == set(pairs)
+    assert all(len(r.prompt) == r.input_len for r in a)
+    assert a == build_requests(WorkloadSpec(lengths=pairs, seed=5), 1000, 40)
+    assert [r.input_len for r in a] != [r.input_len for r in build_requests(WorkloadSpec(lengths=pairs, seed=6),
+                                                                               1000, 40)]
+    with pytest.raises(WorkloadError, match="shortest dataset prompt"):
+        WorkloadSpec(lengths=pairs, prefix_len=10).validate()

@@ -187,3 +187,55 @@ def scrape_sync(base_url: str, timeout_s: float = 10.0) -> str:
             return resp.read().decode("utf-8", "replace")
     except Exception as exc:
         raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None
+
+
+# vLLM's prefix-cache counters (v1/metrics/loggers.py), in tokens: of the prompt tokens the
+# scheduler looked up, how many it found cached. Exposed with prometheus_client's ``_total``.
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+
+
+def parse_counters(text: str, names: Iterable[str], labels: dict[str, str] | None = None) -> dict[str, float]:
+    """The named counters' values, summed over label sets (engines, ranks) that match; a counter
+    absent from the exposition is absent from the result (an engine without it is not a zero)."""
+    want, wanted = labels or {}, set(names)
+    out: dict[str, float] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueErrors with the offending line
+        raise PromError(f"not a Prometheus exposition: {exc}") from None
+    for fam in families:
+        for s in fam.samples:
+            base = s.name.removesuffix("_total")
+            if base in wanted and s.name != base + "_created" and all(s.labels.get(k) == v for k, v in want.items()):
+                out[base] = out.get(base, 0.0) + s.value
+    return out
+
+
+@dataclass(frozen=True)
+class PrefixCacheWindow:
+    """Prefix-cache lookups between two scrapes, in tokens."""
+
+    hits: float
+    queries: float
+
+    @property
+    def share(self) -> float:
+        """Hit tokens over looked-up prompt tokens; NaN when nothing was looked up."""
+        return self.hits / self.queries if self.queries > 0 else math.nan
+
+
+def prefix_cache_window(before: str | None, after: str, *,
+                        labels: dict[str, str] | None = None) -> PrefixCacheWindow | None:
+    """The prefix-cache hits and queries between two /metrics texts; None when the server does not
+    export the counters. A counter that went down means the server restarted (PromError)."""
+    names = (PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES)
+    a = parse_counters(after, names, labels)
+    if set(a) != set(names):
+        return None
+    b = parse_counters(before, names, labels) if before is not None else {}
+    hits, queries = a[PREFIX_CACHE_HITS] - b.get(PREFIX_CACHE_HITS, 0.0), a[PREFIX_CACHE_QUERIES] - b.get(
+        PREFIX_CACHE_QUERIES, 0.0)
+    if hits < 0 or queries < 0:
+        raise PromError("vllm:prefix_cache_*: counts went down between scrapes (server restarted?)")
+    return PrefixCacheWindow(hits, queries)

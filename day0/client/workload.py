@@ -13,6 +13,7 @@ import bisect
 import json
 import math
 import random
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
@@ -40,6 +41,7 @@ class Request:
     input_len: int  # exact for token-id prompts; the requested length for text prompts
     output_len: int
     prefix_group: int | None = None  # which shared prefix it starts with, if any
+    shared_len: int = 0  # leading tokens other requests of the run share by design (nonce + prefix)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,14 @@ class WorkloadSpec:
     ``prefix_len > 0`` makes the shared-prefix workload: each prompt starts with one of
     ``num_prefixes`` fixed prefixes of that many tokens (round-robin), then a unique suffix,
     which is what exercises prefix caching. ``input_len`` counts the prefix.
+
+    ``nonce`` (a per-run value) makes the prompts fresh: a seed alone gives the same prompts on
+    every run, and a server with prefix caching then serves a repeated run from its cache. The
+    nonce's tokens go first, before any shared prefix, so nothing of one run matches another's
+    first block; lengths, arrival times and everything after the nonce stay the seed's.
+    ``input_dist = "log_uniform"`` draws ``input_len``'s ``[lo, hi]`` log-uniformly (a long-context
+    mix spends as many prompts per decade); ``lengths`` (pairs of input, output tokens, e.g. from
+    a dataset) replace both lengths: each request takes one pair, drawn by the seed.
     """
 
     input_len: LengthSpec = 128
@@ -126,6 +136,9 @@ class WorkloadSpec:
     prefix_len: int = 0
     num_prefixes: int = 1
     seed: int = 0
+    nonce: int | None = None
+    input_dist: str = "uniform"
+    lengths: tuple[tuple[int, int], ...] = ()
 
     def validate(self) -> tuple[tuple[int, int], tuple[int, int]]:
         ilo, ihi = _length_bounds("input_len", self.input_len, 1)
@@ -139,7 +152,44 @@ class WorkloadSpec:
             )
         if self.num_prefixes < 1:
             raise WorkloadError(f"num_prefixes: must be >= 1, got {self.num_prefixes}")
+        if self.input_dist not in INPUT_DISTS:
+            raise WorkloadError(f"input_dist: expected one of {', '.join(INPUT_DISTS)}, got {self.input_dist!r}")
+        if self.lengths:
+            if any(i < 1 or o < 1 for i, o in self.lengths):
+                raise WorkloadError("lengths: every input and output length must be >= 1")
+            ilo, ihi = min(i for i, _ in self.lengths), max(i for i, _ in self.lengths)
+            olo, ohi = min(o for _, o in self.lengths), max(o for _, o in self.lengths)
+            if self.prefix_len and self.prefix_len >= ilo:
+                raise WorkloadError(f"prefix_len: {self.prefix_len} must be below the shortest dataset prompt ({ilo})")
         return (ilo, ihi), (olo, ohi)
+
+    def nonce_tokens(self) -> int:
+        """How many tokens the nonce takes: NONCE_TOKENS, fewer when the shortest prompt is short
+        (one token after the nonce and the prefix always stays the request's own), 0 without one.
+        The same for every request, so a shared prefix stays shared within the run."""
+        if self.nonce is None:
+            return 0
+        (ilo, _), _ = self.validate()
+        return max(0, min(NONCE_TOKENS, ilo - self.prefix_len - 1))
+
+
+INPUT_DISTS: tuple[str, ...] = ("uniform", "log_uniform")
+# Tokens of the per-run nonce: with the smallest vocabularies day0 meets (a few hundred ids) 8
+# random ids still give ~1e20 values, so two runs' nonces never collide.
+NONCE_TOKENS = 8
+
+
+def _draw_lengths(spec: WorkloadSpec, rng: random.Random, bounds: tuple[tuple[int, int], tuple[int, int]]
+                  ) -> tuple[int, int]:
+    """One request's (input, output) lengths, in the draw order today's prompts were made with."""
+    (ilo, ihi), (olo, ohi) = bounds
+    if spec.lengths:
+        return spec.lengths[rng.randrange(len(spec.lengths))]
+    if spec.input_dist == "log_uniform" and ihi > ilo:
+        n_in = min(ihi, max(ilo, round(math.exp(rng.uniform(math.log(ilo), math.log(ihi))))))
+    else:
+        n_in = rng.randint(ilo, ihi)
+    return n_in, rng.randint(olo, ohi)
 
 
 def _id_sampler(vocab: Vocab):
@@ -171,25 +221,41 @@ def build_requests(spec: WorkloadSpec, vocab: Vocab | int, count: int, *, start_
     """
     if isinstance(vocab, int):
         vocab = Vocab(vocab)
-    (ilo, ihi), (olo, ohi) = spec.validate()
+    bounds = spec.validate()
     if count < 0:
         raise WorkloadError(f"count: must be >= 0, got {count}")
     draw = _id_sampler(vocab)
     prefix_rng = random.Random(f"{spec.seed}:prefix")
     prefixes = [[draw(prefix_rng) for _ in range(spec.prefix_len)] for _ in range(spec.num_prefixes)]
+    k_nonce = spec.nonce_tokens()
+    nonce_rng = random.Random(f"nonce:{spec.nonce}")
+    nonce = [draw(nonce_rng) for _ in range(k_nonce)]
+    shared = k_nonce + spec.prefix_len if spec.prefix_len else 0
     rng = random.Random(f"{spec.seed}:{stream}")
     out: list[Request] = []
     for k in range(count):
-        n_in = rng.randint(ilo, ihi)
-        n_out = rng.randint(olo, ohi)
+        n_in, n_out = _draw_lengths(spec, rng, bounds)
         group = None
         ids: list[int] = []
         if spec.prefix_len:
             group = k % spec.num_prefixes
             ids = list(prefixes[group])
         ids.extend(draw(rng) for _ in range(n_in - len(ids)))
-        out.append(Request(start_index + k, ids, n_in, n_out, group))
+        if k_nonce:  # the nonce goes first and the prompt keeps its length: the last ids make way
+            ids = nonce + ids[: n_in - k_nonce]
+        out.append(Request(start_index + k, ids, n_in, n_out, group, shared))
     return out
+
+
+def new_nonce() -> int:
+    """A per-run nonce from the OS's entropy: never derived from the seed, which repeats by design."""
+    return secrets.randbits(63)
+
+
+def shared_share(requests: Sequence[Request]) -> float:
+    """Of the prompt tokens of ``requests``, the share the workload means to share (exact)."""
+    total = sum(r.input_len for r in requests)
+    return sum(r.shared_len for r in requests) / total if total else 0.0
 
 
 def as_text(requests: Sequence[Request], seed: int = 0) -> list[Request]:
@@ -205,7 +271,7 @@ def as_text(requests: Sequence[Request], seed: int = 0) -> list[Request]:
         words = [_WORDS[t % len(_WORDS)] for t in r.prompt] if isinstance(r.prompt, list) else []
         if not words:
             words = [rng.choice(_WORDS) for _ in range(r.input_len)]
-        out.append(Request(r.index, " ".join(words), r.input_len, r.output_len, r.prefix_group))
+        out.append(Request(r.index, " ".join(words), r.input_len, r.output_len, r.prefix_group, r.shared_len))
     return out
 
 

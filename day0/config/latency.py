@@ -20,7 +20,8 @@ LIMIT_METRICS = ("ttft", "tpot", "itl", "e2e")
 # A latency limit: <metric>_p<NN>_ms, the percentile with "." or "_" for its decimal point (p99_9 = p99.9).
 LIMIT_KEY = re.compile(rf"^({'|'.join(LIMIT_METRICS)})_p(\d+(?:[._]\d+)?)_ms$")
 LIMIT_FORM = "<ttft|tpot|itl|e2e>_p<NN>_ms"
-GOODPUT_METRICS = ("ttft", "tpot", "e2e")  # per-request figures a goodput SLO may name (ITL is per gap)
+GOODPUT_METRICS = ("ttft", "tpot", "e2e")
+DATASET_KINDS = ("sharegpt",)  # latency.dataset = "<kind>:<path>"  # per-request figures a goodput SLO may name (ITL is per gap)
 
 # A length in tokens: fixed, or [lo, hi] drawn uniformly (inclusive).
 Length = Union[Annotated[int, Field(ge=1)],
@@ -66,6 +67,14 @@ class LatencySection(_Table):
     prefix_len: int = Field(0, ge=0, description="> 0: shared-prefix workload, below the shortest input_len")
     num_prefixes: int = Field(1, ge=1, description="distinct shared prefixes, round robin")
     seed: int = Field(0, description="fixes prompts and arrival times")
+    fresh_prompts: bool = Field(True, description="a per-run nonce at the front of every prompt, so a repeated run "
+                                                  "is not served from the prefix cache; false = the seed's prompts "
+                                                  "exactly, run after run")
+    dataset: str = Field("", description="prompt and output lengths from a local file: \"sharegpt:/path/to.json\" "
+                                         "(replaces input_len and output_len)")
+    length_mix: Literal["", "long_context"] = Field(
+        "", description="long_context: prompt lengths log-uniform from 4096 tokens up to the engine's max_model_len "
+                        "minus the longest output_len (replaces input_len)")
     arrivals: Literal["immediate", "vllm"] = Field(
         "immediate", description="open loop's first arrival: immediate = at t=0, no rescale; vllm = after one gap, "
                                  "rescaled so the last lands at n/rate (vllm bench serve)")
@@ -116,8 +125,14 @@ class LatencySection(_Table):
     def _load_and_prefix(self) -> "LatencySection":
         if self.load == "concurrency" and self.concurrency < 1:
             raise ValueError(f"concurrency: must be >= 1 with load = 'concurrency' (got {self.concurrency})")
+        if self.dataset:
+            kind, sep, path = self.dataset.partition(":")
+            if kind not in DATASET_KINDS or not sep or not path:
+                raise ValueError(f"dataset: expected \"sharegpt:/path/to.json\", got {self.dataset!r}")
+            if self.length_mix:
+                raise ValueError("length_mix: not with dataset (the dataset gives the lengths)")
         shortest = length_bounds(self.input_len)[0]
-        if self.prefix_len and self.prefix_len >= shortest:
+        if self.prefix_len and self.prefix_len >= shortest and not (self.dataset or self.length_mix):
             raise ValueError(f"prefix_len: {self.prefix_len} must be below the shortest input_len ({shortest}) "
                              "so every prompt has a unique suffix")
         return self

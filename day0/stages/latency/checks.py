@@ -15,7 +15,7 @@ from day0.stages.latency.metrics import DEFINITIONS, METRIC_TITLES, METRICS, SOU
 from day0.stages.latency.sweep import sweep_check
 
 if TYPE_CHECKING:
-    from day0.stages.latency.run import LatencyRun
+    from day0.stages.latency.run import CacheIntent, LatencyRun
 
 MAX_POOLED_SAMPLES = 20_000  # pooled ITL samples kept in evidence (stride-downsampled beyond)
 
@@ -30,6 +30,8 @@ def latency_checks(run: LatencyRun) -> list[Check]:
     checks += throughput_checks(m, sla, run.settings)
     checks.append(goodput_check(m, sla))
     checks.append(server_agreement_check(run))
+    if run.cache is not None:
+        checks.append(prefix_cache_check(run.cache))
     overhead = frontend_overhead_check(run)
     if overhead is not None:
         checks.append(overhead)
@@ -171,6 +173,36 @@ def goodput_check(m: LatencyMetrics, sla: SlaSection) -> Check:
                   "slo_from": "sla.goodput_slo_ms" if sla.goodput_slo_ms else "the loosest latency limit per metric"},
         source=SOURCE,
         performance=True)
+
+
+def prefix_cache_check(c: CacheIntent) -> Check:
+    """TTFT measured on prompts the server already holds is a cache lookup, not prefill: a
+    repeated run, a long-lived deployment's nightly, or another tool's run with the same seed
+    would report it as prefill latency. The share the prefix cache served is judged against what
+    the workload means to share, so a run that measured the cache fails instead of passing fast."""
+    title = "Prefix-cache share of the measured prompt tokens"
+    intent = (f"the workload shares {c.intended:.1%} by design + {c.allowance:.1%} allowance (one "
+              f"{c.block_size}-token block per request)")
+    evidence: dict[str, Any] = {"intended_share": round(c.intended, 6), "allowance": round(c.allowance, 6),
+                                "block_size": c.block_size, "fresh_prompts": c.fresh,
+                                "definition": "vllm:prefix_cache_hits / vllm:prefix_cache_queries, deltas over "
+                                              "the measured window (docs/metrics.md)"}
+    if c.workload:
+        evidence["dataset_lengths"] = c.workload
+    w = c.window
+    if w is None or not w.queries > 0:
+        why = c.why_unmeasured or "the server looked up no prompt tokens in its prefix cache (prefix caching off?)"
+        return Check(id="latency.prefix_cache_share", title=title, status="skip", unit="fraction",
+                     direction="lower_is_better", limit=round(c.limit, 6), evidence=evidence, source=SOURCE,
+                     message=f"not measured: {why}; {intent}")
+    evidence.update({"hit_tokens": w.hits, "queried_tokens": w.queries})
+    verdict = ("latency figures include cache hits the workload does not intend: prefill was not measured"
+               if w.share > c.limit else "prefill was measured, not the cache")
+    return measured("latency.prefix_cache_share", title, round(w.share, 6), round(c.limit, 6), unit="fraction",
+                    direction="lower_is_better", evidence=evidence, source=SOURCE,
+                    message=f"{w.hits:g} of {w.queries:g} prompt tokens were prefix-cache hits ({w.share:.1%}); "
+                            f"{intent}: {verdict}"
+                            + ("" if c.fresh else " (latency.fresh_prompts = false: the seed's prompts exactly)"))
 
 
 _TOKEN_SOURCE_TEXT = {

@@ -29,6 +29,7 @@ from day0.core.stats import percentile
 from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
 from day0.stages.latency.metrics import METRIC_TITLES, LatencyMetrics
 from day0.stages.latency.run import LatencyRun, report_percentiles, run_latency
+from day0.stages.latency.settings import EngineContext
 
 
 def _length_arg(text: str) -> int | list[int]:
@@ -94,6 +95,17 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     load.add_argument("--num-prefixes", type=int, metavar="N", help="distinct shared prefixes (round robin)")
     load.add_argument("--seed", type=int, help="seed of prompts and arrival times")
     load.add_argument("--sweep-rates", metavar="REQ/S,...", help="comma-separated ascending rates for the SLA sweep")
+    load.add_argument("--no-fresh-prompts", action="store_true",
+                      help="the seed's prompts exactly, run after run (default: a per-run nonce at the front of "
+                           "every prompt, so a repeated run is not served from the prefix cache)")
+    load.add_argument("--dataset", metavar="sharegpt:PATH",
+                      help="prompt and output lengths (tokens) from a local ShareGPT JSON file")
+    load.add_argument("--length-mix", choices=["long_context"],
+                      help="prompt lengths log-uniform from 4096 tokens to --max-model-len minus the output")
+    load.add_argument("--max-model-len", type=int, metavar="TOKENS",
+                      help="the engine's context length (long-context mix, dataset filter)")
+    load.add_argument("--block-size", type=int, metavar="TOKENS",
+                      help="the engine's KV block: the prefix-cache share's allowance per request (default 16)")
     client = p.add_argument_group("client")
     client.add_argument("--workers", type=int, metavar="N",
                         help="load-generator processes, each with its own event loop, splitting one schedule "
@@ -134,7 +146,8 @@ _LATENCY_FLAGS = [("concurrency", "concurrency"), ("burstiness", "burstiness"), 
                   ("duration", "duration_s"), ("warmup", "warmup_requests"), ("input_len", "input_len"),
                   ("output_len", "output_len"), ("prefix_len", "prefix_len"), ("num_prefixes", "num_prefixes"),
                   ("seed", "seed"), ("request_timeout", "request_timeout_s"), ("stall_timeout", "stall_timeout_s"),
-                  ("workers", "workers"), ("arrivals", "arrivals"), ("percentiles", "percentiles")]
+                  ("workers", "workers"), ("arrivals", "arrivals"), ("percentiles", "percentiles"),
+                  ("dataset", "dataset"), ("length_mix", "length_mix")]
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSection]:
@@ -154,6 +167,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
         lat["continuous_usage"] = False
     if args.no_server_metrics:
         lat["server_metrics"] = False
+    if args.no_fresh_prompts:
+        lat["fresh_prompts"] = False
     if args.sweep_rates:
         lat["sweep_rates"] = _floats(args.sweep_rates)
     return LatencySection.from_table(lat), sla_from_args(args)
@@ -240,6 +255,10 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
             f"{k} mean {v.mean_ms:.3f} ms (n={v.count:g})" for k, v in run.server.items()))
     elif run.server_error:
         lines.append(f"engine /metrics: {run.server_error}")
+    if run.cache is not None and run.cache.window is not None and run.cache.window.queries > 0:
+        w = run.cache.window
+        lines.append(f"prefix cache over the run: {w.hits:g} of {w.queries:g} prompt tokens hit ({w.share:.1%}; "
+                     f"limit {run.cache.limit:.1%}{'' if run.cache.fresh else ', fresh prompts off'})")
     for pt in run.sweep:
         lines.append(f"sweep {pt.rate:g} req/s: ttft p99 {percentile(pt.metrics.samples['ttft'], 99):.2f} ms, "
                      f"errors {pt.metrics.error_rate:.3f} -> {'meets' if pt.meets_sla else 'misses ' + ','.join(pt.failing)}")
@@ -267,10 +286,15 @@ def cli_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"day0 latency: {exc}", file=sys.stderr)
         return 2
+    for flag, value in (("--max-model-len", args.max_model_len), ("--block-size", args.block_size)):
+        if value is not None and value < 1:
+            print(f"day0 latency: {flag} {value}: must be at least 1", file=sys.stderr)
+            return 2
+    ctx = EngineContext(args.tokenizer, args.max_model_len, args.block_size)
     try:
         run = run_latency(args.url, args.model, vocab, settings, sla,
-                          progress=lambda msg: print(f"... {msg}", file=sys.stderr))
-    except RuntimeError as exc:
+                          progress=lambda msg: print(f"... {msg}", file=sys.stderr), ctx=ctx)
+    except (RuntimeError, ValueError) as exc:  # InputError (an unusable dataset), SettingsError
         print(f"day0 latency: {exc}", file=sys.stderr)
         return 2
     checks = run.checks()

@@ -15,13 +15,14 @@ import time
 from typing import Any, Callable, Sequence
 
 from day0.client.loadgen import PhaseResult, RequestResult
-from day0.client.workload import Request, Vocab, build_requests
+from day0.client.prom import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, PrefixCacheWindow
+from day0.client.workload import Request, Vocab, build_requests, new_nonce
 from day0.config.latency import LatencySection, SettingsError, SlaSection
 from day0.core.record import Check, measured
 from day0.stages.latency.agreement import agreement_allowance
 from day0.stages.latency.metrics import compute_metrics
-from day0.stages.latency.run import LatencyRun, report_percentiles
-from day0.stages.latency.settings import load_shape, workload_spec
+from day0.stages.latency.run import LatencyRun, cache_intent, report_percentiles
+from day0.stages.latency.settings import EngineContext, dataset_lengths, load_shape, workload_spec
 
 ENGINE_VIEW = "in-process engine: no /metrics endpoint; vLLM's per-request metrics are compared instead"
 
@@ -93,7 +94,8 @@ def _phase(llm: Any, reqs: Sequence[Request], settings: LatencySection, phase: s
 
 def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: LatencySection | None = None,
                           sla: SlaSection | None = None, *,
-                          progress: Callable[[str], None] | None = None) -> tuple[LatencyRun, Check]:
+                          progress: Callable[[str], None] | None = None,
+                          ctx: EngineContext | None = None) -> tuple[LatencyRun, Check]:
     """The measured run and the engine-agreement check (client step times vs vLLM's own TTFT)."""
     s = settings or LatencySection()
     sla = sla or SlaSection()
@@ -105,7 +107,9 @@ def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: La
     if isinstance(vocab, int):
         vocab = Vocab(vocab, frozenset(s.special_token_ids))
     say = progress or (lambda _msg: None)
-    spec = workload_spec(s)
+    ctx = ctx or EngineContext()
+    dataset = dataset_lengths(s, ctx)
+    spec = workload_spec(s, nonce=new_nonce() if s.fresh_prompts else None, dataset=dataset, ctx=ctx)
     pcts = report_percentiles(s, sla)
     engine_ttft: dict[str, list[float]] = {"warmup": [], "main": []}
     warm = None
@@ -114,10 +118,33 @@ def run_latency_inprocess(llm: Any, model: str, vocab: Vocab | int, settings: La
         wphase = _phase(llm, build_requests(spec, vocab, s.warmup_requests, stream="warmup"), s, "warmup", engine_ttft)
         warm = compute_metrics(wphase, pcts)
     say(f"measure: {s.num_requests} requests, concurrency {s.concurrency} (in-process)")
-    phase = _phase(llm, build_requests(spec, vocab, s.num_requests, stream="main"), s, "main", engine_ttft)
+    main = build_requests(spec, vocab, s.num_requests, stream="main")
+    before = _cache_counters(llm)
+    phase = _phase(llm, main, s, "main", engine_ttft)
+    after = _cache_counters(llm)
     metrics = compute_metrics(phase, pcts, sla.per_request_slo())
-    run = LatencyRun("inprocess", model, s, sla, metrics, warm, None, ENGINE_VIEW)
+    cache = cache_intent(main, s, ctx.block_size, dataset.counted_with if dataset else "")
+    if before is None or after is None:
+        cache.why_unmeasured = "the in-process engine keeps no stats (LLM(disable_log_stats=True), vLLM's default)"
+    else:
+        cache.window = PrefixCacheWindow(after[0] - before[0], after[1] - before[1])
+    run = LatencyRun("inprocess", model, s, sla, metrics, warm, None, ENGINE_VIEW, cache=cache)
     return run, engine_agreement(metrics.samples["ttft"], engine_ttft["main"], s)
+
+
+def _cache_counters(llm: Any) -> tuple[float, float] | None:
+    """The scheduler's prefix-cache (hits, queries) in tokens, summed over engines; None without stats."""
+    try:
+        snapshot = llm.llm_engine.get_metrics()
+    except Exception:  # AssertionError "Stat logging disabled", or an engine without get_metrics
+        return None
+    totals = {PREFIX_CACHE_HITS: 0.0, PREFIX_CACHE_QUERIES: 0.0}
+    seen = set()
+    for metric in snapshot:
+        if metric.name in totals:
+            totals[metric.name] += float(getattr(metric, "value", 0.0))
+            seen.add(metric.name)
+    return (totals[PREFIX_CACHE_HITS], totals[PREFIX_CACHE_QUERIES]) if len(seen) == 2 else None
 
 
 def inprocess_checks(run: LatencyRun, agreement: Check) -> list[Check]:

@@ -11,15 +11,52 @@ from typing import Any, Callable, Sequence
 import aiohttp
 
 from day0.client.loadgen import ClientOptions, LoadShape, PhaseResult, fetch_models, make_session, run_phase
-from day0.client.prom import PromError, ServerFigure, scrape, server_view
+from day0.client.prom import PrefixCacheWindow, PromError, ServerFigure, prefix_cache_window, scrape, server_view
 from day0.client.workers import WorkerPool
-from day0.client.workload import Request, Vocab, as_text, build_requests
+from day0.client.workload import Request, Vocab, as_text, build_requests, new_nonce, shared_share
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
-from day0.stages.latency.settings import client_options, load_shape, load_workers, workload_spec
+from day0.stages.latency.settings import (
+    DEFAULT_BLOCK_SIZE,
+    EngineContext,
+    client_options,
+    dataset_lengths,
+    load_shape,
+    load_workers,
+    workload_spec,
+)
 from day0.stages.latency.sweep import SweepPoint, run_sweep
+
+
+@dataclass
+class CacheIntent:
+    """How much of the measured window's prompt tokens the prefix cache may serve, and how much it did.
+
+    ``intended`` is the workload's own shared share (nonce + shared prefix, exact from the
+    requests sent); ``allowance`` one KV block per request (a cache hits whole blocks, and a chat
+    template's common head is up to about one); ``window`` what /metrics counted, None unmeasured."""
+
+    intended: float
+    allowance: float
+    block_size: int
+    fresh: bool
+    window: PrefixCacheWindow | None = None
+    why_unmeasured: str = ""
+    workload: str = ""  # where the lengths came from, in words
+
+    @property
+    def limit(self) -> float:
+        return min(1.0, self.intended + self.allowance)
+
+
+def cache_intent(reqs: Sequence[Request], s: LatencySection, block_size: int | None, workload: str) -> CacheIntent:
+    """The prefix-cache share the measured requests mean to have (see :class:`CacheIntent`)."""
+    block = block_size or DEFAULT_BLOCK_SIZE
+    total = sum(r.input_len for r in reqs)
+    allowance = min(block, min((r.input_len for r in reqs), default=0)) * len(reqs) / total if total else 0.0
+    return CacheIntent(shared_share(reqs), allowance, block, s.fresh_prompts, workload=workload)
 
 
 @dataclass
@@ -35,6 +72,7 @@ class LatencyRun:
     server: dict[str, ServerFigure] | None
     server_error: str | None
     sweep: list[SweepPoint] = field(default_factory=list)
+    cache: CacheIntent | None = None
 
     def checks(self) -> list[Check]:
         return latency_checks(self)
@@ -75,11 +113,13 @@ async def measure_latency(
     *,
     progress: Callable[[str], None] | None = None,
     headers: dict[str, str] | None = None,
+    ctx: EngineContext | None = None,
 ) -> LatencyRun:
     """Warm up, scrape /metrics, run the measured phase, scrape again, optionally sweep.
 
     ``headers`` go with every request (the engine's bearer key, from ``day0.engine.auth_headers``).
-    With more than one load worker (``latency.workers``) every phase is split across them."""
+    With more than one load worker (``latency.workers``) every phase is split across them.
+    ``ctx`` says what the workload needs of the engine (tokenizer, max_model_len, block size)."""
     s = settings or LatencySection()
     sla = sla or SlaSection()
     say = progress or (lambda _msg: None)
@@ -87,7 +127,10 @@ async def measure_latency(
         vocab = Vocab(vocab, frozenset(s.special_token_ids))
     elif s.special_token_ids:
         vocab = Vocab(vocab.size, vocab.special_ids | frozenset(s.special_token_ids))
-    spec, opts, pcts, slo = workload_spec(s), client_options(s, headers), report_percentiles(s, sla), sla.per_request_slo()
+    ctx = ctx or EngineContext()
+    dataset = dataset_lengths(s, ctx)
+    spec = workload_spec(s, nonce=new_nonce() if s.fresh_prompts else None, dataset=dataset, ctx=ctx)
+    opts, pcts, slo = client_options(s, headers), report_percentiles(s, sla), sla.per_request_slo()
     workers = load_workers(s)
 
     def requests(n: int, stream: str) -> list[Request]:
@@ -111,13 +154,18 @@ async def measure_latency(
                                                     "warmup"), pcts)
         before, server_error = await _scrape(session, base_url) if s.server_metrics else (None, None)
         say(f"measure: {s.num_requests} requests, load={s.load}" + (f", {workers} load workers" if pool else ""))
-        phase = await load.phase(model, requests(s.num_requests, "main"), load_shape(s), "measure")
+        main = requests(s.num_requests, "main")
+        phase = await load.phase(model, main, load_shape(s), "measure")
         metrics = compute_metrics(phase, pcts, slo)
+        cache = cache_intent(main, s, ctx.block_size, dataset.counted_with if dataset else "")
+        cache.why_unmeasured = server_error or ("latency.server_metrics = false" if not s.server_metrics else "")
         server = None
         if s.server_metrics and server_error is None:
             after, server_error = await _scrape(session, base_url)
+            cache.why_unmeasured = server_error or ""
             if after is not None:
                 server = server_view(before, after, percentiles=pcts)
+                cache.window, cache.why_unmeasured = _cache_window(before, after)
                 if not server:
                     server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
 
@@ -126,14 +174,23 @@ async def measure_latency(
             return compute_metrics(sp, pcts, slo)
 
         sweep = await run_sweep(measure_at, s, sla, say)
-    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep)
+    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache)
+
+
+def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:
+    try:
+        window = prefix_cache_window(before, after)
+    except PromError as exc:
+        return None, str(exc)
+    return window, "" if window else "/metrics has no vllm:prefix_cache_hits/queries counters"
 
 
 def run_latency(base_url: str, model: str | None, vocab: Vocab | int, settings: LatencySection | None = None,
                 sla: SlaSection | None = None, *, progress: Callable[[str], None] | None = None,
-                headers: dict[str, str] | None = None) -> LatencyRun:
+                headers: dict[str, str] | None = None, ctx: EngineContext | None = None) -> LatencyRun:
     """Blocking entry point for the suite and the CLI (runs its own event loop)."""
-    return asyncio.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress, headers=headers))
+    return asyncio.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress, headers=headers,
+                                       ctx=ctx))
 
 
 @dataclass(frozen=True)

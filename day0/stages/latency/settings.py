@@ -5,15 +5,60 @@ options."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from day0.client.loadgen import ClientOptions, LoadShape
 from day0.client.workers import auto_workers
 from day0.client.workload import WorkloadSpec
 from day0.config.latency import LatencySection, SettingsError, length_bounds
+from day0.stages.latency.datasets import DatasetLengths, long_context_range, sharegpt_lengths
+
+# The prefix-cache allowance's block when the engine's is not known: vLLM's default on GPUs.
+DEFAULT_BLOCK_SIZE = 16
 
 
-def workload_spec(s: LatencySection) -> WorkloadSpec:
-    return WorkloadSpec(s.input_len, s.output_len, s.prefix_len, s.num_prefixes, s.seed)
+@dataclass(frozen=True)
+class EngineContext:
+    """What the workload needs to know about the engine beyond its vocabulary: where the
+    tokenizer is (dataset lengths in its tokens), the context length (long-context mix, dataset
+    filter) and the KV block (a prefix cache hits whole blocks: the share's allowance)."""
+
+    tokenizer_dir: Path | None = None
+    max_model_len: int | None = None
+    block_size: int | None = None
+
+
+def engine_context(args: dict, tokenizer_dir: Path | None) -> EngineContext:
+    """From a profile's ``engine.args`` (what vLLM is started with)."""
+    def positive(key: str) -> int | None:
+        v = args.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    return EngineContext(tokenizer_dir, positive("max_model_len"), positive("block_size"))
+
+
+def dataset_lengths(s: LatencySection, ctx: EngineContext) -> DatasetLengths | None:
+    """The dataset's (input, output) lengths, when ``latency.dataset`` names one (InputError if unusable)."""
+    if not s.dataset:
+        return None
+    _, _, path = s.dataset.partition(":")
+    return sharegpt_lengths(Path(path), ctx.tokenizer_dir, ctx.max_model_len)
+
+
+def workload_spec(s: LatencySection, *, nonce: int | None = None, dataset: DatasetLengths | None = None,
+                  ctx: EngineContext | None = None) -> WorkloadSpec:
+    """The run's workload: ``nonce`` fresh per run (``latency.fresh_prompts``), lengths from the
+    profile, the dataset or the long-context mix."""
+    input_len, dist = s.input_len, "uniform"
+    if s.length_mix == "long_context":
+        max_len = (ctx or EngineContext()).max_model_len
+        if not max_len:
+            raise SettingsError("latency.length_mix: long_context needs the engine's max_model_len "
+                                "(engine.args.max_model_len, or --max-model-len)")
+        input_len, dist = list(long_context_range(max_len, length_bounds(s.output_len)[1])), "log_uniform"
+    return WorkloadSpec(input_len, s.output_len, s.prefix_len, s.num_prefixes, s.seed, nonce, dist,
+                        dataset.pairs if dataset else ())
 
 
 def load_shape(s: LatencySection, rate: float | None = None) -> LoadShape:

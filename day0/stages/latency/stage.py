@@ -12,6 +12,7 @@ from day0.core.record import Check
 from day0.engine import auth_headers, local_model_dir, served_name
 from day0.stages.latency.inprocess import inprocess_checks, run_latency_inprocess
 from day0.stages.latency.run import run_latency
+from day0.stages.latency.settings import engine_context
 
 
 class NoTokenizer(RuntimeError):
@@ -42,9 +43,10 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
     model_dir = tokenizer_dir(profile)
     settings, sla = profile.latency, profile.sla
     vocab = read_vocab(model_dir)
+    ctx = engine_context(profile.engine.args, model_dir)
     if engine.view == "scheduler":
         run, agreement = run_latency_inprocess(engine.llm, served_name(profile), vocab, settings, sla,
-                                               progress=progress)
+                                               progress=progress, ctx=ctx)
         return inprocess_checks(run, agreement)
     return run_latency(engine.base_url, served_name(profile), vocab, settings, sla, progress=progress,
-                       headers=auth_headers(profile)).checks()
+                       headers=auth_headers(profile), ctx=ctx).checks()
