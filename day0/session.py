@@ -13,13 +13,16 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from day0.config.profile import Profile
 from day0.core import environment
 from day0.core.record import RUN_FILE, Check, EventLog, RunRecord, rebuild
 from day0.core.stages import STAGE_NAMES, stage_index
 from day0.engine import EngineInfo, Engines
+
+if TYPE_CHECKING:
+    from day0.results.export import Targets
 
 
 def new_run_id(profile_name: str, now: datetime | None = None) -> str:
@@ -54,7 +57,7 @@ class Day0Session:
     report_error: str = ""
     baseline: str | None = None  # --day0-baseline: a run.json path, or latest-accepted / latest (day0.compare)
     repeats: int = 1  # --day0-repeat: the measuring stages ran this many times on one engine (day0.repeats)
-    exports: Any = None  # day0.results.export.Targets: Prometheus textfile, Pushgateway, GitHub step summary
+    exports: Targets | None = None  # Prometheus textfile, Pushgateway, GitHub step summary
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
 
     def __post_init__(self) -> None:
