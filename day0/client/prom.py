@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 # What each client-side metric is compared with, in order of preference (names without suffix).
 SERVER_METRICS: dict[str, tuple[str, ...]] = {
@@ -78,33 +79,36 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return start + (end - start) * (rank - prev) / in_bucket
 
 
+def samples(text: str, labels: dict[str, str] | None = None) -> list[Sample]:
+    """Every sample of an exposition whose labels include ``labels``; PromError (one line) for a
+    text that is not an exposition. The one place /metrics text is parsed."""
+    want = labels or {}
+    try:
+        found = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    except Exception as exc:  # the parser raises bare ValueErrors with the offending line
+        raise PromError(f"not a Prometheus exposition: {exc}") from None
+    return [s for s in found if all(s.labels.get(k) == v for k, v in want.items())]
+
+
 def parse_histograms(text: str, labels: dict[str, str] | None = None) -> dict[str, Histogram]:
     """Every histogram in an exposition, summed over label sets (engines, ranks) that match.
 
     Grouping goes by sample name (``*_bucket`` with an ``le`` label), so an exposition without
     ``# TYPE`` lines still parses.
     """
-    want = labels or {}
     out: dict[str, Histogram] = {}
     bucket_acc: dict[str, dict[float, float]] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises bare ValueErrors with the offending line
-        raise PromError(f"not a Prometheus exposition: {exc}") from None
-    for fam in families:
-        for s in fam.samples:
-            if any(s.labels.get(k) != v for k, v in want.items()):
-                continue
-            name = s.name
-            if name.endswith("_bucket") and "le" in s.labels:
-                base = name[: -len("_bucket")]
-                le = float(s.labels["le"])
-                acc = bucket_acc.setdefault(base, {})
-                acc[le] = acc.get(le, 0.0) + s.value
-            elif name.endswith("_sum"):
-                out.setdefault(name[:-4], Histogram(name[:-4])).sum += s.value
-            elif name.endswith("_count"):
-                out.setdefault(name[:-6], Histogram(name[:-6])).count += s.value
+    for s in samples(text, labels):
+        name = s.name
+        if name.endswith("_bucket") and "le" in s.labels:
+            base = name[: -len("_bucket")]
+            le = float(s.labels["le"])
+            acc = bucket_acc.setdefault(base, {})
+            acc[le] = acc.get(le, 0.0) + s.value
+        elif name.endswith("_sum"):
+            out.setdefault(name[:-4], Histogram(name[:-4])).sum += s.value
+        elif name.endswith("_count"):
+            out.setdefault(name[:-6], Histogram(name[:-6])).count += s.value
     for base, acc in bucket_acc.items():
         h = out.setdefault(base, Histogram(base))
         h.buckets = sorted(acc.items())
@@ -198,17 +202,12 @@ PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
 def parse_counters(text: str, names: Iterable[str], labels: dict[str, str] | None = None) -> dict[str, float]:
     """The named counters' values, summed over label sets (engines, ranks) that match; a counter
     absent from the exposition is absent from the result (an engine without it is not a zero)."""
-    want, wanted = labels or {}, set(names)
+    wanted = set(names)
     out: dict[str, float] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises bare ValueErrors with the offending line
-        raise PromError(f"not a Prometheus exposition: {exc}") from None
-    for fam in families:
-        for s in fam.samples:
-            base = s.name.removesuffix("_total")
-            if base in wanted and s.name != base + "_created" and all(s.labels.get(k) == v for k, v in want.items()):
-                out[base] = out.get(base, 0.0) + s.value
+    for s in samples(text, labels):
+        base = s.name.removesuffix("_total")
+        if base in wanted and s.name != base + "_created":
+            out[base] = out.get(base, 0.0) + s.value
     return out
 
 

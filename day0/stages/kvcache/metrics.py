@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,30 +22,19 @@ class KvMetrics:
     kv_cache_memory_bytes: int | None = None  # the pool's bytes per engine, when cache_config_info says
 
 
-def _samples(text: str) -> list[Any]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from day0.client.prom import PromError
-
-    try:
-        return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
-    except Exception as exc:  # the parser raises bare ValueErrors naming the line
-        raise PromError(f"not a Prometheus exposition: {exc}") from None
-
-
 def parse_kv_metrics(text: str) -> KvMetrics:
     """Read usage, block size/count, request gauges and counters; raise PromError when absent.
 
     Usage is a fraction of the pool without its null block (``1 - free / (num_gpu_blocks - 1)``),
     so used blocks are recovered exactly by rounding; engines are matched by their ``engine`` label.
     """
-    from day0.client.prom import PromError
+    from day0.client.prom import PromError, samples
 
     usage: dict[str, float] = {}
     info: dict[str, tuple[int, int]] = {}
     pool_bytes: dict[str, int] = {}
     sums: dict[str, float] = {}
-    for s in _samples(text):
+    for s in samples(text):
         name = s.name[:-6] if s.name.endswith("_total") else s.name
         eng = s.labels.get("engine", "0")
         if name == "vllm:kv_cache_usage_perc":

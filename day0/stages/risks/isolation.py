@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import aiohttp
 
 from day0.client.loadgen import SSEParser, TokenAccountant
-from day0.client.prom import PromError, scrape
+from day0.client.prom import PromError, parse_counters, scrape
 from day0.config.risks import IsolationSettings
 from day0.core.record import Check, measured
 from day0.engine import auth_headers
@@ -51,18 +51,7 @@ def counter_total(text: str, name: str) -> float | None:
 
     Counters appear as ``name_total`` samples (``name`` in older clients); both are accepted.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = None
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises bare ValueErrors naming the line
-        raise PromError(f"not a Prometheus exposition: {exc}") from None
-    for fam in families:
-        for s in fam.samples:
-            if s.name in (name, name + "_total"):
-                total = (total or 0.0) + float(s.value)
-    return total
+    return parse_counters(text, [name]).get(name)
 
 
 def counter_delta(before: str, after: str, name: str) -> float | None:
