@@ -53,9 +53,7 @@ def golden_tokens_check(engine: Any, golden: str | None, model_dir: Path | None)
 
 def margin_for(engine: Any) -> float:
     """The near-tie margin for the engine's dtype (float32 engines are held tighter)."""
-    profile = getattr(engine, "profile", None)
-    dtype = str(profile.engine.args.get("dtype", "auto")) if profile is not None else "auto"
-    return MARGINS["float32" if dtype in ("float32", "float") else "other"]
+    return MARGINS["float32" if _engine_dtype(engine) in ("float32", "float") else "other"]
 
 
 def engine_sequences(engine: Any, refs: Sequence[RefSequence], max_tokens: int,
