@@ -73,7 +73,7 @@ class Day0Session:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = environment.collect(self.run_dir, self.profile.redactor())  # collect_env.txt beside the record
+        env = environment.collect(self.run_dir, self.events.redactor)  # collect_env.txt beside the record
         self.events.run_started(self.run_id, env, self.profile.resolved(), STAGE_NAMES)
         point_latest(self.out_dir, self.run_dir)
         self.log(f"run {self.run_id}: recording to {self.run_dir}")
