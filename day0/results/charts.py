@@ -19,15 +19,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from day0.core.stats import percentile as _percentile
-from day0.results.chartbox import (  # noqa: F401  (sizes re-exported for callers)
+from day0.results.chartbox import (  # noqa: F401  (sizes, numbers and the heat map re-exported for callers)
+    HEATMAP_KIND,
     HEIGHT,
     M_BOTTOM,
     M_LEFT,
     M_RIGHT,
     M_TOP,
     WIDTH,
+    MAX_HEATMAP,
     Canvas,
+    ChartError,
+    HeatmapSpec,
     _t,
+    fmt_num,
+    heatmap_svg,
+    is_number,
+    log_ticks,
+    nice_ticks,
+    parse_heatmap,
     shorten,
     text_width,
 )
@@ -41,10 +51,6 @@ HALO = ' stroke="#fff" stroke-width="3" paint-order="stroke"'  # keeps labels le
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 
 MAX_CATEGORIES = 500  # more bars than pixels is not a chart; use a line chart with numeric x
-
-
-class ChartError(ValueError):
-    """A chart spec that cannot be drawn; the message names the evidence key at fault."""
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,6 @@ class ChartSpec:
 
 
 # --------------------------------------------------------------------------- numbers
-
-
-def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def all_numbers(values: Sequence[Any]) -> bool:
@@ -162,73 +164,18 @@ def downsample(x: Sequence[float], y: Sequence[float], max_points: int) -> tuple
     return ox, oy
 
 
-def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
-    """Round tick values (1, 2, 2.5, 5 x 10^k) covering [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError("tick range must be finite")
-    if hi < lo:
-        lo, hi = hi, lo
-    raw = hi / max(1, target) - lo / max(1, target)  # divided first: no overflow near float max
-    if raw <= max(abs(lo), abs(hi)) * 1e-12 or raw < 1e-300:  # equal, or closer than floats resolve
-        hi = lo + (abs(lo) if abs(lo) > 1e-300 else 1.0)
-        raw = hi / max(1, target) - lo / max(1, target)
-    mag = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step + 1e-9) * step
-    ticks: list[float] = []
-    t = start
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t = start + step * len(ticks)
-    if ticks[-1] < hi:
-        ticks.append(round(ticks[-1] + step, 12))
-    return ticks
-
-
-def log_ticks(lo: float, hi: float, binary: bool = False) -> list[float]:
-    """Powers of 10 (or of 2 for byte sizes) spanning [lo, hi], thinned to at most ~8 ticks."""
-    base = 2.0 if binary else 10.0
-    a = math.floor(math.log(lo, base) + 1e-9)
-    b = math.ceil(math.log(hi, base) - 1e-9)
-    if b <= a:
-        b = a + 1
-    every = max(1, math.ceil((b - a) / 8))
-    if binary and every > 1:
-        every = 2 * math.ceil(every / 2)  # land on 1K, 1M, 1G when thinned
-        a -= a % every
-    return [base**e for e in range(a, b + 1, every)]
-
-
-def fmt_num(v: float, binary: bool = False) -> str:
-    """Short tick/label text: 0.25, 12.5, 3.2k, 1.5M (or 64K, 1M, 2G for byte sizes)."""
-    if v == 0:
-        return "0"
-    if binary:
-        for suffix, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-            if abs(v) >= scale:
-                return f"{v / scale:.4g}{suffix}"
-        return f"{v:.4g}"
-    av = abs(v)
-    for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if av >= scale * 10 or (av >= scale and suffix != "k"):
-            return f"{v / scale:.3g}{suffix}"
-    if av >= 1000:
-        return f"{v:.0f}"
-    if av >= 0.01:
-        return f"{v:.3g}"
-    return f"{v:.2g}"
-
-
 # --------------------------------------------------------------------------- spec parsing
 
 
-def parse_spec(raw: Any, where: str) -> ChartSpec:
+def parse_spec(raw: Any, where: str) -> ChartSpec | HeatmapSpec:
     """A chart spec from evidence; ``where`` (e.g. ``latency.ttft_p99 evidence.charts[0]``) prefixes errors."""
     if not isinstance(raw, Mapping):
         raise ChartError(f"{where}: expected an object, got {type(raw).__name__}")
     kind = raw.get("kind", "line")
+    if kind == HEATMAP_KIND:
+        return parse_heatmap(raw, where)
     if kind not in KINDS:
-        raise ChartError(f"{where}.kind: {kind!r} is not one of {KINDS}")
+        raise ChartError(f"{where}.kind: {kind!r} is not one of {(*KINDS, HEATMAP_KIND)}")
     series_raw = raw.get("series")
     if not isinstance(series_raw, list) or not series_raw:
         raise ChartError(f"{where}.series: expected a non-empty list")
@@ -368,8 +315,10 @@ def _references(c: _Canvas, refs: list[Reference], px_lo: float, px_hi: float, p
                     extra=f' fill="{REF_COLOR}"{HALO}')
 
 
-def render_spec(spec: ChartSpec, max_points: int = 800) -> str:
+def render_spec(spec: ChartSpec | HeatmapSpec, max_points: int = 800) -> str:
     """One chart spec as an SVG string; long series are downsampled to ``max_points``."""
+    if isinstance(spec, HeatmapSpec):
+        return heatmap_svg(spec)
     seen = _categories(spec)
     labels = list(seen) if seen is not None else None
     prepared = [(s, *_points(spec, s, seen, max_points)) for s in spec.series]
