@@ -13,10 +13,11 @@ install:
 	@bash scripts/install.sh
 
 demo: install
+	@bash scripts/install-system.sh net
 	$(VENV)/bin/python -m pytest day0/suites -m day0 --day0-profile $(PROFILE) -v $(PYTEST_ARGS)
 
 test: install
-	@bash scripts/install-browser.sh
+	@bash scripts/install-system.sh net browser
 	$(VENV)/bin/python -m pytest tests -v --durations=15 $(PYTEST_ARGS)
 
 # In-process benchmarks (pytest-benchmark), saved under .benchmarks/ for --benchmark-compare;

@@ -301,10 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their module (each module exposes ``add_cli``)."""
     from day0 import device_check
+    from day0.engine.cluster import cli as cluster
     from day0.results import compare, report
     from day0.stages import collectives, latency
 
-    return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli, device_check.add_cli]
+    return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli, device_check.add_cli,
+            cluster.add_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,12 @@ from day0.config.compare import CompareSection
 from day0.config.errors import first_error, known_keys
 from day0.config.latency import LatencySection, SlaSection
 from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
+from day0.config.topology import (  # noqa: F401  (the bounds are read through the profile too)
+    MAX_DEVICE_MEMORY_GIB,
+    MAX_DEVICES_PER_NODE,
+    MAX_NODES,
+    TopologySection,
+)
 from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
 from day0.core.redact import Redactor
 
@@ -33,11 +39,6 @@ DEFAULT_PROFILE = "cpu-tiny"
 MAX_PROFILE_BYTES = 1 << 20
 MAX_EXTENDS = 16  # files in one extends chain, the profile itself included
 MAX_NESTING = 32  # tables and arrays inside one another
-# Bounds on the topology, shared with the memory plan's --what-if: past them no deployment exists,
-# and the plan's layout search would only spend time.
-MAX_NODES = 4096
-MAX_DEVICES_PER_NODE = 1024
-MAX_DEVICE_MEMORY_GIB = float(1 << 20)  # 1 PiB per device
 
 
 class ProfileError(ValueError):
@@ -103,20 +104,6 @@ class EngineSection(_Section):
         if self.mode == "external" and not self.url:
             raise ValueError("url: required when mode = \"external\"")
         return self
-
-
-class TopologySection(_Section):
-    device: Literal["cpu", "cuda"] = "cpu"
-    accelerator: str = "cpu"
-    nodes: int = Field(1, ge=1, le=MAX_NODES)
-    devices_per_node: int = Field(1, ge=1, le=MAX_DEVICES_PER_NODE)
-    device_memory_gib: float = Field(24.0, gt=0, le=MAX_DEVICE_MEMORY_GIB)
-    intra_node: Literal["shm", "pcie", "nvlink"] = "shm"
-    inter_node: Literal["none", "ethernet", "roce", "infiniband", "nvlink"] = "none"
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.devices_per_node
 
 
 class KvCacheSection(_Section):

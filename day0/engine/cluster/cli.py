@@ -1,0 +1,130 @@
+"""``day0 cluster up|status|down``: the emulated cluster of a profile, for a person rehearsing by hand.
+
+``up`` builds the namespaces a run of the profile would (same addresses, same shaping) and leaves
+them up, printing how to run a command on a node; ``status`` lists every day0 cluster on this host
+with its nodes, links and processes; ``down`` removes one (or ``--all``). A run never reuses a
+cluster brought up by hand, and its sweep of stale clusters never removes one either.
+Exit codes: 0 done, 1 nothing to act on, 2 unusable input (a profile, a host that cannot emulate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from day0.config.profile import ProfileError, deep_merge, load_profile, parse_override
+from day0.engine.cluster.netns import (
+    STATE_DIR,
+    EmulatedCluster,
+    EmulationBlocked,
+    EmulationError,
+    day0_leftovers,
+    teardown_cid,
+)
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("cluster", help="bring an emulated cluster (network namespaces) up, show it, "
+                                              "take it down: the multi-node rehearsal by hand")
+    sub = p.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    q = sub.add_parser("up", help="build the profile's emulated nodes and leave them up")
+    q.add_argument("--profile", default="cpu-2node", help="a preset name or TOML path with [topology.emulate]")
+    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a profile key, e.g. topology.emulate.degrade.node1=20mbit")
+    q.add_argument("--json", action="store_true", help="print the cluster as JSON")
+    q.set_defaults(func=cmd_up)
+    q = sub.add_parser("status", help="every day0 cluster on this host: nodes, addresses, links, processes")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_status)
+    q = sub.add_parser("down", help="remove a cluster (its namespaces, links and every process in them)")
+    q.add_argument("cid", nargs="?", help="the cluster id `status` shows")
+    q.add_argument("--all", action="store_true", help="remove every day0 cluster on this host")
+    q.set_defaults(func=cmd_down)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {}
+    try:
+        for item in args.overrides:
+            overrides = deep_merge(overrides, parse_override(item))
+        profile = load_profile(args.profile, overrides=overrides or None)
+    except (ProfileError, ValueError) as exc:
+        print(f"day0: {exc}", file=sys.stderr)
+        return 2
+    topo = profile.topology
+    if topo.emulate is None:
+        print(f"day0: {profile.origin}: topology.emulate: not set; this profile's nodes are not emulated", file=sys.stderr)
+        return 2
+    try:
+        cluster = EmulatedCluster.up(topo.nodes, topo.emulate, owner_pid=None,
+                                     log=lambda m: print(f"[day0] {m}", file=sys.stderr))
+    except EmulationBlocked as exc:
+        print(f"day0: blocked: {exc}", file=sys.stderr)
+        return 2
+    except EmulationError as exc:
+        print(f"day0: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(cluster.status(), indent=1))
+        return 0
+    _print(cluster.status())
+    first = cluster.nodes[0]
+    print(f"\nrun a command on a node:  ip netns exec {first.netns} python -m ...   (node0 = {first.address})")
+    print(f"take it down:             day0 cluster down {cluster.cid}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    clusters = _known()
+    namespaces, links = day0_leftovers()
+    known_ns = {nd["netns"] for c in clusters for nd in c["nodes"]}  # type: ignore[index]
+    orphans = [ns for ns in namespaces if ns not in known_ns]
+    if args.json:
+        print(json.dumps({"clusters": clusters, "orphan_namespaces": orphans, "links": links}, indent=1))
+        return 0
+    if not clusters and not orphans:
+        print("no day0 cluster on this host")
+        return 1
+    for c in clusters:
+        _print(c)
+    if orphans:
+        print(f"namespaces without a state file (`day0 cluster down --all` removes them): {', '.join(orphans)}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if not args.cid and not args.all:
+        print("day0: cluster down: name a cluster id (see `day0 cluster status`) or --all", file=sys.stderr)
+        return 2
+    namespaces, links = day0_leftovers()
+    cids = {c["cid"] for c in _known()} | {ns.split("-")[1] for ns in namespaces}
+    cids |= {ln[3:] for ln in links if ln.startswith("d0b")}
+    targets = sorted(cids) if args.all else [args.cid]
+    removed = [cid for cid in targets if teardown_cid(cid)]
+    if not removed:
+        print("nothing to remove" if args.all else f"day0: no cluster {args.cid!r} on this host", file=sys.stderr)
+        return 1
+    print(f"removed: {', '.join(removed)}")
+    return 0
+
+
+def _known() -> list[dict[str, object]]:
+    out = []
+    for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []:
+        try:
+            out.append(EmulatedCluster.load(path.stem).status())
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def _print(status: dict[str, Any]) -> None:
+    owner = f"run pid {status['owner_pid']}" if status.get("owner_pid") else "by hand"
+    print(f"cluster {status['cid']} ({owner}): {status['subnet']}, bridge {status['bridge']} "
+          f"(this host reaches the nodes from {status['gateway']})")
+    for nd in status["nodes"]:
+        state = "up" if nd["up"] else "MISSING"
+        pids = f", {len(nd['pids'])} processes" if nd["pids"] else ""
+        print(f"  {nd['name']:<7} {nd['address']:<15} {nd['netns']:<22} link {nd['rate']:<10} {state}{pids}")

@@ -1,0 +1,141 @@
+"""How a process starts on a node: one launcher per way of reaching a node, and nothing else does it.
+
+Stages and engines that start processes on nodes (engine ranks, collective ranks) ask a
+:class:`Launcher` for the command line and call :func:`spawn`; none of them names ``ip netns``,
+``srun`` or ``ssh``. A launcher only wraps a command: the node-specific environment
+(:meth:`Node.env`) travels the way that launcher carries environment (the process's own for
+local/netns/srun, the remote command line for ssh).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence
+
+from day0.engine.process import die_with_parent
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as the processes on it see it. ``address`` is what the other nodes reach it at
+    (node0's is the rendezvous address); ``ifname`` is the interface gloo/NCCL sockets bind to."""
+
+    name: str  # node0, node1, ...
+    index: int
+    address: str
+    host: str = ""  # srun -w / ssh target
+    netns: str = ""  # emulated node: its network namespace
+    ifname: str = ""
+
+    def env(self) -> dict[str, str]:
+        """What a process on this node must know about it: torch.distributed and vLLM bind their
+        sockets to ``ifname``/``address``; ``DAY0_NODE`` names the node in step files and results
+        (emulated nodes share one hostname)."""
+        env = {"DAY0_NODE": self.name, "DAY0_NODE_ADDR": self.address}
+        if self.ifname:
+            env.update(GLOO_SOCKET_IFNAME=self.ifname, NCCL_SOCKET_IFNAME=self.ifname, TP_SOCKET_IFNAME=self.ifname)
+        if self.address and self.netns:
+            env["VLLM_HOST_IP"] = self.address
+        return env
+
+    def describe(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {"name": self.name, "index": self.index, "address": self.address}
+        out.update({k: v for k, v in (("host", self.host), ("netns", self.netns), ("ifname", self.ifname)) if v})
+        return out
+
+
+class Launcher(Protocol):
+    kind: str
+
+    def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """The command line that runs ``cmd`` on ``node`` with ``env`` added to its environment."""
+        ...
+
+    def carries_env(self) -> bool:
+        """Whether the started process inherits the local environment (else argv carries ``env``)."""
+        ...
+
+
+class LocalLauncher:
+    kind = "local"
+
+    def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        return list(cmd)
+
+    def carries_env(self) -> bool:
+        return True
+
+
+class NetnsLauncher:
+    """An emulated node: the same host, the node's network namespace (``ip netns exec`` keeps the
+    environment and execs the command, so it stays the direct child and dies with the harness)."""
+
+    kind = "netns"
+
+    def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        if not node.netns:
+            raise ValueError(f"{node.name}: no network namespace (is the emulated cluster up?)")
+        return ["ip", "netns", "exec", node.netns, *cmd]
+
+    def carries_env(self) -> bool:
+        return True
+
+
+class SrunLauncher:
+    """Inside a Slurm allocation: one task on the named host. ``--overlap`` because the engine's step
+    already holds the node when the collectives' step starts; ``--export=ALL`` carries the environment."""
+
+    kind = "srun"
+
+    def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        return ["srun", "--nodes=1", "--ntasks=1", "-w", node.host or node.address, "--overlap",
+                "--export=ALL", "--kill-on-bad-exit=1", *cmd]
+
+    def carries_env(self) -> bool:
+        return True
+
+
+class SshLauncher:
+    """Another host over ssh: non-interactive (BatchMode), in the same directory, the node's
+    environment on the remote command line (ssh does not forward the local one)."""
+
+    kind = "ssh"
+
+    def __init__(self, cwd: Path | str | None = None, options: Sequence[str] = ("-o", "BatchMode=yes")) -> None:
+        self.cwd = str(cwd or Path.cwd())
+        self.options = list(options)
+
+    def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        remote = f"cd {shlex.quote(self.cwd)} && exec env {assigns} {shlex.join(cmd)}".replace("env  ", "env ")
+        return ["ssh", *self.options, node.host or node.address, remote]
+
+    def carries_env(self) -> bool:
+        return False
+
+
+def launcher_for(kind: str) -> Launcher:
+    kinds: dict[str, type] = {"local": LocalLauncher, "netns": NetnsLauncher, "srun": SrunLauncher, "ssh": SshLauncher}
+    if kind not in kinds:
+        raise ValueError(f"topology.launcher: {kind!r} is not one of {', '.join(kinds)}")
+    return kinds[kind]()
+
+
+def spawn(launcher: Launcher, node: Node, cmd: Sequence[str], env: Mapping[str, str], log_path: Path,
+          base_env: Mapping[str, str], header: str = "") -> subprocess.Popen[bytes]:
+    """Start ``cmd`` on ``node``: its own session (so the group is stopped whole), dying with the
+    harness (PDEATHSIG), stdout and stderr into ``log_path``. ``env`` is the node's and the
+    command's environment; ``base_env`` is this process's, inherited where the launcher can."""
+    node_env = {**node.env(), **env}
+    argv = launcher.argv(node, cmd, node_env)
+    full_env = {**base_env, **node_env} if launcher.carries_env() else dict(base_env)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as fh:
+        if header:
+            fh.write(header.encode() + b"\n")
+            fh.flush()
+        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+                                preexec_fn=die_with_parent)
