@@ -44,7 +44,7 @@ def tokenizer_dir() -> Path:
 
 def vllm_bench(url: str, tok: Path, out: Path, detailed: bool, prompts: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "vllmcli.py"), "bench", "serve", "--backend", "openai",
+        cmd = [sys.executable, "-m", "day0.engine.vllm_cli", "bench", "serve", "--backend", "openai",
                "--base-url", url, "--model", "scripted", "--tokenizer", str(tok), "--dataset-name", "random",
                "--random-input-len", "16", "--random-output-len", "6", "--num-prompts", str(prompts),
                "--request-rate", "50", "--ignore-eos", "--request-id-prefix", VLLM_PREFIX, "--save-result",

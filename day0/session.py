@@ -20,6 +20,7 @@ from day0.core import environment
 from day0.core.record import RUN_FILE, Check, EventLog, RunRecord, rebuild
 from day0.core.stages import STAGE_NAMES, stage_index
 from day0.engine import EngineInfo, Engines
+from day0.engine.cluster.nodes import ClusterError
 
 if TYPE_CHECKING:
     from day0.results.export import Targets
@@ -59,6 +60,7 @@ class Day0Session:
     repeats: int = 1  # --day0-repeat: the measuring stages ran this many times on one engine (day0.repeats)
     exports: Targets | None = None  # Prometheus textfile, Pushgateway, GitHub step summary
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
+    cluster_blocked: str = ""  # why the nodes could not be brought up (no root for an emulated cluster)
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -74,9 +76,29 @@ class Day0Session:
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         env = environment.collect(self.run_dir, self.events.redactor)  # collect_env.txt beside the record
+        nodes = self._bring_up_nodes()
+        if nodes:
+            env["nodes"] = nodes
         self.events.run_started(self.run_id, env, self.profile.resolved(), STAGE_NAMES)
         point_latest(self.out_dir, self.run_dir)
         self.log(f"run {self.run_id}: recording to {self.run_dir}")
+
+    def _bring_up_nodes(self) -> list[dict[str, object]]:
+        """A multi-node topology's nodes, up before the first stage (an emulated cluster takes a
+        fraction of a second); run.json lists each with its address, ranks and devices. Nodes that
+        cannot be had block every stage after preflight, with the reason in one line."""
+        topo = self.profile.topology
+        if topo.launcher_kind(os.environ) == "local":
+            return []
+        try:
+            cluster = self.engines.cluster()
+        except ClusterError as exc:
+            self.cluster_blocked = f"cluster: {exc}"
+            self.log(self.cluster_blocked)
+            return []
+        per = topo.devices_per_node
+        return [{**d, "ranks": list(range(i * per, (i + 1) * per)), "devices": f"{per} x {topo.device}"}
+                for i, d in enumerate(cluster.describe())]
 
     def _engine_started(self, info: EngineInfo) -> None:
         self.events.note(f"engine.{info.view}", info.__dict__)
@@ -94,6 +116,8 @@ class Day0Session:
 
     def blocked_by(self, stage: str) -> str | None:
         """Why ``stage`` must not run: the first earlier stage that failed (None when gating is off)."""
+        if self.cluster_blocked and stage != STAGE_NAMES[0]:  # preflight needs no node
+            return self.cluster_blocked
         if not self.gate or stage not in STAGE_NAMES:
             return None
         for name in STAGE_NAMES[: stage_index(stage)]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from day0.config.profile import Profile
+from day0.engine.cluster.nodes import Cluster, open_cluster
 from day0.engine.external import ExternalEngine
 from day0.engine.handle import EngineError, EngineInfo, Log, ViewUnavailable
 from day0.engine.inprocess import InprocessEngine
@@ -32,7 +33,15 @@ class Engines:
         self.log = log
         self._engines: dict[str, Any] = {}
         self._errors: dict[str, EngineError] = {}
+        self._cluster: Cluster | None = None
         self.on_start: Callable[[EngineInfo], None] | None = None
+
+    def cluster(self) -> Cluster:
+        """The run's nodes (:func:`~day0.engine.cluster.nodes.open_cluster`), brought up on first use
+        and torn down by :meth:`stop`. Raises ClusterBlocked / ClusterError in one line."""
+        if self._cluster is None:
+            self._cluster = open_cluster(self.profile.topology, self.log)
+        return self._cluster
 
     @property
     def primary_view(self) -> str:
@@ -48,12 +57,15 @@ class Engines:
         if mode == "inprocess" and self.profile.topology.device != "cpu":
             raise ViewUnavailable("the HTTP view beside an in-process engine is only started on CPU targets "
                                   "(a second engine would not fit on the GPUs); use engine.mode = \"server\"")
-        return self._get("http", lambda: ServerEngine(self.profile, self.run_dir, self.log))
+        return self._get("http", lambda: ServerEngine(self.profile, self.run_dir, self.log, cluster=self.cluster()))
 
     def scheduler(self) -> InprocessEngine:
         mode = self.profile.engine.mode
         if mode == "external":
             raise ViewUnavailable("an external engine's scheduler is not reachable; numbers come from /metrics")
+        if self.cluster().multi_node:
+            raise ViewUnavailable("the scheduler view is one process on this host; an engine across nodes is "
+                                  "measured through its HTTP API and /metrics")
         if mode == "server" and self.profile.topology.device != "cpu":
             raise ViewUnavailable("the scheduler view beside a server engine is only started on CPU targets "
                                   "(a second engine would not fit on the GPUs); use engine.mode = \"inprocess\"")
@@ -101,3 +113,6 @@ class Engines:
             engine = self._engines.pop(view)
             with contextlib.suppress(Exception):
                 engine.stop()
+        if self._cluster is not None:  # after the engines: their processes live on the nodes
+            self._cluster.close()
+            self._cluster = None

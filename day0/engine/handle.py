@@ -47,6 +47,8 @@ class EngineInfo:
     startup_s: float | None = None
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # a multi-node engine: node, pid, log per node
+    cross_node: list[dict[str, str]] = field(default_factory=list)  # its TCP connections between nodes
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """``server`` mode: vLLM's OpenAI-compatible server as a subprocess in its own process group on a
-free loopback port, ready when ``/health`` answers, its log kept in the run folder."""
+free loopback port (or one process per node of a multi-node cluster), ready when ``/health``
+answers, its log kept in the run folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -17,8 +20,11 @@ from typing import Any, Callable
 
 from day0.config.profile import Profile
 from day0.core.redact import Redactor
+from day0.engine.cluster.launchers import spawn
+from day0.engine.cluster.nodes import Cluster
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
 from day0.engine.http_api import api_key, auth_headers, http_greedy
+from day0.engine.multinode import cross_node_connections, engine_cli_args, node_commands, rendezvous_port
 from day0.engine.process import die_with_parent, stop_process_group
 from day0.engine.rootcause import excerpt, root_cause
 from day0.model.locate import resolve_model
@@ -88,18 +94,31 @@ def free_port() -> int:
 
 
 class ServerEngine:
-    """vLLM's OpenAI server as a subprocess; the whole process group goes at stop()."""
+    """vLLM's OpenAI server as a subprocess; the whole process group goes at stop().
+
+    With a multi-node ``cluster`` it is one engine across the nodes (:mod:`day0.engine.multinode`):
+    one process group per node, started by the cluster's launcher, each with its own log
+    (``engine-node0.log``, ...); the engine is alive while every node's process is.
+    """
 
     view = "http"
 
-    def __init__(self, profile: Profile, run_dir: Path, log: Log, name: str = "server") -> None:
+    def __init__(self, profile: Profile, run_dir: Path, log: Log, name: str = "server",
+                 cluster: Cluster | None = None) -> None:
         self.profile = profile
         self.run_dir = Path(run_dir)
         self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.cluster = cluster if cluster is not None and cluster.multi_node else None
+        self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []  # (node, process, log)
         self.info: EngineInfo | None = None
-        self.log_path = self.run_dir / f"engine-{name}.log"
+        prefix = "engine" if name == "server" else f"engine-{name}"
+        self.log_path = self.run_dir / (f"{prefix}-node0.log" if self.cluster else f"engine-{name}.log")
         self.redactor = profile.redactor()
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The serving process (node0's)."""
+        return self.procs[0][1] if self.procs else None
 
     @property
     def base_url(self) -> str:
@@ -109,13 +128,16 @@ class ServerEngine:
     def command(self, model: str, port: int) -> list[str]:
         """The server's command line. ``engine.args.api_key`` is not on it: vLLM reads the key from
         ``VLLM_API_KEY`` (:meth:`environment`), so no process listing or log line shows it."""
-        args = {k: v for k, v in self.profile.engine.args.items() if k != "api_key"}
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", model, "--served-model-name", served_name(self.profile),
             "--host", "127.0.0.1", "--port", str(port),
-            *cli_args(args),
+            *cli_args(self._args()),
         ]
+
+    def _args(self) -> dict[str, Any]:
+        args = {k: v for k, v in self.profile.engine.args.items() if k != "api_key"}
+        return engine_cli_args(args) if self.cluster else args
 
     def environment(self) -> dict[str, str]:
         eng = self.profile.engine
@@ -128,42 +150,74 @@ class ServerEngine:
     def start(self) -> EngineInfo:
         eng = self.profile.engine
         model = resolve_model(self.profile, self.log)
-        port = free_port()
-        cmd = self.command(model, port)
-        env = self.environment()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.log(f"starting vLLM server on 127.0.0.1:{port} (log: {self.log_path})")
         t0 = time.perf_counter()
-        with self.log_path.open("wb") as fh:
-            fh.write(("$ " + " ".join(self.redactor.argv(cmd)) + "\n").encode())
-            fh.flush()
-            self.proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                preexec_fn=die_with_parent,
-            )
+        if self.cluster:
+            host, port = self._start_nodes(model)
+        else:
+            host, port = "127.0.0.1", free_port()
+            self._start_local(model, port)
         self.info = EngineInfo(
             mode="server", view="http", model=model, served_model_name=served_name(self.profile),
-            base_url=f"http://127.0.0.1:{port}", pid=self.proc.pid, pgid=self.proc.pid,
-            log_path=str(self.log_path), args=dict(eng.args), env=dict(eng.env),
+            base_url=f"http://{host}:{port}", pid=self.proc.pid if self.proc else None,
+            pgid=self.proc.pid if self.proc else None, log_path=str(self.log_path),
+            args=dict(eng.args), env=dict(eng.env),
+            nodes=[{"node": n, "pid": p.pid, "log_path": str(lp)} for n, p, lp in self.procs] if self.cluster else [],
         )
         self._wait_healthy(t0, eng.startup_timeout_s)
         self.info.startup_s = time.perf_counter() - t0
+        if self.cluster:
+            self.info.cross_node = cross_node_connections(self.cluster)
         self.log(f"vLLM server healthy after {self.info.startup_s:.1f} s")
         return self.info
 
+    def _start_local(self, model: str, port: int) -> None:
+        cmd = self.command(model, port)
+        self.log(f"starting vLLM server on 127.0.0.1:{port} (log: {self.log_path})")
+        with self.log_path.open("wb") as fh:
+            fh.write(("$ " + " ".join(self.redactor.argv(cmd)) + "\n").encode())
+            fh.flush()
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.environment(),
+                preexec_fn=die_with_parent,
+            )
+        self.procs.append(("node0", proc, self.log_path))
+
+    def _start_nodes(self, model: str) -> tuple[str, int]:
+        """Rank 0 (HTTP) on node0 and headless ranks on the others, each through the launcher."""
+        assert self.cluster is not None
+        port, master_port = rendezvous_port(self.profile), rendezvous_port(self.profile)
+        while master_port == port:
+            master_port = rendezvous_port(self.profile)
+        cmds = node_commands(self.profile, self.cluster, model, port, master_port, cli_args(self._args()),
+                             served_name(self.profile))
+        node0 = self.cluster.nodes[0]
+        self.log(f"starting vLLM across {len(cmds)} nodes ({self.cluster.launcher.kind}): HTTP on "
+                 f"{node0.address}:{port}, rendezvous {self.cluster.master_addr}:{master_port} (logs: "
+                 f"{self.log_path.name.replace('node0', 'node*')})")
+        base = self.environment()
+        for nc in cmds:
+            log_path = self.log_path.with_name(self.log_path.name.replace("node0", nc.node.name))
+            argv = self.cluster.launcher.argv(nc.node, nc.argv, {**nc.node.env(), **nc.env})
+            header = "$ " + " ".join(self.redactor.argv(argv))
+            self.procs.append((nc.node.name, spawn(self.cluster.launcher, nc.node, nc.argv, nc.env, log_path, base,
+                                                   header=header), log_path))
+        return node0.address, port
+
     def _wait_healthy(self, t0: float, timeout_s: float) -> None:
-        """Poll ``/health`` until it answers; the server exiting or the deadline passing fails the start.
+        """Poll ``/health`` until it answers; a node's process exiting or the deadline passing fails the start.
         Meanwhile vLLM's own loading lines are shown as they come (a minute of silence looks like a hang)."""
-        assert self.proc is not None
         deadline = t0 + timeout_s
         last_note = t0
         tail = LogTail(self.log_path, lambda line: self.log("vllm: " + self.redactor.text(line)))
         while True:
             if tail.poll():
                 last_note = time.perf_counter()  # a loading line says it is alive; no "waiting" line needed
-            code = self.proc.poll()
-            if code is not None:
-                self._fail(f"vLLM server exited with code {code} during start-up")
+            for node, proc, _ in self.procs:
+                code = proc.poll()
+                if code is not None:
+                    where = f" on {node}" if self.cluster else ""
+                    self._fail(f"vLLM server exited with code {code}{where} during start-up", node)
             if self._healthy():
                 break
             now = time.perf_counter()
@@ -181,30 +235,44 @@ class ServerEngine:
         except (urllib.error.URLError, OSError):
             return False
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str, node: str | None = None) -> None:
+        """Stop every node, then raise with the root cause: from the node that died first when one
+        did, else from the first log that has one (a headless rank often holds the real error)."""
         pgid = self.proc.pid if self.proc else None
+        logs = [lp for n, _, lp in self.procs if node is None or n == node] + [lp for _, _, lp in self.procs]
         self.stop()
-        text = self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
-        cause = root_cause(text)
+        text, cause, where = "", None, self.log_path
+        for lp in logs:
+            t = lp.read_text(encoding="utf-8", errors="replace") if lp.exists() else ""
+            c = root_cause(t)
+            if c:
+                text, cause, where = t, c, lp
+                break
+            text = text or t
         raise EngineError(f"{cause} ({what})" if cause else what,
-                          log_excerpt=excerpt(text), log_path=self.log_path, pgid=pgid)
+                          log_excerpt=excerpt(text), log_path=where, pgid=pgid)
 
     def alive(self) -> str | None:
         """None while the server runs, else a one-line reason (for stages that see it die)."""
-        if self.proc is None:
+        if not self.procs:
             return "engine not started"
-        code = self.proc.poll()
-        if code is None:
-            return None
-        cause = root_cause(self.log_path.read_text(encoding="utf-8", errors="replace"))
-        return f"vLLM server exited with code {code}" + (f": {cause}" if cause else "")
+        for node, proc, lp in self.procs:
+            code = proc.poll()
+            if code is not None:
+                cause = root_cause(lp.read_text(encoding="utf-8", errors="replace"))
+                where = f" on {node}" if self.cluster else ""
+                return f"vLLM server exited with code {code}{where}" + (f": {cause}" if cause else "")
+        return None
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        stop_process_group(self.proc, self.profile.engine.shutdown_timeout_s)
-        self.proc = None
-        scrub_log(self.log_path, self.redactor)
+        """Every node's process group: SIGTERM to all first (ranks shut down together), then each is waited for."""
+        procs, self.procs = self.procs, []
+        for _, proc, _ in procs[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for _, proc, lp in procs:
+            stop_process_group(proc, self.profile.engine.shutdown_timeout_s)
+            scrub_log(lp, self.redactor)
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
         return [http_greedy(self.base_url, served_name(self.profile), p, max_tokens,

