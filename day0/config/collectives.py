@@ -166,6 +166,12 @@ class CollectivesSection(BaseModel):
     nccl_debug: bool = Field(True, description="NCCL_DEBUG=INFO into per-rank files, for the transport checks")
     large_message_bytes: Optional[Bytes] = Field(
         None, description="the busbw check uses sizes >= this (default: the largest)")
+    links_bytes: Bytes = Field(4 << 20, ge=4, description="message of the node-to-node link test (collectives.links)")
+    links_time_s: float = Field(2.0, gt=0, description="time per directed link: repeats stop after it (one timed "
+                                                       "transfer after a warm-up at least)")
+    expected_link_gbps: Optional[GBps] = Field(
+        None, description="GB/s every directed node-to-node link should carry (default: expected_busbw.inter_node."
+                          "sendrecv); a link fails below pass_fraction x this or half the median link")
     # Read by the suite, not by the ranks:
     results_file: Optional[str] = Field(
         None, description="collectives.json written by torchrun/srun ranks (or `day0 collectives import`): "

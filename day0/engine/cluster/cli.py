@@ -36,7 +36,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true", help="print the cluster as JSON")
     q.set_defaults(func=cmd_up)
     q = sub.add_parser("status", help="every day0 cluster on this host: nodes, addresses, links, processes")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the clusters as JSON")
     q.set_defaults(func=cmd_status)
     q = sub.add_parser("down", help="remove a cluster (its namespaces, links and every process in them)")
     q.add_argument("cid", nargs="?", help="the cluster id `status` shows")

@@ -4,12 +4,13 @@ Every collective TP and PP rely on (all_reduce, all_gather, reduce_scatter, all_
 broadcast, send/recv along the ring) is swept over message sizes, timed, and checked element by
 element against inputs whose sums are exact in the dtype; large-message busbw is held to what
 the topology promises, and NCCL's own log to the transport it promises. Ranks are started by
-real launchers (:func:`run_local` on this host; torchrun / srun run
+real launchers (:func:`run_local` on this host, :func:`run_cluster` one torchrun per node; torchrun / srun run
 ``python -m day0.stages.collectives run`` on supernodes); a rank that dies or hangs is named.
 
 Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 writes),
 ``exact`` (the exact data), ``sweep`` and ``rank`` (the rank side), ``launcher`` and ``faults``
-(local ranks, watchdog, diagnosis), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
+(local ranks, watchdog, diagnosis), ``multinode`` (torchrun on every node of a cluster),
+``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
 ``transport`` (NCCL_DEBUG logs), ``nccl_tests`` with ``nccl_format``, ``nccl_text`` and
 ``nccl_json`` (importing nccl-tests output), ``inputs`` (reading a file handed in without trusting
 it), ``tp_equivalence`` (vLLM's TP path), ``cli``.
@@ -20,10 +21,13 @@ from day0.stages.collectives.cli import add_cli, main
 from day0.stages.collectives.exact import ExactPattern
 from day0.stages.collectives.faults import diagnose
 from day0.stages.collectives.launcher import free_port, run_local
+from day0.stages.collectives.links import links_check
+from day0.stages.collectives.multinode import run_cluster
 from day0.stages.collectives.nccl_tests import import_nccl_tests
 from day0.stages.collectives.rank import RankEnv
 from day0.stages.collectives.result import CollectivesResult, RankState, load_result, nccl_log_text
 from day0.stages.collectives.settings import OP_MODES, CollectivesSettings, SettingsError, coerce_settings, parse_size
+from day0.stages.collectives.sockets import socket_transport_check, stage_transport_checks
 from day0.stages.collectives.tp_equivalence import tp_equivalence_check
 from day0.stages.collectives.transport import transport_checks
 
@@ -40,12 +44,16 @@ __all__ = [
     "diagnose",
     "free_port",
     "import_nccl_tests",
+    "links_check",
     "load_result",
     "main",
     "nccl_log_text",
     "parse_size",
     "result_checks",
+    "run_cluster",
     "run_local",
+    "socket_transport_check",
+    "stage_transport_checks",
     "tp_equivalence_check",
     "transport_checks",
 ]

@@ -3,7 +3,7 @@ large-message busbw reaches ``pass_fraction`` x what the topology promises."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from day0.core.record import Check, measured
@@ -47,9 +47,15 @@ def result_checks(result: CollectivesResult, expectations: Any = None) -> list[C
     exp = BusbwExpectations.coerce(expectations)
     scope = exp.scope if exp.scope != "auto" else ("inter_node" if result.nnodes > 1 else "intra_node")
     src = "nccl-tests" if result.source == "nccl-tests" else f"torch.distributed/{result.backend or '?'}"
+    intra = [r for r in result.rows if r.scope == "intra_node"] if result.nnodes > 1 else []
+    main = replace(result, rows=[r for r in result.rows if r not in intra]) if intra else result
     checks: list[Check] = [_ranks_check(result, src)]
     for op, outcome in result.ops.items():
-        checks.extend(_op_checks(result, op, outcome, exp, scope, src))
+        checks.extend(_op_checks(main, op, outcome, exp, scope, src))
+    for op in dict.fromkeys(r.op for r in intra):  # a multi-node run's node-local figures, under their own ids
+        rows = [r for r in intra if r.op == op]
+        checks.append(_correct_check(op, result.ops[op], rows, src, label=f"intra_node.{op}"))
+        checks.append(_busbw_check(main, op, rows, exp, "intra_node", src, label=f"intra_node.{op}"))
     return checks
 
 
@@ -86,9 +92,11 @@ def _step_str(step: Mapping[str, Any] | None) -> str:
 
 
 def _ids(op: str) -> tuple[str, str, str, str]:
-    """(correct id, correct title, busbw id, busbw title) of an op's two checks."""
-    return (f"collectives.{op}.correct", f"{op}: exact results",
-            f"collectives.{op}.busbw", f"{op}: bus bandwidth at large messages")
+    """(correct id, correct title, busbw id, busbw title) of an op's two checks (op: ``intra_node.<op>`` for
+    a multi-node run's node-local figures)."""
+    name = op.replace("intra_node.", "") + (" within each node" if op.startswith("intra_node.") else "")
+    return (f"collectives.{op}.correct", f"{name}: exact results",
+            f"collectives.{op}.busbw", f"{name}: bus bandwidth at large messages")
 
 
 def _op_checks(result: CollectivesResult, op: str, outcome: OpOutcome, exp: BusbwExpectations, scope: str,
@@ -116,9 +124,9 @@ def _unmeasured_checks(result: CollectivesResult, op: str, outcome: OpOutcome, r
                   message=msg, evidence=dict(ev), source=src)]
 
 
-def _correct_check(op: str, outcome: OpOutcome, rows: list[SweepRow], src: str) -> Check:
+def _correct_check(op: str, outcome: OpOutcome, rows: list[SweepRow], src: str, label: str = "") -> Check:
     """#wrong == 0 over every size and mode; from nccl-tests' footer when only that is known."""
-    cid_c, t_c, _, _ = _ids(op)
+    cid_c, t_c, _, _ = _ids(label or op)
     known = [r for r in rows if r.wrong is not None]
     if known:
         wrong = sum(int(r.wrong or 0) for r in known)
@@ -148,9 +156,10 @@ def _correct_check(op: str, outcome: OpOutcome, rows: list[SweepRow], src: str) 
 
 
 def _busbw_check(result: CollectivesResult, op: str, rows: list[SweepRow], exp: BusbwExpectations, scope: str,
-                 src: str) -> Check:
-    """The best busbw at the largest size (or at sizes >= large_message_bytes) against the pass line."""
-    _, _, cid_b, t_b = _ids(op)
+                 src: str, label: str = "") -> Check:
+    """The best busbw at the largest size (or at sizes >= large_message_bytes) against the pass line; for
+    node-local rows (``label``) the worst node's, so one slow node is not hidden by the others."""
+    _, _, cid_b, t_b = _ids(label or op)
     expected, limit = exp.limits(scope, op)
     big = exp.large_message_bytes
     cand = [r for r in rows if r.busbw_gbps is not None and (big is None or r.size_bytes >= big)]
@@ -161,14 +170,15 @@ def _busbw_check(result: CollectivesResult, op: str, rows: list[SweepRow], exp: 
         return Check(id=cid_b, title=t_b, status="error", limit=limit, unit="GB/s", direction="higher_is_better",
                      message=f"no busbw measured for {op} at sizes >= {big}", evidence={"table": _rows_table(rows)},
                      source=src)
-    best = max(cand, key=lambda r: r.busbw_gbps or 0.0)
+    best = (min if label else max)(cand, key=lambda r: r.busbw_gbps or 0.0)
     value = round(float(best.busbw_gbps or 0.0), 4)
+    where = f" on {best.node}" if best.node else ""
     if expected is None:
-        msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}); no expected busbw for {op} at "
+        msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}){where}; no expected busbw for {op} at "
                f"{scope} scope, recorded only")
     else:
         verdict = "meets" if value >= (limit or 0) else "misses"
-        msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}) {verdict} {exp.pass_fraction:g} x "
+        msg = (f"{value:g} GB/s at {human_bytes(best.size_bytes)} ({best.mode}){where} {verdict} {exp.pass_fraction:g} x "
                f"expected {expected:g} GB/s = {limit:g} GB/s ({scope})")
     return measured(cid_b, t_b, value, limit, unit="GB/s", direction="higher_is_better", message=msg,
                     evidence=_busbw_evidence(result, op, rows, best, exp, scope, src), source=src, performance=True)

@@ -18,11 +18,11 @@ from typing import Any, Sequence
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.record import Check
 from day0.stages.collectives.checks import result_checks
-from day0.stages.collectives.launcher import run_local, zygote_main
+from day0.stages.collectives.launcher import _atomic_write, run_local, zygote_main
 from day0.stages.collectives.nccl_debug import read_nccl_debug
 from day0.stages.collectives.nccl_tests import import_nccl_tests
 from day0.stages.collectives.rank import RankEnv, run_rank
-from day0.stages.collectives.result import RESULT_FILE, CollectivesResult
+from day0.stages.collectives.result import RANKS_DIR, RESULT_FILE, CollectivesResult
 from day0.stages.collectives.settings import CollectivesSettings, SettingsError
 from day0.stages.collectives.transport import INTER_LINKS, INTRA_LINKS, TransportTopology, log_checks
 
@@ -133,7 +133,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             else:
                 print("day0 collectives run: MASTER_PORT is not set (torchrun sets it; with srun export it)", file=sys.stderr)
                 return 2
-        return run_rank(settings, rank_env, out_dir)
+        return _worker(settings, rank_env, out_dir)
     result = run_local(settings, args.local_ranks or settings.world_size or 2, out_dir)
     print(format_table(result))
     checks = result_checks(result, settings)
@@ -141,6 +141,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{c.status.upper():5} {c.id}: {c.message}")
     print(f"# result: {out_dir / RESULT_FILE}")
     return 1 if any(c.status in ("fail", "error") for c in checks) else 0
+
+
+def _worker(settings: CollectivesSettings, rank_env: RankEnv, out_dir: Path) -> int:
+    """One rank under torchrun/srun: its pid and exit status beside its step file, for the watcher
+    (:func:`~day0.stages.collectives.multinode.run_cluster`); a rank that fails exits in run_rank."""
+    ranks_dir = out_dir / RANKS_DIR
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(ranks_dir / f"rank{rank_env.rank}.pid", str(os.getpid()))
+    code = run_rank(settings, rank_env, out_dir)
+    _atomic_write(ranks_dir / f"rank{rank_env.rank}.exit", str(code))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip torch's interpreter teardown: seconds of CPU on a busy box, nothing left to flush
 
 
 def _cmd_import(args: argparse.Namespace) -> int:

@@ -32,6 +32,11 @@ def diagnose(states: list[RankState], timeout_s: float) -> Fault | None:
     """
     if all(s.returncode == 0 for s in states):
         return None
+    multi = len({s.host for s in states if s.host}) > 1
+
+    def who(s: RankState) -> str:
+        """"rank 1", or "rank 1 on node1" when the ranks span nodes."""
+        return f"rank {s.rank}" + (f" on {s.host}" if multi and s.host else "")
 
     def where(s: RankState) -> str:
         st = s.step or {}
@@ -65,23 +70,23 @@ def diagnose(states: list[RankState], timeout_s: float) -> Fault | None:
     if died:
         d = died[0]
         sig = _signame(-d.returncode)
-        msg = f"rank {d.rank} died ({sig}){where(d)}" + victims(died)
+        msg = f"{who(d)} died ({sig}){where(d)}" + victims(died)
         return Fault("died", [s.rank for s in died], msg, states)
     if silent:
         d = silent[0]
-        msg = f"rank {d.rank} exited with code {d.returncode} without reporting an error{where(d)}" + victims(silent)
+        msg = f"{who(d)} exited with code {d.returncode} without reporting an error{where(d)}" + victims(silent)
         return Fault("died", [s.rank for s in silent], msg, states)
     if own_err:
         d = own_err[0]
-        msg = f"rank {d.rank} failed{where(d)}: {d.error[:200]}" + victims(own_err)
+        msg = f"{who(d)} failed{where(d)}: {d.error[:200]}" + victims(own_err)
         return Fault("error", [s.rank for s in own_err], msg, states)
     if frozen:
         d = frozen[0]
-        msg = f"rank {d.rank} hung{where(d)}: no heartbeat for {d.heartbeat_age_s:.0f} s" + victims(frozen)
+        msg = f"{who(d)} hung{where(d)}: no heartbeat for {d.heartbeat_age_s:.0f} s" + victims(frozen)
         return Fault("hung", [s.rank for s in frozen], msg, states)
     if alive and failed:
         d = alive[0]
-        msg = f"rank {d.rank} hung{where(d)}: still running after its peers timed out" + victims(alive)
+        msg = f"{who(d)} hung{where(d)}: still running after its peers timed out" + victims(alive)
         return Fault("hung", [s.rank for s in alive], msg, states)
     if alive:
         msg = f"ranks {names(alive)} made no progress within the run's time limit" + (where(alive[0]))

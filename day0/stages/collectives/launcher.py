@@ -61,15 +61,19 @@ class _Rank:
                 return None
         return self.pid
 
+    def recorded_exit(self) -> int | None:
+        """The exit status known already: kept, or read from the rank's exit file (cached)."""
+        if self.rc is None:
+            try:
+                self.rc = int((self.dir / f"rank{self.rank}.exit").read_text())
+            except (OSError, ValueError):
+                pass
+        return self.rc
+
     def poll(self, launcher_rc: int | None = None) -> int | None:
         """The rank's exit status (-signal or code), or None while it runs."""
-        if self.rc is not None:
+        if self.recorded_exit() is not None:
             return self.rc
-        try:
-            self.rc = int((self.dir / f"rank{self.rank}.exit").read_text())
-            return self.rc
-        except (OSError, ValueError):
-            pass
         pid = self._read_pid()
         if pid is None:
             # Never forked: the launcher died first (its exit code says why), else still starting.
@@ -94,10 +98,7 @@ class _Rank:
             return
         if self.poll() is None:
             self.killed_by_harness = True
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        killpg(pid)
 
 
 def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
@@ -171,39 +172,65 @@ def run_local(
     n = int(world_size or s.world_size or 2)
     if n < 1:
         raise SettingsError(f"collectives.world_size: must be >= 1, got {n}")
+    out, ranks_dir = prepare_out_dir(out_dir, s)
+    port = s.master_port or free_port(s.master_addr)
+    e = rank_base_env(env)
+    e.update(MASTER_ADDR=s.master_addr, MASTER_PORT=str(port))
+    ranks = [_Rank(r, ranks_dir) for r in range(n)]
+    t_start = time.monotonic()
+    with (ranks_dir / "launcher.log").open("wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "day0.stages.collectives", "_launch", str(n), str(out / SETTINGS_FILE), str(out)],
+            env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
+        )
+        _atomic_write(ranks_dir / "launcher.pid", str(launcher.pid))
+        fault = watch_ranks(ranks, _LocalAgent(launcher, ranks_dir / "launcher.log"), s, out, t_start, poll_s,
+                            f"collectives sweep ({n} ranks)")
+    return finish_result(out, s, n, fault, time.monotonic() - t_start)
+
+
+REPO_ROOT = str(Path(__file__).resolve().parents[3])  # day0/stages/collectives/ -> the folder holding day0
+
+
+def prepare_out_dir(out_dir: Path | str, s: CollectivesSettings) -> tuple[Path, Path]:
+    """The run's folder (absolute) and its ranks/ folder, cleared of a previous run, with the settings the ranks read."""
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     ranks_dir = out / RANKS_DIR
     ranks_dir.mkdir(exist_ok=True)
-    for stale in [out / RESULT_FILE, *ranks_dir.glob("rank*"), *ranks_dir.glob("launcher*"), *out.glob("nccl-debug.*.log")]:
+    for stale in [out / RESULT_FILE, *ranks_dir.glob("rank*"), *ranks_dir.glob("launcher*"), *ranks_dir.glob("node*"),
+                  *out.glob("nccl-debug.*.log")]:
         stale.unlink(missing_ok=True)
     (out / SETTINGS_FILE).write_text(json.dumps(s.to_dict(), indent=1), encoding="utf-8")
-    port = s.master_port or free_port(s.master_addr)
-    repo_root = str(Path(__file__).resolve().parents[3])  # day0/stages/collectives/ -> the folder holding day0
-    e = dict(os.environ if env is None else env)
-    e["PYTHONPATH"] = repo_root + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    e.setdefault("OMP_NUM_THREADS", "1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
-        e.pop(k, None)
-    e.update(MASTER_ADDR=s.master_addr, MASTER_PORT=str(port))
-    ranks = [_Rank(r, ranks_dir) for r in range(n)]
-    t_start = time.monotonic()
-    fault: Fault | None = None
-    with (ranks_dir / "launcher.log").open("wb") as log:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "day0.stages.collectives", "_launch", str(n), str(out / SETTINGS_FILE), str(out)],
-            env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=repo_root,
-        )
-        _atomic_write(ranks_dir / "launcher.pid", str(launcher.pid))
-        from day0.core.progress import Progress
+    return out, ranks_dir
 
-        points = _points(s)
-        try:
-            with Progress(len(points) or None, f"collectives sweep ({n} ranks)", "points") as bar:
-                fault = _watch(ranks, launcher, s, out, t_start, poll_s, lambda st: _show(bar, points, st))
-        finally:
-            _kill_all(ranks, launcher)
-    elapsed = time.monotonic() - t_start
+
+def rank_base_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ranks' environment: this one (or ``env``) with day0 importable and no rank variables of an outer job."""
+    e = dict(os.environ if env is None else env)
+    e["PYTHONPATH"] = REPO_ROOT + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+              "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
+        e.pop(k, None)
+    return e
+
+
+def watch_ranks(ranks: list[_Rank], agent: Any, s: CollectivesSettings, out: Path, t_start: float, poll_s: float,
+                title: str) -> Fault | None:
+    """Watch the ranks under a progress bar; whatever happens, every process is killed before this returns."""
+    from day0.core.progress import Progress
+
+    points = _points(s)
+    try:
+        with Progress(len(points) or None, title, "points") as bar:
+            return _watch(ranks, agent, s, out, t_start, poll_s, lambda st: _show(bar, points, st))
+    finally:
+        agent.kill(ranks)
+
+
+def finish_result(out: Path, s: CollectivesSettings, n: int, fault: Fault | None, elapsed: float) -> CollectivesResult:
+    """Rank 0's result (or an empty one), with the diagnosed fault, written back."""
     try:
         result = load_result(out)
     except (FileNotFoundError, ValueError):
@@ -241,7 +268,8 @@ def _rank_states(ranks: list[_Rank], out: Path, launcher_rc: int | None) -> list
         except OSError:
             hb = None
         states.append(RankState(
-            rank=c.rank, pid=c.pid, host=(step or {}).get("host"), returncode=c.poll(launcher_rc),
+            rank=c.rank, pid=c.pid, host=(step or {}).get("host") or getattr(c, "node", None),
+            returncode=c.poll(launcher_rc),
             killed_by_harness=c.killed_by_harness, heartbeat_age_s=hb, step=step, error=err,
         ))
     return states
@@ -288,14 +316,14 @@ def _started(st: RankState) -> bool:
     return bool(st.step) and st.step.get("phase") not in ("import", "rendezvous")
 
 
-def _watch(ranks: list[_Rank], launcher: subprocess.Popen, s: CollectivesSettings, out: Path, t_start: float,
+def _watch(ranks: list[_Rank], agent: Any, s: CollectivesSettings, out: Path, t_start: float,
            poll_s: float, show: Callable[[list[RankState]], None] = lambda states: None) -> Fault | None:
     """Wait for the ranks; on the first failure give the rest ``grace_s``, then kill and diagnose."""
     first_fail: float | None = None
     hb_limit = float(s.timeout_s) + float(s.grace_s)
     started = False
     while True:
-        lrc = launcher.poll()
+        lrc = agent.poll()
         codes = [c.poll(lrc) for c in ranks]
         now = time.monotonic()
         if all(code == 0 for code in codes):
@@ -310,8 +338,8 @@ def _watch(ranks: list[_Rank], launcher: subprocess.Popen, s: CollectivesSetting
             started = started or all(_started(st) for st in states)
             if not started and now - t_start > s.startup_timeout_s:
                 where = ", ".join(f"{st.rank}:{(st.step or {}).get('phase', 'not started')}" for st in states)
-                _kill_all(ranks, launcher)
-                states = _rank_states(ranks, out, launcher.poll())
+                agent.kill(ranks)
+                states = _rank_states(ranks, out, agent.poll())
                 return Fault("startup", [st.rank for st in states if not _started(st)],
                              f"ranks did not all start within startup_timeout_s={s.startup_timeout_s:g} s ({where})",
                              states)
@@ -319,14 +347,13 @@ def _watch(ranks: list[_Rank], launcher: subprocess.Popen, s: CollectivesSetting
                    for st in states):
                 break  # a frozen rank (SIGSTOP, a stuck driver call): its heartbeat thread stopped too
         time.sleep(poll_s)
-    before = _rank_states(ranks, out, launcher.poll())
-    _kill_all(ranks, launcher)
-    states = _rank_states(ranks, out, launcher.poll())
+    before = _rank_states(ranks, out, agent.poll())
+    agent.kill(ranks)
+    states = _rank_states(ranks, out, agent.poll())
     for st, b in zip(states, before):  # the heartbeat age seen before the kill is the evidence
         st.heartbeat_age_s = b.heartbeat_age_s
     if all(st.pid is None for st in states):
-        tail = _tail(out / RANKS_DIR / "launcher.log")
-        return Fault("startup", [st.rank for st in states], f"the local launcher failed before starting ranks: {tail}", states)
+        return Fault("startup", [st.rank for st in states], agent.no_ranks_message(), states)
     return diagnose(states, float(s.timeout_s))
 
 
@@ -338,6 +365,22 @@ def _tail(path: Path, n: int = 300) -> str:
     return (lines[-1] if lines else "(empty launcher log)")[:n]
 
 
+class _LocalAgent:
+    """The local launcher process as the watcher sees it: its status, the kill, and why no rank started."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path) -> None:
+        self.proc, self.log = proc, log
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def no_ranks_message(self) -> str:
+        return f"the local launcher failed before starting ranks: {_tail(self.log)}"
+
+    def kill(self, ranks: list[_Rank]) -> None:
+        _kill_all(ranks, self.proc)
+
+
 def _kill_all(ranks: list[_Rank], launcher: subprocess.Popen) -> None:
     """SIGKILL every rank group, let the launcher reap and record them, then kill the launcher."""
     for c in ranks:
@@ -347,18 +390,25 @@ def _kill_all(ranks: list[_Rank], launcher: subprocess.Popen) -> None:
         if all(c.poll() is not None for c in ranks):
             break
         time.sleep(0.02)
-    try:
-        os.killpg(launcher.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        launcher.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-        pass
+    kill_and_reap(launcher)
     for c in ranks:  # a rank whose exit was never recorded: its group may still hold helpers
         c.poll(launcher.returncode)
         if c.pid is not None:
-            try:
-                os.killpg(c.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            killpg(c.pid)
+
+
+def killpg(pgid: int) -> None:
+    """SIGKILL a process group that may be gone already."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_and_reap(proc: subprocess.Popen) -> None:
+    """SIGKILL a session leader's group and reap the leader."""
+    killpg(proc.pid)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+        pass

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn
 
 from day0.stages.collectives.faults import clean_error
+from day0.stages.collectives.links import measure_links
 from day0.stages.collectives.result import RANKS_DIR, RESULT_FILE, CollectivesResult, OpOutcome
 from day0.stages.collectives.settings import OP_MODES, CollectivesSettings
+from day0.stages.collectives.sockets import gather_sockets
+from day0.stages.collectives.subgroup import intra_node_rows
 from day0.stages.collectives.sweep import _Sweeper, resolve_backend
 
 
@@ -49,6 +52,12 @@ class RankEnv:
         return None
 
 
+def node_name() -> str:
+    """The node this rank runs on: ``DAY0_NODE`` (set by the cluster's launcher; emulated nodes share
+    one hostname), else the hostname."""
+    return os.environ.get("DAY0_NODE") or socket.gethostname()
+
+
 class _Progress:
     """Per-rank step file and heartbeat, so the launcher can name the rank that died or hung."""
 
@@ -74,7 +83,7 @@ class _Progress:
 
     def step(self, **info: Any) -> None:
         self.seq += 1
-        data = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "seq": self.seq,
+        data = {"rank": self.rank, "pid": os.getpid(), "host": node_name(), "seq": self.seq,
                 "t": time.time(), **info}
         tmp = self.step_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
@@ -108,6 +117,7 @@ class _RankRun:
         self.s, self.env, self.out_dir, self.progress = settings, env, out_dir, progress
         self.result: CollectivesResult | None = None
         self.current: str | None = None  # the op being swept
+        self.scope = "intra_node"  # of the sweep's rows: inter_node once the ranks are seen on several nodes
 
     def main(self) -> int:
         import torch
@@ -117,7 +127,8 @@ class _RankRun:
         backend = self._init_process_group(torch, dist)
         sw = _Sweeper(settings, env, self.out_dir, self.progress)
         hosts: list[Any] = [None] * env.world_size
-        dist.all_gather_object(hosts, socket.gethostname())
+        dist.all_gather_object(hosts, node_name())
+        self.scope = "inter_node" if len(set(hosts)) > 1 else "intra_node"
         started = time.perf_counter()
         self.result = result = CollectivesResult(
             source="day0", backend=backend, world_size=env.world_size, hosts=[str(h) for h in hosts],
@@ -131,6 +142,7 @@ class _RankRun:
                 result.duration_s = time.perf_counter() - started
                 result.write(self.out_dir / RESULT_FILE)  # after every op: a later fault loses nothing measured
         self.current = None
+        self._across_nodes(dist, torch, [str(h) for h in hosts], backend)
         self.progress.step(phase="finish")
         dist.barrier()
         result.duration_s = time.perf_counter() - started
@@ -142,6 +154,24 @@ class _RankRun:
         self.progress.step(phase="done")
         self.progress.stop()
         return 0
+
+    def _across_nodes(self, dist: Any, torch: Any, hosts: list[str], backend: str) -> None:
+        """Ranks on several nodes: the node-to-node links, and (gloo) the sockets every rank's traffic used."""
+        if len(set(hosts)) < 2:
+            return
+        if self.env.local_world_size > 1:
+            intra = intra_node_rows(dist, self.s, self.env, hosts, self.result, self.out_dir, self.progress)
+            if self.result is not None:
+                self.result.rows.extend(intra)
+        self.progress.step(phase="links")
+        links = measure_links(dist, torch, self.s, self.env.rank, hosts)
+        sockets = None
+        if backend == "gloo":
+            self.progress.step(phase="sockets")
+            sockets = gather_sockets(dist, self.env.rank, hosts)
+        if self.env.rank == 0 and self.result is not None:
+            self.result.links, self.result.sockets = links, sockets
+            self.result.write(self.out_dir / RESULT_FILE)
 
     def _init_process_group(self, torch: Any, dist: Any) -> str:
         """Pick the backend, route NCCL's debug log to per-rank files, and join the group."""
@@ -185,6 +215,7 @@ class _RankRun:
                 self.progress.step(phase="sweep", op=op, mode=mode, size=size)
                 row = sw.measure(op, mode, size)
                 if row is not None:
+                    row.scope = self.scope
                     self.result.rows.append(row)  # type: ignore[union-attr]
         if outcome.modes:
             outcome.status = "ok"

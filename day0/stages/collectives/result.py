@@ -42,6 +42,8 @@ class SweepRow:
     min_us: float | None = None
     max_us: float | None = None
     max_error: float | None = None  # only from older nccl-tests output
+    scope: str = ""  # intra_node | inter_node (the ranks' group spans one node or several); "" imported
+    node: str = ""  # the node of an intra-node row of a multi-node run
 
 
 @dataclass
@@ -92,6 +94,10 @@ class CollectivesResult:
     duration_s: float | None = None
     versions: dict[str, str] = field(default_factory=dict)
     nccl_logs: list[str] = field(default_factory=list)
+    # Multi-node runs: the node-to-node link matrix (collectives.links) and every rank's TCP
+    # connections (collectives.transport.inter_node on gloo); None when not measured.
+    links: dict[str, Any] | None = None
+    sockets: list[dict[str, Any]] | None = None
     complete: bool = False
     schema: str = RESULT_SCHEMA
 

@@ -53,11 +53,13 @@ class _Point:
 class _Sweeper:
     """Runs the sweep on one rank. Every collective goes through ``self.dist``."""
 
-    def __init__(self, settings: CollectivesSettings, env: RankEnv, out_dir: Path, progress: "_Progress") -> None:
+    def __init__(self, settings: CollectivesSettings, env: RankEnv, out_dir: Path, progress: "_Progress",
+                 dist: Any = None) -> None:
+        """``dist``: torch.distributed, or one bound to a subgroup (``env`` then holds the group's ranks)."""
         import torch
-        import torch.distributed as dist
+        import torch.distributed
 
-        self.torch, self.dist = torch, dist
+        self.torch, self.dist = torch, dist or torch.distributed
         self.s, self.env, self.out_dir, self.progress = settings, env, Path(out_dir), progress
         self.rank, self.n = env.rank, env.world_size
         self.backend = resolve_backend(settings, torch, env.local_world_size)

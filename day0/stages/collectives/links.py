@@ -1,0 +1,174 @@
+"""``collectives.links``: point-to-point bandwidth between every pair of nodes, both directions.
+
+Measured by the ranks after the sweep when they span several nodes: one leader rank per node
+(its first rank, local rank 0) sends ``links_bytes`` to every other leader, which answers with a
+tiny ack; bandwidth = bytes / time of one transfer and its ack, the median of the timed repeats
+(a warm-up first, then as many as fit in ``links_time_s``, at least one). Every other rank waits
+at a barrier, so each link is measured alone. The check fails a pair of nodes when either
+direction is below ``pass_fraction`` x the expected link bandwidth, or below half the median of all
+directed links (a slow link is caught with no expectation set), and names the pair.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from day0.core.record import Check
+from day0.stages.collectives.result import CollectivesResult
+from day0.stages.collectives.settings import CollectivesSettings, coerce_settings, human_bytes
+
+LINKS_ID = "collectives.links"
+LINKS_TITLE = "Every node-to-node link carries its share (point-to-point, both directions)"
+MEDIAN_FRACTION = 0.5
+MAX_REPEATS = 20
+
+
+def measure_links(dist: Any, torch: Any, s: CollectivesSettings, rank: int, hosts: list[str]) -> dict[str, Any]:
+    """Every directed leader-to-leader link, one at a time; the matrix (MB/s) returned on every rank."""
+    nodes = list(dict.fromkeys(hosts))
+    leaders = [hosts.index(n) for n in nodes]
+    buf = torch.ones(max(1, int(s.links_bytes) // 4), dtype=torch.float32)
+    nbytes = buf.numel() * 4
+    mine: dict[str, list[float]] = {}
+    for i, src in enumerate(leaders):
+        for j, dst in enumerate(leaders):
+            if i == j:
+                continue
+            dist.barrier()
+            if rank == src:
+                mine[f"{i},{j}"] = _send_side(dist, torch, buf, dst, float(s.links_time_s))
+            elif rank == dst:
+                _recv_side(dist, torch, buf, src)
+    everyone: list[Any] = [None] * len(hosts)
+    dist.all_gather_object(everyone, mine)
+    seconds: dict[str, list[float]] = {}
+    for d in everyone:
+        seconds.update(d or {})
+    n = len(nodes)
+    mbps: list[list[float | None]] = [[None] * n for _ in range(n)]
+    samples: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(n)]
+    for key, times in seconds.items():
+        i, j = (int(x) for x in key.split(","))
+        samples[i][j] = [round(nbytes / t / 1e6, 3) for t in times if t > 0]
+        mbps[i][j] = round(statistics.median(samples[i][j]), 3) if samples[i][j] else None
+    return {"nodes": nodes, "leaders": leaders, "bytes": nbytes, "mbps": mbps, "samples_mbps": samples}
+
+
+def _send_side(dist: Any, torch: Any, buf: Any, dst: int, budget_s: float) -> list[float]:
+    ack = torch.zeros(1, dtype=torch.int64)
+    t0 = time.perf_counter()
+    dist.send(buf, dst)  # warm-up: connection, socket buffers, TCP's window
+    dist.recv(ack, dst)
+    warm = max(time.perf_counter() - t0, 1e-6)
+    reps = max(1, min(MAX_REPEATS, int(budget_s / warm)))
+    dist.send(torch.tensor([reps], dtype=torch.int64), dst)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dist.send(buf, dst)
+        dist.recv(ack, dst)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _recv_side(dist: Any, torch: Any, buf: Any, src: int) -> None:
+    ack = torch.ones(1, dtype=torch.int64)
+    ctl = torch.zeros(1, dtype=torch.int64)
+    dist.recv(buf, src)
+    dist.send(ack, src)
+    dist.recv(ctl, src)
+    for _ in range(int(ctl.item())):
+        dist.recv(buf, src)
+        dist.send(ack, src)
+
+
+# -- the check ------------------------------------------------------------------------------
+
+
+def mb(x: float) -> str:
+    """MB/s as people read them: 610, 12.3, 2.4, 0.05."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2g}"
+
+
+def link_floor(mbps: list[list[float | None]], expected_mbps: float | None, pass_fraction: float) -> tuple[float, float]:
+    """(floor, median) in MB/s: the larger of pass_fraction x expected and half the median directed link."""
+    values = [v for row in mbps for v in row if v is not None]
+    median = statistics.median(values) if values else 0.0
+    floor = MEDIAN_FRACTION * median
+    if expected_mbps is not None:
+        floor = max(floor, expected_mbps * pass_fraction)
+    return floor, median
+
+
+def _expected_mbps(s: CollectivesSettings) -> float | None:
+    gbps = s.expected_link_gbps
+    if gbps is None:
+        gbps = s.expected_busbw.get("inter_node", {}).get("sendrecv")
+    return None if gbps is None else float(gbps) * 1000.0
+
+
+def links_check(result: CollectivesResult, settings: Any = None, nodes: int | None = None) -> Check:
+    """Fail every pair of nodes with a direction below the floor; a table and a heat map as evidence.
+    ``nodes``: the topology's node count, when known (one node: skip, even for a run that failed)."""
+    s = coerce_settings(settings if settings is not None else result.settings or None)
+    links = result.links
+    if not links or not links.get("nodes"):
+        if result.source == "nccl-tests":
+            return Check(id=LINKS_ID, title=LINKS_TITLE, status="skip", source="nccl-tests",
+                         message="an imported nccl-tests result measures no node-to-node links; run day0's sweep")
+        if (nodes if nodes is not None else result.nnodes) <= 1 and (nodes is not None or result.fault is None):
+            return Check(id=LINKS_ID, title=LINKS_TITLE, status="skip", source="torch.distributed",
+                         message=f"single node ({result.world_size} ranks on {result.nnodes} node): no node-to-node links")
+        why = result.fault.message if result.fault else "the ranks recorded no link matrix"
+        return Check(id=LINKS_ID, title=LINKS_TITLE, status="error", source="torch.distributed",
+                     message=f"links not measured: {why}")
+    nodes: list[str] = list(links["nodes"])
+    mbps: list[list[float | None]] = links["mbps"]
+    expected = _expected_mbps(s)
+    floor, median = link_floor(mbps, expected, float(s.pass_fraction))
+    n = len(nodes)
+    missing = [(i, j) for i in range(n) for j in range(n) if i != j and mbps[i][j] is None]
+    marked = [[i, j] for i in range(n) for j in range(n) if i != j and mbps[i][j] is not None and mbps[i][j] < floor]
+    bad_pairs = sorted({(min(i, j), max(i, j)) for i, j in marked + [list(m) for m in missing]})
+    evidence = _links_evidence(links, nodes, mbps, marked, floor, median, expected, s)
+    evidence["failing_pairs"] = [[nodes[i], nodes[j]] for i, j in bad_pairs]
+    values = [v for row in mbps for v in row if v is not None]
+    value = round(min(values), 3) if values else None
+    src = f"torch.distributed/{result.backend or '?'}"
+    if bad_pairs:
+        parts = []
+        for i, j in bad_pairs:
+            both = [x for x in (mbps[i][j], mbps[j][i]) if x is not None]
+            slow = f"{mb(min(both))} MB/s" if len(both) == 2 else "not measured"
+            parts.append(f"{nodes[i]} <-> {nodes[j]}: {slow}")
+        msg = f"{'; '.join(parts)}, median {mb(median)} MB/s (floor {mb(floor)} MB/s"
+        msg += f" = max(0.5 x median, {s.pass_fraction:g} x expected {mb(expected)} MB/s))" if expected else " = 0.5 x median)"
+        return Check(id=LINKS_ID, title=LINKS_TITLE, status="fail", value=value, limit=round(floor, 3), unit="MB/s",
+                     direction="higher_is_better", message=msg, evidence=evidence, source=src)
+    msg = (f"{len(values)} directed links between {n} nodes at {human_bytes(int(links.get('bytes', 0)))}: min "
+           f"{mb(min(values))} MB/s, median {mb(median)} MB/s, all above the floor {mb(floor)} MB/s")
+    return Check(id=LINKS_ID, title=LINKS_TITLE, status="pass", value=value, limit=round(floor, 3), unit="MB/s",
+                 direction="higher_is_better", message=msg, evidence=evidence, source=src)
+
+
+def _links_evidence(links: dict[str, Any], nodes: list[str], mbps: list[list[float | None]], marked: list[list[int]],
+                    floor: float, median: float, expected: float | None, s: CollectivesSettings) -> dict[str, Any]:
+    samples = links.get("samples_mbps") or []
+    rows = []
+    for i, a in enumerate(nodes):
+        for j, b in enumerate(nodes):
+            if i != j:
+                reps = len(samples[i][j]) if i < len(samples) and j < len(samples[i]) else None
+                rows.append([a, b, mbps[i][j], reps, round(floor, 3), "slow" if [i, j] in marked else "ok"])
+    return {
+        "table": {"columns": ["sender", "receiver", "MB/s (median)", "repeats", "floor MB/s", "verdict"], "rows": rows},
+        "charts": [{"kind": "heatmap", "title": f"node-to-node bandwidth, {human_bytes(int(links.get('bytes', 0)))} "
+                                                "point-to-point (MB/s)",
+                    "x_label": "receiver", "y_label": "sender", "rows": nodes, "cols": nodes,
+                    "values": mbps, "unit": "MB/s", "marked": marked}],
+        "floor_mbps": round(floor, 3), "median_mbps": round(median, 3), "expected_mbps": expected,
+        "pass_fraction": float(s.pass_fraction), "median_fraction": MEDIAN_FRACTION, "bytes": links.get("bytes"),
+        "samples_mbps": samples,
+    }
