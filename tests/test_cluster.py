@@ -13,7 +13,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from day0.engine.cluster.launchers import (
 )
 from day0.engine.cluster.netns import EmulatedCluster, blocked_reason, day0_leftovers, sweep_stale
 from day0.engine.cluster.nodes import ClusterBlocked, ClusterError, open_cluster
-from day0.engine.multinode import _addr, established, node_commands, node_env
+from day0.engine.multinode import node_commands, node_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -156,18 +155,6 @@ def test_vllm_runs_rank0_with_http_on_node0_and_headless_ranks_elsewhere():
     assert all(nc.argv[-1] == "--headless" and "--port" not in nc.argv for nc in cmds[1:])
     cores = os.cpu_count() or 1
     assert [node_env(profile, nd)["VLLM_CPU_OMP_THREADS_BIND"] for nd in nodes] == [str(i % cores) for i in range(3)]
-
-
-def test_socket_tables_are_read_as_the_kernel_writes_them(tmp_path):
-    table = tmp_path / "tcp"
-    table.write_text(textwrap.dedent("""\
-          sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-           0: 010012C6:1F90 020012C6:B3A2 01 00000000:00000000 00:00000000 00000000     0        0 1 1
-           1: 0100007F:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
-        """))
-    assert _addr("0100007F:1F90") == "127.0.0.1:8080"
-    assert established(table) == [("198.18.0.1:8080", "198.18.0.2:45986")]  # the LISTEN row is not a connection
-    assert established(tmp_path / "missing") == []
 
 
 # ---------------------------------------------------------------------------- emulation

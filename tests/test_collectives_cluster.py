@@ -29,7 +29,7 @@ from day0.stages.collectives import (
     stage_transport_checks,
 )
 from day0.stages.collectives.result import Fault
-from day0.stages.collectives.sockets import own_tcp_connections, parse_proc_tcp
+from day0.core.sockets import own_tcp_connections, parse_proc_tcp
 
 NEEDS_NETNS = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
@@ -278,3 +278,16 @@ def test_proc_net_tcp_is_decoded_and_own_connections_are_found():
             with peer:
                 mine = own_tcp_connections()
                 assert ("127.0.0.1", cli.getsockname()[1], "127.0.0.1", srv.getsockname()[1]) in mine
+
+
+def test_the_engine_check_names_a_pair_of_nodes_its_ranks_did_not_connect():
+    from day0.stages.collectives import engine_cross_node_check
+
+    conns = [{"node": "node0", "peer": "node1", "local": "198.18.0.1:1", "remote": "198.18.0.2:2"},
+             {"node": "node1", "peer": "node0", "local": "198.18.0.2:2", "remote": "198.18.0.1:1"}]
+    ok = engine_cross_node_check(conns, ["node0", "node1"], readable=True)
+    assert ok.status == "pass" and "2 TCP connections" in ok.message
+    bad = engine_cross_node_check(conns, ["node0", "node1", "node2"], readable=True)
+    assert bad.status == "fail" and bad.message.startswith("no engine connection between node0 <-> node2, node1 <-> node2")
+    assert engine_cross_node_check([], ["node0", "node1"], readable=False).status == "skip"
+    assert engine_cross_node_check([], ["node0"], readable=True).status == "skip"

@@ -73,6 +73,13 @@ def test_redactor_covers_keys_values_and_text_shapes():
         "--api-key", REDACTED, "--port", "8000", f"--hf-token={REDACTED}"]
 
 
+def test_a_hyphenated_word_is_not_a_flag():
+    """`a 4096-token prefix` in a check message is prose: the hyphen does not start a flag."""
+    r = Redactor.from_sources(environ={}, data={})
+    assert r.text("identical for a 4096-token prefix, cold") == "identical for a 4096-token prefix, cold"
+    assert r.text("run with -token abcdefgh") == f"run with -token {REDACTED}"
+
+
 def test_short_values_are_redacted_by_key_only():
     """A one-character 'secret' would blank every '1' in a report; it still goes by its key."""
     r = Redactor.from_sources(environ={"X_TOKEN": "1"}, data={"token": "ab"})

@@ -30,8 +30,9 @@ SECRET_KEY = re.compile(
 # An environment variable named like a secret: HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD.
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTH)(?:_|$)", re.IGNORECASE)
 # Shapes of secrets in free text: `--api-key X`, `--hf-token=X`, `Authorization: Bearer X`, `api_key=X`.
+# A flag starts a word: in `a 4096-token prefix` the dash is a hyphen, not a flag.
 _FLAG_VALUE = re.compile(
-    r"(?P<flag>--?[\w\-]*(?:api[_\-]?key|token|secret|password|passwd|credentials?))(?P<sep>=| +)"
+    r"(?<![\w\-])(?P<flag>--?[\w\-]*(?:api[_\-]?key|token|secret|password|passwd|credentials?))(?P<sep>=| +)"
     r"(?P<value>(?!<redacted>)[^\s'\",-][^\s'\",]*)",
     re.IGNORECASE,
 )

@@ -10,15 +10,14 @@ TCP connections between node addresses, read from the nodes' socket tables.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import random
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from day0.config.profile import Profile
+from day0.core.sockets import namespace_connections
 from day0.engine.cluster.launchers import Node
 from day0.engine.cluster.nodes import Cluster
 
@@ -76,41 +75,16 @@ def engine_cli_args(args: dict[str, Any]) -> dict[str, Any]:
 
 def cross_node_connections(cluster: Cluster) -> list[dict[str, str]]:
     """Established TCP connections between two node addresses, from each emulated node's socket
-    table (``/proc/<pid>/net/tcp`` shows the table of the namespace the process lives in). Empty
-    when the nodes are not on this host: their tables are not readable from here."""
+    table (one process per namespace shows the namespace's whole table). Empty when the nodes are
+    not on this host: their tables are not readable from here."""
     if cluster.emulated is None:
         return []
     addrs = {nd.address: nd.name for nd in cluster.nodes}
     pids = cluster.emulated.pids()
-    seen: set[tuple[str, str]] = set()
     out = []
     for node in cluster.nodes:
-        for pid in pids.get(node.name, [])[:1]:  # one process per namespace shows its whole table
-            for local, remote in established(Path(f"/proc/{pid}/net/tcp")):
-                la, ra = local.rsplit(":", 1)[0], remote.rsplit(":", 1)[0]
-                if la in addrs and ra in addrs and la != ra and (local, remote) not in seen:
-                    seen.add((local, remote))
-                    out.append({"node": node.name, "peer": addrs[ra], "local": local, "remote": remote})
+        for pid in pids.get(node.name, [])[:1]:
+            for la, lp, ra, rp in namespace_connections(pid):
+                if la in addrs and ra in addrs and la != ra:
+                    out.append({"node": node.name, "peer": addrs[ra], "local": f"{la}:{lp}", "remote": f"{ra}:{rp}"})
     return out
-
-
-def established(path: Path) -> list[tuple[str, str]]:
-    """(local, remote) ``addr:port`` of the ESTABLISHED IPv4 TCP sockets in a ``/proc/.../net/tcp`` table."""
-    try:
-        lines = path.read_text().splitlines()[1:]
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 4 or parts[3] != "01":  # 01 = ESTABLISHED
-            continue
-        out.append((_addr(parts[1]), _addr(parts[2])))
-    return out
-
-
-def _addr(hexpair: str) -> str:
-    """``0100007F:1F90`` -> ``127.0.0.1:8080`` (the address is little-endian hex on x86 and arm)."""
-    h, p = hexpair.split(":")
-    ip = ipaddress.IPv4Address(int.from_bytes(bytes.fromhex(h), "little"))
-    return f"{ip}:{int(p, 16)}"

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from day0.stages.collectives import (
+    engine_cross_node_check,
     links_check,
     load_result,
     nccl_log_text,
@@ -69,3 +70,16 @@ def test_engine_tp2_matches_tp1(request, day0_profile, day0_session, day0_checks
     day0_engine = request.getfixturevalue("day0_engine")
     base_tp = int(day0_profile.engine.args.get("tensor_parallel_size", 1))
     day0_checks.add(tp_equivalence_check(day0_engine, day0_session.engines, base_tp))
+
+
+@pytest.mark.day0_once
+def test_engine_traffic_crosses_nodes(request, day0_profile, day0_session, day0_checks):
+    """An engine across nodes: vLLM's TP ranks hold connections between every pair of node addresses."""
+    cluster = day0_session.engines.cluster()
+    if not cluster.multi_node:
+        pytest.skip("the engine runs on one node")
+    if day0_profile.engine.mode != "server":
+        pytest.skip(f"engine.mode = {day0_profile.engine.mode!r}: day0 did not start the engine's ranks")
+    info = request.getfixturevalue("day0_engine").info
+    day0_checks.add(engine_cross_node_check(info.cross_node, [n.name for n in cluster.nodes],
+                                            readable=cluster.emulated is not None))

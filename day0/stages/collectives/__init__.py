@@ -10,7 +10,7 @@ real launchers (:func:`run_local` on this host, :func:`run_cluster` one torchrun
 Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 writes),
 ``exact`` (the exact data), ``sweep`` and ``rank`` (the rank side), ``launcher`` and ``faults``
 (local ranks, watchdog, diagnosis), ``multinode`` (torchrun on every node of a cluster),
-``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
+``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport, the engine's TP traffic across nodes), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
 ``transport`` (NCCL_DEBUG logs), ``nccl_tests`` with ``nccl_format``, ``nccl_text`` and
 ``nccl_json`` (importing nccl-tests output), ``inputs`` (reading a file handed in without trusting
 it), ``tp_equivalence`` (vLLM's TP path), ``cli``.
@@ -27,7 +27,7 @@ from day0.stages.collectives.nccl_tests import import_nccl_tests
 from day0.stages.collectives.rank import RankEnv
 from day0.stages.collectives.result import CollectivesResult, RankState, load_result, nccl_log_text
 from day0.stages.collectives.settings import OP_MODES, CollectivesSettings, SettingsError, coerce_settings, parse_size
-from day0.stages.collectives.sockets import socket_transport_check, stage_transport_checks
+from day0.stages.collectives.sockets import engine_cross_node_check, socket_transport_check, stage_transport_checks
 from day0.stages.collectives.tp_equivalence import tp_equivalence_check
 from day0.stages.collectives.transport import transport_checks
 
@@ -42,6 +42,7 @@ __all__ = [
     "add_cli",
     "coerce_settings",
     "diagnose",
+    "engine_cross_node_check",
     "free_port",
     "import_nccl_tests",
     "links_check",

@@ -11,62 +11,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
-import socket
-import struct
 from typing import Any, Iterable
 
 from day0.core.record import Check
+from day0.core.sockets import Conn, own_tcp_connections
 from day0.stages.collectives.result import CollectivesResult
 from day0.stages.collectives.transport import _TITLE_INTER, transport_checks
 
 INTER_ID = "collectives.transport.inter_node"
-_ESTABLISHED = "01"
-Conn = tuple[str, int, str, int]  # local addr, local port, remote addr, remote port
-
-
-def _hex_addr(h: str) -> str:
-    """/proc/net/tcp's address: 32-bit words in host (little-endian) order; IPv4-mapped IPv6 as IPv4."""
-    raw = b"".join(struct.pack("<I", int(h[i:i + 8], 16)) for i in range(0, len(h), 8))
-    if len(raw) == 4:
-        return socket.inet_ntop(socket.AF_INET, raw)
-    addr = ipaddress.IPv6Address(raw)
-    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
-
-
-def parse_proc_tcp(text: str, inodes: set[str] | None = None) -> list[Conn]:
-    """Established connections in a /proc/net/tcp or tcp6 table (only those holding ``inodes``)."""
-    out: list[Conn] = []
-    for line in text.splitlines()[1:]:
-        f = line.split()
-        if len(f) < 10 or f[3] != _ESTABLISHED or (inodes is not None and f[9] not in inodes):
-            continue
-        (la, lp), (ra, rp) = (x.split(":") for x in (f[1], f[2]))
-        out.append((_hex_addr(la), int(lp, 16), _hex_addr(ra), int(rp, 16)))
-    return out
-
-
-def own_tcp_connections() -> list[Conn]:
-    """This process's established TCP connections, read from /proc (empty where there is none)."""
-    inodes: set[str] = set()
-    try:
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(f"/proc/self/fd/{fd}"))
-            except OSError:
-                continue
-            if m:
-                inodes.add(m.group(1))
-    except OSError:
-        return []
-    conns: list[Conn] = []
-    for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            with open(name, encoding="ascii", errors="replace") as fh:
-                conns.extend(parse_proc_tcp(fh.read(), inodes))
-        except OSError:
-            continue
-    return conns
 
 
 def gather_sockets(dist: Any, rank: int, hosts: list[str]) -> list[dict[str, Any]]:
@@ -159,3 +111,33 @@ def stage_transport_checks(result: CollectivesResult, log_text: str, topology: A
     if result.backend == "gloo" and (result.nnodes > 1 or result.sockets):
         checks = [c for c in checks if c.id != INTER_ID] + [socket_transport_check(result)]
     return checks
+
+
+ENGINE_ID = "collectives.transport.engine"
+_TITLE_ENGINE = "vLLM's TP ranks talk across nodes"
+
+
+def engine_cross_node_check(cross_node: list[dict[str, str]], nodes: list[str], readable: bool) -> Check:
+    """The engine's own TP traffic crossed nodes: every pair of nodes holds a TCP connection between
+    their addresses in the engine's socket tables (``EngineInfo.cross_node``, read at start-up). An
+    engine whose ranks all landed on one node would still serve; this is what tells it apart."""
+    if len(nodes) < 2:
+        return Check(id=ENGINE_ID, title=_TITLE_ENGINE, status="skip", message="the engine runs on one node")
+    if not readable:
+        return Check(id=ENGINE_ID, title=_TITLE_ENGINE, status="skip",
+                     message="the nodes' socket tables are not readable from this host (only emulated nodes' are)")
+    pairs = {tuple(sorted((c["node"], c["peer"]))) for c in cross_node}
+    want = [(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    missing = [f"{a} <-> {b}" for a, b in want if (a, b) not in pairs]
+    per_pair = {f"{a} <-> {b}": sum(tuple(sorted((c["node"], c["peer"]))) == (a, b) for c in cross_node)
+                for a, b in want}
+    evidence = {"table": {"columns": ["node pair", "TCP connections"], "rows": [[k, v] for k, v in per_pair.items()]},
+                "connections": cross_node[:200]}
+    if missing:
+        return Check(id=ENGINE_ID, title=_TITLE_ENGINE, status="fail", value=len(want) - len(missing),
+                     limit=len(want), direction="exact", evidence=evidence, source="sockets",
+                     message=f"no engine connection between {', '.join(missing)}: its ranks did not span the nodes")
+    return Check(id=ENGINE_ID, title=_TITLE_ENGINE, status="pass", value=len(want), limit=len(want),
+                 direction="exact", evidence=evidence, source="sockets",
+                 message=f"vLLM's ranks hold {len(cross_node)} TCP connections between node addresses, "
+                         f"every pair of the {len(nodes)} nodes connected")

@@ -1,0 +1,69 @@
+"""TCP connections as the kernel lists them in ``/proc/<pid>/net/tcp{,6}``: the one reader.
+
+A table under ``/proc/<pid>/net`` is the whole network namespace's, so it shows which addresses
+traffic really used; ``/proc/self/fd`` narrows it to one process's sockets. The collective ranks
+read their own (``collectives.transport.inter_node``); the harness reads an emulated node's to
+show that vLLM's TP ranks talked across nodes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import struct
+from pathlib import Path
+
+_ESTABLISHED = "01"
+Conn = tuple[str, int, str, int]  # local addr, local port, remote addr, remote port
+
+
+def hex_addr(h: str) -> str:
+    """/proc/net/tcp's address: 32-bit words in host (little-endian) order; IPv4-mapped IPv6 as IPv4."""
+    raw = b"".join(struct.pack("<I", int(h[i:i + 8], 16)) for i in range(0, len(h), 8))
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw)
+    addr = ipaddress.IPv6Address(raw)
+    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
+
+
+def parse_proc_tcp(text: str, inodes: set[str] | None = None) -> list[Conn]:
+    """Established connections in a /proc/net/tcp or tcp6 table (only those holding ``inodes``)."""
+    out: list[Conn] = []
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or f[3] != _ESTABLISHED or (inodes is not None and f[9] not in inodes):
+            continue
+        (la, lp), (ra, rp) = (x.split(":") for x in (f[1], f[2]))
+        out.append((hex_addr(la), int(lp, 16), hex_addr(ra), int(rp, 16)))
+    return out
+
+
+def own_tcp_connections() -> list[Conn]:
+    """This process's established TCP connections, read from /proc (empty where there is none)."""
+    inodes: set[str] = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                continue
+            if m:
+                inodes.add(m.group(1))
+    except OSError:
+        return []
+    return namespace_connections("self", inodes)
+
+
+def namespace_connections(pid: int | str, inodes: set[str] | None = None) -> list[Conn]:
+    """The established TCP connections in the network namespace process ``pid`` lives in (only
+    those holding ``inodes`` when given); empty when its tables cannot be read."""
+    conns: list[Conn] = []
+    for name in ("tcp", "tcp6"):
+        try:
+            text = Path(f"/proc/{pid}/net/{name}").read_text(encoding="ascii", errors="replace")
+            conns.extend(parse_proc_tcp(text, inodes))
+        except OSError:
+            continue
+    return conns
