@@ -300,3 +300,33 @@ def test_the_two_node_preset_is_tp2_across_two_emulated_nodes():
     p = load_profile("cpu-2node")
     assert p.topology.nodes == 2 and p.topology.emulate is not None and p.engine.args["tensor_parallel_size"] == 2
     assert p.topology.launcher_kind({}) == "netns"
+
+
+@needs_netns
+def test_one_vllm_engine_across_two_emulated_nodes(tmp_path):
+    """server mode across nodes: HTTP from node0, a headless rank on node1, TP traffic between the
+    node addresses, one log per node; a rank that dies is named by its node; nothing is left."""
+    from day0.engine.engines import Engines
+
+    profile = load_profile("cpu-2node")
+    lines: list[str] = []
+    engines = Engines(profile, tmp_path, lines.append)
+    try:
+        engine = engines.http()
+        info = engine.info
+        node0 = engines.cluster().nodes[0]
+        assert info.base_url.startswith(f"http://{node0.address}:")
+        assert [n["node"] for n in info.nodes] == ["node0", "node1"]
+        assert (tmp_path / "engine-node0.log").is_file() and (tmp_path / "engine-node1.log").is_file()
+        assert "--headless" in (tmp_path / "engine-node1.log").read_text().splitlines()[0]
+        assert {(c["node"], c["peer"]) for c in info.cross_node} >= {("node0", "node1")}
+        assert len(engine.greedy(["The supernode serves"], 4)[0].token_ids) == 4
+        assert engine.alive() is None
+        os.killpg(info.nodes[1]["pid"], signal.SIGKILL)  # node1's rank group dies
+        deadline = time.monotonic() + 30
+        while engine.alive() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "on node1" in (engine.alive() or "")
+    finally:
+        engines.stop()
+    _assert_nothing_left()
