@@ -192,6 +192,22 @@ def test_an_emulated_cluster_has_real_links_shaped_where_asked_and_leaves_nothin
 
 
 @needs_netns
+def test_two_clusters_of_one_process_get_their_own_names_and_subnets():
+    a = EmulatedCluster.up(2, EmulateSection(), owner_pid=os.getpid())
+    try:
+        b = EmulatedCluster.up(2, EmulateSection(), owner_pid=os.getpid())
+        try:
+            assert (b.cid, b.subnet) != (a.cid, a.subnet) and b.cid.startswith(str(os.getpid()))
+            assert sweep_stale() == []  # both owners alive
+        finally:
+            b.down()
+        assert len(day0_leftovers()[0]) == 2  # a is untouched
+    finally:
+        a.down()
+    _assert_nothing_left()
+
+
+@needs_netns
 def test_a_later_run_sweeps_what_a_dead_run_left():
     dead = subprocess.Popen([PY, "-c", "pass"])
     dead.wait()

@@ -41,9 +41,13 @@ SMALL = dict(min_bytes="1K", max_bytes="16K", step_factor=16, warmup_iters=1, it
 
 @contextlib.contextmanager
 def emulated(nodes: int, degrade: dict[str, str] | None = None) -> Iterator:
+    """Emulated nodes whose links all run at a nominal 200 Mbit/s (25 MB/s): unshaped veths move
+    data as fast as the 2 cores copy it, which a busy CI box varies 3x from one link to the next;
+    a shaped link measures the link."""
     from day0.engine.cluster.nodes import open_cluster
 
-    p = load_profile("cpu-tiny", overrides={"topology": {"nodes": nodes, "emulate": {"degrade": degrade or {}}}})
+    emulate = {"link_rate": "200mbit", "degrade": degrade or {}}
+    p = load_profile("cpu-tiny", overrides={"topology": {"nodes": nodes, "emulate": emulate}})
     cluster = open_cluster(p.topology)
     try:
         yield cluster
@@ -113,7 +117,7 @@ def test_two_ranks_per_node_separate_intra_from_inter_node(tmp_path):
 
 
 @NEEDS_NETNS
-def test_degraded_node_is_localised_and_unshaped_passes(tmp_path):
+def test_degraded_node_is_localised_and_nominal_links_pass(tmp_path):
     s = CollectivesSettings(**dict(SMALL, ops=["sendrecv"], max_bytes="1K"))
     with emulated(4, {"node2": "20mbit"}) as cluster:
         slow = run_cluster(s, cluster, tmp_path / "slow")
@@ -128,10 +132,12 @@ def test_degraded_node_is_localised_and_unshaped_passes(tmp_path):
     assert bad.message.startswith("node0 <-> node2: ") and "node1 <-> node2" in bad.message
     assert "node0 <-> node1" not in bad.message and "median" in bad.message
     mbps = slow.links["mbps"]
-    assert 1.0 < mbps[0][2] < 2.7 and 1.0 < mbps[2][3] < 2.7  # 20 mbit/s = 2.5 MB/s
+    # 20 mbit/s = 2.5 MB/s; tbf's 64 KB bucket refills between transfers, so a 1 MiB one can beat it by ~25%
+    assert 1.0 < mbps[0][2] < 3.5 and 1.0 < mbps[2][3] < 3.5
     good = links_check(fast, s)
     assert good.status == "pass", good.message
-    assert min(v for row in fast.links["mbps"] for v in row if v is not None) > 10 * max(mbps[0][2], mbps[2][0])
+    # 200 vs 20 mbit/s: every nominal link far above the degraded ones (25 vs 3.1 MB/s measured)
+    assert min(v for row in fast.links["mbps"] for v in row if v is not None) > 5 * max(mbps[0][2], mbps[2][0])
 
 
 @NEEDS_NETNS
@@ -186,7 +192,7 @@ def test_links_median_rule_names_the_pair_in_words():
     from day0.results import charts
 
     assert "<svg" in charts.render_spec(charts.parse_spec(chart, "collectives.links evidence.charts[0]"))
-    assert c.evidence["table"]["columns"][:3] == ["sender", "receiver", "MB/s (median)"]
+    assert c.evidence["table"]["columns"][:3] == ["sender", "receiver", "MB/s"]
     assert len(c.evidence["table"]["rows"]) == 12
 
 

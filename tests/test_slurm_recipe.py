@@ -66,7 +66,7 @@ def test_the_sbatch_recipe_runs_vllm_across_nodes_and_the_suites_against_it(tmp_
     profile_path = tmp_path / "site.toml"
     profile_path.write_text(SITE_PROFILE)
     model = resolve_model(load_profile(profile_path))
-    cluster = EmulatedCluster.up(2, EmulateSection(), owner_pid=os.getpid())
+    cluster = EmulatedCluster.up(2, EmulateSection(link_rate="1gbit"), owner_pid=os.getpid())  # as cpu-2node
     try:
         hosts = [n.address for n in cluster.nodes]
         prefix = hosts[0].rsplit(".", 1)[0]

@@ -167,8 +167,10 @@ class CollectivesSection(BaseModel):
     large_message_bytes: Optional[Bytes] = Field(
         None, description="the busbw check uses sizes >= this (default: the largest)")
     links_bytes: Bytes = Field(4 << 20, ge=4, description="message of the node-to-node link test (collectives.links)")
-    links_time_s: float = Field(2.0, gt=0, description="time per directed link: repeats stop after it (one timed "
+    links_time_s: float = Field(2.0, gt=0, description="time per directed link over all rounds: repeats stop after it (one timed "
                                                        "transfer after a warm-up at least)")
+    links_rounds: int = Field(3, ge=1, le=20, description="rounds over all the links; a link's figure is the median "
+                                                          "over rounds of each round's fastest repeat")
     expected_link_gbps: Optional[GBps] = Field(
         None, description="GB/s every directed node-to-node link should carry (default: expected_busbw.inter_node."
                           "sendrecv); a link fails below pass_fraction x this or half the median link")

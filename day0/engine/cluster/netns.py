@@ -16,6 +16,7 @@ found by the ``day0-``/``d0`` name prefixes and the owner pid in the cluster id.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from day0.config.topology import EmulateSection
 
@@ -114,23 +115,27 @@ class EmulatedCluster:
         why = blocked_reason()
         if why:
             raise EmulationBlocked(why)
-        sweep_stale(log)
-        cid = str(owner_pid) if owner_pid is not None else "m" + secrets.token_hex(3)
-        k = _free_subnet()
+        with _host_lock():  # two runs starting at once must not pick the same subnet
+            sweep_stale(log)
+            cid = _new_cid(owner_pid)
+            cluster = cls._plan(cid, _free_subnet(), n, spec, owner_pid)
+            try:
+                cluster._save()
+                cluster._build(spec)
+            except BaseException:
+                cluster.down()
+                raise
+        log(f"emulated cluster {cid}: {n} nodes on {cluster.subnet} "
+            + ", ".join(f"{nd.name}={nd.address}" + (f" ({nd.rate})" if nd.rate else "") for nd in cluster.nodes))
+        return cluster
+
+    @classmethod
+    def _plan(cls, cid: str, k: int, n: int, spec: EmulateSection, owner_pid: int | None) -> "EmulatedCluster":
         nodes = [EmulatedNode(name=f"node{i}", index=i, netns=f"{NETNS_PREFIX}{cid}-node{i}",
                               address=f"198.18.{k}.{i + 1}", ifname=NODE_IFNAME, host_if=f"d0{cid}n{i}",
                               rate=spec.rate_of(f"node{i}")) for i in range(n)]
-        cluster = cls(cid=cid, subnet=f"198.18.{k}.0/24", bridge=f"d0b{cid}", gateway=f"198.18.{k}.254",
-                      nodes=nodes, owner_pid=owner_pid)
-        try:
-            cluster._save()
-            cluster._build(spec)
-        except BaseException:
-            cluster.down()
-            raise
-        log(f"emulated cluster {cid}: {n} nodes on {cluster.subnet} "
-            + ", ".join(f"{nd.name}={nd.address}" + (f" ({nd.rate})" if nd.rate else "") for nd in nodes))
-        return cluster
+        return cls(cid=cid, subnet=f"198.18.{k}.0/24", bridge=f"d0b{cid}", gateway=f"198.18.{k}.254",
+                   nodes=nodes, owner_pid=owner_pid)
 
     def _build(self, spec: EmulateSection) -> None:
         _ip("ip", "link", "add", self.bridge, "type", "bridge")
@@ -241,11 +246,21 @@ def day0_leftovers() -> tuple[list[str], list[str]]:
     return ([ns for ns in list_netns() if _NETNS.match(ns)], [ln for ln in list_links() if _LINK.match(ln)])
 
 
+def _new_cid(owner_pid: int | None) -> str:
+    """The owner's pid (a letter added when that process already has a cluster up), or m + hex by hand."""
+    if owner_pid is None:
+        return "m" + secrets.token_hex(3)
+    taken = {_NETNS.match(ns)["cid"] for ns in day0_leftovers()[0]}  # type: ignore[index]
+    return next(c for c in (str(owner_pid), *(f"{owner_pid}{x}" for x in "abcdefghijklmnopqrstuvwxyz"))
+                if c not in taken)
+
+
 def _owner_alive(cid: str) -> bool:
-    if not cid.isdigit():
+    pid = re.match(r"\d+", cid)
+    if not pid:
         return True  # a cluster brought up by hand: only `day0 cluster down` removes it
     try:
-        os.kill(int(cid), 0)
+        os.kill(int(pid.group()), 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -279,6 +294,15 @@ def sweep_stale(log: Log = lambda m: None) -> list[str]:
     if gone:
         log(f"removed emulated clusters left by runs that are gone: {', '.join(gone)}")
     return gone
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """One cluster built at a time on this host (an flock, released if the holder dies)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def _free_subnet() -> int:
