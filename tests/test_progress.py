@@ -113,7 +113,7 @@ def test_wait_healthy_shows_the_engine_log_redacted_while_waiting(tmp_path: Path
     shown: list[str] = []
     eng = ServerEngine(load_profile("cpu-tiny"), tmp_path, shown.append)
     eng.log_path.write_text("$ vllm serve\n")
-    eng.proc = subprocess.Popen(["sleep", "30"])
+    eng.procs.append(("node0", subprocess.Popen(["sleep", "30"]), eng.log_path))
     polls = iter(range(100))
 
     def healthy() -> bool:
