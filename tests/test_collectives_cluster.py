@@ -297,3 +297,13 @@ def test_the_engine_check_names_a_pair_of_nodes_its_ranks_did_not_connect():
     assert bad.status == "fail" and bad.message.startswith("no engine connection between node0 <-> node2, node1 <-> node2")
     assert engine_cross_node_check([], ["node0", "node1"], readable=False).status == "skip"
     assert engine_cross_node_check([], ["node0"], readable=True).status == "skip"
+
+
+def test_a_worker_under_a_multi_node_srun_meets_on_the_first_host_not_loopback():
+    from day0.stages.collectives.cli import rendezvous_addr
+
+    s = CollectivesSettings()
+    job = {"SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_NUM_NODES": "4", "SLURM_PROCID": "5", "SLURM_NTASKS": "32"}
+    assert rendezvous_addr(s, job) == "gpu07"
+    assert rendezvous_addr(s, {"SLURM_JOB_NODELIST": "gpu07", "SLURM_JOB_NUM_NODES": "1"}) == "127.0.0.1"
+    assert rendezvous_addr(s, {}) == "127.0.0.1"

@@ -13,10 +13,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.record import Check
+from day0.engine.cluster.slurm import SlurmError, SlurmJob
 from day0.stages.collectives.checks import result_checks
 from day0.stages.collectives.launcher import _atomic_write, run_local, zygote_main
 from day0.stages.collectives.nccl_debug import read_nccl_debug
@@ -114,6 +115,16 @@ def _report(checks: list[Check], json_path: str | None) -> int:
     return 1 if any(c.status in ("fail", "error") for c in checks) else 0
 
 
+def rendezvous_addr(settings: CollectivesSettings, environ: Mapping[str, str]) -> str:
+    """Where the ranks meet when nobody exported MASTER_ADDR: inside a multi-node Slurm allocation the
+    first host of its node list (a loopback default would leave every other node's ranks waiting
+    forever), else ``collectives.master_addr``."""
+    job = SlurmJob.from_environ(environ)
+    if job is not None and job.nnodes > 1:
+        return job.master_addr
+    return settings.master_addr
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
         settings = _settings_from_args(args)
@@ -126,7 +137,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print("day0 collectives run --worker: no RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS (srun) "
                   "in the environment", file=sys.stderr)
             return 2
-        os.environ.setdefault("MASTER_ADDR", settings.master_addr)
+        try:
+            os.environ.setdefault("MASTER_ADDR", rendezvous_addr(settings, os.environ))
+        except SlurmError as exc:
+            return _refuse(exc)
         if "MASTER_PORT" not in os.environ:
             if settings.master_port:
                 os.environ["MASTER_PORT"] = str(settings.master_port)
