@@ -433,6 +433,12 @@ def test_timing_check_on_sweep_rows():
     assert ok.status == "pass" and "CUDA events" in ok.message  # a one-rank in-place no-op may take 0 us
     slip = sweep.timing_check(CollectivesResult(backend="nccl", rows=[row(10.0, [8000.0, 9000.0])]))
     assert slip.status == "fail" and "unit slip" in slip.message
+    # two ranks, each slowed in a different iteration (a busy box): the per-iteration maxima add up
+    # to nearly two loops, which is no unit slip; 1000x still is
+    busy = sweep.timing_check(CollectivesResult(backend="gloo", world_size=2, rows=[row(1000.0, [1900.0, 1900.0])]))
+    assert busy.status == "pass", busy.message
+    slip2 = sweep.timing_check(CollectivesResult(backend="gloo", world_size=2, rows=[row(1000.0, [9e5, 9e5])]))
+    assert slip2.status == "fail"
     negative = sweep.timing_check(CollectivesResult(backend="nccl", rows=[row(10.0, [8.0, -1.0])]))
     assert negative.status == "fail" and negative.value == 1
     assert sweep.timing_check(CollectivesResult(backend="nccl", rows=[row(10.0, [0.0, 0.0])])).status == "fail"
