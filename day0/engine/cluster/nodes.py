@@ -45,11 +45,6 @@ class Cluster:
     def master_addr(self) -> str:
         return self.nodes[0].address
 
-    @property
-    def client_addr(self) -> str:
-        """Where this process (the load generator, the health probe) reaches node0 from."""
-        return self.nodes[0].address
-
     def describe(self) -> list[dict[str, object]]:
         """For run.json's environment: each node's address, how it is reached, and its link."""
         rates = {nd.name: nd.rate for nd in self.emulated.nodes} if self.emulated else {}
