@@ -182,7 +182,7 @@ def _links_result(nodes: int, slow: dict[tuple[int, int], float], fast: float = 
 def test_links_median_rule_names_the_pair_in_words():
     c = links_check(_links_result(4, {(0, 2): 2.4, (2, 0): 2.5}), CollectivesSettings())
     assert c.status == "fail"
-    assert c.message.startswith("node0 <-> node2: 2.4 MB/s, median 610 MB/s"), c.message
+    assert c.message.startswith("node0 <-> node2: 2.4 MB/s, median link 610 MB/s"), c.message
     assert c.evidence["failing_pairs"] == [["node0", "node2"]]
     chart = c.evidence["charts"][0]
     assert {k: chart[k] for k in ("kind", "x_label", "y_label", "unit")} == {
@@ -201,7 +201,16 @@ def test_links_one_slow_direction_fails_the_pair_and_near_median_passes():
     assert one_way.status == "fail" and one_way.message.startswith("node0 <-> node1: 100 MB/s")
     near = links_check(_links_result(3, {(1, 0): 400.0, (2, 1): 350.0}), CollectivesSettings())
     assert near.status == "pass", near.message
-    assert "min 350 MB/s, median 610 MB/s" in near.message
+    assert "min 350 MB/s, median link 400 MB/s" in near.message  # links (0,1) 400, (1,2) 350, (0,2) 610
+
+
+def test_two_nodes_are_one_link_judged_by_the_expectation_alone():
+    """Two nodes are one link: its directions 4x apart (measured beside a busy test suite: 28 vs 112
+    MB/s at 1 Gbit/s) are not a slow link; only an expectation fails it."""
+    r = _links_result(2, {(0, 1): 28.3}, fast=112.0)
+    assert links_check(r, CollectivesSettings()).status == "pass"
+    slow = links_check(r, CollectivesSettings(expected_link_gbps=0.1, pass_fraction=0.8))
+    assert slow.status == "fail" and slow.message.startswith("node0 <-> node1: 28.3 MB/s")
 
 
 def test_links_expectation_rule_fails_uniformly_slow_links():
