@@ -32,6 +32,7 @@ from day0.engine.cluster.launchers import (
 from day0.engine.cluster.netns import EmulatedCluster, blocked_reason, day0_leftovers, sweep_stale
 from day0.engine.cluster.nodes import ClusterBlocked, ClusterError, open_cluster
 from day0.engine.multinode import node_commands, node_env
+from day0.engine.process import signal_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -264,14 +265,7 @@ def test_sigkill_of_the_harness_leaves_no_namespace_veth_or_process(tmp_path):
                  and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
         assert alive == []
     finally:
-        with_suppress_kill(proc.pid)
-
-
-def with_suppress_kill(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        signal_group(proc.pid)
 
 
 NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]

@@ -20,6 +20,12 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a SIGKILLed harness still stops its server
 
 
+def signal_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a process group that may be gone already (or, reused, not ours to signal)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     """SIGTERM the group, wait, then SIGKILL whatever is left of it.
 
@@ -29,8 +35,7 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     """
     pgid = proc.pid
     interrupted: BaseException | None = None
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     try:
         try:
             proc.wait(timeout=grace_s)
@@ -47,8 +52,7 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
 
 
 def _kill_group(proc: subprocess.Popen[bytes], pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    signal_group(pgid)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     # SIGKILL is delivered asynchronously: on a busy host a grandchild can still be running when

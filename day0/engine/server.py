@@ -4,7 +4,6 @@ answers, its log kept in the run folder."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -25,7 +24,7 @@ from day0.engine.cluster.nodes import Cluster
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
 from day0.engine.http_api import api_key, auth_headers, http_greedy
 from day0.engine.multinode import cross_node_connections, engine_cli_args, node_commands, rendezvous_port
-from day0.engine.process import die_with_parent, stop_process_group
+from day0.engine.process import die_with_parent, signal_group, stop_process_group
 from day0.engine.rootcause import excerpt, root_cause
 from day0.model.locate import resolve_model
 
@@ -268,8 +267,7 @@ class ServerEngine:
         """Every node's process group: SIGTERM to all first (ranks shut down together), then each is waited for."""
         procs, self.procs = self.procs, []
         for _, proc, _ in procs[1:]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
         for _, proc, lp in procs:
             stop_process_group(proc, self.profile.engine.shutdown_timeout_s)
             scrub_log(lp, self.redactor)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from day0.engine.process import signal_group
 from day0.stages.collectives.faults import clean_error, diagnose
 from day0.stages.collectives.rank import RankEnv, run_rank
 from day0.stages.collectives.result import (
@@ -98,7 +98,7 @@ class _Rank:
             return
         if self.poll() is None:
             self.killed_by_harness = True
-        killpg(pid)
+        signal_group(pid)
 
 
 def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
@@ -394,20 +394,12 @@ def _kill_all(ranks: list[_Rank], launcher: subprocess.Popen) -> None:
     for c in ranks:  # a rank whose exit was never recorded: its group may still hold helpers
         c.poll(launcher.returncode)
         if c.pid is not None:
-            killpg(c.pid)
-
-
-def killpg(pgid: int) -> None:
-    """SIGKILL a process group that may be gone already."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+            signal_group(c.pid)
 
 
 def kill_and_reap(proc: subprocess.Popen) -> None:
     """SIGKILL a session leader's group and reap the leader."""
-    killpg(proc.pid)
+    signal_group(proc.pid)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
