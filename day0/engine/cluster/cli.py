@@ -20,6 +20,7 @@ from day0.engine.cluster.netns import (
     EmulatedCluster,
     EmulationBlocked,
     EmulationError,
+    cluster_ids,
     day0_leftovers,
     teardown_cid,
 )
@@ -98,10 +99,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     if not args.cid and not args.all:
         print("day0: cluster down: name a cluster id (see `day0 cluster status`) or --all", file=sys.stderr)
         return 2
-    namespaces, links = day0_leftovers()
-    cids = {c["cid"] for c in _known()} | {ns.split("-")[1] for ns in namespaces}
-    cids |= {ln[3:] for ln in links if ln.startswith("d0b")}
-    targets = sorted(cids) if args.all else [args.cid]
+    targets = sorted(cluster_ids()) if args.all else [args.cid]
     removed = [cid for cid in targets if teardown_cid(cid)]
     if not removed:
         print("nothing to remove" if args.all else f"day0: no cluster {args.cid!r} on this host", file=sys.stderr)

@@ -282,13 +282,18 @@ def _link_cid(name: str) -> str:
     return (m["bcid"] or m["vcid"]) if m else ""
 
 
-def sweep_stale(log: Log = lambda m: None) -> list[str]:
-    """Remove the namespaces, links and state files of clusters whose owning run is dead."""
+def cluster_ids() -> set[str]:
+    """Every day0 cluster on this host, found by its namespaces, its links or its state file."""
     namespaces, links = day0_leftovers()
     cids = {_NETNS.match(ns)["cid"] for ns in namespaces} | {_link_cid(ln) for ln in links}  # type: ignore[index]
     if STATE_DIR.is_dir():
         cids |= {p.stem for p in STATE_DIR.glob("*.json")}
-    gone = [cid for cid in sorted(cids) if not _owner_alive(cid)]
+    return cids
+
+
+def sweep_stale(log: Log = lambda m: None) -> list[str]:
+    """Remove the namespaces, links and state files of clusters whose owning run is dead."""
+    gone = [cid for cid in sorted(cluster_ids()) if not _owner_alive(cid)]
     for cid in gone:
         teardown_cid(cid)
     if gone:
