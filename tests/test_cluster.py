@@ -93,6 +93,9 @@ def test_spawn_writes_the_header_and_hands_the_node_env_to_a_local_process(tmp_p
                  {"Y": "yes"}, log, dict(os.environ), header="$ demo")
     assert proc.wait(timeout=30) == 0
     assert log.read_text().splitlines() == ["$ demo", "node1 yes"]
+    made = spawn(LocalLauncher(), NODE1, [PY, "-c", "pass"], {}, log, dict(os.environ),
+                 header=lambda argv: "$ " + " ".join(argv))  # the line made from the launcher's argv
+    assert made.wait(timeout=30) == 0 and log.read_text().splitlines() == [f"$ {PY} -c pass"]
 
 
 # ---------------------------------------------------------------------------- topology

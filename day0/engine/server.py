@@ -197,10 +197,9 @@ class ServerEngine:
         base = self.environment()
         for nc in cmds:
             log_path = self.log_path.with_name(self.log_path.name.replace("node0", nc.node.name))
-            argv = self.cluster.launcher.argv(nc.node, nc.argv, {**nc.node.env(), **nc.env})
-            header = "$ " + " ".join(self.redactor.argv(argv))
-            self.procs.append((nc.node.name, spawn(self.cluster.launcher, nc.node, nc.argv, nc.env, log_path, base,
-                                                   header=header), log_path))
+            proc = spawn(self.cluster.launcher, nc.node, nc.argv, nc.env, log_path, base,
+                         header=lambda argv: "$ " + " ".join(self.redactor.argv(argv)))
+            self.procs.append((nc.node.name, proc, log_path))
         return node0.address, port
 
     def _wait_healthy(self, t0: float, timeout_s: float) -> None:

@@ -13,7 +13,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from day0.engine.process import die_with_parent
 
@@ -125,17 +125,19 @@ def launcher_for(kind: str) -> Launcher:
 
 
 def spawn(launcher: Launcher, node: Node, cmd: Sequence[str], env: Mapping[str, str], log_path: Path,
-          base_env: Mapping[str, str], header: str = "") -> subprocess.Popen[bytes]:
+          base_env: Mapping[str, str], header: str | Callable[[list[str]], str] = "") -> subprocess.Popen[bytes]:
     """Start ``cmd`` on ``node``: its own session (so the group is stopped whole), dying with the
     harness (PDEATHSIG), stdout and stderr into ``log_path``. ``env`` is the node's and the
-    command's environment; ``base_env`` is this process's, inherited where the launcher can."""
+    command's environment; ``base_env`` is this process's, inherited where the launcher can.
+    ``header``, the log's first line, may be made from the command line the launcher built."""
     node_env = {**node.env(), **env}
     argv = launcher.argv(node, cmd, node_env)
     full_env = {**base_env, **node_env} if launcher.carries_env() else dict(base_env)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    text = header(argv) if callable(header) else header
     with log_path.open("wb") as fh:
-        if header:
-            fh.write(header.encode() + b"\n")
+        if text:
+            fh.write(text.encode() + b"\n")
             fh.flush()
         return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                                 preexec_fn=die_with_parent)
