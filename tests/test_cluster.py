@@ -30,7 +30,7 @@ from day0.engine.cluster.launchers import (
     spawn,
 )
 from day0.engine.cluster.netns import EmulatedCluster, blocked_reason, day0_leftovers, sweep_stale
-from day0.engine.cluster.nodes import ClusterBlocked, ClusterError, open_cluster
+from day0.engine.cluster.nodes import ClusterError, open_cluster
 from day0.engine.multinode import node_commands, node_env
 from day0.engine.process import signal_group
 
@@ -302,8 +302,8 @@ def test_a_run_without_cap_net_admin_ends_with_its_stages_blocked(tmp_path):
 
 @needs_netns
 def test_cluster_cli_up_status_down(tmp_path):
-    run = lambda *a: subprocess.run([PY, "-m", "day0.cli", "cluster", *a], capture_output=True, text=True, cwd=ROOT,
-                                    timeout=60)
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "day0.cli", "cluster", *a], capture_output=True, text=True, cwd=ROOT, timeout=60)
     up = run("up", "--profile", "cpu-2node", "--set", "topology.emulate.degrade.node1=\"20mbit\"", "--json")
     assert up.returncode == 0, up.stderr
     cid = json.loads(up.stdout)["cid"]

@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from day0.config.profile import load_profile
+from day0.core.sockets import own_tcp_connections, parse_proc_tcp
 from day0.stages.collectives import (
     CollectivesResult,
     CollectivesSettings,
@@ -29,7 +30,6 @@ from day0.stages.collectives import (
     stage_transport_checks,
 )
 from day0.stages.collectives.result import Fault
-from day0.core.sockets import own_tcp_connections, parse_proc_tcp
 
 NEEDS_NETNS = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 from day0.engine.cluster.launchers import spawn
 from day0.stages.collectives.launcher import (
-    _tail,
     _Rank,
+    _tail,
     finish_result,
     free_port,
     kill_and_reap,
