@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and a C compiler are enough):
 #   make demo   builds .venv, installs day0 + vLLM, runs the Day0 suites on the embedded tiny model
-#   make test   same install, then the harness's own test suite
+#   make test   same install, then ruff and the harness's own test suite
 VENV ?= .venv
 PROFILE ?= cpu-tiny
 PYTEST_ARGS ?=
@@ -18,6 +18,7 @@ demo: install
 
 test: install
 	@bash scripts/install-system.sh net browser
+	$(VENV)/bin/ruff check day0 tests scripts benchmarks conftest.py
 	$(VENV)/bin/python -m pytest tests -v --durations=15 $(PYTEST_ARGS)
 
 # In-process benchmarks (pytest-benchmark), saved under .benchmarks/ for --benchmark-compare;
