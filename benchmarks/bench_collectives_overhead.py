@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from day0.stages.collectives import CollectivesSettings, free_port, parse_size, run_local  # noqa: E402
+from day0.stages.collectives import CollectivesSection, free_port, parse_size, run_local  # noqa: E402
 from day0.stages.collectives.busbw import busbw_gbps, plan  # noqa: E402
 
 BARE = r"""
@@ -62,7 +62,7 @@ def bare_round(n: int, size: int, warm: int, iters: int) -> float:
 
 
 def day0_round(n: int, size: int, warm: int, iters: int, out: Path) -> float:
-    s = CollectivesSettings(ops=["all_reduce"], min_bytes=size, max_bytes=size, warmup_iters=warm, iters=iters,
+    s = CollectivesSection(ops=["all_reduce"], min_bytes=size, max_bytes=size, warmup_iters=warm, iters=iters,
                             backend="gloo", timeout_s=120.0)
     result = run_local(s, n, out)
     if result.fault is not None:
@@ -100,7 +100,7 @@ def main() -> None:
         print(f"  day0 busbw {d_bw:.3f} GB/s | bare loop busbw {b_bw:.3f} GB/s | ratio {d_bw / b_bw:.3f} (target >= 0.95)")
         if not a.skip_sweep:
             t0 = time.perf_counter()
-            result = run_local(CollectivesSettings(backend="gloo"), n, Path(tmp) / "sweep")
+            result = run_local(CollectivesSection(backend="gloo"), n, Path(tmp) / "sweep")
             wall = time.perf_counter() - t0
             print(f"default CPU sweep: {len(result.rows)} points, all ops, {n} ranks: wall {wall:.1f} s "
                   f"(sweep {result.duration_s or float('nan'):.1f} s, rest is process start + torch import); "

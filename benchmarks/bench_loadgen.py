@@ -1,6 +1,6 @@
 """How fast can the load generator go before its TTFT stops being accurate, vs vLLM's bench serve.
 
-Both clients drive the same scripted loopback SSE server (tests/sse_server.py, its own process)
+Both clients drive the same scripted loopback SSE server (tests/support/sse_server.py, its own process)
 with Poisson arrivals at a ladder of request rates. The server logs, on the CLOCK_MONOTONIC the
 clients' perf_counter also reads, when it received each request and when it wrote the first
 token. Per request:
@@ -40,7 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
 from day0.client.workload import WorkloadSpec, build_requests  # noqa: E402

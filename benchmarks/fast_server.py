@@ -1,6 +1,6 @@
 """A scripted OpenAI-style streaming server lean enough not to be the bottleneck of a client benchmark.
 
-tests/sse_server.py is the tests' server: aiohttp's web framework, Prometheus histograms, every
+tests/support/sse_server.py is the tests' server: aiohttp's web framework, Prometheus histograms, every
 fault on demand. At thousands of streamed messages a second its own overhead decides what is
 measured, so the client ladder (bench_ladder.py) uses this one: a bare ``asyncio.Protocol``
 (uvloop when installed) speaking just enough HTTP/1.1 (keep-alive, Content-Length bodies,

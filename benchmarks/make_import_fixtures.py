@@ -1,7 +1,7 @@
 """Write the ``day0 latency import`` fixtures in tests/data/ from real runs of the other tools.
 
 Each tool runs as a site would run it, against the scripted loopback server of the tests
-(tests/sse_server.py, a known schedule and faults on demand), and its result file is kept as
+(tests/support/sse_server.py, a known schedule and faults on demand), and its result file is kept as
 written: ``vllm bench serve --save-result --save-detailed`` (and once without ``--save-detailed``,
 the summary-only file the import refuses), and GuideLLM's ``--output kind=json`` report.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from sse_server import Script, SSEServer  # noqa: E402
 

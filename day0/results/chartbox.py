@@ -6,7 +6,7 @@ another label already holds the spot (the memory-plan chart's legend once sat on
 draws, estimated from the font's advance widths (DejaVu Sans, what system-ui resolves to on a
 bare Linux, is the widest common choice, so the estimate errs wide), and a movable label takes
 the first of its candidate spots that is free and inside the chart. The browser test
-(tests/test_report_browser.py) checks the result with getBBox() in real Chromium.
+(tests/results/test_report_browser.py) checks the result with getBBox() in real Chromium.
 
 Also here, below ``day0.results.charts`` so that both can use them without an import cycle: the
 number helpers (ticks, short number text, ChartError) and the heat-map kind (parse and draw).

@@ -1,0 +1,204 @@
+"""One schedule split across load workers: the same arrivals as one process, merged back exactly.
+
+The split and the merge are pure (no network): any schedule, any number of shards, any cap. The
+worker protocol and the pool run against the scripted loopback server (tests/support/sse_server.py), and
+only structure is asserted there (which requests, when scheduled, how many tokens), never a
+timing figure: accuracy under load is the loadgen tests' and the ladder benchmark's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from dataclasses import asdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from day0.client.loadgen import ClientOptions, LoadShape, RequestResult, make_session, run_phase
+from day0.client.shards import ShardResult, ShardSpec, merge_shards, shard_count, split_phase
+from day0.client.workers import WorkerError, WorkerPool, auto_workers, worker_main
+from day0.client.workload import WorkloadSpec, build_requests
+from day0.config.latency import LatencySection, SlaSection
+from day0.stages.latency import compute_metrics, latency_checks, run_latency
+from tests.support.sse_server import Script, SSEServer
+
+VOCAB = 300
+
+shapes = st.one_of(
+    st.builds(LoadShape, mode=st.just("rate"), concurrency=st.integers(0, 9), request_rate=st.floats(0.5, 500),
+              burstiness=st.sampled_from([0.5, 1.0, 3.0]), seed=st.integers(0, 99),
+              arrivals=st.sampled_from(["immediate", "vllm"])),
+    st.builds(LoadShape, mode=st.just("concurrency"), concurrency=st.integers(1, 9)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(0, 60), st.integers(1, 8), shapes)
+def test_the_shards_together_are_the_one_process_schedule(n, shards, shape):
+    reqs = build_requests(WorkloadSpec(4, 2), VOCAB, n)
+    specs, offsets = split_phase("http://x", "m", reqs, shape, ClientOptions(), shards, phase="measure", tag="abc")
+    assert len(specs) == shard_count(shards, n, shape) and all(s.shards == len(specs) for s in specs)
+    got = sorted((r.index, s.shard) for s in specs for r in s.requests)
+    assert [i for i, _ in got] == list(range(n))  # every request exactly once
+    assert all(shard == i % len(specs) for i, shard in got)  # dealt round robin in schedule order
+    if shape.mode == "rate":
+        assert offsets == shape.offsets(n)  # the single schedule, untouched
+        for s in specs:
+            assert s.offsets == [offsets[r.index] for r in s.requests] and s.offsets == sorted(s.offsets)
+    else:
+        assert offsets == [] and all(s.offsets is None for s in specs)
+    if shape.concurrency:
+        assert sum(s.concurrency for s in specs) == shape.concurrency and min(s.concurrency for s in specs) >= 1
+    assert len({s.tag for s in specs}) == 1
+
+
+def test_shard_count_needs_a_request_and_a_slot_per_shard():
+    assert shard_count(4, 100, LoadShape(mode="rate", concurrency=0)) == 4
+    assert shard_count(4, 3, LoadShape(mode="rate", concurrency=0)) == 3
+    assert shard_count(4, 100, LoadShape(mode="rate", concurrency=2)) == 2
+    assert shard_count(4, 100, LoadShape(concurrency=1)) == 1
+    assert shard_count(4, 0, LoadShape(mode="rate", concurrency=0)) == 1
+
+
+def _result(index: int, scheduled: float, ok: bool = True) -> RequestResult:
+    r = RequestResult(index, "measure", scheduled, scheduled + 1e-4, 8, 3)
+    r.finished = scheduled + 0.05 + index * 1e-3
+    if ok:
+        r.ok, r.msg_t, r.msg_n, r.output_tokens = True, [0.0213 + index * 1e-5, 0.0251, 0.0307], [1, 1, 1], 3
+    else:
+        r.error, r.reason = "http_error", "http_500: boom"
+    return r
+
+
+def test_merge_is_exact_and_equals_one_process():
+    """Raw results from shards, through JSON (a real worker's wire), give the very figures the
+    same results give unsplit: no histogram, no rounding."""
+    t0 = 1000.0
+    results = [_result(i, t0 + 0.013 * i + 1 / 3, ok=i % 5 != 3) for i in range(23)]
+    shape = LoadShape(mode="rate", request_rate=70.0, concurrency=0)
+    parts = [ShardResult(k, results[k::3], not_sent=k) for k in range(3)]
+    wire = [ShardResult.from_json(json.loads(json.dumps(p.to_json()))) for p in parts]
+    merged = merge_shards("measure", shape, wire, t0, [r.scheduled - t0 for r in results])
+    assert [asdict(r) for r in merged.results] == [asdict(r) for r in results]  # bit-exact floats
+    assert merged.not_sent == 3 and merged.workers == 3 and merged.started == t0
+    assert merged.ended == max(r.finished for r in results)
+    from day0.client.loadgen import PhaseResult
+
+    one = PhaseResult("measure", shape, results, t0, max(r.finished for r in results), 3,
+                      [r.scheduled - t0 for r in results])
+    a, b = compute_metrics(merged, [50, 99], {"ttft": 25.0}), compute_metrics(one, [50, 99], {"ttft": 25.0})
+    assert a.samples == b.samples and a.stats == b.stats and a.goodput == b.goodput and a.errors == b.errors
+    assert a.workers == 3 and b.workers == 1
+
+
+def test_a_shard_spec_survives_its_wire_format():
+    reqs = build_requests(WorkloadSpec([4, 9], 3), VOCAB, 7)
+    opts = ClientOptions(endpoint="chat", extra_body={"temperature": 0}, headers={"X": "1"}, stall_timeout_s=2.5)
+    specs, _ = split_phase("http://h:1", "m", reqs, LoadShape(mode="rate", request_rate=9.0, concurrency=4,
+                                                               duration_s=3.0), opts, 2, phase="sweep", tag="f00")
+    for s in specs:
+        back = ShardSpec.from_json(json.loads(json.dumps(s.to_json())))
+        assert back == s and back.options.stall_timeout_s == 2.5 and back.requests[0].prompt == s.requests[0].prompt
+
+
+def test_auto_workers_follow_the_offered_messages_and_stop_at_the_cores():
+    rate = LoadShape(mode="rate", request_rate=100.0, concurrency=0)
+    assert auto_workers(rate, 64, cores=8) == 1  # 6,400 messages/s: one loop times that
+    assert auto_workers(LoadShape(mode="rate", request_rate=1000.0), 64, cores=8) == 8
+    assert auto_workers(LoadShape(mode="rate", request_rate=1000.0), 64, cores=2) == 2
+    assert auto_workers(LoadShape(mode="rate", request_rate=float("inf")), 64, cores=3) == 3
+    assert auto_workers(LoadShape(concurrency=4), 64, cores=8) == 1
+    assert auto_workers(LoadShape(concurrency=1000), 64, cores=8) == 4
+
+
+# ----------------------------------------------------------------------------- live, against the scripted server
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SSEServer() as srv:
+        yield srv
+
+
+def test_the_worker_protocol_runs_a_shard_from_a_given_start(server):
+    """The seam a node launcher would use: a spec in, READY, go with t=0, raw results out."""
+    server.set_script(Script(ttft_ms=[10], gaps_ms=[2], tokens_per_message=[1, 2]))
+    reqs = build_requests(WorkloadSpec(6, 5), VOCAB, 6)
+    specs, offsets = split_phase(server.url, "scripted", reqs, LoadShape(mode="rate", request_rate=100.0,
+                                                                         concurrency=0), ClientOptions(), 2,
+                                 phase="measure", tag="0a0b0c")
+    import time
+
+    t0 = time.perf_counter() + 0.2
+    stdin = io.StringIO(json.dumps({"cmd": "prepare", "spec": specs[1].to_json()}) + "\n"
+                        + json.dumps({"cmd": "go", "t0": t0}) + "\n")
+    stdout = io.StringIO()
+    assert worker_main(stdin, stdout) == 0
+    lines = stdout.getvalue().splitlines()
+    assert lines[0] == "READY"
+    res = ShardResult.from_json(json.loads(lines[1]))
+    assert [r.index for r in res.results] == [1, 3, 5] and res.not_sent == 0
+    # (t0 + offset) - t0 in doubles rounds by ~1e-12 s once perf_counter is large (a long-up host)
+    assert [r.scheduled - t0 for r in res.results] == pytest.approx([offsets[i] for i in (1, 3, 5)], abs=1e-9)
+    assert all(r.ok and r.output_tokens == 5 for r in res.results)
+    assert sorted(e["index"] for e in server.log()) == [1, 3, 5]
+
+
+def test_a_pool_splits_every_phase_and_the_stage_reports_its_workers(server):
+    server.set_script(Script(ttft_ms=[12], gaps_ms=[2]))
+    reqs = build_requests(WorkloadSpec(8, 4), VOCAB, 24)
+    shape = LoadShape(mode="rate", request_rate=150.0, concurrency=0, seed=4, arrivals="vllm")
+    opts = ClientOptions()
+
+    async def go():
+        async with WorkerPool(2) as pool:
+            split = await pool.run_phase(server.url, "scripted", reqs, shape, opts)
+            closed = await pool.run_phase(server.url, "scripted", reqs[:6], LoadShape(concurrency=3), opts,
+                                          phase="warmup")
+        async with make_session(opts) as s:
+            one = await run_phase(s, server.url, "scripted", reqs, shape, opts)
+        return split, closed, one
+
+    split, closed, one = asyncio.run(go())
+    assert split.workers == 2 and closed.workers == 2 and one.workers == 1
+    assert [r.index for r in split.results] == [r.index for r in one.results] == list(range(24))
+    assert [r.scheduled - split.started for r in split.results] == pytest.approx(
+        [r.scheduled - one.started for r in one.results], abs=1e-9)  # the very same schedule
+    assert split.target_offsets == one.target_offsets and split.target_offsets[0] > 0  # vLLM's first gap
+    assert all(r.ok and sum(r.msg_n) == 4 for r in split.results + closed.results)
+
+    s = LatencySection(num_requests=10, warmup_requests=2, output_len=3, input_len=8, load="rate",
+                       request_rate=80.0, concurrency=0, workers=2, server_metrics=False)
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(ttft_p99_ms=2000))
+    assert run.metrics.workers == 2 and run.metrics.completed == 10 and run.warmup.completed == 2
+    table = {c.id: c for c in latency_checks(run)}["latency.output_throughput"].evidence["table"]["rows"]
+    assert ["load workers (processes)", 2] in table
+
+
+def test_a_worker_that_died_is_named_not_waited_for(server):
+    reqs = build_requests(WorkloadSpec(4, 2), VOCAB, 4)
+
+    async def go():
+        async with WorkerPool(2) as pool:
+            pool._workers[1].proc.kill()
+            await pool._workers[1].proc.wait()
+            await pool.run_phase(server.url, "scripted", reqs, LoadShape(concurrency=2), ClientOptions())
+
+    with pytest.raises(WorkerError, match=r"load worker 1 exited \(rc -9\)"):
+        asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_unreadable_worker_results_are_an_error_not_a_guess(server, monkeypatch):
+    import day0.client.workers as workers
+
+    monkeypatch.setattr(workers.ShardResult, "from_json", classmethod(lambda cls, data: data["missing"]))
+    reqs = build_requests(WorkloadSpec(4, 2), VOCAB, 4)
+
+    async def go():
+        async with WorkerPool(2) as pool:
+            await pool.run_phase(server.url, "scripted", reqs, LoadShape(concurrency=2), ClientOptions())
+
+    with pytest.raises(WorkerError, match="a load worker's results cannot be read"):
+        asyncio.run(go())

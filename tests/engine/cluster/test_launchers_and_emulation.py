@@ -1,0 +1,354 @@
+"""Nodes, launchers and the emulated cluster (day0.engine.cluster).
+
+The command-line tests need nothing; the emulation tests build real network namespaces, veths, a
+bridge and tbf qdiscs, so they need root (CAP_NET_ADMIN) and iproute2: marked ``host("root")``,
+they skip with that reason elsewhere and fail under CI=true. Every emulation test proves afterwards that nothing of day0's is left on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from day0.config.profile import ProfileError, load_profile
+from day0.config.topology import EmulateSection, TopologySection, rate_bytes_per_s
+from day0.engine.cluster.launchers import (
+    LocalLauncher,
+    NetnsLauncher,
+    Node,
+    SrunLauncher,
+    SshLauncher,
+    launcher_for,
+    spawn,
+)
+from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_stale
+from day0.engine.cluster.nodes import ClusterError, open_cluster
+from day0.engine.multinode import node_commands, node_env
+from day0.engine.process import signal_group
+from tests.support import REPO
+
+PY = sys.executable
+
+NODE1 = Node("node1", 1, "198.18.0.2", host="gpu02", netns="day0-1-node1", ifname="veth0")
+
+
+# ---------------------------------------------------------------------------- command lines
+
+
+def test_local_launcher_runs_the_command_as_it_is():
+    assert LocalLauncher().argv(NODE1, ["python", "-m", "x"], {"A": "1"}) == ["python", "-m", "x"]
+    assert LocalLauncher().carries_env()
+
+
+def test_netns_launcher_enters_the_nodes_namespace():
+    assert NetnsLauncher().argv(NODE1, ["python", "-m", "x"], {}) == [
+        "ip", "netns", "exec", "day0-1-node1", "python", "-m", "x"]
+    with pytest.raises(ValueError, match="node1: no network namespace"):
+        NetnsLauncher().argv(Node("node1", 1, "10.0.0.2"), ["true"], {})
+
+
+def test_srun_launcher_places_one_task_on_the_named_host():
+    argv = SrunLauncher().argv(NODE1, ["python", "-m", "x"], {"A": "1"})
+    assert argv[:5] == ["srun", "--nodes=1", "--ntasks=1", "-w", "gpu02"]
+    assert "--overlap" in argv and "--export=ALL" in argv and argv[-3:] == ["python", "-m", "x"]
+
+
+def test_ssh_launcher_carries_the_nodes_environment_on_the_remote_command_line():
+    launcher = SshLauncher(cwd="/shared/day0 src")
+    argv = launcher.argv(NODE1, ["python", "-c", "print('a b')"], {"GLOO_SOCKET_IFNAME": "ib0", "X": "a b"})
+    assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "gpu02"]
+    remote = shlex.split(argv[4])
+    assert remote[:3] == ["cd", "/shared/day0 src", "&&"]
+    assert remote[3:7] == ["exec", "env", "GLOO_SOCKET_IFNAME=ib0", "X=a b"]
+    assert remote[7:] == ["python", "-c", "print('a b')"]
+    assert not launcher.carries_env()
+
+
+def test_launcher_for_refuses_an_unknown_kind():
+    assert launcher_for("srun").kind == "srun"
+    with pytest.raises(ValueError, match="'pdsh' is not one of"):
+        launcher_for("pdsh")
+
+
+def test_node_env_names_the_node_and_binds_its_sockets():
+    env = NODE1.env()
+    assert env["DAY0_NODE"] == "node1" and env["DAY0_NODE_ADDR"] == "198.18.0.2"
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "veth0"
+    assert env["VLLM_HOST_IP"] == "198.18.0.2"
+    assert "GLOO_SOCKET_IFNAME" not in Node("node0", 0, "gpu01", host="gpu01").env()
+
+
+def test_spawn_writes_the_header_and_hands_the_node_env_to_a_local_process(tmp_path):
+    log = tmp_path / "n.log"
+    proc = spawn(LocalLauncher(), NODE1, [PY, "-c", "import os; print(os.environ['DAY0_NODE'], os.environ['Y'])"],
+                 {"Y": "yes"}, log, dict(os.environ), header="$ demo")
+    assert proc.wait(timeout=30) == 0
+    assert log.read_text().splitlines() == ["$ demo", "node1 yes"]
+    made = spawn(LocalLauncher(), NODE1, [PY, "-c", "pass"], {}, log, dict(os.environ),
+                 header=lambda argv: "$ " + " ".join(argv))  # the line made from the launcher's argv
+    assert made.wait(timeout=30) == 0 and log.read_text().splitlines() == [f"$ {PY} -c pass"]
+
+
+# ---------------------------------------------------------------------------- topology
+
+
+@pytest.mark.parametrize("topology, message", [
+    ({"device": "cuda", "emulate": {}}, "emulate: an emulated cluster is for CPU profiles"),
+    ({"nodes": 2, "emulate": {"degrade": {"node2": "20mbit"}}}, "emulate.degrade.node2: there are only 2 nodes"),
+    ({"nodes": 2, "emulate": {"degrade": {"gpu1": "20mbit"}}}, "gpu1: node names are node0, node1"),
+    ({"nodes": 2, "emulate": {"link_rate": "fast"}}, "'fast' is not a tc rate"),
+    ({"nodes": 2, "launcher": "netns"}, "launcher: netns needs a [topology.emulate] table"),
+    ({"nodes": 2, "launcher": "ssh", "hosts": ["a"]}, "hosts: launcher ssh needs one host per node (2), got 1"),
+    ({"nodes": 17, "emulate": {}}, "at most 16 emulated nodes"),
+])
+def test_topology_refuses_what_cannot_run_in_one_line(topology, message):
+    with pytest.raises(ProfileError) as exc:
+        load_profile("cpu-tiny", overrides={"topology": topology})
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_launcher_auto_stands_for_follows_the_topology_and_slurm():
+    assert TopologySection(nodes=2, emulate=EmulateSection()).launcher_kind({}) == "netns"
+    assert TopologySection(nodes=4).launcher_kind({"SLURM_JOB_NODELIST": "gpu[01-04]"}) == "srun"
+    assert TopologySection(nodes=1).launcher_kind({"SLURM_JOB_NODELIST": "gpu01"}) == "local"
+    assert TopologySection(nodes=4).launcher_kind({}) == "local"
+
+
+def test_rates_read_as_tc_reads_them():
+    assert rate_bytes_per_s("20mbit") == 2.5e6 and rate_bytes_per_s("1gbit") == 1.25e8
+    assert EmulateSection(link_rate="1gbit", degrade={"node2": "20mbit"}).rate_of("node2") == "20mbit"
+    assert EmulateSection(link_rate="1gbit").rate_of("node0") == "1gbit"
+
+
+def test_slurm_nodes_start_from_the_allocation_never_loopback():
+    topo = TopologySection(nodes=4, socket_ifname="ib0")
+    cluster = open_cluster(topo, environ={"SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_JOB_NUM_NODES": "4"})
+    assert [n.host for n in cluster.nodes] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert cluster.master_addr == "gpu01" and cluster.launcher.kind == "srun"
+    assert cluster.nodes[2].env()["GLOO_SOCKET_IFNAME"] == "ib0"
+    with pytest.raises(ClusterError, match=r"topology.nodes = 4 but the allocation has 2 \(gpu\[01-02\]\)"):
+        open_cluster(topo, environ={"SLURM_JOB_NODELIST": "gpu[01-02]"})
+    with pytest.raises(ClusterError, match="not inside a Slurm allocation"):
+        open_cluster(TopologySection(nodes=4, launcher="srun"), environ={})
+
+
+# ---------------------------------------------------------------------------- the engine's command lines
+
+
+def test_vllm_runs_rank0_with_http_on_node0_and_headless_ranks_elsewhere():
+    profile = load_profile("cpu-tiny", overrides={"topology": {"nodes": 3, "devices_per_node": 1, "emulate": {}}})
+    nodes = [Node(f"node{i}", i, f"198.18.0.{i + 1}", netns=f"ns{i}", ifname="veth0") for i in range(3)]
+    from day0.engine.cluster.nodes import Cluster
+
+    cmds = node_commands(profile, Cluster(nodes, NetnsLauncher()), "/m", 8000, 29600, ["--dtype", "float32"], "tiny")
+    for nc in cmds:
+        a = nc.argv
+        assert a[a.index("--nnodes") + 1] == "3" and a[a.index("--node-rank") + 1] == str(nc.node.index)
+        assert a[a.index("--master-addr") + 1] == "198.18.0.1" and a[a.index("--master-port") + 1] == "29600"
+        assert a[1:4] == ["-m", "day0.engine.vllm_cli", "serve"]
+    assert cmds[0].argv[-6:] == ["--served-model-name", "tiny", "--host", "198.18.0.1", "--port", "8000"]
+    assert all(nc.argv[-1] == "--headless" and "--port" not in nc.argv for nc in cmds[1:])
+    cores = os.cpu_count() or 1
+    assert [node_env(profile, nd)["VLLM_CPU_OMP_THREADS_BIND"] for nd in nodes] == [str(i % cores) for i in range(3)]
+
+
+# ---------------------------------------------------------------------------- emulation
+
+
+def _leftovers(owner: int | str | None = None) -> list[str]:
+    """The namespaces and links of the clusters ``owner`` (this test process by default; a pid or a
+    cluster id) built that are still on the host; another run's on a shared box are not counted."""
+    mark = str(owner or os.getpid())
+    namespaces, links = day0_leftovers()
+    return [ns for ns in namespaces if ns.startswith(f"day0-{mark}")] + [
+        ln for ln in links if ln.startswith((f"d0b{mark}", f"d0{mark}"))]
+
+
+def _assert_nothing_left(owner: int | str | None = None) -> None:
+    assert _leftovers(owner) == [], f"left behind: {_leftovers(owner)}"
+
+
+def _ours(owner: int | None = None) -> list[str]:
+    return [ns for ns in day0_leftovers()[0] if ns.startswith(f"day0-{owner or os.getpid()}")]
+
+
+@pytest.mark.host("root")
+def test_an_emulated_cluster_has_real_links_shaped_where_asked_and_leaves_nothing():
+    cluster = EmulatedCluster.up(3, EmulateSection(degrade={"node2": "20mbit"}), owner_pid=os.getpid())
+    try:
+        status = cluster.status()
+        assert [n["address"].rsplit(".", 1)[1] for n in status["nodes"]] == ["1", "2", "3"]
+        assert all(n["address"].startswith("198.18.") and n["up"] for n in status["nodes"])
+        shaped = subprocess.run(["tc", "-n", cluster.nodes[2].netns, "qdisc", "show", "dev", "veth0"],
+                                capture_output=True, text=True).stdout
+        assert "tbf" in shaped and "20Mbit" in shaped
+        host_side = subprocess.run(["tc", "qdisc", "show", "dev", cluster.nodes[2].host_if],
+                                   capture_output=True, text=True).stdout
+        assert "tbf" in host_side  # both directions
+        assert "tbf" not in subprocess.run(["tc", "-n", cluster.nodes[0].netns, "qdisc", "show", "dev", "veth0"],
+                                           capture_output=True, text=True).stdout
+        # node0 reaches node1 over the link (a refused connection is an answer from node1's kernel)
+        probe = (f"import socket\ntry: socket.create_connection(('{cluster.nodes[1].address}', 9), timeout=5)\n"
+                 "except ConnectionRefusedError: print('answered')")
+        out = subprocess.run(NetnsLauncher().argv(Node("node0", 0, "", netns=cluster.nodes[0].netns), [PY, "-c", probe], {}),
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == "answered", out.stderr
+    finally:
+        cluster.down()
+    _assert_nothing_left()
+
+
+@pytest.mark.host("root")
+def test_two_clusters_of_one_process_get_their_own_names_and_subnets():
+    a = EmulatedCluster.up(2, EmulateSection(), owner_pid=os.getpid())
+    try:
+        b = EmulatedCluster.up(2, EmulateSection(), owner_pid=os.getpid())
+        try:
+            assert (b.cid, b.subnet) != (a.cid, a.subnet) and b.cid.startswith(str(os.getpid()))
+            assert a.cid not in sweep_stale() and b.cid not in sweep_stale()  # both owners alive
+        finally:
+            b.down()
+        assert len(_ours()) == 2  # a is untouched
+    finally:
+        a.down()
+    _assert_nothing_left()
+
+
+@pytest.mark.host("root")
+def test_a_later_run_sweeps_what_a_dead_run_left():
+    dead = subprocess.Popen([PY, "-c", "pass"])
+    dead.wait()
+    EmulatedCluster.up(2, EmulateSection(), owner_pid=dead.pid)  # as if its owner had been SIGKILLed
+    assert len(_ours(dead.pid)) == 2
+    assert str(dead.pid) in sweep_stale()
+    _assert_nothing_left(dead.pid)
+
+
+HARNESS = """
+import os, sys, time
+from day0.config.profile import load_profile
+from day0.engine.cluster.launchers import spawn
+from day0.engine.cluster.nodes import open_cluster
+p = load_profile("cpu-tiny", overrides={"topology": {"nodes": 2, "emulate": {"link_rate": "100mbit"}}})
+c = open_cluster(p.topology)
+for n in c.nodes:  # a long-lived process on every node, as engine ranks would be
+    spawn(c.launcher, n, [sys.executable, "-c", "import time; time.sleep(600)"], {}, __import__("pathlib").Path(sys.argv[1]) / f"{n.name}.log", dict(os.environ))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.host("root")
+def test_sigkill_of_the_harness_leaves_no_namespace_veth_or_process(tmp_path):
+    proc = subprocess.Popen([PY, "-c", HARNESS, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        namespaces = _ours(proc.pid)
+        assert len(namespaces) == 2
+        pids = [int(p) for ns in namespaces for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                                                   text=True).stdout.split()]
+        assert len(pids) >= 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while _leftovers(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _assert_nothing_left(proc.pid)
+        alive = [p for p in pids if Path(f"/proc/{p}").exists()
+                 and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert alive == []
+    finally:
+        signal_group(proc.pid)
+
+
+NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
+
+
+@pytest.mark.host("root")
+def test_without_cap_net_admin_emulation_is_blocked_in_one_line(tmp_path):
+    code = ("from day0.config.profile import load_profile\nfrom day0.engine.cluster.nodes import open_cluster\n"
+            "p = load_profile('cpu-2node')\n"
+            "try: open_cluster(p.topology)\nexcept Exception as e: print(type(e).__name__, '|', e)")
+    out = subprocess.run([*NO_NET_ADMIN, PY, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.stdout.startswith("ClusterBlocked | emulated nodes need root (CAP_NET_ADMIN)"), out.stderr
+    cli = subprocess.run([*NO_NET_ADMIN, PY, "-m", "day0.cli", "cluster", "up", "--profile", "cpu-2node"],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert cli.returncode == 2 and cli.stderr.strip().splitlines() == [
+        "day0: blocked: emulated nodes need root (CAP_NET_ADMIN) to create network namespaces; "
+        "run as root or use launcher = \"local\""]
+
+
+@pytest.mark.host("root")
+def test_a_run_without_cap_net_admin_ends_with_its_stages_blocked(tmp_path):
+    out = subprocess.run([*NO_NET_ADMIN, PY, "-m", "pytest", str(REPO / "day0" / "suites"), "-p", "no:randomly", "-q",
+                          "-m", "day0 and (weights or collectives)", "--day0-profile", "cpu-2node",
+                          "--day0-out", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    record = json.loads(next(tmp_path.glob("*/run.json")).read_text())
+    checks = [c for st in record["stages"] for c in st["checks"]]
+    assert checks and all(c["status"] == "blocked" for c in checks), out.stdout[-2000:]
+    assert all(c["message"].startswith("cluster: emulated nodes need root (CAP_NET_ADMIN)") for c in checks)
+    assert record["verdict"] == "incomplete"
+
+
+@pytest.mark.host("root")
+def test_cluster_cli_up_status_down(tmp_path):
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PY, "-m", "day0.cli", "cluster", *a], capture_output=True, text=True, cwd=REPO, timeout=60)
+    up = run("up", "--profile", "cpu-2node", "--set", "topology.emulate.degrade.node1=\"20mbit\"", "--json")
+    assert up.returncode == 0, up.stderr
+    cid = json.loads(up.stdout)["cid"]
+    try:
+        status = run("status")
+        assert status.returncode == 0 and f"cluster {cid} (by hand)" in status.stdout
+        assert "20mbit" in status.stdout and "198.18." in status.stdout
+        assert cid not in sweep_stale()  # a cluster brought up by hand is never swept by a run
+    finally:
+        down = run("down", cid)
+    assert down.returncode == 0 and down.stdout.strip() == f"removed: {cid}"
+    assert run("down", cid).returncode == 1
+    _assert_nothing_left(cid)
+
+
+def test_the_two_node_preset_is_tp2_across_two_emulated_nodes():
+    p = load_profile("cpu-2node")
+    assert p.topology.nodes == 2 and p.topology.emulate is not None and p.engine.args["tensor_parallel_size"] == 2
+    assert p.topology.launcher_kind({}) == "netns"
+
+
+@pytest.mark.host("root")
+def test_one_vllm_engine_across_two_emulated_nodes(tmp_path):
+    """server mode across nodes: HTTP from node0, a headless rank on node1, TP traffic between the
+    node addresses, one log per node; a rank that dies is named by its node; nothing is left."""
+    from day0.engine.engines import Engines
+
+    profile = load_profile("cpu-2node")
+    lines: list[str] = []
+    engines = Engines(profile, tmp_path, lines.append)
+    try:
+        engine = engines.http()
+        info = engine.info
+        node0 = engines.cluster().nodes[0]
+        assert info.base_url.startswith(f"http://{node0.address}:")
+        assert [n["node"] for n in info.nodes] == ["node0", "node1"]
+        assert (tmp_path / "engine-node0.log").is_file() and (tmp_path / "engine-node1.log").is_file()
+        assert "--headless" in (tmp_path / "engine-node1.log").read_text().splitlines()[0]
+        assert {(c["node"], c["peer"]) for c in info.cross_node} >= {("node0", "node1")}
+        assert len(engine.greedy(["The supernode serves"], 4)[0].token_ids) == 4
+        assert engine.alive() is None
+        os.killpg(info.nodes[1]["pid"], signal.SIGKILL)  # node1's rank group dies
+        deadline = time.monotonic() + 30
+        while engine.alive() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "on node1" in (engine.alive() or "")
+    finally:
+        engines.stop()
+    _assert_nothing_left()

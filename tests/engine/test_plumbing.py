@@ -1,0 +1,114 @@
+"""Engine plumbing that needs no vLLM: root-cause extraction, CLI args, process-group shutdown."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from day0.engine.process import group_alive, stop_process_group
+from day0.engine.rootcause import exception_root_cause, excerpt, root_cause
+from day0.engine.server import cli_args
+from tests.support import DATA
+
+
+def test_root_cause_of_a_real_vllm_start_failure():
+    # engine-block16.log: a real vLLM CPU server log, block_size=16 on the CPU attention backend
+    text = (DATA / "engine-block16.log").read_text()
+    assert root_cause(text) == "ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
+
+
+@pytest.mark.parametrize(
+    "log, expected",
+    [
+        ("usage: api_server.py [-h]\napi_server.py: error: unrecognized arguments: --bogus 1\n",
+         "vLLM rejected its arguments: unrecognized arguments: --bogus 1"),
+        ("(EngineCore pid=1) ERROR 11-30 09:41:42 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
+         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n",
+         "OutOfMemoryError: CUDA out of memory."),
+        ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+         "  Value error, User-specified max_model_len (200000) is greater than the derived max_model_len\n"
+         "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n",
+         "ValidationError: 1 validation error for ModelConfig: Value error, User-specified max_model_len "
+         "(200000) is greater than the derived max_model_len"),
+        ("INFO all good\nINFO still good\n", None),
+    ],
+)
+def test_root_cause_patterns(log, expected):
+    assert root_cause(log) == expected
+
+
+def test_cli_args_match_vllm_flag_spelling():
+    assert cli_args({"max_num_seqs": 8, "enforce_eager": True, "enable_prefix_caching": False,
+                     "speculative_config": {"method": "ngram"}, "seed": None}) == [
+        "--max-num-seqs", "8", "--enforce-eager", "--no-enable-prefix-caching",
+        "--speculative-config", '{"method": "ngram"}']
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z]{1,6}(_[a-z]{1,6}){0,2}", fullmatch=True), st.integers(), max_size=5))
+def test_cli_args_keep_every_value(args):
+    out = cli_args(args)
+    assert len(out) == 2 * len(args)
+    for key, value in args.items():
+        i = out.index("--" + key.replace("_", "-"))
+        assert out[i + 1] == str(value)
+
+
+def test_exception_root_cause_walks_the_chain():
+    try:
+        try:
+            raise ValueError("No common block size for 16")
+        except ValueError as inner:
+            raise RuntimeError("Engine core initialization failed. See root cause above.") from inner
+    except RuntimeError as exc:
+        assert exception_root_cause(exc) == "ValueError: No common block size for 16"
+
+
+def test_stop_process_group_leaves_nothing_behind():
+    # a parent that ignores SIGTERM and a grandchild: both must go
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    time.sleep(0.5)
+    assert group_alive(proc.pid)
+    t0 = time.monotonic()
+    stop_process_group(proc, grace_s=1.0)
+    assert not group_alive(proc.pid)
+    assert time.monotonic() - t0 < 10
+
+
+def test_excerpt_shows_the_root_cause_and_the_end():
+    text = (DATA / "engine-block16.log").read_text()
+    ex = excerpt(text)
+    assert "No common block size for 16" in ex
+    assert ex.splitlines()[-1] == text.splitlines()[-1]
+    assert len(ex.splitlines()) < 40
+
+
+def test_a_second_interrupt_cuts_the_grace_short_but_never_the_kill():
+    """Ctrl-C twice (or a CI runner's second SIGTERM) while a server that ignores SIGTERM is being
+    stopped: the group is still SIGKILLed before the interrupt propagates (seen here: a vLLM server
+    still starting up outlived the harness)."""
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    time.sleep(0.5)
+
+    def second_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, second_interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            stop_process_group(proc, grace_s=60.0)
+        elapsed = time.monotonic() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not group_alive(proc.pid)
+    assert elapsed < 30  # the 60 s grace was cut short

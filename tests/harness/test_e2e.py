@@ -1,0 +1,133 @@
+"""End to end: `pytest -m day0` for real, against a live vLLM engine serving the tiny model.
+
+Each test starts its own pytest session (and so its own engine) in a subprocess; they are the
+slow part of the suite (about a minute each on 2 cores), so they cover one thing each.
+"""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from day0.core.record import load
+from day0.engine import group_alive
+from tests.support import REPO
+
+SUITES = REPO / "day0" / "suites"
+
+
+def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(SUITES), "-m", marker, "--day0-out", str(tmp_path / "reports"),
+         "-p", "no:cacheprovider", "-rA", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_default_profile_runs_against_a_live_server(tmp_path):
+    # with the two probes the default run leaves out (docs/stage-contract.md): a TP=2 engine against
+    # TP=1, and lm-eval's task accuracy against transformers
+    proc = day0_run(tmp_path, "--day0-set", "collectives.tp_equivalence=true",
+                    "--day0-set", 'risks.accuracy.tasks=["day0_tiny_qa"]')
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    by_id = {c.id: c for c in rec.checks()}
+    assert by_id["collectives.engine_tp1_matches_tp2"].status == "pass"
+    assert by_id["risks.accuracy.task_delta"].status == "pass"
+    # every stage timed, in the record and the terminal table
+    assert all(s.duration_s is not None and s.duration_s > 0 for s in rec.stages[:6]), [s.duration_s for s in rec.stages]
+    assert any(line.split()[:2] == ["latency", "pass"] and line.split()[2].replace(".", "").isdigit()
+               for line in out.splitlines()), out[-3000:]
+    assert rec.environment["vllm"] and rec.environment["torch"] and rec.environment["python"]
+    assert rec.environment["devices"][0]["kind"] == "cpu"
+    assert rec.profile["name"] == "cpu-tiny"
+    assert rec.stage("preflight").verdict == "pass" and rec.stage("collectives").verdict == "pass"
+    smoke = {c.id: c for c in rec.stage("weights").checks}
+    assert smoke["weights.smoke.tokens"].status == "pass"
+    assert smoke["weights.smoke.deterministic"].status == "pass"
+    assert smoke["weights.smoke.tokens"].source == "http"
+    engine = rec.notes["engine.http"]
+    assert engine["mode"] == "server" and engine["startup_s"] > 0
+    # one CPU run gives both views: the kvcache stage started the in-process scheduler view beside it
+    assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
+    latency = {c.id: c for c in rec.stage("latency").checks}
+    assert latency["latency.ttft_p99"].source == "http" and latency["latency.server_agreement"].status == "pass"
+    assert {c.source for c in rec.stage("kvcache").checks} >= {"scheduler", "http"}
+    # the server's whole process group is gone once the session is over
+    assert not group_alive(engine["pgid"])
+    assert Path(engine["log_path"]).is_file()
+    assert "verdict:" in out and "run record:" in out
+    # the report and the JUnit file are rendered from the record at the end of the session
+    latest = tmp_path / "reports" / "latest"
+    html = (latest / "report.html").read_text()
+    assert rec.run_id in html and "weights.smoke.tokens" in html
+    assert 'classname="weights"' in (latest / "junit.xml").read_text()
+    assert f"report: {latest.resolve() / 'report.html'}" in out
+
+
+def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
+    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"', marker="day0 and (weights or latency)")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    live = [c for c in rec.stage("weights").checks if c.id.startswith("weights.smoke")]
+    assert {c.source for c in live} == {"scheduler"} and all(c.status == "pass" for c in live)
+    assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
+    # stage 3 drove vLLM's engine directly and cross-checked with vLLM's own per-request TTFT
+    latency = {c.id: c for c in rec.stage("latency").checks}
+    assert latency["latency.ttft_p99"].status == "pass" and latency["latency.ttft_p99"].source == "scheduler"
+    assert latency["latency.engine_agreement"].status == "pass"
+    assert "engine.http" not in rec.notes  # no server was started beside it
+
+
+def test_engine_start_failure_is_one_root_cause_line(tmp_path):
+    t0 = time.monotonic()
+    proc = day0_run(tmp_path, "--day0-set", "engine.args.block_size=16", "--day0-set", "engine.startup_timeout_s=240",
+                    "-k", "engine_is_live")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert time.monotonic() - t0 < 300
+    assert "day0: engine failed: ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])" in out
+    error_section = out.split("= ERRORS =")[1].split("= day0 =")[0]
+    assert "Traceback" not in error_section
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    assert rec.verdict == "rejected"
+    (check,) = [c for c in rec.stage("weights").checks if c.status == "fail"]  # the deployment does not start
+    assert "No common block size for 16" in check.message
+    assert "No common block size" in check.evidence["log_excerpt"]
+    assert not group_alive(check.evidence["engine_pgid"])
+
+
+def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
+    t0 = time.monotonic()
+    proc = day0_run(tmp_path, "--day0-set", "engine.startup_timeout_s=4", "-k", "engine_is_live")
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "vLLM server not healthy within engine.startup_timeout_s = 4 s" in out
+    assert elapsed < 120, elapsed
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    (check,) = [c for c in rec.stage("weights").checks if c.status == "fail"]  # not up within its limit
+    assert rec.verdict == "rejected"
+    assert check.evidence["engine_pgid"] and not group_alive(check.evidence["engine_pgid"])
+    assert "engine.http" not in rec.notes  # it never became healthy
+
+
+
+def test_golden_tokens_pass_then_catch_different_weights(tmp_path):
+    """`day0 weights golden` records a trusted run; the stage compares against it, and the same
+    golden file rejects an engine serving other weights (a tiny model with another seed)."""
+    prof = tmp_path / "inproc.toml"
+    prof.write_text('extends = "cpu-tiny"\n[engine]\nmode = "inprocess"\n')
+    golden = tmp_path / "golden.json"
+    made = subprocess.run([sys.executable, "-m", "day0.cli", "weights", "golden", "--profile", str(prof),
+                           "-o", str(golden)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    same = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"')
+    assert same.returncode == 0, same.stdout + same.stderr
+    other = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"',
+                     "--day0-set", "model.tiny.seed=7")
+    assert other.returncode == 1, other.stdout + other.stderr
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    (check,) = [c for c in rec.stage("weights").checks if c.id == "weights.golden_tokens"]
+    assert check.status == "fail" and "greedy tokens differ from" in check.message

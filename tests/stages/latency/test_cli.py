@@ -1,0 +1,126 @@
+"""Every profile knob of stage 3 on ``day0 latency``'s command line, with its unit, validated as the
+profile's own tables are; and goodput judged at exactly the per-request limits a person sets."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
+from day0.config.errors import SettingsError
+from day0.config.latency import LatencySection, SlaSection
+from day0.stages.latency import compute_metrics, main
+from day0.stages.latency.checks import goodput_check
+from day0.stages.latency.cli import add_cli, endpoint_from_args, settings_from_args
+
+UNITS = {"--ttft-p99-ms": "MS", "--tpot-p99-ms": "MS", "--itl-p99-ms": "MS", "--e2e-p99-ms": "MS", "--limit": "KEY=MS",
+         "--min-output-throughput": "TOK/S", "--min-request-throughput": "REQ/S", "--min-goodput": "REQ/S",
+         "--goodput": "METRIC:MS,...", "--max-error-rate": "FRACTION", "--percentiles": "P,P,...",
+         "--request-timeout": "S", "--stall-timeout": "S", "--workers": "N", "--rate": "REQ/S", "--duration": "S",
+         "--arrivals": "{immediate,vllm}"}
+
+
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [(), ("import",)])
+def test_help_lists_every_knob_with_its_unit(capsys, argv):
+    text = " ".join(_help(capsys, *argv).split())
+    for flag, unit in UNITS.items():
+        if argv and flag in ("--request-timeout", "--stall-timeout", "--workers", "--rate", "--duration", "--arrivals"):
+            continue  # an import measures nothing: load and client flags do not apply
+        assert re.search(rf"{re.escape(flag)} {re.escape(unit)} ", text), (flag, unit)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["latency", "--url", "http://h:1", *argv])
+
+
+def test_flags_become_the_profiles_tables():
+    lat, sla = settings_from_args(_args(
+        "--rate", "40", "--arrivals", "vllm", "--workers", "3", "--request-timeout", "9", "--stall-timeout", "2",
+        "--percentiles", "50,99.9", "--limit", "ttft_p90_ms=800", "--limit", "tpot_p99_9_ms=300",
+        "--min-goodput", "2.5", "--min-request-throughput", "3", "--min-output-throughput", "100",
+        "--goodput", "ttft:500,e2el:2000", "--ttft-p99-ms", "900"))
+    assert (lat.load, lat.request_rate, lat.arrivals, lat.workers) == ("rate", 40.0, "vllm", 3)
+    assert (lat.request_timeout_s, lat.stall_timeout_s, lat.percentiles) == (9.0, 2.0, [50.0, 99.9])
+    assert sla.limits == {"ttft_p90_ms": 800.0, "tpot_p99_9_ms": 300.0} and sla.ttft_p99_ms == 900.0
+    assert (sla.min_goodput_req_s, sla.min_request_throughput_req_s, sla.min_output_throughput_tok_s) == (2.5, 3.0, 100.0)
+    assert sla.goodput_slo_ms == {"ttft": 500.0, "e2e": 2000.0}
+    assert sla.latency_limits() == [("ttft", 90.0, 800.0), ("ttft", 99.0, 900.0), ("tpot", 99.9, 300.0)]
+    lat, _ = settings_from_args(_args())
+    assert (lat.workers, lat.arrivals) == (0, "immediate")  # 0: from the offered load and the cores
+
+
+@pytest.mark.parametrize("argv, named", [
+    (("--limit", "ttft_p9x_ms=3"), "sla.limits.ttft_p9x_ms: not a"),
+    (("--limit", "ttft_p90_ms"), "--limit 'ttft_p90_ms': expected KEY=MS"),
+    (("--limit", "ttft_p90_ms=fast"), "--limit 'ttft_p90_ms=fast': expected KEY=MS"),
+    (("--goodput", "itl:5"), "--goodput 'itl:5': expected METRIC:MS"),
+    (("--goodput", "ttft:-1"), "--goodput 'ttft:-1'"),
+    (("--goodput", "ttft"), "--goodput 'ttft'"),
+    (("--workers", "-1"), "latency.workers"),
+    (("--percentiles", "50,120"), "latency.percentiles"),
+    (("--min-goodput", "-2"), "sla.min_goodput_req_s"),
+])
+def test_a_bad_flag_is_one_line_naming_it(argv, named):
+    with pytest.raises(SettingsError) as err:
+        settings_from_args(_args(*argv))
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_api_key_env_sets_the_engines_key(monkeypatch):
+    """--api-key-env is a profile's engine.api_key_env: the one key setting, read by the endpoint."""
+    monkeypatch.setenv("DAY0_CLI_TEST_KEY", "sk-cli-test-0451")
+    endpoint = endpoint_from_args(_args("--api-key-env", "DAY0_CLI_TEST_KEY"))
+    assert endpoint.headers == {"Authorization": "Bearer sk-cli-test-0451"} and endpoint.base_url == "http://h:1"
+    assert "sk-cli" not in repr(endpoint)
+    assert endpoint_from_args(_args()).headers == {}
+    monkeypatch.delenv("DAY0_CLI_TEST_KEY")
+    with pytest.raises(SettingsError) as err:
+        endpoint_from_args(_args("--api-key-env", "DAY0_CLI_TEST_KEY"))
+    assert str(err.value).startswith("--api-key-env: environment variable DAY0_CLI_TEST_KEY is not set")
+
+
+def test_the_profile_refuses_a_goodput_slo_on_a_metric_that_is_not_per_request():
+    with pytest.raises(SettingsError, match=r"sla.goodput_slo_ms.itl: not a per-request metric"):
+        SlaSection.from_table({"goodput_slo_ms": {"itl": 5}})
+    with pytest.raises(SettingsError, match="latency.arrivals"):
+        LatencySection.from_table({"arrivals": "later"})
+
+
+def _phase(ttfts_ms: list[float]) -> PhaseResult:
+    results = []
+    for i, ttft in enumerate(ttfts_ms):
+        r = RequestResult(i, "measure", 10.0 + i, 10.0 + i, 8, 3)
+        r.ok, r.msg_t, r.msg_n, r.output_tokens = True, [ttft / 1e3, ttft / 1e3 + 0.01, ttft / 1e3 + 0.02], [1, 1, 1], 3
+        r.finished = 10.0 + i + ttft / 1e3 + 0.02
+        results.append(r)
+    return PhaseResult("measure", LoadShape(), results, 10.0, 20.0)
+
+
+def test_goodput_judges_each_metric_at_the_limit_set():
+    """TTFTs 100, 300, 600 ms. Limits ttft p50 <= 200 and p99 <= 500: without goodput_slo_ms a request
+    is held to the loosest (500 ms): two are good. With goodput_slo_ms = {ttft = 200}: one."""
+    phase = _phase([100.0, 300.0, 600.0])
+    derived = SlaSection.from_table({"ttft_p99_ms": 500, "ttft_p50_ms": 200})
+    explicit = SlaSection.from_table({"ttft_p99_ms": 500, "ttft_p50_ms": 200, "goodput_slo_ms": {"ttft": 200}})
+    assert derived.per_request_slo() == {"ttft": 500.0} and explicit.per_request_slo() == {"ttft": 200.0}
+    m = compute_metrics(phase, [50, 99], derived.per_request_slo())
+    assert m.good_requests == 2 and m.goodput == pytest.approx(2 / 10.0)
+    assert "the loosest [sla] limit per metric" in goodput_check(m, derived).message
+    m = compute_metrics(phase, [50, 99], explicit.per_request_slo())
+    assert m.good_requests == 1
+    c = goodput_check(m, SlaSection.from_table({"goodput_slo_ms": {"ttft": 200}, "min_goodput_req_s": 0.2}))
+    assert c.status == "fail" and "ttft <= 200 ms" in c.message and "loosest" not in c.message
+    # tpot in the SLO: the last token 20 ms after the first, over 2 more tokens = 10 ms for each of them
+    m = compute_metrics(phase, [50], SlaSection.from_table({"goodput_slo_ms": {"tpot": 4.9}}).per_request_slo())
+    assert m.good_requests == 0

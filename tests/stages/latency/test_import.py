@@ -1,0 +1,154 @@
+"""``day0 latency import``: results other tools wrote, judged by the same checks and SLA.
+
+The fixtures in tests/data were written by the tools themselves against the scripted server
+(benchmarks/make_import_fixtures.py): ``vllm bench serve --save-result --save-detailed`` (12
+requests; request 4 an HTTP 500, request 9 a stream cut after two messages; every third message
+with empty text), the same without ``--save-detailed``, and a GuideLLM 0.8.1 report (8 requests
+at 20 req/s Poisson, one HTTP 500). Expected figures are recomputed here from the raw file by
+each tool's documented fields, never copied from day0's output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from day0.config.latency import SlaSection
+from day0.core.record import load
+from day0.stages.latency import main
+from day0.stages.latency.importing import import_checks, read_result
+from tests.support import DATA, hostile
+
+VLLM = DATA / "vllm-bench-detailed.json"
+VLLM_SUMMARY = DATA / "vllm-bench-summary.json"
+GUIDELLM = DATA / "guidellm-report.json"
+
+
+def _checks(path: Path) -> dict[str, dict]:
+    return {c["id"]: c for c in json.loads(path.read_text())}
+
+
+def test_a_vllm_result_becomes_the_stages_figures():
+    raw = json.loads(VLLM.read_text())
+    run = read_result(VLLM)
+    m, checks = import_checks(run, SlaSection.from_table({"ttft_p99_ms": 1000, "max_error_rate": 0.2}), [50, 99])
+    ok = [i for i, e in enumerate(raw["errors"]) if not e]
+    assert (m.sent, m.completed, m.failed) == (12, len(ok), 12 - len(ok)) == (12, 10, 2)
+    assert m.errors == {"http_error": 1, "dropped_stream": 1}
+    # day0's TTFT runs from the scheduled send: vLLM's TTFT plus its client queue time
+    want = sorted((raw["ttfts"][i] + raw["queue_times"][i]) * 1e3 for i in ok)
+    assert sorted(m.samples["ttft"]) == pytest.approx(want, rel=1e-12)
+    assert sorted(m.samples["itl"]) == pytest.approx(sorted(g * 1e3 for i in ok for g in raw["itls"][i]), rel=1e-9)
+    tpot = sorted((raw["latencies"][i] - raw["ttfts"][i]) / (raw["output_lens"][i] - 1) * 1e3 for i in ok)
+    assert sorted(m.samples["tpot"]) == pytest.approx(tpot, rel=1e-9)  # vLLM's own TPOT formula, same numbers
+    assert m.duration_s == pytest.approx(raw["duration"]) and m.output_tokens == raw["total_output_tokens"]
+    assert m.request_throughput == pytest.approx(raw["request_throughput"], rel=1e-9)
+    by_id = {c.id: c for c in checks}
+    assert by_id["latency.import"].value == "vllm bench serve" and by_id["latency.ttft_p99"].status == "pass"
+    assert by_id["latency.ttft_p99"].value == pytest.approx(float(np.percentile(want, 99)), abs=1e-3)
+    assert by_id["latency.error_rate"].status == "pass" and "server_agreement" not in " ".join(by_id)
+    assert {c.source for c in checks} == {"import:vllm bench serve"}
+
+
+def test_a_guidellm_report_becomes_the_stages_figures_without_a_per_message_itl():
+    raw = json.loads(GUIDELLM.read_text())["benchmarks"][0]
+    good = raw["requests"]["successful"]
+    run = read_result(GUIDELLM)
+    m, checks = import_checks(run, SlaSection.from_table({"itl_p99_ms": 50, "max_error_rate": 0.2}), [50, 99])
+    assert (m.sent, m.completed, m.failed, m.errors) == (8, 7, 1, {"http_error": 1})
+    t = [r["info"]["timings"] for r in good]
+    assert sorted(m.samples["ttft"]) == pytest.approx(
+        sorted((x["first_token_iteration"] - x["targeted_start"]) * 1e3 for x in t), rel=1e-9)
+    assert sorted(m.samples["e2e"]) == pytest.approx(
+        sorted((x["last_token_iteration"] - x["targeted_start"]) * 1e3 for x in t), rel=1e-9)
+    # GuideLLM's "ITL" is (last - first) / (tokens - 1): day0's TPOT
+    assert sorted(m.samples["tpot"]) == pytest.approx(sorted(r["inter_token_latency_ms"] for r in good), rel=1e-6)
+    assert m.samples["itl"] == [] and m.stats["itl"].count == 0
+    itl = {c.id: c for c in checks}["latency.itl_p99"]
+    assert itl.status == "error" and "GuideLLM records no per-message times" in itl.message  # a limit it cannot judge
+    assert m.duration_s == pytest.approx(raw["scheduler_metrics"]["measure_end_time"]
+                                         - raw["scheduler_metrics"]["measure_start_time"])
+
+
+def test_the_command_judges_by_the_same_sla_and_writes_a_run_day0_report_renders(tmp_path, capsys):
+    args = ["import", str(VLLM), "--json", str(tmp_path / "c.json"), "--max-error-rate", "0.2"]
+    assert main(args + ["--ttft-p99-ms", "1000", "--goodput", "ttft:1000", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "PASS   latency.ttft_p99" in out and "note: TTFT and E2E here run from the scheduled send" in out
+    checks = _checks(tmp_path / "c.json")
+    assert checks["latency.goodput"]["value"] == pytest.approx(checks["latency.request_throughput"]["value"])
+    record = load(tmp_path / "run")
+    assert record.verdict == "accepted" and [s.name for s in record.stages] == ["latency"]
+    assert record.environment["tool"] == "vllm bench serve"
+    assert main(args + ["--ttft-p99-ms", "1"]) == 1  # the same file, a tighter SLA: rejected
+    assert _checks(tmp_path / "c.json")["latency.ttft_p99"]["status"] == "fail"
+    from day0.cli import main as day0
+
+    assert day0(["report", str(tmp_path / "run")]) == 0 and (tmp_path / "run" / "report.html").is_file()
+
+
+def test_a_zero_error_sla_fails_on_the_failures_the_tool_recorded(capsys):
+    assert main(["import", str(GUIDELLM)]) == 1
+    assert "FAIL   latency.error_rate" in capsys.readouterr().out
+
+
+def _write(tmp_path: Path, name: str, obj) -> Path:
+    p = tmp_path / name
+    p.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return p
+
+
+def _broken(tmp_path: Path, edit) -> Path:
+    raw = json.loads(VLLM.read_text())
+    edit(raw)
+    return _write(tmp_path, "r.json", raw)
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda r: r.pop("ttfts"), "ttfts: missing (vllm bench serve writes per-request figures only with "
+                               "--save-result --save-detailed)"),
+    (lambda r: r["ttfts"].__setitem__(2, "fast"), "ttfts[2]: expected a number, got"),
+    (lambda r: r["itls"].pop(), "itls: 11 entries, expected 12 (one per request)"),
+    (lambda r: r["itls"][0].__setitem__(1, None), "itls[0][1]: expected a number, got null"),
+    (lambda r: r.__setitem__("duration", -1), "duration: expected a number >= 0"),
+    (lambda r: r.__setitem__("errors", "none"), "errors: expected a list, got"),
+])
+def test_an_unusable_vllm_file_is_one_line_naming_file_and_key(tmp_path, capsys, edit, named):
+    path = _broken(tmp_path, edit)
+    assert main(["import", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"day0: {path}: ") and named in err and "\n" not in err
+
+
+def test_unusable_files_are_refused_by_the_real_command(tmp_path):
+    hostile.refused(hostile.day0("latency", "import", str(VLLM_SUMMARY)), VLLM_SUMMARY, problem="--save-detailed")
+    hostile.refused(hostile.day0("latency", "import", str(_write(tmp_path, "x.json", "{nope"))), "x.json",
+                    problem="not JSON")
+    hostile.refused(hostile.day0("latency", "import", str(_write(tmp_path, "l.json", [1, 2]))), "l.json",
+                    problem="neither a vllm bench serve result")
+    hostile.refused(hostile.day0("latency", "import", str(tmp_path / "absent.json")), "absent.json",
+                    problem="not found")
+
+
+def test_a_file_of_several_runs_asks_which(tmp_path, capsys):
+    raw = json.loads(GUIDELLM.read_text())
+    raw["benchmarks"] = raw["benchmarks"] * 2
+    path = _write(tmp_path, "two.json", raw)
+    assert main(["import", str(path)]) == 2
+    assert "benchmarks: 2 runs (0: poisson@20, 1: poisson@20); choose one with --benchmark N" in capsys.readouterr().err
+    assert main(["import", str(path), "--benchmark", "1", "--max-error-rate", "0.2"]) == 0
+    assert main(["import", str(path), "--benchmark", "2"]) == 2
+    line = VLLM.read_text().strip()
+    appended = _write(tmp_path, "appended.json", line + "\n" + line + "\n")  # vllm bench serve --append-result
+    assert main(["import", str(appended), "--benchmark", "1", "--max-error-rate", "0.2"]) == 0
+
+
+def test_a_sampled_guidellm_report_is_refused(tmp_path, capsys):
+    raw = json.loads(GUIDELLM.read_text())
+    raw["benchmarks"][0]["requests"]["successful"] = raw["benchmarks"][0]["requests"]["successful"][:3]
+    path = _write(tmp_path, "s.json", raw)
+    assert main(["import", str(path)]) == 2
+    assert "benchmarks[0].requests.successful: 3 of 7 requests kept (GuideLLM sampled" in capsys.readouterr().err

@@ -1,0 +1,220 @@
+"""Stage risks against live vLLM servers on the tiny model: each check passes and fails for real.
+
+Two servers for the whole module, started side by side (start-up is the slow part, ~1 min each
+on 2 cores): the cpu-tiny deployment, and a reference serving a copy of its weights redrawn from
+another seed (same tokenizer and config), started through ``reference_engine`` as the stage does.
+"""
+
+import contextlib
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from day0.client.workload import read_vocab
+from day0.config.latency import LatencySection
+from day0.config.profile import load_profile
+from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
+from day0.engine import ServerEngine, served_name
+from day0.model.tiny import cached_model
+from day0.stages.latency import measure_throughput
+from day0.stages.risks.accuracy import accuracy_checks, compare, fetch_prompt_logprobs, reference_engine, tokenize
+from day0.stages.risks.cost import cost_checks, estimate
+from day0.stages.risks.isolation import isolation_checks, run_isolation
+
+
+def perturbed_copy(src: Path, dst: Path, seed: int) -> Path:
+    """The same checkpoint layout, tokenizer and config; every matrix redrawn from ``seed``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = load_file(str(src / shard))
+        out = {k: (torch.randn(v.shape, generator=gen) * 0.02 if v.ndim == 2 else v).contiguous()
+               for k, v in tensors.items()}
+        save_file(out, str(dst / shard), metadata={"format": "pt"})
+    return dst
+
+
+def w4a16_copy(src: Path, dst: Path) -> Path:
+    """The tiny model quantized offline to compressed-tensors W4A16 (symmetric int4 weights, groups
+    of 128, packed), the INT4 format vLLM 0.32's CPU backend serves (its CPUWNA16 kernel, in
+    bfloat16 only). Scales are the weights' own min/max: weight-only quantization needs no data."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme("W4A16", ["Linear"])},
+                                ignore=["lm_head"], format="pack-quantized")
+    apply_quantization_config(model, config)
+    for module in model.modules():
+        args = getattr(getattr(module, "quantization_scheme", None), "weights", None)
+        if args is None:
+            continue
+        w = module.weight.data.reshape(module.weight.shape[0], -1, args.group_size)
+        scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), args)
+        module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
+        module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
+        module.quantization_status = QuantizationStatus.CALIBRATION
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(str(dst))
+    compressor.update_config(str(dst))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(src / name, dst / name)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    profile = load_profile("cpu-tiny")
+    run_dir = tmp_path_factory.mktemp("risks-live")
+    model_dir = cached_model(profile.model.tiny)
+    other = perturbed_copy(model_dir, run_dir / "tiny-other-seed", seed=profile.model.tiny.seed + 1)
+    # the first arg set is one vLLM rejects: the reference must fall back to the next one
+    settings = AccuracySettings(reference="variant", reference_model=str(other),
+                                reference_args=[{"day0_no_such_flag": True}, {}])
+    deployed = ServerEngine(profile, run_dir, print, name="deployed")
+    stack = contextlib.ExitStack()
+    # PR_SET_PDEATHSIG fires when the *thread* that started a server exits, so the reference is
+    # started on a pool thread that lives until the servers are stopped.
+    pool = ThreadPoolExecutor(max_workers=1)
+    reference = pool.submit(lambda: stack.enter_context(reference_engine(profile, settings, run_dir, print)))
+    try:
+        try:
+            deployed.start()
+        finally:
+            ref = reference.result()
+        yield profile, deployed, ref, model_dir
+    finally:
+        stack.close()
+        deployed.stop()
+        pool.shutdown()
+
+
+def _checks(checks):
+    return {c.id: c for c in checks}
+
+
+def test_salts_keep_tenants_apart_and_unsalted_tenants_share(live):
+    profile, deployed, _, _ = live
+    model = served_name(profile)
+    base = dict(tenants=2, prompt_tokens=256, timing_samples=2, network="loopback", storage="memory")
+    salted = _checks(isolation_checks(run_isolation(deployed.base_url, model, IsolationSettings(**base))))
+    assert salted["risks.isolation.cache_salt"].status == "pass", salted["risks.isolation.cache_salt"].message
+    assert salted["risks.isolation.cache_salt"].evidence["tenant_a_repeat_cached_tokens"] > 0
+    assert salted["risks.isolation.tenant_policy"].status == "pass"
+    timing = salted["risks.isolation.timing_signal"]
+    assert timing.evidence["hit_cached_tokens"] == [salted["risks.isolation.cache_salt"]
+                                                   .evidence["tenant_a_repeat_cached_tokens"]] * 2
+    assert timing.evidence["miss_cached_tokens"] == [0, 0]
+
+    unsalted = _checks(isolation_checks(run_isolation(deployed.base_url, model,
+                                                      IsolationSettings(**{**base, "salt": "none"}))))
+    policy = unsalted["risks.isolation.tenant_policy"]
+    assert policy.status == "fail" and policy.value > 0
+    assert "requests carry no cache_salt" in policy.message
+    assert unsalted["risks.isolation.cache_salt"].status == "pass"  # explicit salts still separate
+
+
+def test_identical_weights_pass_and_perturbed_weights_fail(live):
+    profile, deployed, reference, _ = live
+    settings = AccuracySettings(max_tokens=48)
+    model = served_name(profile)
+    ids = tokenize(deployed.base_url, model, settings.text)[: settings.max_tokens]
+    mine = fetch_prompt_logprobs(deployed.base_url, model, ids, settings.top_k)
+    again = fetch_prompt_logprobs(deployed.base_url, model, ids, settings.top_k)
+    same = _checks(accuracy_checks(compare(again, mine), settings, "the deployment itself"))
+    assert {c.status for c in same.values()} == {"pass"}
+    assert same["risks.accuracy.ppl_delta"].value == 0 and same["risks.accuracy.top1_agreement"].value == 1.0
+
+    assert tokenize(reference.base_url, reference.model, settings.text)[: settings.max_tokens] == ids
+    theirs = fetch_prompt_logprobs(reference.base_url, reference.model, ids, settings.top_k)
+    cmp = compare(mine, theirs)
+    other = _checks(accuracy_checks(cmp, settings, reference.description))
+    assert other["risks.accuracy.top1_agreement"].status == "fail", other["risks.accuracy.top1_agreement"].message
+    assert cmp.ppl_delta != 0 and cmp.mean_kl > 0
+    assert "weights" in reference.description
+    (failed,) = reference.attempts
+    assert failed["args"] == {"day0_no_such_flag": True} and "day0-no-such-flag" in failed["error"]
+
+
+def test_budget_above_passes_and_below_fails(live):
+    profile, deployed, _, model_dir = live
+    tput = measure_throughput(deployed.base_url, served_name(profile), read_vocab(model_dir),
+                              LatencySection.from_table({**profile.latency.model_dump(), "input_len": 64,
+                                                         "output_len": 16}), 4)
+    est = estimate(tput.tok_s, 1, 0.10)
+    cost = est.per_million_output_tokens
+    above = _checks(cost_checks(est, CostSettings(max_per_million_output_tokens=cost * 1.5), tput.source, "t"))
+    below = _checks(cost_checks(est, CostSettings(max_per_million_output_tokens=cost / 1.5), tput.source, "t"))
+    assert above["risks.cost.per_million_output_tokens"].status == "pass"
+    assert below["risks.cost.per_million_output_tokens"].status == "fail"
+    assert tput.tok_s > 0 and "own measurement" in tput.source
+
+
+def test_transformers_reference_passes_on_the_same_weights_and_fails_on_perturbed_ones(live, tmp_path):
+    """The default target's accuracy reference: transformers in this process, no second server."""
+    from day0.stages.risks.accuracy import check_accuracy
+
+    profile, deployed, _, model_dir = live
+    other = perturbed_copy(model_dir, tmp_path / "other", seed=profile.model.tiny.seed + 2)
+
+    def run(reference_model):
+        settings = profile.risks.accuracy.model_copy(update={"reference": "transformers",
+                                                             "reference_model": reference_model})
+        variant = profile.model_copy(update={"risks": profile.risks.model_copy(update={"accuracy": settings})})
+        return _checks(check_accuracy(deployed.endpoint, variant, tmp_path, print))
+
+    same = run(None)
+    assert [same[k].status for k in ("risks.accuracy.ppl_delta", "risks.accuracy.top1_agreement",
+                                     "risks.accuracy.mean_kl")] == ["pass", "pass", "pass"]
+    assert same["risks.accuracy.ppl_delta"].evidence["reference_kind"] == "transformers"
+    assert same["risks.accuracy.top1_agreement"].value == 1.0
+    perturbed = run(str(other))
+    # near-flat random distributions: agreement falls to chance, the top-k KL bound stays loose (docs)
+    assert perturbed["risks.accuracy.top1_agreement"].status == "fail"
+    assert perturbed["risks.accuracy.mean_kl"].value > same["risks.accuracy.mean_kl"].value
+    assert perturbed["risks.accuracy.ppl_delta"].value > same["risks.accuracy.ppl_delta"].value
+
+
+def test_an_int4_deployment_is_scored_against_the_transformers_reference(tmp_path):
+    """The seed's INT4 risk on the embedded model: vLLM serves a W4A16 copy (bfloat16, CPUWNA16
+    kernel), transformers scores the unquantized checkpoint; the quantization error is measured."""
+    from day0.stages.risks.accuracy import check_accuracy
+
+    base = load_profile("cpu-tiny")
+    trusted = cached_model(base.model.tiny)
+    quantized = w4a16_copy(trusted, tmp_path / "w4a16")
+    assert json.loads((quantized / "config.json").read_text())["quantization_config"]["quant_method"] == \
+        "compressed-tensors"
+    settings = base.risks.accuracy.model_copy(update={"reference": "transformers", "reference_model": str(trusted)})
+    profile = base.model_copy(update={
+        "model": base.model.model_copy(update={"source": "path", "path": str(quantized)}),
+        "engine": base.engine.model_copy(update={"args": {**base.engine.args, "dtype": "bfloat16"}}),
+        "risks": base.risks.model_copy(update={"accuracy": settings})})
+    engine = ServerEngine(profile, tmp_path, print, name="w4a16")
+    engine.start()
+    try:
+        checks = _checks(check_accuracy(engine.endpoint, profile, tmp_path, print))
+    finally:
+        engine.stop()
+    for c in checks.values():
+        print(c.id, c.status, c.message)
+    assert f"transformers on {trusted}" in checks["risks.accuracy.ppl_delta"].evidence["reference"]
+    assert checks["risks.accuracy.ppl_delta"].value > 0  # int4 moved the distribution
+    assert checks["risks.accuracy.top1_agreement"].value < 1.0
+    assert checks["risks.accuracy.mean_kl"].value > 1e-6  # float32 vs float32 gives ~1e-15
