@@ -2,7 +2,8 @@
 
 Every section of a profile is a strict pydantic model; pydantic reports a list of errors with a
 location tuple. The profile (``day0.config.profile``), the stage's own ``[collectives]`` reader and
-the ``[compare]`` reader of stored run records all turn the first of them into the same line:
+the ``[compare]`` reader of stored run records all turn the first of them into the same line
+(the stages' readers raise it as :class:`SettingsError`):
 
     sla.ttft_p99_ms: expected a number
     kvcache.outptu_tokens: unknown key; did you mean 'output_tokens'?
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from day0.core import inputs
 from day0.core.inputs import InputError, path_problem
 
-__all__ = ["InputError", "first_error", "known_keys", "open_regular", "path_problem"]
+__all__ = ["InputError", "SettingsError", "first_error", "known_keys", "open_regular", "path_problem"]
 
 _EXPECTED = {
     "float_type": "expected a number",
@@ -40,6 +41,11 @@ _EXPECTED = {
 }
 # Location parts pydantic adds that are not TOML keys.
 _NOT_KEYS = ("function-after", "function-before", "[key]")
+
+
+class SettingsError(ValueError):
+    """A stage's setting that cannot be used (a ``[latency]``, ``[sla]`` or ``[collectives]`` value,
+    or the command-line flag that set it); the message is one line naming the key or flag."""
 
 
 def known_keys(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from day0.config.errors import first_error
+from day0.config.errors import SettingsError, first_error
 
 # The latency metrics a limit may name, in the order checks and sweeps list them.
 LIMIT_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -26,10 +26,6 @@ DATASET_KINDS = ("sharegpt",)  # latency.dataset = "<kind>:<path>"  # per-reques
 # A length in tokens: fixed, or [lo, hi] drawn uniformly (inclusive).
 Length = Union[Annotated[int, Field(ge=1)],
                Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=2, max_length=2)]]
-
-
-class SettingsError(ValueError):
-    """A [latency] or [sla] value that cannot work; the message names the key in one line."""
 
 
 class _Table(BaseModel):
@@ -87,7 +83,6 @@ class LatencySection(_Table):
     continuous_usage: bool = Field(True, description="vLLM per-chunk usage; false for servers that reject it")
     return_token_ids: bool = False
     extra_body: dict[str, Any] = Field({}, description="merged into every request body (e.g. temperature = 0)")
-    api_key_env: str = Field("", description="name of an environment variable holding a bearer token")
     percentiles: list[Annotated[float, Field(ge=0, le=100)]] = [50.0, 90.0, 95.0, 99.0, 99.9]
     server_metrics: bool = Field(True, description="scrape /metrics before and after, compare with the client")
     agreement_rel: float = Field(0.25, ge=0, description="client vs engine means may differ by rel x client mean "
@@ -99,6 +94,15 @@ class LatencySection(_Table):
     def from_table(cls, table: Mapping[str, Any] | None = None) -> "LatencySection":
         """From a ``[latency]`` table (or ``day0 latency``'s flags); :class:`SettingsError` names the key."""
         return cls._from_table(table, "latency")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_key_here(cls, data: Any) -> Any:
+        """The key every request carries is the engine's: one setting, ``engine.api_key_env``."""
+        if isinstance(data, Mapping) and "api_key_env" in data:
+            raise ValueError("api_key_env: not a [latency] key; set engine.api_key_env (the one key setting, "
+                             "sent with every request to the engine)")
+        return data
 
     @field_validator("input_len", "output_len", mode="before")
     @classmethod

@@ -4,6 +4,11 @@ Presets ship in ``day0/presets``; a user's file may say ``extends = "h200x8"`` (
 override any key. Validation is strict (unknown keys, wrong types, missing values) and every
 error is one line that names the file and the dotted key path, because a typo in a profile for
 a 32-GPU allocation should cost seconds, not the allocation.
+
+This module holds :class:`Profile`, the loader and the sections no stage owns (``[model]``,
+``[engine]``, ``[report]``); every other section has its own module beside it, named after its
+table (``kvcache``, ``weights``, ``preflight``, ``topology``, ``latency`` with ``[sla]``,
+``collectives``, ``risks``, ``compare``), all built on :class:`day0.config.section.Section`.
 """
 
 from __future__ import annotations
@@ -15,19 +20,18 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from day0.config.collectives import CollectivesSection
 from day0.config.compare import CompareSection
 from day0.config.errors import first_error, known_keys
+from day0.config.kvcache import KvCacheSection
 from day0.config.latency import LatencySection, SlaSection
-from day0.config.risks import AccuracySettings, CostSettings, IsolationSettings
-from day0.config.topology import (  # noqa: F401  (the bounds are read through the profile too)
-    MAX_DEVICE_MEMORY_GIB,
-    MAX_DEVICES_PER_NODE,
-    MAX_NODES,
-    TopologySection,
-)
+from day0.config.preflight import PreflightSection
+from day0.config.risks import RisksSection
+from day0.config.section import Section
+from day0.config.topology import TopologySection
+from day0.config.weights import WeightsSection
 from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
 from day0.core.redact import Redactor
 
@@ -45,12 +49,7 @@ class ProfileError(ValueError):
     """A profile that cannot be used; the message is one line naming file and key path."""
 
 
-class _Section(BaseModel):
-    # inf and nan are TOML floats; no key here means "unbounded" by inf, and nan passes no check.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class TinySpec(_Section):
+class TinySpec(Section):
     """The embedded model: a Llama shaped for the CPU attention backend (head_dim 64)."""
 
     # Upper bounds keep it tiny: it is built with random weights on whatever machine runs day0.
@@ -74,7 +73,7 @@ class TinySpec(_Section):
         return self
 
 
-class ModelSection(_Section):
+class ModelSection(Section):
     source: Literal["tiny", "path"] = "tiny"
     path: Optional[str] = None  # local HF directory or hub id, as vLLM's --model takes it
     served_model_name: Optional[str] = None
@@ -89,7 +88,7 @@ class ModelSection(_Section):
         return self
 
 
-class EngineSection(_Section):
+class EngineSection(Section):
     mode: Literal["inprocess", "server", "external"] = "server"
     url: Optional[str] = None  # external mode: base URL, e.g. http://10.0.0.5:8000
     startup_timeout_s: float = Field(600.0, gt=0)
@@ -106,67 +105,7 @@ class EngineSection(_Section):
         return self
 
 
-class KvCacheSection(_Section):
-    """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
-
-    fragmentation_limit: float = Field(0.05, gt=0, lt=1)
-    target_context: int = Field(16384, gt=0, le=1 << 40)
-    target_concurrency: int = Field(1, ge=1, le=1 << 30)
-    # Workload: total context (prompt + output) of each long request; empty: target_context, /2, /4, /8.
-    context_lengths: list[int] = []
-    short_requests: int = Field(4, ge=0)  # short requests mixed in (chat-sized)
-    short_lengths: list[int] = [256, 1024]  # [lo, hi] total context (prompt + output) of a short request
-    shared_prefix_tokens: int = Field(3000, ge=0)  # 0: no shared-prefix requests
-    shared_prefix_requests: int = Field(2, ge=0)  # requests starting with that one prefix
-    output_tokens: int = Field(160, ge=3)  # per request (ignore_eos); must outlast the prefill of the rest
-    workload_timeout_s: float = Field(600.0, gt=0)
-    # Thresholds
-    max_preemptions: int = Field(0, ge=0)
-    min_capacity_margin: float = Field(0.0, ge=0)  # KV pool / (target_context x concurrency) - 1
-    agreement_limit: float = Field(0.01, gt=0, lt=1)  # |exact - /metrics estimate|, absolute (0.01 = 1 pp)
-    # Prefix-cache correctness: greedy tokens of a long prompt, cold then warm
-    prefix_check_tokens: int = Field(4096, gt=1)
-    prefix_check_output_tokens: int = Field(16, gt=0)
-    scrape_interval_s: float = Field(0.05, gt=0)  # /metrics period of the black-box view in the steady window
-    blackbox_passes: int = Field(3, ge=1)  # the workload again (fresh cache salt) until enough scrapes resolve
-    min_resolved_scrapes: int = Field(5, ge=1)  # resolved /metrics scrapes that end the passes early
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _workload(self) -> "KvCacheSection":
-        if any(n <= self.output_tokens for n in self.context_lengths):
-            raise ValueError(f"context_lengths: every length must exceed output_tokens ({self.output_tokens})")
-        if len(self.short_lengths) != 2 or not self.output_tokens < self.short_lengths[0] <= self.short_lengths[1]:
-            raise ValueError(f"short_lengths: expected [lo, hi] with output_tokens ({self.output_tokens}) < lo <= hi")
-        if self.prefix_check_output_tokens >= self.prefix_check_tokens:
-            raise ValueError("prefix_check_output_tokens: must be below prefix_check_tokens")
-        return self
-
-
-class WeightsSection(_Section):
-    verify_manifest: bool = True  # check day0-manifest.json's SHA-256 per shard when present
-    manifest: str = "day0-manifest.json"
-    hash_workers: int = Field(0, ge=0)  # 0: one per usable CPU
-    max_checks_per_category: int = Field(200, ge=1)
-    memory_tolerance: float = Field(0.10, ge=0)  # measured weights per rank vs plan, relative
-    load_time_limit_s: Optional[float] = Field(None, gt=0)  # engine start-up incl. weight loading
-    golden: Optional[str] = None  # greedy tokens from a trusted run (day0 weights golden)
-
-
-class PreflightSection(_Section):
-    # peak activations, graphs and communicator buffers per rank, which vLLM measures at start-up
-    activation_headroom_gib: float = Field(2.0, ge=0, le=MAX_DEVICE_MEMORY_GIB)
-
-
-class RisksSection(_Section):
-    """[risks]: tenant isolation, quantization accuracy, cost (tables in day0.config.risks)."""
-
-    isolation: IsolationSettings = IsolationSettings()
-    accuracy: AccuracySettings = AccuracySettings()
-    cost: CostSettings = CostSettings()
-
-
-class Signatory(_Section):
+class Signatory(Section):
     name: str
     role: str
 
@@ -174,7 +113,7 @@ class Signatory(_Section):
 REQUIRED_GLOB = re.compile(r"[A-Za-z0-9_.*?\[\]!-]+")
 
 
-class ReportSection(_Section):
+class ReportSection(Section):
     title: str = "Day0 acceptance report"
     out_dir: str = "reports"
     template_dir: Optional[str] = None
@@ -192,7 +131,7 @@ class ReportSection(_Section):
         return self
 
 
-class Profile(_Section):
+class Profile(Section):
     name: str
     description: str = ""
     extends: Optional[str] = None
@@ -208,6 +147,9 @@ class Profile(_Section):
     report: ReportSection = ReportSection()
     risks: RisksSection = RisksSection()
     compare: CompareSection = CompareSection()  # day0.config.compare
+    # A site stage's own settings, [stages.<name>] (entry-point group day0.stages): validated by the
+    # stage's settings model when it runs, since the profile cannot know which stages are installed.
+    stages: dict[str, dict[str, Any]] = {}
     # Where the profile came from (file path or preset name); not a TOML key.
     origin: str = Field("", exclude=True)
 
@@ -218,11 +160,11 @@ class Profile(_Section):
 
     def redactor(self, environ: Mapping[str, str] | None = None) -> Redactor:
         """What is secret in a run of this profile: values under secret keys (``engine.args.api_key``),
-        the variables ``api_key_env`` names, and variables named like secrets, the engine's own
+        the variable ``engine.api_key_env`` names, and variables named like secrets, the engine's own
         ``engine.env`` included (``HF_TOKEN``)."""
         environ = {**(os.environ if environ is None else environ), **self.engine.env}
-        names = [self.engine.api_key_env or "", self.latency.api_key_env]
-        return Redactor.from_sources(environ=environ, env_names=names, data=self.model_dump(mode="json"))
+        return Redactor.from_sources(environ=environ, env_names=[self.engine.api_key_env or ""],
+                                     data=self.model_dump(mode="json"))
 
 
 # --------------------------------------------------------------------------- loading

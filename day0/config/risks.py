@@ -1,8 +1,6 @@
 """The profile's ``[risks]`` tables: tenant isolation, quantization accuracy, cost.
 
-Kept apart from ``day0.config.profile`` (which only holds the ``RisksSection`` that groups them) so the
-stage's settings sit beside the code that reads them; this module imports nothing from day0, so
-``day0.config.profile`` can import it without a cycle.
+:class:`RisksSection` groups the three tables as ``Profile.risks``.
 """
 
 from __future__ import annotations
@@ -10,6 +8,8 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from day0.config.section import Section
 
 # A fixed evaluation text: plain prose that any tokenizer splits into ordinary tokens. Only the
 # first ``max_tokens`` tokens are scored, so the same text serves a 384-token toy vocabulary and
@@ -103,3 +103,11 @@ class CostSettings(_Table):
     max_per_hour: Optional[float] = Field(None, gt=0)
     # Own short measurement when stage 3 did not record latency.output_throughput in this run.
     measure_requests: int = Field(8, ge=1)
+
+
+class RisksSection(Section):
+    """``[risks]``: tenant isolation, quantization accuracy, cost."""
+
+    isolation: IsolationSettings = IsolationSettings()
+    accuracy: AccuracySettings = AccuracySettings()
+    cost: CostSettings = CostSettings()

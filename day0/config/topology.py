@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from day0.config.section import Section
 
 # Bounds on the topology, shared with the memory plan's --what-if: past them no deployment exists,
 # and the plan's layout search would only spend time.
@@ -37,11 +39,7 @@ def rate_bytes_per_s(rate: str) -> float:
     return float(m.group(1)) * _RATE_UNITS[m.group(2)]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class EmulateSection(_Section):
+class EmulateSection(Section):
     """``[topology.emulate]``: the nodes become network namespaces on this host (docs/cluster.md).
 
     Every node gets a veth to one bridge and an address from 198.18.0.0/15 (RFC 2544's range for
@@ -83,7 +81,7 @@ class EmulateSection(_Section):
         return self.degrade.get(node, self.link_rate)
 
 
-class TopologySection(_Section):
+class TopologySection(Section):
     device: Literal["cpu", "cuda"] = "cpu"
     accelerator: str = "cpu"
     nodes: int = Field(1, ge=1, le=MAX_NODES)

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from day0.config.profile import MAX_DEVICE_MEMORY_GIB, MAX_DEVICES_PER_NODE, MAX_NODES
+from day0.config.topology import MAX_DEVICE_MEMORY_GIB, MAX_DEVICES_PER_NODE, MAX_NODES
 from day0.model import archs
 from day0.model.plan_model import Plan, StagePlan
 from day0.model.plan_report import format_table

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from day0.client.prom import ServerFigure
 from day0.core.record import Check, measured
+from day0.stages.latency.measurement import LatencyRun
 from day0.stages.latency.metrics import LatencyMetrics, rounded
-
-if TYPE_CHECKING:
-    from day0.stages.latency.run import LatencyRun
 
 AGREEMENT_SIGMAS = 3.0  # standard errors of the client mean added to the relative tolerance
 

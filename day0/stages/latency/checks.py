@@ -4,18 +4,16 @@ goodput, the engine cross-checks, token accounting and the optional sweep."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from day0.client.prom import pct_name
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile
 from day0.stages.latency.agreement import frontend_overhead_check, server_agreement_check
+from day0.stages.latency.measurement import CacheIntent, LatencyRun
 from day0.stages.latency.metrics import DEFINITIONS, METRIC_TITLES, METRICS, SOURCE, LatencyMetrics, rounded
 from day0.stages.latency.sweep import sweep_check
-
-if TYPE_CHECKING:
-    from day0.stages.latency.run import CacheIntent, LatencyRun
 
 MAX_POOLED_SAMPLES = 20_000  # pooled ITL samples kept in evidence (stride-downsampled beyond)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import socket
 import sys
 import urllib.parse
@@ -22,13 +21,18 @@ from typing import Any, Sequence
 
 from day0.client.workers import AUTO_MESSAGES_PER_WORKER, usable_cores
 from day0.client.workload import Vocab, read_vocab
-from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, LatencySection, SettingsError, SlaSection
+from day0.config.errors import SettingsError
+from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, LatencySection, SlaSection
+from day0.config.profile import Profile
 from day0.core.inputs import refusal, term_safe
 from day0.core.record import Check
 from day0.core.stats import percentile
+from day0.engine import Endpoint, EngineError
+from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
+from day0.stages.latency.measurement import LatencyRun
 from day0.stages.latency.metrics import METRIC_TITLES, LatencyMetrics
-from day0.stages.latency.run import LatencyRun, report_percentiles, run_latency
+from day0.stages.latency.run import report_percentiles, run_latency
 from day0.stages.latency.settings import EngineContext
 
 
@@ -115,9 +119,10 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                         help="seconds a request may take in all before it counts as failed (default 300)")
     client.add_argument("--stall-timeout", type=float, metavar="S",
                         help="seconds without a byte mid-stream before the request counts as stalled (default 60)")
-    client.add_argument("--api-key-env", metavar="NAME",
-                        help="environment variable holding the server's API key (sent as a bearer token; "
-                             "the key itself never goes on a command line)")
+    client.add_argument("--api-key-env", dest="key_variable", metavar="NAME",
+                        help="environment variable holding the server's API key, as a profile's "
+                             "engine.api_key_env (sent as a bearer token; the key itself never goes on a "
+                             "command line)")
     client.add_argument("--no-continuous-usage", action="store_true",
                         help="for servers that reject continuous_usage_stats")
     client.add_argument("--no-server-metrics", action="store_true", help="do not scrape /metrics")
@@ -155,10 +160,6 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
     lat: dict[str, Any] = {key: getattr(args, attr) for attr, key in _LATENCY_FLAGS
                            if getattr(args, attr, None) is not None}
     lat["endpoint"] = args.endpoint
-    if getattr(args, "api_key_env", None):
-        if not os.environ.get(args.api_key_env):
-            raise SettingsError(f"--api-key-env: environment variable {args.api_key_env} is not set")
-        lat["api_key_env"] = args.api_key_env
     if args.rate is not None:
         lat["load"] = "rate"
         lat["request_rate"] = args.rate
@@ -172,6 +173,21 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
     if args.sweep_rates:
         lat["sweep_rates"] = _floats(args.sweep_rates)
     return LatencySection.from_table(lat), sla_from_args(args)
+
+
+def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
+    """The deployment at ``--url`` as an ``[engine]`` table (``mode = "external"``) with
+    ``engine.api_key_env`` from ``--api-key-env``: the one key setting, read where a profile's is
+    (:class:`day0.engine.Endpoint`). SettingsError naming the flag when that variable is not set."""
+    engine: dict[str, Any] = {"mode": "external", "url": args.url}
+    if args.key_variable:
+        engine["api_key_env"] = args.key_variable
+    profile = Profile.model_validate({"name": "day0-latency", "engine": engine})
+    try:
+        return Endpoint.for_profile(profile, args.url, args.model or "")
+    except EngineError:
+        raise SettingsError(f"--api-key-env: environment variable {args.key_variable} is not set (export it, "
+                            "or leave the flag out for an open deployment)") from None
 
 
 def sla_from_args(args: argparse.Namespace) -> SlaSection:
@@ -272,6 +288,7 @@ def cli_main(args: argparse.Namespace) -> int:
         if not args.url:
             raise ValueError("--url: required to measure (or 'day0 latency import FILE' to judge a result)")
         settings, sla = settings_from_args(args)
+        endpoint = endpoint_from_args(args)
         if args.vocab_size is not None:
             if args.vocab_size < 2:
                 raise ValueError(f"--vocab-size {args.vocab_size}: must be at least 2 (token ids are drawn below it)")
@@ -292,12 +309,12 @@ def cli_main(args: argparse.Namespace) -> int:
             return 2
     ctx = EngineContext(args.tokenizer, args.max_model_len, args.block_size)
     try:
-        run = run_latency(args.url, args.model, vocab, settings, sla,
+        run = run_latency(endpoint.base_url, args.model, vocab, settings, sla, headers=endpoint.headers,
                           progress=lambda msg: print(f"... {msg}", file=sys.stderr), ctx=ctx)
     except (RuntimeError, ValueError) as exc:  # InputError (an unusable dataset), SettingsError
         print(f"day0 latency: {exc}", file=sys.stderr)
         return 2
-    checks = run.checks()
+    checks = latency_checks(run)
     print(format_report(run, checks))
     if args.json:
         args.json.write_text(json.dumps([c.to_dict() for c in checks], indent=2) + "\n", encoding="utf-8")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from day0.config.latency import SettingsError
+from day0.config.errors import SettingsError
 from day0.core.inputs import InputError, key_path, read_regular, strict_json
 
 DATASET_CAP = 2 << 30  # ShareGPT_V3_unfiltered_cleaned_split.json is ~670 MiB

@@ -17,11 +17,14 @@ from typing import Any, Callable, Sequence
 from day0.client.loadgen import PhaseResult, RequestResult
 from day0.client.prom import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, PrefixCacheWindow
 from day0.client.workload import Request, Vocab, build_requests, new_nonce
-from day0.config.latency import LatencySection, SettingsError, SlaSection
+from day0.config.errors import SettingsError
+from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.stages.latency.agreement import agreement_allowance
+from day0.stages.latency.checks import latency_checks
+from day0.stages.latency.measurement import LatencyRun
 from day0.stages.latency.metrics import compute_metrics
-from day0.stages.latency.run import LatencyRun, cache_intent, report_percentiles
+from day0.stages.latency.run import cache_intent, report_percentiles
 from day0.stages.latency.settings import EngineContext, dataset_lengths, load_shape, workload_spec
 
 ENGINE_VIEW = "in-process engine: no /metrics endpoint; vLLM's per-request metrics are compared instead"
@@ -150,7 +153,7 @@ def _cache_counters(llm: Any) -> tuple[float, float] | None:
 def inprocess_checks(run: LatencyRun, agreement: Check) -> list[Check]:
     """The run's checks as the scheduler view's: ``latency.server_agreement`` (/metrics, which an
     in-process engine does not have) replaced by ``agreement``, every source ``scheduler``."""
-    checks = [c for c in run.checks() if c.id != "latency.server_agreement"] + [agreement]
+    checks = [c for c in latency_checks(run) if c.id != "latency.server_agreement"] + [agreement]
     for c in checks:
         c.source = "scheduler"
     return checks

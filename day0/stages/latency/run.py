@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import aiohttp
 
 from day0.client.loadgen import ClientOptions, LoadShape, PhaseResult, fetch_models, make_session, run_phase
-from day0.client.prom import PrefixCacheWindow, PromError, ServerFigure, prefix_cache_window, scrape, server_view
+from day0.client.prom import PrefixCacheWindow, PromError, prefix_cache_window, scrape, server_view
 from day0.client.workers import WorkerPool
 from day0.client.workload import Request, Vocab, as_text, build_requests, new_nonce, shared_share
 from day0.config.latency import LatencySection, SlaSection
-from day0.core.record import Check
-from day0.stages.latency.checks import latency_checks
+from day0.stages.latency.measurement import CacheIntent, LatencyRun
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
 from day0.stages.latency.settings import (
     DEFAULT_BLOCK_SIZE,
@@ -27,28 +26,7 @@ from day0.stages.latency.settings import (
     load_workers,
     workload_spec,
 )
-from day0.stages.latency.sweep import SweepPoint, run_sweep
-
-
-@dataclass
-class CacheIntent:
-    """How much of the measured window's prompt tokens the prefix cache may serve, and how much it did.
-
-    ``intended`` is the workload's own shared share (nonce + shared prefix, exact from the
-    requests sent); ``allowance`` one KV block per request (a cache hits whole blocks, and a chat
-    template's common head is up to about one); ``window`` what /metrics counted, None unmeasured."""
-
-    intended: float
-    allowance: float
-    block_size: int
-    fresh: bool
-    window: PrefixCacheWindow | None = None
-    why_unmeasured: str = ""
-    workload: str = ""  # where the lengths came from, in words
-
-    @property
-    def limit(self) -> float:
-        return min(1.0, self.intended + self.allowance)
+from day0.stages.latency.sweep import run_sweep
 
 
 def cache_intent(reqs: Sequence[Request], s: LatencySection, block_size: int | None, workload: str) -> CacheIntent:
@@ -57,25 +35,6 @@ def cache_intent(reqs: Sequence[Request], s: LatencySection, block_size: int | N
     total = sum(r.input_len for r in reqs)
     allowance = min(block, min((r.input_len for r in reqs), default=0)) * len(reqs) / total if total else 0.0
     return CacheIntent(shared_share(reqs), allowance, block, s.fresh_prompts, workload=workload)
-
-
-@dataclass
-class LatencyRun:
-    """Everything one latency stage measured; :meth:`checks` turns it into run-record checks."""
-
-    base_url: str
-    model: str
-    settings: LatencySection
-    sla: SlaSection
-    metrics: LatencyMetrics
-    warmup: LatencyMetrics | None
-    server: dict[str, ServerFigure] | None
-    server_error: str | None
-    sweep: list[SweepPoint] = field(default_factory=list)
-    cache: CacheIntent | None = None
-
-    def checks(self) -> list[Check]:
-        return latency_checks(self)
 
 
 def report_percentiles(settings: LatencySection, sla: SlaSection) -> list[float]:

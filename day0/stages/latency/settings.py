@@ -4,14 +4,14 @@ options."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from day0.client.loadgen import ClientOptions, LoadShape
 from day0.client.workers import auto_workers
 from day0.client.workload import WorkloadSpec
-from day0.config.latency import LatencySection, SettingsError, length_bounds
+from day0.config.errors import SettingsError
+from day0.config.latency import LatencySection, length_bounds
 from day0.stages.latency.datasets import DatasetLengths, long_context_range, sharegpt_lengths
 
 # The prefix-cache allowance's block when the engine's is not known: vLLM's default on GPUs.
@@ -84,14 +84,8 @@ def load_workers(s: LatencySection) -> int:
 
 def client_options(s: LatencySection, headers: dict[str, str] | None = None) -> ClientOptions:
     """How each request is shaped. ``headers`` are the engine's (``day0.engine.auth_headers``: the
-    key of ``engine.api_key_env``); ``latency.api_key_env`` overrides them for a load path with its
-    own key (a gateway in front of the engine). The key is read here, at run time, never stored."""
-    headers = dict(headers or {})
-    if s.api_key_env:
-        key = os.environ.get(s.api_key_env)
-        if not key:
-            raise SettingsError(f"latency.api_key_env: environment variable {s.api_key_env} is not set")
-        headers["Authorization"] = f"Bearer {key}"
+    key ``engine.api_key_env`` names, the one key setting); this module never reads a key."""
     return ClientOptions(endpoint=s.endpoint, ignore_eos=s.ignore_eos, continuous_usage=s.continuous_usage,
-                         return_token_ids=s.return_token_ids, extra_body=dict(s.extra_body), headers=headers,
+                         return_token_ids=s.return_token_ids, extra_body=dict(s.extra_body),
+                         headers=dict(headers or {}),
                          request_timeout_s=s.request_timeout_s, stall_timeout_s=s.stall_timeout_s)

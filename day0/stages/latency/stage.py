@@ -9,7 +9,8 @@ from typing import Any, Callable
 from day0.client.workload import Vocab, read_vocab
 from day0.config.profile import Profile
 from day0.core.record import Check
-from day0.engine import auth_headers, local_model_dir, served_name
+from day0.engine import local_model_dir, served_name
+from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.inprocess import inprocess_checks, run_latency_inprocess
 from day0.stages.latency.run import run_latency
 from day0.stages.latency.settings import engine_context
@@ -48,5 +49,6 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
         run, agreement = run_latency_inprocess(engine.llm, served_name(profile), vocab, settings, sla,
                                                progress=progress, ctx=ctx)
         return inprocess_checks(run, agreement)
-    return run_latency(engine.base_url, served_name(profile), vocab, settings, sla, progress=progress,
-                       headers=auth_headers(profile), ctx=ctx).checks()
+    endpoint = engine.endpoint
+    return latency_checks(run_latency(endpoint.base_url, endpoint.model, vocab, settings, sla, progress=progress,
+                                      headers=endpoint.headers, ctx=ctx))

@@ -3,27 +3,14 @@ and the highest rate that met it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from day0.client.prom import pct_name
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile
+from day0.stages.latency.measurement import LatencyRun, SweepPoint
 from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
-
-if TYPE_CHECKING:
-    from day0.stages.latency.run import LatencyRun
-
-
-@dataclass
-class SweepPoint:
-    """One offered rate of the sweep: what it measured and which SLA limits it missed."""
-
-    rate: float
-    metrics: LatencyMetrics
-    meets_sla: bool
-    failing: list[str]
 
 
 def sla_misses(metrics: LatencyMetrics, sla: SlaSection) -> list[str]:

@@ -1,0 +1,62 @@
+"""What stage 3 measured, as data: one run (:class:`LatencyRun`), its sweep steps
+(:class:`SweepPoint`) and its prefix-cache intent (:class:`CacheIntent`).
+
+The measuring modules (``run``, ``inprocess``, ``sweep``) build these; the judging modules
+(``checks``, ``agreement``, ``sweep``) read them. Both import this module and it imports neither,
+so the stage's modules form no import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from day0.client.prom import PrefixCacheWindow, ServerFigure
+from day0.config.latency import LatencySection, SlaSection
+from day0.stages.latency.metrics import LatencyMetrics
+
+
+@dataclass
+class SweepPoint:
+    """One offered rate of the sweep: what it measured and which SLA limits it missed."""
+
+    rate: float
+    metrics: LatencyMetrics
+    meets_sla: bool
+    failing: list[str]
+
+
+@dataclass
+class CacheIntent:
+    """How much of the measured window's prompt tokens the prefix cache may serve, and how much it did.
+
+    ``intended`` is the workload's own shared share (nonce + shared prefix, exact from the
+    requests sent); ``allowance`` one KV block per request (a cache hits whole blocks, and a chat
+    template's common head is up to about one); ``window`` what /metrics counted, None unmeasured."""
+
+    intended: float
+    allowance: float
+    block_size: int
+    fresh: bool
+    window: PrefixCacheWindow | None = None
+    why_unmeasured: str = ""
+    workload: str = ""  # where the lengths came from, in words
+
+    @property
+    def limit(self) -> float:
+        return min(1.0, self.intended + self.allowance)
+
+
+@dataclass
+class LatencyRun:
+    """Everything one latency stage measured; ``checks.latency_checks`` turns it into run-record checks."""
+
+    base_url: str
+    model: str
+    settings: LatencySection
+    sla: SlaSection
+    metrics: LatencyMetrics
+    warmup: LatencyMetrics | None
+    server: dict[str, ServerFigure] | None
+    server_error: str | None
+    sweep: list[SweepPoint] = field(default_factory=list)
+    cache: CacheIntent | None = None
