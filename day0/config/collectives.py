@@ -1,11 +1,12 @@
 """The profile's ``[collectives]`` table: the sweep's ops, sizes, dtype and modes, its bounds in
 time, the busbw a topology promises, and where a sweep run elsewhere left its result.
 
-One definition, read by the profile (``Profile.collectives``), by the collectives stage (which
-calls it ``CollectivesSettings``), by ``day0 collectives run|import`` and by the ranks, which get it
-as JSON (:meth:`CollectivesSection.to_dict` / :meth:`CollectivesSection.from_mapping`). The names
-of the collectives and of the dtypes live here too, since the table is validated against them;
-this module imports nothing above ``day0.config``.
+One definition, read by the profile (``Profile.collectives``), by the collectives stage, by
+``day0 collectives run|import`` and by the ranks, which get it as JSON
+(:meth:`CollectivesSection.to_dict` / :meth:`CollectivesSection.from_mapping`). The names of the
+dtypes live here too; the ops (names, spellings, modes) are the registry's,
+:mod:`day0.core.collective_ops`, which the table is validated against. This module imports
+nothing above ``day0.config``.
 """
 
 from __future__ import annotations
@@ -26,34 +27,8 @@ from pydantic import (
     model_validator,
 )
 
-from day0.config.errors import first_error
-
-#: Canonical collective names used across day0 (check ids, settings, result rows).
-OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
-#: Ops that nccl-tests also ships and that only appear in imported results.
-EXTRA_OPS: tuple[str, ...] = ("reduce", "gather", "scatter", "hypercube")
-_OP_ALIASES = {
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "all2all": "all_to_all",
-    "bcast": "broadcast",
-    "send_recv": "sendrecv",
-    "p2p": "sendrecv",
-}
-
-#: Which modes torch.distributed offers per op. all_reduce and broadcast are in-place only in
-#: torch (nccl-tests' out-of-place variants have no torch API); all_to_all has no in-place form
-#: (nccl-tests does not check it either); send/recv uses separate send and receive buffers.
-OP_MODES: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("in_place",),
-    "all_gather": ("out_of_place", "in_place"),
-    "reduce_scatter": ("out_of_place", "in_place"),
-    "all_to_all": ("out_of_place",),
-    "broadcast": ("in_place",),
-    "sendrecv": ("out_of_place",),
-}
+from day0.config.errors import SettingsError, first_error
+from day0.core.collective_ops import OPS, UnknownCollective, canonical_op
 
 SCOPES = ("intra_node", "inter_node")
 
@@ -72,25 +47,6 @@ DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16
                  "double": "float64", "fp64": "float64", "int": "int32"}
 
 _SIZE = re.compile(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", re.IGNORECASE)
-
-
-class SettingsError(ValueError):
-    """A [collectives] setting that cannot be used; one line naming the key."""
-
-
-class UnknownCollective(ValueError):
-    """An op name that no formula exists for; the message names it and lists the known ones."""
-
-
-def canonical_op(name: str) -> str:
-    """Map the spellings seen in the field (allreduce, alltoall, all_reduce_perf) to one name."""
-    key = name.strip().lower().replace("-", "_")
-    if key.endswith("_perf"):
-        key = key[: -len("_perf")]
-    key = _OP_ALIASES.get(key, _OP_ALIASES.get(key.replace("_", ""), key))
-    if key not in OPS and key not in EXTRA_OPS:
-        raise UnknownCollective(f"unknown collective {name!r} (known: {', '.join(OPS + EXTRA_OPS)})")
-    return key
 
 
 def _bytes(value: Any) -> int:
@@ -136,8 +92,9 @@ class CollectivesSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    ops: list[str] = Field(list(OPS), description=f"collectives to run, a subset of {', '.join(OPS)} "
-                                                  "(nccl-tests spellings such as allreduce are read too)")
+    ops: list[str] = Field(list(OPS.runnable()),
+                           description=f"collectives to run, a subset of {', '.join(OPS.runnable())} "
+                                       "(nccl-tests spellings such as allreduce are read too)")
     min_bytes: Bytes = Field(1 << 10, ge=1, description="smallest message (nccl-tests -b); 1K = 1024")
     max_bytes: Bytes = Field(4 << 20, description="largest message (nccl-tests -e)")
     step_factor: int = Field(4, ge=2, description="size multiplier per step (nccl-tests -f)")
@@ -191,7 +148,7 @@ class CollectivesSection(BaseModel):
             ops = [canonical_op(o) for o in value]
         except UnknownCollective as exc:
             raise ValueError(str(exc)) from None
-        bad = [o for o in ops if o not in OPS]
+        bad = [o for o in ops if not OPS[o].runnable]
         if bad:
             raise ValueError(f"{bad[0]!r} is only importable from nccl-tests, not run here")
         return ops
@@ -262,7 +219,7 @@ class CollectivesSection(BaseModel):
 
     def modes(self, op: str) -> list[str]:
         want = {"out_of_place": self.out_of_place, "in_place": self.in_place}
-        return [m for m in OP_MODES[op] if want[m]]
+        return [m for m in OPS[op].modes if want[m]]
 
 
 def check_expected(exp: Any) -> dict[str, dict[str, float]]:

@@ -16,16 +16,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from day0.core.collective_ops import OPS
 from day0.core.record import Check
 from day0.device_check.runner import COLLECTIVES_FILE, NCCL_LOG_FILE, DeviceRun, Step
 
 #: A GPU sweep sized to finish in seconds on one node: 1 KiB to 256 MiB (x4), float32 (exact up to
-#: 2^24 per element), every op in both modes where it has them.
+#: 2^24 per element), every op in both modes where it has them (every op the registry sweeps, unless
+#: "ops" is set here).
 GPU_SWEEP: dict[str, Any] = {
     "backend": "nccl", "min_bytes": 1 << 10, "max_bytes": 256 << 20, "step_factor": 4, "dtype": "float32",
     "warmup_iters": 5, "iters": 20, "nccl_debug": True, "grace_s": 5,
 }
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,ENV"}
 #: Per-rank logs copied into device-check.log are cut to their last this-many bytes.
 RANK_LOG_TAIL = 256 << 10
@@ -34,11 +35,11 @@ RANK_LOG_TAIL = 256 << 10
 def sweep_ids() -> dict[str, str]:
     """Every check the step reports: the stage's own (ranks, per op correct/busbw, transport) and two
     of the device check's (the parser on the real log, the CUDA-event timer)."""
-    from day0.stages.collectives.checks import _ids
+    from day0.stages.collectives.checks import op_check_ids
 
     ids = {"collectives.ranks": "Every rank completed the sweep"}
-    for op in OPS:
-        cid_c, t_c, cid_b, t_b = _ids(op)
+    for op in _ops():
+        cid_c, t_c, cid_b, t_b = op_check_ids(op)
         ids[cid_c], ids[cid_b] = t_c, t_b
     ids["collectives.transport.intra_node"] = "Intra-node transport matches the topology"
     ids["collectives.transport.inter_node"] = "Inter-node transport matches the topology"
@@ -49,12 +50,12 @@ def sweep_ids() -> dict[str, str]:
 
 def sweep_step(run: DeviceRun) -> None:
     """The sweep with timeouts cut to the budget left, then the stage's checks and the device check's two."""
-    from day0.stages.collectives import CollectivesSettings, nccl_log_text, result_checks, run_local
+    from day0.stages.collectives import CollectivesSection, nccl_log_text, result_checks, run_local
 
     world = _world()
     budget_left = max(30.0, run.remaining())
-    settings = CollectivesSettings.from_mapping({
-        **GPU_SWEEP, "ops": list(OPS), "world_size": world,
+    settings = CollectivesSection.from_mapping({
+        **GPU_SWEEP, "ops": _ops(), "world_size": world,
         "startup_timeout_s": round(min(180.0, budget_left), 1), "timeout_s": round(min(60.0, budget_left), 1),
     })
     scratch = run.state.work / "collectives"  # type: ignore[operator]
@@ -77,6 +78,11 @@ def sweep_step(run: DeviceRun) -> None:
     run.facts["nccl"] = {"summary": nccl.message, **{k: v for k, v in nccl.evidence.items() if k != "excerpt"}}
     run.record("collectives", nccl)
     run.record("collectives", timing_check(result))
+
+
+def _ops() -> list[str]:
+    """The ops the step sweeps: GPU_SWEEP's "ops" where set, else every op the registry runs."""
+    return list(GPU_SWEEP.get("ops") or OPS.runnable())
 
 
 def _nccl_lines_of_rank_logs(scratch: Path) -> str:

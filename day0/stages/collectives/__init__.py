@@ -7,8 +7,11 @@ the topology promises, and NCCL's own log to the transport it promises. Ranks ar
 real launchers (:func:`run_local` on this host, :func:`run_cluster` one torchrun per node; torchrun / srun run
 ``python -m day0.stages.collectives run`` on supernodes); a rank that dies or hangs is named.
 
+The ops themselves (names, busbw factors, how each is called and what its output must equal) are
+specs in one registry, :data:`OPS` (:mod:`day0.core.collective_ops`); adding an op is adding a spec.
+
 Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 writes),
-``exact`` (the exact data), ``sweep`` and ``rank`` (the rank side), ``launcher`` and ``faults``
+``exact`` (the exact data), ``sweep``, ``rank`` and ``rank_env`` (the rank side), ``launcher`` and ``faults``
 (local ranks, watchdog, diagnosis), ``multinode`` (torchrun on every node of a cluster),
 ``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport, the engine's TP traffic across nodes), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
 ``transport`` (NCCL_DEBUG logs), ``nccl_tests`` with ``nccl_format``, ``nccl_text`` and
@@ -16,6 +19,8 @@ Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 wri
 it), ``tp_equivalence`` (vLLM's TP path), ``cli``.
 """
 
+from day0.core.collective_ops import OPS
+from day0.core.stages import Figure, Stage
 from day0.stages.collectives.checks import result_checks
 from day0.stages.collectives.cli import add_cli, main
 from day0.stages.collectives.exact import ExactPattern
@@ -24,17 +29,17 @@ from day0.stages.collectives.launcher import free_port, run_local
 from day0.stages.collectives.links import links_check
 from day0.stages.collectives.multinode import run_cluster
 from day0.stages.collectives.nccl_tests import import_nccl_tests
-from day0.stages.collectives.rank import RankEnv
+from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.result import CollectivesResult, RankState, load_result, nccl_log_text
-from day0.stages.collectives.settings import OP_MODES, CollectivesSettings, SettingsError, coerce_settings, parse_size
+from day0.stages.collectives.settings import CollectivesSection, SettingsError, coerce_settings, parse_size
 from day0.stages.collectives.sockets import engine_cross_node_check, socket_transport_check, stage_transport_checks
 from day0.stages.collectives.tp_equivalence import tp_equivalence_check
 from day0.stages.collectives.transport import transport_checks
 
 __all__ = [
-    "OP_MODES",
+    "OPS",
     "CollectivesResult",
-    "CollectivesSettings",
+    "CollectivesSection",
     "ExactPattern",
     "RankEnv",
     "RankState",
@@ -58,3 +63,11 @@ __all__ = [
     "tp_equivalence_check",
     "transport_checks",
 ]
+
+STAGE = Stage(
+    name="collectives", order=20, suite="day0.suites.test_collectives", section="collectives", repeatable=True,
+    title="Collective communication",
+    question="are collectives correct and fast on this topology?",
+    figures=(Figure("busbw", "Worst busbw vs expected", ("collectives.*.busbw",), pick="vs_expected"),),
+    required=("collectives.*.correct", "collectives.*.busbw"),
+)

@@ -9,34 +9,25 @@ imported from a site's nccl-tests run mean the same thing:
 - busbw = algbw x factor, where factor depends on the collective and the number of ranks n,
   so that busbw is comparable with the hardware's link bandwidth whatever n is.
 
-The collectives' names (``OPS``, ``canonical_op``) are defined with the ``[collectives]`` table in
-:mod:`day0.config.collectives` and re-exported here.
+Each op's factor and buffer layout are its spec's (:mod:`day0.core.collective_ops`); these
+functions read them from the registry, so a registered op has its busbw with no edit here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from day0.config.collectives import EXTRA_OPS, OPS, UnknownCollective, canonical_op
+from day0.core.collective_ops import OPS
 
-__all__ = ["EXTRA_OPS", "OPS", "BufferPlan", "UnknownCollective", "algbw_gbps", "bus_factor", "busbw_gbps",
-           "canonical_op", "plan", "size_from_count"]
-
-# Ops whose buffer of S bytes is split into n equal chunks (one per rank).
-_SPLIT_OPS = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
+__all__ = ["BufferPlan", "algbw_gbps", "bus_factor", "busbw_gbps", "plan", "size_from_count"]
 
 
 def bus_factor(op: str, nranks: int) -> float:
-    """busbw / algbw for ``op`` on ``nranks`` ranks (nccl-tests' correction factors)."""
+    """busbw / algbw for ``op`` (any spelling) on ``nranks`` ranks: its spec's ``bus`` (nccl-tests'
+    correction factor)."""
     if nranks < 1:
         raise ValueError(f"nranks must be >= 1, got {nranks}")
-    op = canonical_op(op)
-    n = float(nranks)
-    if op == "all_reduce":
-        return 2.0 * (n - 1.0) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1.0) / n
-    return 1.0  # broadcast, reduce, sendrecv, hypercube
+    return OPS.resolve(op).bus(nranks)
 
 
 def algbw_gbps(size_bytes: float, seconds: float) -> float:
@@ -47,6 +38,7 @@ def algbw_gbps(size_bytes: float, seconds: float) -> float:
 
 
 def busbw_gbps(op: str, size_bytes: float, seconds: float, nranks: int) -> float:
+    """algbw x the op's bus factor: comparable with the link's bandwidth whatever n is."""
     return algbw_gbps(size_bytes, seconds) * bus_factor(op, nranks)
 
 
@@ -81,17 +73,16 @@ def plan(op: str, size_bytes: int, elem_size: int, nranks: int) -> BufferPlan:
         raise ValueError(f"elem_size must be >= 1, got {elem_size}")
     if size_bytes < 0:
         raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
-    op = canonical_op(op)
+    spec = OPS.resolve(op)
     total = int(size_bytes) // elem_size
-    if op in _SPLIT_OPS:
+    if spec.split:
         chunk = total // nranks
-        return BufferPlan(op, nranks, elem_size, chunk * nranks, chunk)
-    return BufferPlan(op, nranks, elem_size, total, total)
+        return BufferPlan(spec.name, nranks, elem_size, chunk * nranks, chunk)
+    return BufferPlan(spec.name, nranks, elem_size, total, total)
 
 
 def size_from_count(op: str, count: int, elem_size: int, nranks: int) -> int:
     """Inverse of :func:`plan`: S from the nccl-tests ``count`` column."""
-    op = canonical_op(op)
-    if op in _SPLIT_OPS:
+    if OPS.resolve(op).split:
         return count * elem_size * nranks
     return count * elem_size

@@ -4,12 +4,12 @@ large-message busbw reaches ``pass_fraction`` x what the topology promises."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from day0.core.record import Check, measured
 from day0.stages.collectives.busbw import bus_factor, busbw_gbps
 from day0.stages.collectives.result import CollectivesResult, OpOutcome, SweepRow
-from day0.stages.collectives.settings import CollectivesSettings, check_expected, coerce_settings, human_bytes
+from day0.stages.collectives.settings import CollectivesSection, check_expected, coerce_settings, human_bytes
 
 
 @dataclass
@@ -25,7 +25,7 @@ class BusbwExpectations:
             return x
         if x is None:
             return cls()
-        if isinstance(x, CollectivesSettings) or (isinstance(x, Mapping) and ("expected_busbw" in x or "pass_fraction" in x)) or hasattr(x, "model_dump"):
+        if isinstance(x, CollectivesSection) or (isinstance(x, Mapping) and ("expected_busbw" in x or "pass_fraction" in x)) or hasattr(x, "model_dump"):
             s = coerce_settings(x)
             return cls(s.expected_busbw, float(s.pass_fraction), s.scope, s.large_message_bytes)  # type: ignore[arg-type]
         if isinstance(x, Mapping):  # a bare {scope: {op: GB/s}} table
@@ -91,12 +91,21 @@ def _step_str(step: Mapping[str, Any] | None) -> str:
     return str(step.get("phase", "")) + (f" {step['op']}" if step.get("op") else "")
 
 
-def _ids(op: str) -> tuple[str, str, str, str]:
-    """(correct id, correct title, busbw id, busbw title) of an op's two checks (op: ``intra_node.<op>`` for
-    a multi-node run's node-local figures)."""
+class OpCheckIds(NamedTuple):
+    """The ids and titles of an op's two checks."""
+
+    correct_id: str
+    correct_title: str
+    busbw_id: str
+    busbw_title: str
+
+
+def op_check_ids(op: str) -> OpCheckIds:
+    """An op's two checks, named here once (op: ``intra_node.<op>`` for a multi-node run's node-local
+    figures); the device check declares its ids with it."""
     name = op.replace("intra_node.", "") + (" within each node" if op.startswith("intra_node.") else "")
-    return (f"collectives.{op}.correct", f"{name}: exact results",
-            f"collectives.{op}.busbw", f"{name}: bus bandwidth at large messages")
+    return OpCheckIds(f"collectives.{op}.correct", f"{name}: exact results",
+                      f"collectives.{op}.busbw", f"{name}: bus bandwidth at large messages")
 
 
 def _op_checks(result: CollectivesResult, op: str, outcome: OpOutcome, exp: BusbwExpectations, scope: str,
@@ -110,7 +119,7 @@ def _op_checks(result: CollectivesResult, op: str, outcome: OpOutcome, exp: Busb
 def _unmeasured_checks(result: CollectivesResult, op: str, outcome: OpOutcome, rows: list[SweepRow],
                        limit: float | None, src: str) -> list[Check]:
     """Both checks of an op that was skipped (skip) or did not complete (error)."""
-    cid_c, t_c, cid_b, t_b = _ids(op)
+    cid_c, t_c, cid_b, t_b = op_check_ids(op)
     if outcome.status == "skip":
         msg = f"skipped: {outcome.reason}" if outcome.reason else "skipped"
         return [Check(id=cid_c, title=t_c, status="skip", message=msg, source=src),
@@ -126,7 +135,7 @@ def _unmeasured_checks(result: CollectivesResult, op: str, outcome: OpOutcome, r
 
 def _correct_check(op: str, outcome: OpOutcome, rows: list[SweepRow], src: str, label: str = "") -> Check:
     """#wrong == 0 over every size and mode; from nccl-tests' footer when only that is known."""
-    cid_c, t_c, _, _ = _ids(label or op)
+    cid_c, t_c, _, _ = op_check_ids(label or op)
     known = [r for r in rows if r.wrong is not None]
     if known:
         wrong = sum(int(r.wrong or 0) for r in known)
@@ -159,7 +168,7 @@ def _busbw_check(result: CollectivesResult, op: str, rows: list[SweepRow], exp: 
                  src: str, label: str = "") -> Check:
     """The best busbw at the largest size (or at sizes >= large_message_bytes) against the pass line; for
     node-local rows (``label``) the worst node's, so one slow node is not hidden by the others."""
-    _, _, cid_b, t_b = _ids(label or op)
+    _, _, cid_b, t_b = op_check_ids(label or op)
     expected, limit = exp.limits(scope, op)
     big = exp.large_message_bytes
     cand = [r for r in rows if r.busbw_gbps is not None and (big is None or r.size_bytes >= big)]

@@ -19,12 +19,13 @@ from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.record import Check
 from day0.engine.cluster.slurm import SlurmError, SlurmJob
 from day0.stages.collectives.checks import result_checks
-from day0.stages.collectives.launcher import _atomic_write, run_local, zygote_main
+from day0.stages.collectives.launcher import atomic_write, run_local, zygote_main
 from day0.stages.collectives.nccl_debug import read_nccl_debug
 from day0.stages.collectives.nccl_tests import import_nccl_tests
-from day0.stages.collectives.rank import RankEnv, run_rank
+from day0.stages.collectives.rank import run_rank
+from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.result import RANKS_DIR, RESULT_FILE, CollectivesResult
-from day0.stages.collectives.settings import CollectivesSettings, SettingsError
+from day0.stages.collectives.settings import CollectivesSection, SettingsError
 from day0.stages.collectives.transport import INTER_LINKS, INTRA_LINKS, TransportTopology, log_checks
 
 SETTINGS_CAP = 16 << 20  # a [collectives] table, or a whole profile, is kilobytes
@@ -88,11 +89,11 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _settings_from_args(args: argparse.Namespace) -> CollectivesSettings:
+def _settings_from_args(args: argparse.Namespace) -> CollectivesSection:
     data: dict[str, Any] = _load_settings_file(Path(args.settings)) if args.settings else {}
     data.update(_parse_set(args.set or []))
     try:
-        return CollectivesSettings.from_mapping(data)
+        return CollectivesSection.from_mapping(data)
     except SettingsError as exc:
         raise SettingsError(f"{args.settings}: {exc}" if args.settings else str(exc)) from None
 
@@ -115,7 +116,7 @@ def _report(checks: list[Check], json_path: str | None) -> int:
     return 1 if any(c.status in ("fail", "error") for c in checks) else 0
 
 
-def rendezvous_addr(settings: CollectivesSettings, environ: Mapping[str, str]) -> str:
+def rendezvous_addr(settings: CollectivesSection, environ: Mapping[str, str]) -> str:
     """Where the ranks meet when nobody exported MASTER_ADDR: inside a multi-node Slurm allocation the
     first host of its node list (a loopback default would leave every other node's ranks waiting
     forever), else ``collectives.master_addr``."""
@@ -157,14 +158,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 1 if any(c.status in ("fail", "error") for c in checks) else 0
 
 
-def _worker(settings: CollectivesSettings, rank_env: RankEnv, out_dir: Path) -> int:
+def _worker(settings: CollectivesSection, rank_env: RankEnv, out_dir: Path) -> int:
     """One rank under torchrun/srun: its pid and exit status beside its step file, for the watcher
     (:func:`~day0.stages.collectives.multinode.run_cluster`); a rank that fails exits in run_rank."""
     ranks_dir = out_dir / RANKS_DIR
     ranks_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(ranks_dir / f"rank{rank_env.rank}.pid", str(os.getpid()))
+    atomic_write(ranks_dir / f"rank{rank_env.rank}.pid", str(os.getpid()))
     code = run_rank(settings, rank_env, out_dir)
-    _atomic_write(ranks_dir / f"rank{rank_env.rank}.exit", str(code))
+    atomic_write(ranks_dir / f"rank{rank_env.rank}.exit", str(code))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip torch's interpreter teardown: seconds of CPU on a busy box, nothing left to flush

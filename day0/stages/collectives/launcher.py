@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping
 
 from day0.engine.process import signal_group
 from day0.stages.collectives.faults import clean_error, diagnose
-from day0.stages.collectives.rank import RankEnv, run_rank
+from day0.stages.collectives.rank import run_rank
+from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.result import (
     RANKS_DIR,
     RESULT_FILE,
@@ -33,7 +34,7 @@ from day0.stages.collectives.result import (
     RankState,
     load_result,
 )
-from day0.stages.collectives.settings import CollectivesSettings, SettingsError, coerce_settings
+from day0.stages.collectives.settings import CollectivesSection, SettingsError, coerce_settings
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -110,7 +111,7 @@ def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
     import torch  # noqa: F401 - the point: imported before fork
     import torch.distributed  # noqa: F401
 
-    settings = CollectivesSettings.from_mapping(json.loads(Path(settings_path).read_text(encoding="utf-8")))
+    settings = CollectivesSection.from_mapping(json.loads(Path(settings_path).read_text(encoding="utf-8")))
     ranks_dir = Path(out_dir) / RANKS_DIR
     children: dict[int, int] = {}
     for r in range(n):
@@ -132,7 +133,7 @@ def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
             finally:
                 os._exit(code)
         children[pid] = r
-        _atomic_write(ranks_dir / f"rank{r}.pid", str(pid))
+        atomic_write(ranks_dir / f"rank{r}.pid", str(pid))
     while children:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -142,20 +143,21 @@ def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
         if r is None:
             continue
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        _atomic_write(ranks_dir / f"rank{r}.exit", str(rc))
+        atomic_write(ranks_dir / f"rank{r}.exit", str(rc))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip torch's interpreter teardown (seconds on a busy box); nothing is left to flush
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Write via a rename, so the watcher never reads a pid or an exit code half written."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
 def run_local(
-    settings: CollectivesSettings | Mapping[str, Any] | None,
+    settings: CollectivesSection | Mapping[str, Any] | None,
     world_size: int | None = None,
     out_dir: Path | str = "reports/collectives",
     *,
@@ -183,7 +185,7 @@ def run_local(
             [sys.executable, "-m", "day0.stages.collectives", "_launch", str(n), str(out / SETTINGS_FILE), str(out)],
             env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
         )
-        _atomic_write(ranks_dir / "launcher.pid", str(launcher.pid))
+        atomic_write(ranks_dir / "launcher.pid", str(launcher.pid))
         fault = watch_ranks(ranks, _LocalAgent(launcher, ranks_dir / "launcher.log"), s, out, t_start, poll_s,
                             f"collectives sweep ({n} ranks)")
     return finish_result(out, s, n, fault, time.monotonic() - t_start)
@@ -192,7 +194,7 @@ def run_local(
 REPO_ROOT = str(Path(__file__).resolve().parents[3])  # day0/stages/collectives/ -> the folder holding day0
 
 
-def prepare_out_dir(out_dir: Path | str, s: CollectivesSettings) -> tuple[Path, Path]:
+def prepare_out_dir(out_dir: Path | str, s: CollectivesSection) -> tuple[Path, Path]:
     """The run's folder (absolute) and its ranks/ folder, cleared of a previous run, with the settings the ranks read."""
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +218,7 @@ def rank_base_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return e
 
 
-def watch_ranks(ranks: list[_Rank], agent: Any, s: CollectivesSettings, out: Path, t_start: float, poll_s: float,
+def watch_ranks(ranks: list[_Rank], agent: Any, s: CollectivesSection, out: Path, t_start: float, poll_s: float,
                 title: str) -> Fault | None:
     """Watch the ranks under a progress bar; whatever happens, every process is killed before this returns."""
     from day0.core.progress import Progress
@@ -229,7 +231,7 @@ def watch_ranks(ranks: list[_Rank], agent: Any, s: CollectivesSettings, out: Pat
         agent.kill(ranks)
 
 
-def finish_result(out: Path, s: CollectivesSettings, n: int, fault: Fault | None, elapsed: float) -> CollectivesResult:
+def finish_result(out: Path, s: CollectivesSection, n: int, fault: Fault | None, elapsed: float) -> CollectivesResult:
     """Rank 0's result (or an empty one), with the diagnosed fault, written back."""
     try:
         result = load_result(out)
@@ -294,7 +296,7 @@ def _log_hint(path: Path) -> str | None:
     return None
 
 
-def _points(s: CollectivesSettings) -> list[tuple[str, str, int]]:
+def _points(s: CollectivesSection) -> list[tuple[str, str, int]]:
     """The sweep's (op, mode, size) points in the order a rank measures them."""
     try:
         return [(op, mode, size) for op in s.ops for mode in s.modes(op) for size in s.sizes()]
@@ -316,7 +318,7 @@ def _started(st: RankState) -> bool:
     return bool(st.step) and st.step.get("phase") not in ("import", "rendezvous")
 
 
-def _watch(ranks: list[_Rank], agent: Any, s: CollectivesSettings, out: Path, t_start: float,
+def _watch(ranks: list[_Rank], agent: Any, s: CollectivesSection, out: Path, t_start: float,
            poll_s: float, show: Callable[[list[RankState]], None] = lambda states: None) -> Fault | None:
     """Wait for the ranks; on the first failure give the rest ``grace_s``, then kill and diagnose."""
     first_fail: float | None = None

@@ -19,7 +19,7 @@ from typing import Any
 
 from day0.core.record import Check
 from day0.stages.collectives.result import CollectivesResult
-from day0.stages.collectives.settings import CollectivesSettings, coerce_settings, human_bytes
+from day0.stages.collectives.settings import CollectivesSection, coerce_settings, human_bytes
 
 LINKS_ID = "collectives.links"
 LINKS_TITLE = "Every node-to-node link carries its share (point-to-point, both directions)"
@@ -27,7 +27,7 @@ MEDIAN_FRACTION = 0.5
 MAX_REPEATS = 20
 
 
-def measure_links(dist: Any, torch: Any, s: CollectivesSettings, rank: int, hosts: list[str]) -> dict[str, Any]:
+def measure_links(dist: Any, torch: Any, s: CollectivesSection, rank: int, hosts: list[str]) -> dict[str, Any]:
     """Every directed leader-to-leader link, one at a time, in ``links_rounds`` rounds over all the
     links; the matrix (MB/s) returned on every rank."""
     nodes = list(dict.fromkeys(hosts))
@@ -135,7 +135,7 @@ def link_floor(mbps: list[list[float | None]], expected_mbps: float | None, pass
     return floor, median
 
 
-def _expected_mbps(s: CollectivesSettings) -> float | None:
+def _expected_mbps(s: CollectivesSection) -> float | None:
     gbps = s.expected_link_gbps
     if gbps is None:
         gbps = s.expected_busbw.get("inter_node", {}).get("sendrecv")
@@ -187,7 +187,7 @@ def links_check(result: CollectivesResult, settings: Any = None, nodes: int | No
 
 
 def _links_evidence(links: dict[str, Any], nodes: list[str], mbps: list[list[float | None]], marked: list[list[int]],
-                    floor: float, median: float, expected: float | None, s: CollectivesSettings) -> dict[str, Any]:
+                    floor: float, median: float, expected: float | None, s: CollectivesSection) -> dict[str, Any]:
     samples = links.get("samples_mbps") or []
     rows = []
     for i, a in enumerate(nodes):

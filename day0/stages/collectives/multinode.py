@@ -33,7 +33,7 @@ from day0.stages.collectives.launcher import (
     watch_ranks,
 )
 from day0.stages.collectives.result import SETTINGS_FILE, CollectivesResult
-from day0.stages.collectives.settings import CollectivesSettings, coerce_settings
+from day0.stages.collectives.settings import CollectivesSection, coerce_settings
 
 DEFAULT_PORT = 29500
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -122,7 +122,7 @@ class _ClusterRank(_Rank):
                     pass
 
 
-def run_cluster(settings: CollectivesSettings | Mapping[str, Any] | None, cluster: Any, out_dir: Path | str, *,
+def run_cluster(settings: CollectivesSection | Mapping[str, Any] | None, cluster: Any, out_dir: Path | str, *,
                 devices_per_node: int = 1, master_port: int = 0, env: Mapping[str, str] | None = None,
                 poll_s: float = 0.05) -> CollectivesResult:
     """Run the sweep with ``devices_per_node`` ranks on every node of ``cluster``; nothing outlives the call."""

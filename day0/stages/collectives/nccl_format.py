@@ -11,12 +11,12 @@ another collective's expectation.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from day0.stages.collectives.busbw import UnknownCollective, bus_factor, canonical_op
+from day0.core.collective_ops import OPS, UnknownCollective, canonical_op
+from day0.stages.collectives.busbw import bus_factor
 from day0.stages.collectives.inputs import InputError
 
 
@@ -74,17 +74,11 @@ class NcclTestsRun:
         return any(r.wrong is not None for r in self.rows) or not self.rows
 
 
-# The spellings a file name uses for a collective, longest first so "all_reduce" is never read as
-# "reduce"; a match must not touch another letter ("preduce", "reducer" name nothing).
-_NAME_WORDS = re.compile(
-    r"(?<![a-z])(all_?reduce|reduce_?scatter|all_?gather|all_?to_?all|all2all|alltoall|broadcast|bcast|"
-    r"send_?recv|hypercube|reduce|gather|scatter)(?![a-z])"
-)
-
-
 def op_from_name(name: str) -> str | None:
-    """The collective a file name names as a whole word, None when it names none; refuses two."""
-    found = {canonical_op(m.group(1)) for m in _NAME_WORDS.finditer(name.lower().replace("-", "_"))}
+    """The collective a file name names as a whole word (the registry's spellings, longest first so
+    "all_reduce" is never read as "reduce"), None when it names none; refuses two."""
+    words = OPS.file_name_words()
+    found = {canonical_op(m.group(1)) for m in words.finditer(name.lower().replace("-", "_"))}
     if len(found) > 1:
         raise ValueError(f"its name names several collectives ({', '.join(sorted(found))})")
     return next(iter(found), None)
@@ -131,13 +125,14 @@ def _fits(row: NcclTestsRow, factor: float) -> bool:
 def _solve_ranks(op: str, rows: list[NcclTestsRow]) -> int | None:
     """The rank count the bandwidths imply, for collectives whose factor depends on it; None when
     they cannot say (factor 1 whatever the count, or no row printed with enough digits)."""
-    if bus_factor(op, 2) == bus_factor(op, 3):
+    bus = OPS.resolve(op).bus
+    if not bus.ring:
         return None
     best = max(rows, key=lambda r: r.algbw_gbps or 0.0, default=None)
     if best is None or not best.algbw_gbps or best.algbw_gbps < 200 * max(best.ulp):
         return None
     r = (best.busbw_gbps or 0.0) / best.algbw_gbps
-    scale = bus_factor(op, 2) * 2  # 2 for all_reduce (2(n-1)/n), 1 for the split ops ((n-1)/n)
+    scale = bus.scale  # r = scale x (n-1)/n: 2 for all_reduce, 1 for the split ops
     if r >= scale * 0.9999:
         return None
     n = round(scale / (scale - r))

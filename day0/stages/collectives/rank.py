@@ -1,107 +1,37 @@
 """The per-rank main: one process of the sweep, started by the local launcher, torchrun or srun.
 
-Each rank reports where it is (a step file and a heartbeat under ``<out-dir>/ranks/``) so the
-launcher can name a rank that died or hung; rank 0 writes the result after every op, so a later
-fault loses nothing already measured.
+Each rank reports where it is (:class:`~day0.stages.collectives.rank_env.RankProgress`: a step
+file and a heartbeat under ``<out-dir>/ranks/``) so the launcher can name a rank that died or
+hung; rank 0 writes the result after every op, so a later fault loses nothing already measured.
+Which ops exist, their modes and how many ranks they need are the registry's
+(:mod:`day0.core.collective_ops`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
-import socket
 import sys
-import threading
 import time
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, NoReturn
+from typing import Any, NoReturn
 
+from day0.core.collective_ops import OPS
 from day0.stages.collectives.faults import clean_error
 from day0.stages.collectives.links import measure_links
-from day0.stages.collectives.result import RANKS_DIR, RESULT_FILE, CollectivesResult, OpOutcome
-from day0.stages.collectives.settings import OP_MODES, CollectivesSettings
+from day0.stages.collectives.rank_env import RankEnv, RankProgress, node_name
+from day0.stages.collectives.result import RESULT_FILE, CollectivesResult, OpOutcome
+from day0.stages.collectives.settings import CollectivesSection
 from day0.stages.collectives.sockets import gather_sockets
 from day0.stages.collectives.subgroup import intra_node_rows
-from day0.stages.collectives.sweep import _Sweeper, resolve_backend
+from day0.stages.collectives.sweep import Sweeper, resolve_backend
 
 
-@dataclass
-class RankEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv | None":
-        """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; Slurm's srun sets SLURM_PROCID/NTASKS/LOCALID."""
-        env = os.environ if environ is None else environ
-        if "RANK" in env and "WORLD_SIZE" in env:
-            r, w = int(env["RANK"]), int(env["WORLD_SIZE"])
-            lr = int(env.get("LOCAL_RANK", r))
-            lw = int(env.get("LOCAL_WORLD_SIZE", w))
-            return cls(r, w, lr, lw)
-        if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-            r, w = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
-            lr = int(env.get("SLURM_LOCALID", 0))
-            lw = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
-            return cls(r, w, lr, lw)
-        return None
-
-
-def node_name() -> str:
-    """The node this rank runs on: ``DAY0_NODE`` (set by the cluster's launcher; emulated nodes share
-    one hostname), else the hostname."""
-    return os.environ.get("DAY0_NODE") or socket.gethostname()
-
-
-class _Progress:
-    """Per-rank step file and heartbeat, so the launcher can name the rank that died or hung."""
-
-    def __init__(self, out_dir: Path, rank: int) -> None:
-        self.dir = Path(out_dir) / RANKS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
-        self.step_path = self.dir / f"rank{rank}.step.json"
-        self.hb_path = self.dir / f"rank{rank}.heartbeat"
-        self.err_path = self.dir / f"rank{rank}.error.txt"
-        self.seq = 0
-        self._stop = threading.Event()
-        self.hb_path.touch()
-        self._thread = threading.Thread(target=self._beat, name="day0-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                os.utime(self.hb_path)
-            except OSError:
-                pass
-
-    def step(self, **info: Any) -> None:
-        self.seq += 1
-        data = {"rank": self.rank, "pid": os.getpid(), "host": node_name(), "seq": self.seq,
-                "t": time.time(), **info}
-        tmp = self.step_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, self.step_path)
-
-    def error(self, exc: BaseException) -> None:
-        text = f"{type(exc).__name__}: {exc}".strip()
-        self.err_path.write_text(text + "\n\n" + "".join(traceback.format_exception(exc)), encoding="utf-8")
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def run_rank(settings: CollectivesSettings, env: RankEnv, out_dir: Path) -> int:
+def run_rank(settings: CollectivesSection, env: RankEnv, out_dir: Path) -> int:
     """The per-rank main: sweep every op, rank 0 writes the result JSON. Returns an exit code."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    progress = _Progress(out_dir, env.rank)
+    progress = RankProgress(out_dir, env.rank)
     progress.step(phase="import")
     run = _RankRun(settings, env, out_dir, progress)
     try:
@@ -113,7 +43,7 @@ def run_rank(settings: CollectivesSettings, env: RankEnv, out_dir: Path) -> int:
 class _RankRun:
     """One rank's sweep; what it measured so far (``result``) and the op it was in survive a failure."""
 
-    def __init__(self, settings: CollectivesSettings, env: RankEnv, out_dir: Path, progress: _Progress) -> None:
+    def __init__(self, settings: CollectivesSection, env: RankEnv, out_dir: Path, progress: RankProgress) -> None:
         self.s, self.env, self.out_dir, self.progress = settings, env, out_dir, progress
         self.result: CollectivesResult | None = None
         self.current: str | None = None  # the op being swept
@@ -125,7 +55,7 @@ class _RankRun:
 
         settings, env = self.s, self.env
         backend = self._init_process_group(torch, dist)
-        sw = _Sweeper(settings, env, self.out_dir, self.progress)
+        sw = Sweeper(settings, env)
         hosts: list[Any] = [None] * env.world_size
         dist.all_gather_object(hosts, node_name())
         self.scope = "inter_node" if len(set(hosts)) > 1 else "intra_node"
@@ -160,7 +90,7 @@ class _RankRun:
         if len(set(hosts)) < 2:
             return
         if self.env.local_world_size > 1:
-            intra = intra_node_rows(dist, self.s, self.env, hosts, self.result, self.out_dir, self.progress)
+            intra = intra_node_rows(dist, self.s, self.env, hosts, self.result, self.progress)
             if self.result is not None:
                 self.result.rows.extend(intra)
         self.progress.step(phase="links")
@@ -193,15 +123,15 @@ class _RankRun:
         )
         return backend
 
-    def _sweep_op(self, sw: _Sweeper, outcome: OpOutcome) -> bool:
+    def _sweep_op(self, sw: Sweeper, outcome: OpOutcome) -> bool:
         """Probe and sweep one op in each of its modes; False when it was skipped without running."""
         op, settings = outcome.op, self.s
-        modes = settings.modes(op)
-        if op == "sendrecv" and self.env.world_size < 2:
-            outcome.status, outcome.reason = "skip", "send/recv along the ring needs at least 2 ranks"
+        spec, modes = OPS[op], settings.modes(op)
+        if self.env.world_size < spec.min_ranks:
+            outcome.status, outcome.reason = "skip", f"{spec.label or op} needs at least {spec.min_ranks} ranks"
             return False
         if not modes:
-            outcome.status, outcome.reason = "skip", f"{op} has only {'/'.join(OP_MODES[op])}, which the settings turned off"
+            outcome.status, outcome.reason = "skip", f"{op} has only {'/'.join(spec.modes)}, which the settings turned off"
             return False
         skipped: list[str] = []
         for mode in modes:

@@ -1,9 +1,9 @@
 """The ``[collectives]`` settings as the stage uses them, and the busbw presets for a topology.
 
-The table itself is defined once, in :mod:`day0.config.collectives` (``Profile.collectives`` is an
-instance of it); ``CollectivesSettings`` is that model under the stage's name. The ranks receive
-it as JSON: ``settings.to_dict()`` written by the launcher, ``CollectivesSettings.from_mapping``
-read back by ``python -m day0.stages.collectives _launch`` and by torchrun/srun ranks.
+The table itself is defined once, :class:`~day0.config.collectives.CollectivesSection`
+(``Profile.collectives`` is an instance of it). The ranks receive it as JSON: ``settings.to_dict()``
+written by the launcher, ``CollectivesSection.from_mapping`` read back by
+``python -m day0.stages.collectives _launch`` and by torchrun/srun ranks.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 from day0.config.collectives import (
     DTYPES,
-    OP_MODES,
     SCOPES,
     CollectivesSection,
     SettingsError,
@@ -20,15 +19,11 @@ from day0.config.collectives import (
     parse_size,
 )
 
-#: The profile's ``[collectives]`` table (a strict, frozen pydantic model).
-CollectivesSettings = CollectivesSection
-
 __all__ = [
     "DTYPES",
     "EXPECTED_BUSBW_PRESETS",
-    "OP_MODES",
     "SCOPES",
-    "CollectivesSettings",
+    "CollectivesSection",
     "SettingsError",
     "check_expected",
     "coerce_settings",
@@ -71,13 +66,13 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def coerce_settings(settings: CollectivesSettings | Mapping[str, Any] | None) -> CollectivesSettings:
+def coerce_settings(settings: CollectivesSection | Mapping[str, Any] | None) -> CollectivesSection:
     """The settings from the model itself, a table (TOML or the ranks' JSON), or nothing (defaults)."""
-    if isinstance(settings, CollectivesSettings):
+    if isinstance(settings, CollectivesSection):
         return settings
     if settings is not None and not isinstance(settings, Mapping) and hasattr(settings, "model_dump"):
         settings = settings.model_dump()  # another pydantic model holding the same keys
-    return CollectivesSettings.from_mapping(settings)
+    return CollectivesSection.from_mapping(settings)
 
 
 def expected_busbw_preset(*names: str) -> dict[str, dict[str, float]]:

@@ -8,53 +8,53 @@ size, so the record separates intra-node from inter-node busbw. Rows carry ``sco
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
+from day0.stages.collectives.rank_env import RankEnv, RankProgress
 from day0.stages.collectives.result import CollectivesResult, SweepRow
-from day0.stages.collectives.sweep import _Sweeper
+from day0.stages.collectives.sweep import Sweeper
 
-if TYPE_CHECKING:
-    from day0.stages.collectives.rank import RankEnv, _Progress
+#: A peer named by keyword, as the op specs name them, is a rank of the group: torch's group_* keywords.
+_GROUP_RANKS = {"src": "group_src", "dst": "group_dst", "peer": "group_peer"}
 
 
 class GroupDist:
-    """``torch.distributed`` bound to one process group: the sweep's calls, with ranks of the group."""
+    """``torch.distributed`` bound to one process group, whatever op the sweep runs through it.
+
+    Every call that takes a ``group`` gets this one, with the ranks passed as ``src=`` / ``dst=`` /
+    ``peer=`` read as the group's (``group_src=`` ...), so a registered op runs on a subgroup with no
+    edit here. ``isend``/``irecv`` stay torch's own (a ``P2POp`` made here carries the group), and a
+    name that takes no group fails loudly rather than running on the whole world.
+    """
 
     def __init__(self, dist: Any, group: Any) -> None:
         self._d, self._g = dist, group
         self.ReduceOp, self.isend, self.irecv = dist.ReduceOp, dist.isend, dist.irecv
 
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(name)  # a call the sweep makes that this wrapper does not bind: fail loudly
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        fn = getattr(self._d, name)  # torch lacks it (all_gather_single): AttributeError, the caller's fallback
+        try:
+            takes_group = callable(fn) and "group" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # no signature to read
+            takes_group = False
+        if not takes_group:
+            raise AttributeError(f"torch.distributed.{name} takes no group: GroupDist cannot bind it to one")
 
-    def barrier(self) -> None:
-        self._d.barrier(group=self._g)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            kwargs = {_GROUP_RANKS.get(k, k): v for k, v in kwargs.items()}
+            return fn(*args, group=self._g, **kwargs)
 
-    def all_reduce(self, t: Any, op: Any = None) -> None:
-        self._d.all_reduce(t, op=op if op is not None else self._d.ReduceOp.SUM, group=self._g)
-
-    def all_gather_into_tensor(self, out: Any, inp: Any) -> None:
-        self._d.all_gather_into_tensor(out, inp, group=self._g)
-
-    def reduce_scatter_tensor(self, out: Any, inp: Any) -> None:
-        self._d.reduce_scatter_tensor(out, inp, group=self._g)
-
-    def all_to_all_single(self, out: Any, inp: Any) -> None:
-        self._d.all_to_all_single(out, inp, group=self._g)
-
-    def broadcast(self, t: Any, src: int) -> None:
-        self._d.broadcast(t, group=self._g, group_src=src)
-
-    def P2POp(self, op: Any, t: Any, peer: int) -> Any:  # noqa: N802 - torch's name
-        return self._d.P2POp(op, t, group=self._g, group_peer=peer)
+        self.__dict__[name] = bound  # read once: the timed loop finds it as a plain attribute
+        return bound
 
     def batch_isend_irecv(self, ops: list[Any]) -> list[Any]:
-        return self._d.batch_isend_irecv(ops)
+        return self._d.batch_isend_irecv(ops)  # each P2POp carries the group already
 
 
-def intra_node_rows(dist: Any, settings: Any, env: "RankEnv", hosts: list[str], result: CollectivesResult,
-                    out_dir: Any, progress: "_Progress") -> list[SweepRow]:
+def intra_node_rows(dist: Any, settings: Any, env: RankEnv, hosts: list[str], result: CollectivesResult,
+                    progress: RankProgress) -> list[SweepRow]:
     """Every node's rows at the largest size (on every rank); call on all ranks, nodes of one rank included."""
     nodes = list(dict.fromkeys(hosts))
     mine: tuple[Any, list[int]] | None = None
@@ -66,8 +66,8 @@ def intra_node_rows(dist: Any, settings: Any, env: "RankEnv", hosts: list[str], 
     rows: list[dict[str, Any]] = []
     if mine is not None and len(mine[1]) > 1:
         pg, members = mine
-        genv = type(env)(members.index(env.rank), len(members), env.local_rank, env.local_world_size)
-        sw = _Sweeper(settings, genv, out_dir, progress, dist=GroupDist(dist, pg))
+        genv = RankEnv(members.index(env.rank), len(members), env.local_rank, env.local_world_size)
+        sw = Sweeper(settings, genv, dist=GroupDist(dist, pg))
         size = max(settings.sizes())
         for op in settings.ops:
             outcome = result.ops.get(op)

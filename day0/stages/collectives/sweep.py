@@ -1,7 +1,10 @@
-"""One rank's sweep: buffers, exact inputs and expected outputs per collective, timing, the check.
+"""One rank's sweep: for each point, the op's spec builds the buffers and the call, the sweep
+times it, then holds every output element to the spec's oracle.
 
-Every collective goes through ``torch.distributed``; times are reduced (max over ranks) after
-the timed loop, so the reduction does not perturb what was timed.
+What each op does is its spec's (:mod:`day0.core.collective_ops`); this module holds what every op
+shares: the rank's device and dtype, the exact data, the timing loop, the check, and the
+reduction of times across ranks (after the timed loop, so it does not perturb what was timed).
+Every collective goes through ``torch.distributed``, or one bound to a subgroup.
 """
 
 from __future__ import annotations
@@ -9,17 +12,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from day0.core.collective_ops import OPS, OpCall, OpSpec
 from day0.core.stats import percentile
-from day0.stages.collectives.busbw import algbw_gbps, busbw_gbps, plan
+from day0.stages.collectives.busbw import BufferPlan, algbw_gbps, busbw_gbps, plan
 from day0.stages.collectives.exact import ExactPattern
+from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.result import SweepRow
-from day0.stages.collectives.settings import DTYPES, CollectivesSettings
-
-if TYPE_CHECKING:
-    from day0.stages.collectives.rank import RankEnv, _Progress
+from day0.stages.collectives.settings import DTYPES, CollectivesSection
 
 _UNSUPPORTED = re.compile(r"not supported|does not support|unsupported|not implemented|no support", re.IGNORECASE)
 _CHECK_CHUNK = 1 << 24
@@ -31,7 +32,7 @@ def nearest_rank(sorted_values: Sequence[float], q: float) -> float | None:
     return percentile(sorted_values, q, presorted=True, method="nearest") if sorted_values else None
 
 
-def resolve_backend(settings: CollectivesSettings, torch: Any, local_world_size: int) -> str:
+def resolve_backend(settings: CollectivesSection, torch: Any, local_world_size: int) -> str:
     if settings.backend != "auto":
         return settings.backend
     if torch.cuda.is_available() and torch.cuda.device_count() >= max(1, local_world_size):
@@ -39,28 +40,72 @@ def resolve_backend(settings: CollectivesSettings, torch: Any, local_world_size:
     return "gloo"
 
 
+class PointContext:
+    """One sweep point on one rank as a spec sees it (:class:`~day0.core.collective_ops.OpContext`):
+    the sweeper's device, dtype and exact data, and the point's buffer plan."""
+
+    def __init__(self, sw: "Sweeper", p: BufferPlan) -> None:
+        self.sw, self.dist, self.rank, self.n = sw, sw.dist, sw.rank, sw.n
+        self.root = sw.s.root % sw.n
+        self.elements, self.chunk = p.elements, p.chunk
+
+    def zeros(self, count: int) -> Any:
+        return self.sw.torch.zeros(count, dtype=self.sw.tdtype, device=self.sw.device)
+
+    def moved(self, rank: int, start: int, count: int) -> Any:
+        return self.sw.moved.values(self.sw.torch, rank, start, count, self.sw.tdtype, self.sw.device)
+
+    def summed(self, rank: int, start: int, count: int) -> Any:
+        return self.sw.pattern.values(self.sw.torch, rank, start, count, self.sw.tdtype, self.sw.device)
+
+    def sums(self, start: int, count: int) -> Any:
+        return self.sw.pattern.sums(self.sw.torch, start, count, self.sw.tdtype, self.sw.device)
+
+    def blocks(self, start: int, count: int, block: Callable[[int, int, int], Any]) -> Any:
+        c, parts, pos, end = self.chunk, [], start, start + count
+        while pos < end:
+            j, off = divmod(pos, c)
+            take = min(c - off, end - pos)
+            parts.append(block(j, off, take))
+            pos += take
+        return self.sw.torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
 @dataclass
-class _Point:
-    plan: Any  # day0.busbw.BufferPlan
-    fill: Callable[[], None]  # write this rank's crafted input (and clear the output)
-    run: Callable[[], None]  # one collective call
-    inp: Any  # the send buffer (the same tensor as out for in-place ops)
-    out: Any  # what is checked
+class Point:
+    """One sweep point: its plan, what the spec built, and its oracle bound to this rank."""
+
+    plan: BufferPlan
+    call: OpCall
     expected: Callable[[int, int], Any]  # (start, length) -> exact expected slice of out
-    idempotent: bool  # rerunning leaves out unchanged (else the check refills and runs once more)
+
+    @property
+    def fill(self) -> Callable[[], None]:
+        return self.call.fill
+
+    @property
+    def run(self) -> Callable[[], None]:
+        return self.call.run
+
+    @property
+    def inp(self) -> Any:
+        return self.call.inp
+
+    @property
+    def out(self) -> Any:
+        return self.call.out
 
 
-class _Sweeper:
+class Sweeper:
     """Runs the sweep on one rank. Every collective goes through ``self.dist``."""
 
-    def __init__(self, settings: CollectivesSettings, env: RankEnv, out_dir: Path, progress: "_Progress",
-                 dist: Any = None) -> None:
+    def __init__(self, settings: CollectivesSection, env: RankEnv, dist: Any = None) -> None:
         """``dist``: torch.distributed, or one bound to a subgroup (``env`` then holds the group's ranks)."""
         import torch
         import torch.distributed
 
         self.torch, self.dist = torch, dist or torch.distributed
-        self.s, self.env, self.out_dir, self.progress = settings, env, Path(out_dir), progress
+        self.s, self.env = settings, env
         self.rank, self.n = env.rank, env.world_size
         self.backend = resolve_backend(settings, torch, env.local_world_size)
         self.device = torch.device("cuda", env.local_rank) if self.backend == "nccl" else torch.device("cpu")
@@ -70,18 +115,15 @@ class _Sweeper:
         self.moved = ExactPattern.for_dtype(settings.dtype, self.n, reduce=False)  # only copied
         self.cuda = self.device.type == "cuda"
 
-    # -- helpers ------------------------------------------------------------------------
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
 
-    def zeros(self, n: int) -> Any:
-        return self.torch.zeros(n, dtype=self.tdtype, device=self.device)
-
-    def vals(self, rank: int, start: int, count: int, pattern: ExactPattern | None = None) -> Any:
-        return (pattern or self.moved).values(self.torch, rank, start, count, self.tdtype, self.device)
-
     def count_wrong(self, out: Any, expected: Callable[[int, int], Any]) -> int:
+        """Elements of ``out`` that differ from the oracle, in chunks (an 8 GiB output in one pass);
+        0 where the op leaves this rank no output."""
+        if out is None:
+            return 0
         wrong = 0
         flat = out.reshape(-1)
         for s in range(0, flat.numel(), _CHECK_CHUNK):
@@ -89,89 +131,21 @@ class _Sweeper:
             wrong += int((flat[s:e] != expected(s, e - s)).sum().item())
         return wrong
 
-    def blockwise(self, c: int, fn: Callable[[int, int, int], Any]) -> Callable[[int, int], Any]:
-        """Expected values for a buffer made of n blocks of c elements, block j from fn(j, off, len)."""
-
-        def expected(s: int, length: int) -> Any:
-            parts, pos, end = [], s, s + length
-            while pos < end:
-                j, off = divmod(pos, c)
-                take = min(c - off, end - pos)
-                parts.append(fn(j, off, take))
-                pos += take
-            return self.torch.cat(parts) if len(parts) > 1 else parts[0]
-
-        return expected
-
-    # -- op construction ------------------------------------------------------------------
-    def build(self, op: str, mode: str, size: int) -> "_Point":
+    def build(self, op: str, mode: str, size: int) -> Point:
         """Buffers, data fill, the collective call and the exact expected output for one sweep point."""
-        torch, dist, r, n = self.torch, self.dist, self.rank, self.n
-        p = plan(op, size, self.elem, n)
-        c, E = p.chunk, p.elements
-        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        sums = lambda s, L, base=0: self.pattern.sums(torch, base + s, L, self.tdtype, self.device)  # noqa: E731
-
-        if op == "all_reduce":
-            buf = self.zeros(E)
-            def fill() -> None: buf.copy_(self.vals(r, 0, E, self.pattern))
-            def run() -> None: dist.all_reduce(buf)
-            return _Point(p, fill, run, buf, buf, lambda s, L: sums(s, L), False)
-        if op == "all_gather":
-            out = self.zeros(n * c)
-            inp = out[r * c:(r + 1) * c] if mode == "in_place" else self.zeros(c)
-            def fill() -> None:
-                out.zero_()
-                inp.copy_(self.vals(r, r * c, c))
-            def run() -> None: ag(out, inp)
-            exp = self.blockwise(c, lambda j, off, L: self.vals(j, j * c + off, L))
-            return _Point(p, fill, run, inp, out, exp, True)
-        if op == "reduce_scatter":
-            inp = self.zeros(n * c)
-            out = inp[r * c:(r + 1) * c] if mode == "in_place" else self.zeros(c)
-            def fill() -> None:
-                inp.copy_(self.vals(r, 0, n * c, self.pattern))
-                if mode != "in_place":
-                    out.zero_()
-            def run() -> None: rs(out, inp)
-            return _Point(p, fill, run, inp, out, lambda s, L: sums(s, L, base=r * c), mode != "in_place")
-        if op == "all_to_all":
-            inp, out = self.zeros(n * c), self.zeros(n * c)
-            def fill() -> None:
-                inp.copy_(self.vals(r, 0, n * c))
-                out.zero_()
-            def run() -> None: dist.all_to_all_single(out, inp)
-            exp = self.blockwise(c, lambda j, off, L: self.vals(j, r * c + off, L))
-            return _Point(p, fill, run, inp, out, exp, True)
-        if op == "broadcast":
-            root = self.s.root % n
-            buf = self.zeros(E)
-            def fill() -> None:
-                if r == root:
-                    buf.copy_(self.vals(root, 0, E))
-                else:
-                    buf.zero_()
-            def run() -> None: dist.broadcast(buf, src=root)
-            return _Point(p, fill, run, buf, buf, lambda s, L: self.vals(root, s, L), True)
-        if op == "sendrecv":
-            send, recv = self.zeros(E), self.zeros(E)
-            nxt, prv = (r + 1) % n, (r - 1) % n
-            def fill() -> None:
-                send.copy_(self.vals(r, 0, E))
-                recv.zero_()
-            def run() -> None:
-                reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)])
-                for q in reqs:
-                    q.wait()
-            return _Point(p, fill, run, send, recv, lambda s, L: self.vals(prv, s, L), True)
-        raise ValueError(f"no runner for collective {op!r}")
+        spec: OpSpec = OPS.resolve(op)
+        if spec.build is None or spec.expect is None:
+            raise ValueError(f"no runner for collective {op!r}")
+        p = plan(op, size, self.elem, self.n)
+        ctx = PointContext(self, p)
+        oracle = spec.expect
+        return Point(p, spec.build(ctx, mode), lambda s, length: oracle(ctx, s, length))
 
     # -- measurement ----------------------------------------------------------------------
     def measure(self, op: str, mode: str, size: int) -> SweepRow | None:
         torch, dist, s = self.torch, self.dist, self.s
         pt = self.build(op, mode, size)
-        p, fill, run, out, expected, idempotent = pt.plan, pt.fill, pt.run, pt.out, pt.expected, pt.idempotent
+        p, fill, run, out, expected, idempotent = pt.plan, pt.fill, pt.run, pt.out, pt.expected, pt.call.idempotent
         if p.elements == 0:
             return None
         fill()

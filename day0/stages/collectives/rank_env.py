@@ -1,0 +1,94 @@
+"""Who a rank is and where it stands: its place in the job (:class:`RankEnv`), its node, and the
+step file and heartbeat through which the launcher names a rank that died or hung.
+
+Its own module because the rank's main (:mod:`~day0.stages.collectives.rank`), the sweep and the
+sweep on a node's subgroup all use them; none of those imports another to get them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from day0.stages.collectives.result import RANKS_DIR
+
+__all__ = ["RankEnv", "RankProgress", "node_name"]
+
+
+@dataclass
+class RankEnv:
+    """A rank's place in the job as its launcher tells it (the local one, torchrun, srun); a sweep on a
+    subgroup gets one holding the group's ranks."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv | None":
+        """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; Slurm's srun sets SLURM_PROCID/NTASKS/LOCALID."""
+        env = os.environ if environ is None else environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            r, w = int(env["RANK"]), int(env["WORLD_SIZE"])
+            lr = int(env.get("LOCAL_RANK", r))
+            lw = int(env.get("LOCAL_WORLD_SIZE", w))
+            return cls(r, w, lr, lw)
+        if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+            r, w = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+            lr = int(env.get("SLURM_LOCALID", 0))
+            lw = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
+            return cls(r, w, lr, lw)
+        return None
+
+
+def node_name() -> str:
+    """The node this rank runs on: ``DAY0_NODE`` (set by the cluster's launcher; emulated nodes share
+    one hostname), else the hostname."""
+    return os.environ.get("DAY0_NODE") or socket.gethostname()
+
+
+class RankProgress:
+    """Per-rank step file and heartbeat, so the launcher can name the rank that died or hung."""
+
+    def __init__(self, out_dir: Path, rank: int) -> None:
+        self.dir = Path(out_dir) / RANKS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.step_path = self.dir / f"rank{rank}.step.json"
+        self.hb_path = self.dir / f"rank{rank}.heartbeat"
+        self.err_path = self.dir / f"rank{rank}.error.txt"
+        self.seq = 0
+        self._stop = threading.Event()
+        self.hb_path.touch()
+        self._thread = threading.Thread(target=self._beat, name="day0-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                os.utime(self.hb_path)
+            except OSError:
+                pass
+
+    def step(self, **info: Any) -> None:
+        self.seq += 1
+        data = {"rank": self.rank, "pid": os.getpid(), "host": node_name(), "seq": self.seq,
+                "t": time.time(), **info}
+        tmp = self.step_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, self.step_path)
+
+    def error(self, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}".strip()
+        self.err_path.write_text(text + "\n\n" + "".join(traceback.format_exception(exc)), encoding="utf-8")
+
+    def stop(self) -> None:
+        self._stop.set()
