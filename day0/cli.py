@@ -60,6 +60,25 @@ def _toml(data: dict, prefix: str = "") -> str:
     return "\n".join(out)
 
 
+def _cmd_stages(args: argparse.Namespace) -> int:
+    """The stages in the order they run and gate: day0's own and every site stage installed."""
+    from day0.stages.registry import load
+
+    stages = load().stages
+    if args.json:
+        print(json.dumps([{**s.describe(), "marker": s.marker, "repeatable": s.repeatable} for s in stages], indent=2))
+        return 0
+    for i, s in enumerate(stages):
+        origin = "" if s.origin == "day0" else f"  (from {s.origin})"
+        print(f"{i}  {s.name:<12} {s.title}{origin}")
+        print(f"   {'':<12} asks: {s.question}")
+        if s.required:
+            print(f"   {'':<12} requires: {', '.join(s.required)}")
+        if s.figures:
+            print(f"   {'':<12} headline: {', '.join(f.label for f in s.figures)}")
+    return 0
+
+
 def _cmd_tiny_build(args: argparse.Namespace) -> int:
     from day0.model.tiny import build
 
@@ -264,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="who computes the tokens: the profile's engine (default), or transformers on CPU in "
                         "float32 from the local checkpoint, with top-k logprobs so near-ties are known")
     q.set_defaults(func=_cmd_weights_golden)
+
+    p = sub.add_parser("stages", help="list the stages in the order they run and gate, with the question each "
+                                      "answers and the checks it requires")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_cmd_stages)
 
     p = sub.add_parser("profiles", help="list the preset profiles")
     p.set_defaults(func=_cmd_profiles)

@@ -19,11 +19,15 @@ import pytest
 
 from day0.config.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
 from day0.core.record import Check, measured, one_line
-from day0.core.stages import REPEATABLE, STAGE_NAMES, STAGES
 from day0.engine import EngineError, ViewUnavailable
 from day0.session import Day0Session
+from day0.stages.context import StageContext
+from day0.stages.registry import Registry, RegistryError, load
+
+REGISTRY_KEY = pytest.StashKey[Registry]()
 
 SESSION_KEY = pytest.StashKey[Day0Session]()
+RUN_STAGE_FIXTURE = "day0_run_stage"  # the parameter of day0/suites/test_stages.py
 RECORDER_KEY = pytest.StashKey["CheckRecorder"]()
 BLOCKED_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey[Any]()
@@ -111,8 +115,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "day0: a Day0 acceptance check against the live engine")
     config.addinivalue_line("markers", "day0_once: measured once even under --day0-repeat (a correctness probe "
                                        "that starts its own engine)")
-    for st in STAGES:
-        config.addinivalue_line("markers", f"{st.name}: Day0 stage '{st.title}': {st.question}")
+    for st in registry_of(config).stages:
+        config.addinivalue_line("markers", f"{st.marker}: Day0 stage '{st.title}': {st.question}")
     if config.getoption("--day0-profile"):
         _profile(config)  # an explicit profile is checked before collection: fail in a second
 
@@ -131,6 +135,18 @@ def _refuse_xdist(config: pytest.Config) -> None:
                                 "session; run them without pytest-xdist (or with -n 0)")
 
 
+def registry_of(config: pytest.Config) -> Registry:
+    """The stages in order: day0's own and every site stage installed (entry-point group
+    ``day0.stages``); read once per pytest run, so markers, ordering and gating agree."""
+    cached = config.stash.get(REGISTRY_KEY, None)
+    if cached is None:
+        try:
+            cached = config.stash[REGISTRY_KEY] = load()
+        except RegistryError as exc:
+            raise pytest.UsageError(f"day0: {exc}") from None
+    return cached
+
+
 def _profile(config: pytest.Config) -> Profile:
     cached = config.stash.get(PROFILE_KEY, None)
     if cached is not None:
@@ -147,8 +163,9 @@ def _profile(config: pytest.Config) -> Profile:
 
 
 def stage_of(item: pytest.Item) -> str | None:
-    names = [m.name for m in item.iter_markers() if m.name in STAGE_NAMES]
-    return names[0] if names else None
+    names = registry_of(item.config).names
+    found = [m.name for m in item.iter_markers() if m.name in names]
+    return found[0] if found else None
 
 
 def is_day0(item: pytest.Item) -> bool:
@@ -163,7 +180,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     definition = metafunc.definition
     if n < 2 or "day0_repeat" not in metafunc.fixturenames or not is_day0(definition):
         return
-    if stage_of(definition) not in REPEATABLE or definition.get_closest_marker("day0_once"):
+    if stage_of(definition) not in registry_of(metafunc.config).repeatable or definition.get_closest_marker("day0_once"):
         return
     metafunc.parametrize("day0_repeat", range(1, n + 1), indirect=True, scope="module",
                          ids=[f"repeat{i}" for i in range(1, n + 1)])
@@ -175,11 +192,12 @@ def repeat_of(item: pytest.Item) -> int | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    names = registry_of(config).names
     for item in items:
         if is_day0(item) and stage_of(item) is None:
             raise pytest.UsageError(
-                f"day0: {item.nodeid} is marked day0 but has no stage marker (one of {', '.join(STAGE_NAMES)})")
-    order = {name: n for n, name in enumerate(STAGE_NAMES)}
+                f"day0: {item.nodeid} is marked day0 but has no stage marker (one of {', '.join(names)})")
+    order = {name: n for n, name in enumerate(names)}
     # Stages run in order; non-day0 tests keep their place in front.
     items.sort(key=lambda it: order[stage_of(it)] + 1 if is_day0(it) else 0)  # type: ignore[index]
 
@@ -197,7 +215,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     exports = Targets.from_options(config.getoption("--day0-prom-textfile"), config.getoption("--day0-pushgateway"),
                                    os.environ)
-    day0 = Day0Session(profile, out, gate=not config.getoption("--day0-no-gate"), log=_progress(config),
+    day0 = Day0Session(profile, out, registry=registry_of(config), gate=not config.getoption("--day0-no-gate"),
+                       log=_progress(config),
                        template_dir=Path(template_dir) if template_dir else None,
                        baseline=config.getoption("--day0-baseline"), repeats=config.getoption("--day0-repeat"),
                        exports=exports)
@@ -233,6 +252,20 @@ def _session(config: pytest.Config) -> Day0Session | None:
 # --------------------------------------------------------------------------- running
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    """Each stage's wall time: its tests' set-up, call and teardown (an engine started inside a
+    stage's first test is that stage's time; module fixtures end in its last test's teardown)."""
+    day0 = _session(item.config)
+    t0 = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        stage = stage_of(item) if day0 is not None and is_day0(item) else None
+        if stage is not None and day0 is not None:
+            day0.add_stage_time(stage, time.perf_counter() - t0)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     day0 = _session(item.config)
@@ -251,6 +284,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def auto_id(item: pytest.Item, stage: str) -> str:
+    if RUN_STAGE_FIXTURE in getattr(item, "fixturenames", ()):  # a stage whose test is its run(ctx)
+        return f"{stage}.run"
     name = getattr(item, "originalname", None) or item.name
     name = re.sub(r"^test_", "", name)
     param = re.search(r"\[(.*)\]$", item.name)
@@ -330,7 +365,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for c in st.checks:
             counts[c.status] = counts.get(c.status, 0) + 1
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
-        tr.write_line(f"  {st.name:<12} {st.verdict:<8} ({detail})")
+        took = f"{st.duration_s:6.1f} s" if st.duration_s is not None else " " * 8
+        tr.write_line(f"  {st.name:<12} {st.verdict:<8} {took}  ({detail})")
     from day0.results.report import summary_lines
 
     colour = {"accepted": {"green": True}, "rejected": {"red": True}}.get(record.verdict, {"yellow": True})
@@ -403,6 +439,23 @@ def http_engine(day0_http_engine: Any) -> Any:
 def scheduler_engine(day0_scheduler_engine: Any) -> Any:
     """Alias of ``day0_scheduler_engine``."""
     return day0_scheduler_engine
+
+
+@pytest.fixture
+def day0_context(request: pytest.FixtureRequest) -> StageContext:
+    """The stage's context (its section, the endpoint, the run folder, progress, the record so far),
+    built once per stage by the session."""
+    day0 = _need_session(request)
+    stage = stage_of(request.node)
+    if stage is None:
+        raise pytest.UsageError("day0_context is only available to tests marked day0 with a stage marker")
+    return day0.context(stage)
+
+
+@pytest.fixture
+def day0_run_stage(request: pytest.FixtureRequest) -> Any:
+    """The stage a generated test runs (day0/suites/test_stages.py parametrizes it)."""
+    return request.param
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Callable
 
 from day0.config.profile import Profile
 from day0.core import environment
-from day0.core.record import RUN_FILE, Check, EventLog, RunRecord, rebuild
-from day0.core.stages import STAGE_NAMES, stage_index
+from day0.core.record import RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild
 from day0.engine import EngineInfo, Engines
 from day0.engine.cluster.nodes import ClusterError
+from day0.stages.context import RecordSoFar, StageContext
+from day0.stages.registry import Registry, load
 
 if TYPE_CHECKING:
     from day0.results.export import Targets
@@ -46,6 +47,7 @@ def point_latest(out_dir: Path, run_dir: Path) -> Path:
 class Day0Session:
     profile: Profile
     out_dir: Path
+    registry: Registry = field(default_factory=load)  # the stages, in order (built-ins and site stages)
     gate: bool = True
     log: Callable[[str], None] = field(default=lambda msg: print(f"[day0] {msg}", file=sys.stderr, flush=True))
     run_id: str = ""
@@ -60,6 +62,9 @@ class Day0Session:
     repeats: int = 1  # --day0-repeat: the measuring stages ran this many times on one engine (day0.repeats)
     exports: Targets | None = None  # Prometheus textfile, Pushgateway, GitHub step summary
     _failed_stage: dict[str, str] = field(default_factory=dict)  # stage -> first failure, one line
+    _checks: list[Check] = field(default_factory=list)  # the record so far, for later stages to read
+    _contexts: dict[str, StageContext] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     cluster_blocked: str = ""  # why the nodes could not be brought up (no root for an emulated cluster)
 
     def __post_init__(self) -> None:
@@ -79,9 +84,23 @@ class Day0Session:
         nodes = self._bring_up_nodes()
         if nodes:
             env["nodes"] = nodes
-        self.events.run_started(self.run_id, env, self.profile.resolved(), STAGE_NAMES)
+        self.events.run_started(self.run_id, env, self.resolved_profile(), self.registry.names,
+                                [s.describe() for s in self.registry.stages])
         point_latest(self.out_dir, self.run_dir)
         self.log(f"run {self.run_id}: recording to {self.run_dir}")
+
+    def resolved_profile(self) -> dict[str, object]:
+        """The profile as the record keeps it, with ``[report] required`` resolved: the profile's own
+        list when it sets one, else what the built-in stages declare; a site stage's declared checks
+        always (a profile written before the stage was installed cannot name them). The record's
+        verdict then follows from the record alone."""
+        resolved = self.profile.resolved()
+        report = dict(resolved.get("report") or {})
+        own = list(report.get("required") or [])
+        builtin = [g for s in self.registry.stages if s.origin == "day0" for g in s.required]
+        site = [g for s in self.registry.stages if s.origin != "day0" for g in s.required]
+        report["required"] = list(dict.fromkeys([*(own or builtin), *site]))
+        return {**resolved, "report": report}
 
     def _bring_up_nodes(self) -> list[dict[str, object]]:
         """A multi-node topology's nodes, up before the first stage (an emulated cluster takes a
@@ -108,6 +127,7 @@ class Day0Session:
     def add_check(self, stage: str, check: Check) -> Check:
         check.stage = stage
         self.events.check(stage, check)
+        self._checks.append(check)
         # Only a measured failure gates later stages; a check the harness could not measure (error)
         # says nothing about the deployment, and the stages after it still have something to tell.
         if check.status == "fail" and stage not in self._failed_stage:
@@ -116,14 +136,30 @@ class Day0Session:
 
     def blocked_by(self, stage: str) -> str | None:
         """Why ``stage`` must not run: the first earlier stage that failed (None when gating is off)."""
-        if self.cluster_blocked and stage != STAGE_NAMES[0]:  # preflight needs no node
+        declared = self.registry.get(stage)
+        if self.cluster_blocked and (declared is None or declared.needs_nodes):
             return self.cluster_blocked
-        if not self.gate or stage not in STAGE_NAMES:
+        if not self.gate:
             return None
-        for name in STAGE_NAMES[: stage_index(stage)]:
+        for name in self.registry.before(stage):
             if name in self._failed_stage:
                 return f"stage {name} failed ({self._failed_stage[name]})"
         return None
+
+    def context(self, stage: str) -> StageContext:
+        """The stage's context, built once per run (its record view stays live: later checks show)."""
+        if stage not in self._contexts:
+            declared = self.registry.get(stage)
+            if declared is None:
+                raise KeyError(f"no stage {stage!r} in the registry ({', '.join(self.registry.names)})")
+            self._contexts[stage] = StageContext(declared, self.profile, self.engines, self.run_dir, self.log,
+                                                 RecordSoFar(lambda: tuple(self._checks)))
+        return self._contexts[stage]
+
+    def add_stage_time(self, stage: str, seconds: float) -> None:
+        """Noted after every test, so a run that dies keeps the times of what ran."""
+        self.stage_seconds[stage] = round(self.stage_seconds.get(stage, 0.0) + max(0.0, seconds), 3)
+        self.events.note(STAGE_SECONDS_NOTE, dict(self.stage_seconds))
 
     # -- end of run ----------------------------------------------------------------------
 

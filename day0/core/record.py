@@ -7,14 +7,13 @@ is only a materialised view of that log, rebuilt with :func:`rebuild`.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal
 
 from day0.core import record_shape as shape
 from day0.core.inputs import MAX_DEPTH, lines, open_regular, read_regular, replace_file, strict_json
@@ -27,7 +26,8 @@ from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's c
     RecordError,
 )
 from day0.core.redact import Redactor
-from day0.core.stages import STAGES
+from day0.core.stages import DERIVED_STAGES, StageInfo
+from day0.core.verdict import required_checks, run_verdict, stage_verdict, unverified_required  # noqa: F401
 
 Status = Literal["pass", "fail", "error", "skip", "blocked"]
 Direction = Literal["lower_is_better", "higher_is_better", "exact"]
@@ -42,6 +42,8 @@ MAX_EVENT_LINE = 64 << 20
 # A check sits 3 levels deeper in run.json (stages[i].checks[j]) than in its event (check): a log
 # line that passes must make a record that passes.
 EVENT_DEPTH = MAX_DEPTH - 3
+STAGE_SECONDS_NOTE = "stage_seconds"  # the session's note: wall seconds per stage so far
+STAGE_INFO_SKIPPED_NOTE = "stage_info_skipped"  # declarations in run_started that did not validate
 SKIPPED_NOTE = "events_skipped"  # rebuild's note naming each unreadable event-log line it passed over
 MAX_SKIPPED_SHOWN = 50
 
@@ -220,7 +222,10 @@ class EventLog:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def run_started(self, run_id: str, environment: dict, profile: dict, stages: Iterable[str]) -> None:
+    def run_started(self, run_id: str, environment: dict, profile: dict, stages: Iterable[str],
+                    stage_info: Iterable[dict[str, Any]] = ()) -> None:
+        """``stage_info``: each stage's declaration (:meth:`day0.core.stages.Stage.describe`), so the
+        record says what each stage asks and which figures head the report without day0's code."""
         self.append(
             {
                 "type": "run_started",
@@ -229,6 +234,7 @@ class EventLog:
                 "environment": environment,
                 "profile": profile,
                 "stages": list(stages),
+                "stage_info": list(stage_info),
             }
         )
 
@@ -303,76 +309,30 @@ class StageRecord:
     name: str
     verdict: str = "not_run"
     checks: list[Check] = field(default_factory=list)
+    info: StageInfo | None = None  # the stage's declaration, as the run that made the record knew it
+    duration_s: float | None = None  # wall seconds of its tests (None: not timed, an older record)
+
+    @property
+    def title(self) -> str:
+        return self.info.title if self.info and self.info.title else self.name
+
+    @property
+    def question(self) -> str:
+        return self.info.question if self.info else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "verdict": self.verdict}
+        if self.info is not None:
+            out.update({k: v for k, v in _describe(self.info).items() if k != "name"})
+        if self.duration_s is not None:
+            out["duration_s"] = self.duration_s
+        out["checks"] = [c.to_dict() for c in self.checks]
+        return out
 
 
-
-def stage_verdict(checks: list[Check]) -> str:
-    if not checks:
-        return "not_run"
-    statuses = {c.status for c in checks}
-    if "fail" in statuses:
-        return "fail"
-    if "error" in statuses:
-        return "error"
-    if statuses == {"blocked"}:
-        return "blocked"
-    if "pass" in statuses:
-        return "pass"
-    if "blocked" in statuses:
-        return "blocked"
-    return "skip"
-
-
-def required_checks(profile: Any) -> list[str]:
-    """The profile's ``[report] required`` globs, read from the record's own profile section so a
-    record's verdict follows from the record alone (rebuild and load agree, run after run)."""
-    rep = profile.get("report") if isinstance(profile, dict) else None
-    req = rep.get("required") if isinstance(rep, dict) else None
-    return [g for g in req if isinstance(g, str)] if isinstance(req, list) else []
-
-
-def unverified_required(stages: list[StageRecord], required: Sequence[str]) -> list[tuple[str, str]]:
-    """(check id or glob, why) for each required check that was not verified: a matching check that
-    is skip, blocked or error, or a glob no check matches at all (a required check that never ran)."""
-    out: list[tuple[str, str]] = []
-    checks = [c for s in stages for c in s.checks]
-    for glob in required:
-        hits = [c for c in checks if fnmatch.fnmatchcase(c.id, glob)]
-        if not hits:
-            out.append((glob, "required, but no such check ran"))
-        for c in hits:
-            if c.status in ("skip", "blocked", "error") and all(c.id != i for i, _ in out):
-                out.append((c.id, f"required, but {c.status}: {c.message}"))
-    return out
-
-
-def run_verdict(stages: list[StageRecord], finished: bool, required: Sequence[str] = ()) -> tuple[str, str]:
-    """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
-    the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
-    method that did not resolve can never be mistaken for a verdict on the deployment. A check the
-    profile lists as ``required`` that was skipped, blocked or never ran also leaves it INCOMPLETE:
-    a run cannot be accepted on what it did not verify."""
-    for s in stages:
-        failed = [c for c in s.checks if c.status == "fail"]
-        if failed:
-            return "rejected", f"stage {s.name} fail: {failed[0].id}: {failed[0].message}"
-    for s in stages:
-        errors = [c for c in s.checks if c.status == "error"]
-        if errors:
-            more = sum(c.status == "error" for st in stages for c in st.checks) - 1
-            tail = f" (and {more} more not measured)" if more else ""
-            return "incomplete", f"could not measure: {errors[0].id}: {errors[0].message}{tail}"
-    if not finished:
-        return "incomplete", "the run did not finish (no run_finished event); the record holds what was measured"
-    missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]
-    if missing:
-        return "incomplete", "stages not run, skipped or blocked: " + ", ".join(missing)
-    unverified = unverified_required(stages, required)
-    if unverified:
-        more = f" (and {len(unverified) - 1} more)" if len(unverified) > 1 else ""
-        first, why = unverified[0]
-        return "incomplete", f"required check not verified: {first}: {why}{more}"
-    return "accepted", "every stage ran and passed"
+def _describe(info: StageInfo) -> dict[str, Any]:
+    return {"name": info.name, "title": info.title, "question": info.question,
+            "figures": [f.describe() for f in info.figures], "required": list(info.required), "origin": info.origin}
 
 
 @dataclass
@@ -409,10 +369,7 @@ class RunRecord:
             "environment": jsonable(self.environment),
             "profile": jsonable(self.profile),
             "notes": jsonable(self.notes),
-            "stages": [
-                {"name": s.name, "verdict": s.verdict, "checks": [c.to_dict() for c in s.checks]}
-                for s in self.stages
-            ],
+            "stages": [s.to_dict() for s in self.stages],
         }
 
     def write(self, path: Path) -> Path:
@@ -425,9 +382,11 @@ class _Fold:
     def __init__(self) -> None:
         self.started: dict[str, Any] | None = None
         self.finished_at: str | None = None
-        self.stage_names: list[str] = [s.name for s in STAGES]
+        self.stage_names: list[str] = []
+        self.stage_info: dict[str, StageInfo] = {d.name: d for d in DERIVED_STAGES}
         self.by_stage: dict[str, list[Check]] = {}
         self.notes: dict[str, Any] = {}
+        self.problems: list[str] = []
 
     def on_run_started(self, ev: dict[str, Any], where: str) -> None:
         shape.schema_version(ev, where)  # newer: refused by the caller, never folded as this schema
@@ -436,6 +395,13 @@ class _Fold:
             raise RecordError(f"{where}: a second run_started event (run {ev['run_id']!r}); the first one counts")
         self.started = ev
         self.stage_names = list(dict.fromkeys(ev.get("stages") or self.stage_names))  # a stage once
+        for i, raw in enumerate(ev.get("stage_info") or []):
+            try:
+                info = StageInfo.from_dict(shape.stage_info(raw, where, ("stage_info", i)))
+            except RecordError as exc:  # a malformed declaration costs its headlines, never the checks
+                self.problems.append(str(exc))
+                continue
+            self.stage_info.setdefault(info.name, info)
 
     def on_check(self, ev: dict[str, Any], where: str) -> None:
         shape.fields(ev, shape.CHECK_EVENT, where)
@@ -474,10 +440,16 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
         first = f" ({skipped.shown[0]})" if skipped.shown else ""
         raise RecordError(f"{source}: no run_started event{first}; not a day0 event log")
     names = fold.stage_names + [n for n in fold.by_stage if n not in fold.stage_names]
-    stages = [StageRecord(n, stage_verdict(fold.by_stage.get(n, [])), fold.by_stage.get(n, [])) for n in names]
+    times = fold.notes.get(STAGE_SECONDS_NOTE)
+    times = times if isinstance(times, dict) else {}
+    stages = [StageRecord(n, stage_verdict(fold.by_stage.get(n, [])), fold.by_stage.get(n, []), fold.stage_info.get(n),
+                          _seconds(times.get(n))) for n in names]
+
     verdict, reason = run_verdict(stages, finished=fold.finished_at is not None,
                                   required=required_checks(fold.started.get("profile")))
     notes = dict(fold.notes)
+    if fold.problems:  # a malformed declaration costs its headlines and titles, never a check
+        notes[STAGE_INFO_SKIPPED_NOTE] = fold.problems[:MAX_SKIPPED_SHOWN]
     if skipped.count:
         notes[SKIPPED_NOTE] = skipped.shown + ([f"... and {skipped.count - len(skipped.shown)} more"]
                                                if skipped.count > len(skipped.shown) else [])
@@ -488,6 +460,10 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
     return RunRecord(run_id=started["run_id"], started_at=started["at"], finished_at=fold.finished_at,
                      verdict=verdict, reason=reason, environment=started.get("environment", {}),
                      profile=started.get("profile", {}), stages=stages, notes=notes)
+
+
+def _seconds(v: Any) -> float | None:
+    return float(v) if shape.SECONDS[0](v) and v is not None else None
 
 
 def build(events: Iterable[dict[str, Any]], skipped: Skipped | None = None) -> RunRecord:
@@ -557,7 +533,8 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
         seen[s["name"]] = i
         checks = [Check(**shape.check_fields(c, where, ("stages", i, "checks", j)))
                   for j, c in enumerate(s.get("checks", []))]
-        stages.append(StageRecord(s["name"], s["verdict"], checks))
+        info = StageInfo.from_dict(shape.stage_info(s, where, ("stages", i))) if "title" in s else None
+        stages.append(StageRecord(s["name"], s["verdict"], checks, info, _seconds(s.get("duration_s"))))
     record = RunRecord(
         run_id=data["run_id"], started_at=data["started_at"], finished_at=data.get("finished_at"),
         verdict=data["verdict"], reason=data.get("reason", ""), environment=data.get("environment", {}),

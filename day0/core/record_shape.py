@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from day0.core.inputs import InputError, key_path
+from day0.core.stages import PICKS
 
 SCHEMA_VERSION = 1
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "blocked")
@@ -97,8 +98,19 @@ CHECK: dict[str, tuple[bool, Test]] = {
     "repeat": (False, REPEAT), "stage": (False, STR), "nodeid": (False, STR), "finished_at": (False, STR),
     "duration_s": (False, SECONDS),
 }
+NUMBER: Test = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+                and abs(v) < float("inf"), "a finite number")
+OPT_STR: Test = (lambda v: v is None or isinstance(v, str), "a string or null")
+# A stage's declaration as the record keeps it (day0.core.stages.Stage.describe).
+FIGURE: dict[str, tuple[bool, Test]] = {
+    "key": (True, NAME), "label": (True, STR), "check_ids": (True, NAMES), "scale": (False, NUMBER),
+    "unit": (False, OPT_STR), "pick": (False, one_of(PICKS)), "need": (False, BOOL)}
+STAGE_INFO: dict[str, tuple[bool, Test]] = {
+    "name": (True, NAME), "title": (False, STR), "question": (False, STR), "figures": (False, LIST),
+    "required": (False, NAMES), "origin": (False, STR)}
 STAGE: dict[str, tuple[bool, Test]] = {
-    "name": (True, NAME), "verdict": (True, one_of(STAGE_VERDICTS)), "checks": (False, LIST)}
+    "name": (True, NAME), "verdict": (True, one_of(STAGE_VERDICTS)), "checks": (False, LIST),
+    **{k: v for k, v in STAGE_INFO.items() if k != "name"}, "duration_s": (False, SECONDS)}
 RUN: dict[str, tuple[bool, Test]] = {
     "run_id": (True, RUN_ID), "started_at": (True, TIME), "finished_at": (False, OPT_TIME),
     "verdict": (True, one_of(VERDICTS)), "reason": (False, STR), "environment": (False, OBJECT),
@@ -107,7 +119,7 @@ RUN: dict[str, tuple[bool, Test]] = {
 # Event log lines (run_started's schema_version is checked by schema_version()).
 RUN_STARTED: dict[str, tuple[bool, Test]] = {
     "run_id": (True, RUN_ID), "at": (True, TIME), "environment": (False, OBJECT), "profile": (False, OBJECT),
-    "stages": (False, NAMES),
+    "stages": (False, NAMES), "stage_info": (False, LIST),
 }
 CHECK_EVENT: dict[str, tuple[bool, Test]] = {"stage": (True, NAME), "check": (True, OBJECT)}
 NOTE_EVENT: dict[str, tuple[bool, Test]] = {"key": (True, NAME), "value": (False, ANY)}
@@ -139,6 +151,15 @@ def schema_version(data: Mapping[str, Any], where: str) -> int:
         raise NewerSchema(f"{where}: schema_version {v} is newer than this day0 reads ({SCHEMA_VERSION}); "
                           "use the day0 that wrote it, or a newer one")
     return v
+
+
+def stage_info(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
+    """A stage declaration's fields (in ``run_started.stage_info`` or a run.json stage), each
+    figure checked too, so the report never reads a malformed one."""
+    fields(data, STAGE_INFO, where, path)
+    for i, f in enumerate(data.get("figures") or []):
+        fields(f, FIGURE, where, (*path, "figures", i))
+    return data
 
 
 def check_fields(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:

@@ -12,9 +12,10 @@ start is reported by its root cause (:mod:`.rootcause`). What the engine loaded 
 :mod:`.loaded`; where the model is, in :mod:`day0.model.locate`.
 """
 
+from day0.engine.endpoint import Endpoint
 from day0.engine.engines import Engines
 from day0.engine.handle import EngineError, EngineInfo, ViewUnavailable, served_name
-from day0.engine.http_api import auth_headers, http_json
+from day0.engine.http_api import http_json
 from day0.engine.inprocess import InprocessEngine
 from day0.engine.process import group_alive
 from day0.engine.rootcause import exception_root_cause
@@ -22,13 +23,13 @@ from day0.engine.server import ServerEngine
 from day0.model.locate import local_model_dir  # for the suites and stages that import it from here
 
 __all__ = [
+    "Endpoint",
     "EngineError",
     "EngineInfo",
     "Engines",
     "InprocessEngine",
     "ServerEngine",
     "ViewUnavailable",
-    "auth_headers",
     "exception_root_cause",
     "group_alive",
     "http_json",

@@ -8,8 +8,8 @@ import urllib.error
 import urllib.request
 
 from day0.config.profile import Profile
+from day0.engine.endpoint import Endpoint
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log
-from day0.engine.http_api import auth_headers, http_greedy, http_json
 
 
 class ExternalEngine:
@@ -24,13 +24,18 @@ class ExternalEngine:
     def base_url(self) -> str:
         return str(self.profile.engine.url).rstrip("/")
 
+    @property
+    def endpoint(self) -> Endpoint:
+        name = self.info.served_model_name if self.info else (self.profile.model.served_model_name or "")
+        return Endpoint.for_profile(self.profile, self.base_url, name)
+
     def start(self) -> EngineInfo:
         t0 = time.perf_counter()
         deadline = t0 + self.profile.engine.startup_timeout_s
         last_err = ""
         while time.perf_counter() < deadline:
             try:
-                models = http_json(self.base_url + "/v1/models", timeout=5, headers=auth_headers(self.profile))
+                models = self.endpoint.json("/v1/models", timeout=5)
                 break
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last_err = str(getattr(exc, "reason", exc))
@@ -59,6 +64,5 @@ class ExternalEngine:
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
         assert self.info is not None
-        return [http_greedy(self.base_url, self.info.served_model_name, p, max_tokens,
-                            timeout=self.profile.engine.request_timeout_s, headers=auth_headers(self.profile))
-                for p in prompts]
+        endpoint = self.endpoint
+        return [endpoint.greedy(p, max_tokens) for p in prompts]

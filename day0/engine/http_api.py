@@ -1,41 +1,13 @@
-"""The engine's OpenAI-compatible API as the handles call it: JSON over HTTP, greedy completions,
-and the bearer header for a deployment that wants one."""
+"""The engine's OpenAI-compatible API at its lowest: JSON over HTTP and greedy completions. The
+headers come from the caller (:class:`day0.engine.endpoint.Endpoint` holds them)."""
 
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from typing import Any
 
-from day0.config.profile import Profile
-from day0.engine.handle import Completion, EngineError
-
-
-def api_key(profile: Profile) -> str | None:
-    """The key every request to the engine carries, or None for an open deployment.
-
-    ``engine.api_key_env`` names a variable (the key itself never sits in a profile that is shared);
-    a server day0 starts with ``engine.args.api_key`` is called with that key. Raises
-    :class:`EngineError` when the named variable is not set: 401s on every request would say less.
-    """
-    name = profile.engine.api_key_env
-    if name:
-        key = os.environ.get(name)
-        if not key:
-            raise EngineError(f"engine.api_key_env: environment variable {name} is not set "
-                              f"(export it, or remove engine.api_key_env for an open deployment)")
-        return key
-    key = profile.engine.args.get("api_key")
-    if isinstance(key, list):  # vLLM's --api-key takes several; any one of them opens the door
-        key = key[0] if key else None
-    return str(key) if key and profile.engine.mode != "external" else None
-
-
-def auth_headers(profile: Profile) -> dict[str, str]:
-    """The bearer header for :func:`api_key`; the one place a request to the engine gets its key."""
-    key = api_key(profile)
-    return {"Authorization": f"Bearer {key}"} if key else {}
+from day0.engine.handle import Completion
 
 
 def http_json(url: str, payload: dict[str, Any] | None = None, *, timeout: float = 120.0,

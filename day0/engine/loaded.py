@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from day0.engine.handle import Completion, ViewUnavailable
-from day0.engine.http_api import auth_headers, http_greedy
 from day0.model.reference import greedy_reference
 
 GOLDEN_PROMPTS = ["The supernode serves", "Paged attention keeps blocks", "A signed report says",
@@ -85,12 +84,10 @@ def greedy_logprobs(engine: Any, prompts: list[str], max_tokens: int, top_k: int
     """
     if getattr(engine, "llm", None) is not None:
         return list(engine.greedy(prompts, max_tokens, logprobs=top_k))
-    base = getattr(engine, "base_url", None)
-    if not base or engine.info is None:
+    if getattr(engine, "endpoint", None) is None or engine.info is None:
         raise ViewUnavailable(f"{type(engine).__name__} has neither an in-process LLM nor an HTTP endpoint")
-    profile = engine.profile
-    return [http_greedy(base, engine.info.served_model_name, p, max_tokens, timeout=profile.engine.request_timeout_s,
-                        headers=auth_headers(profile), logprobs=top_k) for p in prompts]
+    endpoint = engine.endpoint
+    return [endpoint.greedy(p, max_tokens, logprobs=top_k) for p in prompts]
 
 
 def write_reference_golden(model_dir: Path, path: Path, *, model: str, top_k: int = 5) -> Path:

@@ -21,8 +21,8 @@ from day0.config.profile import Profile
 from day0.core.redact import Redactor
 from day0.engine.cluster.launchers import spawn
 from day0.engine.cluster.nodes import Cluster
+from day0.engine.endpoint import Endpoint, api_key
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
-from day0.engine.http_api import api_key, auth_headers, http_greedy
 from day0.engine.multinode import cross_node_connections, engine_cli_args, node_commands, rendezvous_port
 from day0.engine.process import die_with_parent, signal_group, stop_process_group
 from day0.engine.rootcause import excerpt, root_cause
@@ -123,6 +123,11 @@ class ServerEngine:
     def base_url(self) -> str:
         assert self.info and self.info.base_url
         return self.info.base_url
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """Where stages send requests (the server is up: :meth:`start` returned)."""
+        return Endpoint.for_profile(self.profile, self.base_url, served_name(self.profile))
 
     def command(self, model: str, port: int) -> list[str]:
         """The server's command line. ``engine.args.api_key`` is not on it: vLLM reads the key from
@@ -272,8 +277,8 @@ class ServerEngine:
             scrub_log(lp, self.redactor)
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
-        return [http_greedy(self.base_url, served_name(self.profile), p, max_tokens,
-                            timeout=self.profile.engine.request_timeout_s, headers=auth_headers(self.profile))
+        endpoint = self.endpoint
+        return [endpoint.greedy(p, max_tokens)
                 for p in prompts]
 
 

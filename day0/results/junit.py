@@ -74,6 +74,8 @@ def junit_tree(record: RunRecord) -> ET.ElementTree:
     seconds = dict(zip(map(id, all_checks), check_seconds(all_checks)))
     total_s = 0.0
     for stage in record.stages:
+        checks_s = sum(seconds.get(id(c), 0.0) for c in stage.checks)
+        stage_s = stage.duration_s if stage.duration_s is not None else checks_s  # its tests' wall time, when timed
         counts = {
             "tests": len(stage.checks),
             "failures": sum(c.status == "fail" for c in stage.checks),
@@ -86,11 +88,14 @@ def junit_tree(record: RunRecord) -> ET.ElementTree:
             name=xml_text(stage.name),
             timestamp=xml_text(record.started_at),
             hostname=xml_text(host),
-            time=_seconds(sum(seconds.get(id(c), 0.0) for c in stage.checks)),
+            time=_seconds(stage_s),
             **{k: str(v) for k, v in counts.items()},
         )
         props = ET.SubElement(suite, "properties")
         ET.SubElement(props, "property", name="stage_verdict", value=xml_text(stage.verdict))
+        if stage.info is not None:
+            ET.SubElement(props, "property", name="stage_title", value=xml_text(stage.title))
+            ET.SubElement(props, "property", name="stage_question", value=xml_text(stage.question))
         for check in stage.checks:
             case = ET.SubElement(suite, "testcase", classname=xml_text(stage.name), name=xml_text(check.id),
                                  time=_seconds(seconds.get(id(check), 0.0)))
@@ -106,7 +111,7 @@ def junit_tree(record: RunRecord) -> ET.ElementTree:
             ET.SubElement(case, "system-out").text = _detail(check)
         for k in totals:
             totals[k] += counts[k]
-        total_s += sum(seconds.get(id(c), 0.0) for c in stage.checks)
+        total_s += stage_s
     for k, v in totals.items():
         root.set(k, str(v))
     root.set("time", _seconds(total_s))

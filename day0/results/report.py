@@ -27,7 +27,7 @@ from markupsafe import Markup
 
 from day0.core.inputs import InputError, refusal, replace_file, term_safe
 from day0.core.record import Check, RunRecord, load_with_bytes, record_file
-from day0.core.stages import REGRESSION_STAGE, REPEAT_STAGE, STAGES
+from day0.core.stages import REGRESSION_STAGE, StageInfo
 from day0.results import charts, summary, trends
 from day0.results.compare import SUMMARY_ID
 from day0.results.junit import write_junit
@@ -121,6 +121,8 @@ class StageView:
     verdict: str
     counts: dict[str, int]
     checks: list[CheckView]
+    duration: str = ""  # its tests' wall time, "1.2 s" ("" when the record has none)
+    origin: str = ""  # the distribution that declared a site stage ("" for day0's own)
 
 
 def _limit_text(c: Check) -> str:
@@ -194,7 +196,7 @@ def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
 
 
 def stage_views(record: RunRecord) -> list[StageView]:
-    meta = {s.name: s for s in (*STAGES, REGRESSION_STAGE, REPEAT_STAGE)}
+    infos = summary.stage_infos(record)
     seen: set[str] = set()
     out = []
     for s in record.stages:
@@ -206,10 +208,10 @@ def stage_views(record: RunRecord) -> list[StageView]:
             seen.add(anchor)
             views.append(check_view(s.name, c, anchor))
         counts = {k: sum(c.status == k for c in s.checks) for k in ("pass", "fail", "error", "skip", "blocked")}
-        m = meta.get(s.name)
-        out.append(
-            StageView(s.name, m.title if m else s.name, m.question if m else "", s.verdict, counts, views)
-        )
+        info = infos.get(s.name) or StageInfo(s.name)
+        origin = info.origin if info.origin not in ("", "day0") else ""
+        out.append(StageView(s.name, info.title or s.name, info.question, s.verdict, counts, views,
+                             f"{s.duration_s:.1f} s" if s.duration_s is not None else "", origin))
     return out
 
 

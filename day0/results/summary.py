@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from day0.core.record import Check, RunRecord, required_checks, unverified_required
+from day0.core.stages import Figure, StageInfo
 
 NOT_VERIFIED = ("skip", "blocked", "error")
 SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
@@ -104,32 +105,7 @@ def _limit(c: Check, scale: float = 1.0, unit: str | None = None) -> str:
     return f"{SIGN.get(c.direction, '')} {fmt(x * scale)} {c.unit if unit is None else unit}".strip()
 
 
-@dataclass(frozen=True)
-class Figure:
-    """How one headline is found: the check id (or glob's picker) and how it reads."""
-
-    key: str
-    label: str
-    check_id: str
-    scale: float = 1.0
-    unit: str | None = None
-
-
-FIGURES = (
-    Figure("ttft_p99", "TTFT p99", "latency.ttft_p99"),
-    Figure("tpot_p99", "TPOT p99", "latency.tpot_p99"),
-    Figure("output_throughput", "Output throughput", "latency.output_throughput"),
-    Figure("goodput", "Goodput", "latency.goodput"),
-    Figure("busbw", "Worst busbw vs expected", "collectives.*.busbw"),
-    Figure("frag_mean", "KV fragmentation, mean", "kvcache.fragmentation"),
-    Figure("frag_peak", "KV fragmentation, peak", "kvcache.fragmentation_peak"),
-    Figure("kv_tokens", "KV tokens held vs needed", "kvcache.capacity"),
-    Figure("cost", "Cost per 1M output tokens", "risks.cost.per_million_output_tokens"),
-    Figure("ppl_delta", "Perplexity change", "risks.accuracy.ppl_delta", scale=100.0, unit="%"),
-)
-
-
-def _busbw(checks: list[Check]) -> Check | None:
+def _vs_expected(checks: list[Check]) -> Check:
     """The collective furthest below (or least above) its expected bandwidth."""
     scored = []
     for c in checks:
@@ -138,25 +114,37 @@ def _busbw(checks: list[Check]) -> Check | None:
         exp = num(ev.get("expected_gbps")) or num(c.limit)
         if c.status == "fail" or (v is not None and exp):
             scored.append((0 if c.status == "fail" else 1, (v or 0.0) / exp if v is not None and exp else 0.0, c))
-    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else (checks[0] if checks else None)
+    return min(scored, key=lambda t: (t[0], t[1]))[2] if scored else checks[0]
+
+
+PICKERS: dict[str, Callable[[list[Check]], Check]] = {"worst": _worst, "vs_expected": _vs_expected}
+
+
+def _hits(fig: Figure, checks: list[Check]) -> list[Check]:
+    """The checks of the first of the figure's globs that measured a value (pass or fail), else of
+    the first that has any check: a figure two methods can measure shows the one that did."""
+    per_glob = [[c for c in checks if fnmatch.fnmatchcase(c.id, g)] for g in fig.check_ids]
+    measured = [h for h in per_glob if any(c.status in ("pass", "fail") for c in h)]
+    return (measured or [h for h in per_glob if h] or [[]])[0]
 
 
 def headline(fig: Figure, checks: list[Check]) -> Headline:
-    """The figure from the checks of this run with its id (a glob for busbw)."""
-    hits = [c for c in checks if fnmatch.fnmatchcase(c.id, fig.check_id)]
+    """The figure from the checks of this run (its globs tried in order)."""
+    hits = _hits(fig, checks)
     if not hits:
-        return Headline(fig.key, fig.label, None, "—", "", "absent", fig.check_id, "not measured in this run")
-    c = _busbw(hits) if fig.key == "busbw" else _worst(hits)
+        return Headline(fig.key, fig.label, None, "—", "", "absent", ", ".join(fig.check_ids),
+                        "not measured in this run")
+    c = PICKERS[fig.pick](hits)
     v = num(c.value)
     unit = c.unit if fig.unit is None else fig.unit
     text = f"{fmt(v * fig.scale)} {unit}".strip() if v is not None else "—"
     note = "" if len(hits) == 1 else f"worst of {len(hits)}"
     ev = c.evidence if isinstance(c.evidence, dict) else {}
-    if fig.key == "busbw":
+    if fig.pick == "vs_expected":
         exp = num(ev.get("expected_gbps"))
         what = c.id.split(".")[1] if c.id.count(".") >= 2 else c.id
         note = f"{what}" + (f"; expected {fmt(exp)} {c.unit}, {fmt(v / exp)}x" if exp and v is not None else "")
-    elif fig.key == "kv_tokens":
+    elif fig.need:
         note = (note + "; " if note else "") + f"needs {fmt(c.limit)} {c.unit}".strip()
     if c.status in NOT_VERIFIED:
         note = (note + "; " if note else "") + c.message
@@ -164,9 +152,25 @@ def headline(fig: Figure, checks: list[Check]) -> Headline:
                     c.status, c.id, note, c.direction)
 
 
+def stage_infos(record: RunRecord) -> dict[str, StageInfo]:
+    """Each stage's declaration as the record keeps it. A record made before stages declared
+    themselves in it gets today's built-in declarations (titles, questions, figures)."""
+    if any(s.info is not None and s.info.origin for s in record.stages):
+        return {s.name: s.info for s in record.stages if s.info is not None}
+    from day0.stages.registry import builtin  # only for older records: imports the stage packages
+
+    known = {st.name: StageInfo.from_dict(st.describe()) for st in builtin()}
+    return {s.name: s.info or known.get(s.name) or StageInfo(s.name) for s in record.stages}
+
+
+def figures(record: RunRecord) -> list[Figure]:
+    """The headline figures the record's stages declared, in stage order."""
+    return [f for info in stage_infos(record).values() for f in info.figures]
+
+
 def headlines(record: RunRecord) -> list[Headline]:
     checks = list(record.checks())
-    return [headline(f, checks) for f in FIGURES]
+    return [headline(f, checks) for f in figures(record)]
 
 
 # --------------------------------------------------------------------------- stage 0's answer

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.day0, pytest.mark.collectives]
 
 @pytest.fixture(scope="module")
 def settings(day0_profile):
-    """The profile's [collectives] table, validated with the profile (CollectivesSettings)."""
+    """The profile's [collectives] table, validated with the profile (CollectivesSection)."""
     return day0_profile.collectives
 
 

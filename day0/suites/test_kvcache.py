@@ -3,7 +3,6 @@ pool holds the target, and a warm prefix cache gives the same tokens as a cold o
 
 import pytest
 
-from day0.engine import auth_headers
 from day0.model.config import ConfigUnavailable
 from day0.model.sizing import plan_for
 from day0.stages import kvcache as kv
@@ -42,7 +41,7 @@ def test_fragmentation_at_long_context(day0_session, settings, workload, runs, d
     """The same long-context workload on the HTTP view (/metrics estimate), then on the scheduler
     view (exact, every step); a dead engine keeps the samples taken so far."""
     try:
-        kv.run_views(day0_session.engines, workload, settings, auth_headers(day0_session.profile), out=runs)
+        kv.run_views(day0_session.engines, workload, settings, out=runs)
     finally:  # an interrupted run still records what it sampled
         day0_checks.extend(runs.checks)
     if not runs.checks:
@@ -61,4 +60,4 @@ def test_prefix_cache_warm_equals_cold(day0_engine, day0_profile, day0_checks):
     """Greedy tokens for a long prompt are identical when its prefix is cached and when it is not."""
     if day0_profile.engine.args.get("enable_prefix_caching") is False:
         pytest.skip("engine.args.enable_prefix_caching is false: nothing to compare")
-    day0_checks.extend(kv.prefix_cache_checks(day0_engine, day0_profile, auth_headers(day0_profile)))
+    day0_checks.extend(kv.prefix_cache_checks(day0_engine, day0_profile))

@@ -10,6 +10,7 @@ step (``exact``), the **black box** estimates it from ``/metrics`` and the clien
 testable without pytest; the suite (``day0/suites/test_kvcache.py``) records what they return.
 """
 
+from day0.core.stages import Figure, Stage
 from day0.stages.kvcache.blackbox import BlackBoxRun, BlackBoxSample, Flight, blackbox_sample, run_blackbox
 from day0.stages.kvcache.capacity import Capacity, config_kv_bytes_per_token, live_capacity
 from day0.stages.kvcache.checks import (
@@ -47,3 +48,14 @@ __all__ = [
     # running the views
     "run_in_turn", "ViewRuns", "run_views", "prefix_cache_checks",
 ]
+
+STAGE = Stage(
+    name="kvcache", order=40, suite="day0.suites.test_kvcache", section="kvcache", repeatable=True,
+    title="KV cache at long context",
+    question="is PagedAttention fragmentation under the limit?",
+    # the exact (scheduler) view when it ran, else the /metrics estimate: the figure that was measured
+    figures=(Figure("frag_mean", "KV fragmentation, mean", ("kvcache.fragmentation", "kvcache.blackbox_fragmentation")),
+             Figure("frag_peak", "KV fragmentation, peak", ("kvcache.fragmentation_peak",)),
+             Figure("kv_tokens", "KV tokens held vs needed", ("kvcache.capacity",), need=True)),
+    required=("kvcache.capacity", "kvcache.fragmentation"),
+)

@@ -59,7 +59,7 @@ class ViewRuns:
         return None
 
 
-def run_views(engines: Any, workload: Sequence[KvRequest], settings: Any, headers: dict[str, str] | None, *,
+def run_views(engines: Any, workload: Sequence[KvRequest], settings: Any, *,
               out: ViewRuns | None = None) -> ViewRuns:
     """The workload on the HTTP view (/metrics estimate), then on the scheduler view (exact, every
     step), in turn (:func:`run_in_turn`), judged by :func:`exact_checks` and :func:`blackbox_checks`.
@@ -86,9 +86,10 @@ def run_views(engines: Any, workload: Sequence[KvRequest], settings: Any, header
     def blackbox() -> Any:
         if isinstance(http, Exception):
             return http
-        return run_blackbox(http.base_url, http.info.served_model_name, workload,
+        endpoint = http.endpoint
+        return run_blackbox(endpoint.base_url, endpoint.model, workload,
                             interval_s=settings.scrape_interval_s, samples=bb_samples,
-                            timeout_s=settings.workload_timeout_s, alive=http.alive, headers=headers,
+                            timeout_s=settings.workload_timeout_s, alive=http.alive, headers=endpoint.headers,
                             passes=settings.blackbox_passes, min_resolved=settings.min_resolved_scrapes)
 
     exact_run = bb_run = None
@@ -117,7 +118,7 @@ def _record(out: ViewRuns, exact_run: Any, bb_run: Any, workload: Sequence[KvReq
         out.checks.append(failed_view_check(bb_run, "kvcache.blackbox_fragmentation"))
 
 
-def prefix_cache_checks(engine: Any, profile: Any, headers: dict[str, str] | None) -> list[Check]:
+def prefix_cache_checks(engine: Any, profile: Any) -> list[Check]:
     """The warm/cold probe on the engine's own view (in-process or HTTP), as checks; a prompt the
     engine cannot take is a failed ``kvcache.prefix_probe_fits``."""
     settings = profile.kvcache
@@ -127,9 +128,9 @@ def prefix_cache_checks(engine: Any, profile: Any, headers: dict[str, str] | Non
         if engine.view == "scheduler":
             probe = prefix_probe_inprocess(engine.llm, prompt, settings.prefix_check_output_tokens)
         else:
-            probe = prefix_probe_http(engine.base_url, engine.info.served_model_name, prompt,
-                                      settings.prefix_check_output_tokens,
-                                      timeout_s=profile.engine.request_timeout_s, headers=headers)
+            endpoint = engine.endpoint
+            probe = prefix_probe_http(endpoint.base_url, endpoint.model, prompt, settings.prefix_check_output_tokens,
+                                      timeout_s=endpoint.timeout_s, headers=endpoint.headers)
     except WorkloadRejected as exc:
         return [rejected_check("kvcache.prefix_probe_fits", exc, engine.view)]
     return prefix_check(probe, engine.view)

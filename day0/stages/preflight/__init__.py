@@ -11,6 +11,7 @@ from typing import Any
 
 from day0.config.profile import Profile
 from day0.core.record import Check
+from day0.core.stages import Stage
 from day0.model.config import ConfigUnavailable, model_config
 from day0.model.plan import Plan, plan
 from day0.model.plan_report import plan_checks
@@ -67,3 +68,10 @@ def preflight(profile: Profile, what_if: dict[str, Any] | None = None, rules: An
         return Preflight(source, findings, plan(config, **plan_arguments(profile, what_if)))
     except ValueError as exc:  # the lint findings already say why; keep them
         return Preflight(source, findings, None, str(exc))
+
+STAGE = Stage(
+    name="preflight", order=0, suite="day0.suites.test_preflight", section="preflight", needs_nodes=False,
+    title="Preflight: config lint and memory plan",
+    question="can this profile work at all, before any GPU-hour?",
+    required=("preflight.plan.verdict",),
+)

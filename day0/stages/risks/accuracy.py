@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from day0.config.risks import AccuracySettings
 from day0.core.record import Check, measured
-from day0.engine import EngineError, EngineInfo, ServerEngine, auth_headers, http_json, served_name
+from day0.engine import Endpoint, EngineError, EngineInfo, ServerEngine, http_json, served_name
 from day0.model.locate import local_model_dir
 from day0.model.reference import host_reference_unavailable, score_tokens
 
@@ -281,7 +281,7 @@ def reference_engine(profile: Any, settings: AccuracySettings, run_dir: Any, log
         what = f"weights {settings.reference_model}" + (f", {what}" if what else "")
     try:
         yield Reference(server.base_url, served_name(profile), f"the deployment's model served with {what}",
-                        attempts, headers=auth_headers(server.profile))
+                        attempts, headers=server.endpoint.headers)
     finally:
         server.stop()
 
@@ -362,16 +362,16 @@ def transformers_reference(profile: Any, settings: AccuracySettings, ids: list[i
     return plp, f"transformers on {model_dir} (cpu/float32)", scores.seconds
 
 
-def check_accuracy(base_url: str, model: str, profile: Any, run_dir: Any, log: Callable[[str], None],
+def check_accuracy(endpoint: Endpoint, profile: Any, run_dir: Any, log: Callable[[str], None],
                    on_start: Callable[[EngineInfo], None] | None = None) -> list[Check]:
-    """Score the deployment at ``base_url`` and its reference (transformers in this process, or an
+    """Score the deployment at ``endpoint`` and its reference (transformers in this process, or an
     engine from :func:`reference_engine`, stopped before this returns) on ``[risks.accuracy].text``;
     the three checks, or skips without a reference.
 
     Raises AssertionError (the run's verdict: fail) when the reference tokenizes the text differently.
     """
     settings: AccuracySettings = profile.risks.accuracy
-    headers, timeout = auth_headers(profile), profile.engine.request_timeout_s
+    base_url, model, headers, timeout = endpoint.base_url, endpoint.model, endpoint.headers, endpoint.timeout_s
     ids = tokenize(base_url, model, settings.text, headers=headers)[: settings.max_tokens]
     t0 = time.perf_counter()
     deployed = fetch_prompt_logprobs(base_url, model, ids, settings.top_k, timeout=timeout, headers=headers)

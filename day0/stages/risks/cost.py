@@ -4,8 +4,8 @@
     output tokens per hour   = throughput (tok/s) x 3600 x utilization
     cost per 1M output tokens = cost per hour / output tokens per hour x 1e6
 
-Throughput is stage 3's ``latency.output_throughput`` from this run's event log (the load the
-profile's ``[latency]`` table describes), or, when stage 3 did not run, a short run of stage 3's
+Throughput is stage 3's ``latency.output_throughput`` as this run recorded it (the record so far,
+:class:`day0.stages.context.RecordSoFar`; the load the profile's ``[latency]`` table describes), or, when stage 3 did not run, a short run of stage 3's
 workload that the risks suite measures (``day0.stages.latency.measure_throughput``) and hands
 over. Prices and utilization are the profile's assumptions and are shown beside the result,
 because a cost figure without them cannot be checked.
@@ -14,12 +14,12 @@ because a cost figure without them cannot be checked.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from day0.config.risks import CostSettings
-from day0.core.record import Check, RecordError, measured, read_events
+from day0.core.record import Check, measured
 
 THROUGHPUT_CHECK = "latency.output_throughput"
 
@@ -31,24 +31,16 @@ class Throughput:
     detail: dict[str, Any]
 
 
-def throughput_from_events(events_path: Path, check_id: str = THROUGHPUT_CHECK) -> Throughput | None:
+def recorded_throughput(checks: Iterable[Check], check_id: str = THROUGHPUT_CHECK) -> Throughput | None:
     """The last recorded ``check_id`` of this run with a positive value (pass or fail: the figure
     was measured either way), or None when stage 3 did not record one."""
     found: Throughput | None = None
-    try:
-        events = list(read_events(Path(events_path)))
-    except RecordError:
-        return None
-    for ev in events:
-        if ev.get("type") != "check":
-            continue
-        c = ev.get("check") or {}
-        v = c.get("value")
-        if c.get("id") == check_id and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 \
-                and c.get("status") in ("pass", "fail"):
-            found = Throughput(float(v), f"stage {ev.get('stage')}: {check_id}",
-                               {"check": check_id, "status": c.get("status"), "at": ev.get("at"),
-                                "unit": c.get("unit")})
+    for c in checks:
+        v = c.value
+        if c.id == check_id and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 \
+                and c.status in ("pass", "fail"):
+            found = Throughput(float(v), f"stage {c.stage}: {check_id}",
+                               {"check": check_id, "status": c.status, "at": c.finished_at, "unit": c.unit})
     return found
 
 

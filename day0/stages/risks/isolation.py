@@ -32,7 +32,7 @@ from day0.client.loadgen import SSEParser, TokenAccountant
 from day0.client.prom import PromError, parse_counters, scrape
 from day0.config.risks import IsolationSettings
 from day0.core.record import Check, measured
-from day0.engine import auth_headers
+from day0.engine import Endpoint
 
 HITS = "vllm:prefix_cache_hits"
 QUERIES = "vllm:prefix_cache_queries"
@@ -425,11 +425,11 @@ def run_evidence(run: IsolationRun) -> dict[str, Any]:
     return {"nonce": run.nonce, "probes": [asdict(p) for p in run.probes()]}
 
 
-def check_isolation(base_url: str, model: str, profile: Any) -> list[Check]:
+def check_isolation(endpoint: Endpoint, profile: Any) -> list[Check]:
     """Probe the deployment with ``[risks.isolation]``'s tenants and judge it: the checks, with
     every probe in the first one's evidence."""
-    run = run_isolation(base_url, model, profile.risks.isolation, headers=auth_headers(profile),
-                        timeout_s=profile.engine.request_timeout_s)
+    run = run_isolation(endpoint.base_url, endpoint.model, profile.risks.isolation, headers=endpoint.headers,
+                        timeout_s=endpoint.timeout_s)
     checks = isolation_checks(run)
     checks[0].evidence["probes"] = run_evidence(run)["probes"]
     return checks

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from day0.config.risks import AccuracySettings
 from day0.core.record import Check, measured
-from day0.engine.http_api import api_key
+from day0.engine import Endpoint
 from day0.model.locate import local_model_dir
 from day0.model.reference import host_reference_unavailable
 
@@ -82,7 +82,7 @@ def run_lm_eval(model: str, model_args: str, tasks: list[str], include: list[Pat
     return {t: float(doc["results"][t][METRIC]) for t in tasks}, seconds
 
 
-def check_tasks(base_url: str, model: str, profile: Any, run_dir: Path) -> Check:
+def check_tasks(endpoint: Endpoint, profile: Any, run_dir: Path) -> Check:
     """Task accuracy of the deployment and of transformers on the same (or ``reference_model``'s)
     checkpoint; fails when any task's accuracy drops by more than ``max_task_delta``."""
     settings: AccuracySettings = profile.risks.accuracy
@@ -97,13 +97,13 @@ def check_tasks(base_url: str, model: str, profile: Any, run_dir: Path) -> Check
     work = Path(run_dir) / "lm-eval"
     include = [include_dir(settings, work / "tasks"), *(Path(p) for p in settings.task_paths)]
     tok = local_model_dir(profile) or model_dir
-    served = (f"model={model},base_url={base_url.rstrip('/')}/v1/completions,tokenizer={tok},"
+    served = (f"model={endpoint.model},base_url={endpoint.base_url}/v1/completions,tokenizer={tok},"
               f"tokenized_requests=False,max_retries=1,num_concurrent=1")
     ref = f"pretrained={model_dir},dtype=float32"
     timeout = float(settings.task_timeout_s)
     try:
         deployed, deployed_s = run_lm_eval("local-completions", served, settings.tasks, include, work / "deployed",
-                                           timeout, api_key=api_key(profile), scrub=profile.redactor().text)
+                                           timeout, api_key=endpoint.key, scrub=profile.redactor().text)
         reference, reference_s = run_lm_eval("hf", ref, settings.tasks, include, work / "reference", timeout)
     except TaskError as exc:
         return Check(id=CHECK_ID, title=TITLE, status="error", message=str(exc), source="http",

@@ -10,6 +10,7 @@ running engine loaded it right.
   rank to the plan (:mod:`.memory`).
 """
 
+from day0.core.stages import Stage
 from day0.stages.weights.audit import audit
 from day0.stages.weights.findings import CATEGORIES
 from day0.stages.weights.golden import golden_tokens_check
@@ -29,3 +30,11 @@ __all__ = [
     "smoke_checks",
     "write_manifest",
 ]
+
+STAGE = Stage(
+    name="weights", order=10, suite="day0.suites.test_weights", section="weights",
+    title="Weight-shard loading",
+    question="are the shards complete and loaded right, within memory?",
+    required=("weights.shards_present", "weights.smoke.*", "weights.manifest", "weights.golden_tokens",
+              "weights.memory_per_rank"),
+)

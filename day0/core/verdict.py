@@ -1,0 +1,95 @@
+"""A stage's and a run's verdict from their checks: the one rule every reader of a record applies.
+
+Only a ``fail`` (measured, outside its limit) rejects; an ``error``, a stage that did not run, or
+a required check that verified nothing leaves the run INCOMPLETE. Kept apart from the record's
+types (duck-typed below) so that rule reads on one page.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class _Check(Protocol):
+    id: str
+    status: str
+    message: str
+
+
+class _Stage(Protocol):
+    name: str
+    verdict: str
+
+    @property
+    def checks(self) -> Sequence[_Check]: ...
+
+
+def stage_verdict(checks: Sequence[_Check]) -> str:
+    if not checks:
+        return "not_run"
+    statuses = {c.status for c in checks}
+    if "fail" in statuses:
+        return "fail"
+    if "error" in statuses:
+        return "error"
+    if statuses == {"blocked"}:
+        return "blocked"
+    if "pass" in statuses:
+        return "pass"
+    if "blocked" in statuses:
+        return "blocked"
+    return "skip"
+
+
+def required_checks(profile: Any) -> list[str]:
+    """The profile's ``[report] required`` globs, read from the record's own profile section so a
+    record's verdict follows from the record alone (rebuild and load agree, run after run)."""
+    rep = profile.get("report") if isinstance(profile, dict) else None
+    req = rep.get("required") if isinstance(rep, dict) else None
+    return [g for g in req if isinstance(g, str)] if isinstance(req, list) else []
+
+
+def unverified_required(stages: Sequence[_Stage], required: Sequence[str]) -> list[tuple[str, str]]:
+    """(check id or glob, why) for each required check that was not verified: a matching check that
+    is skip, blocked or error, or a glob no check matches at all (a required check that never ran)."""
+    out: list[tuple[str, str]] = []
+    checks = [c for s in stages for c in s.checks]
+    for glob in required:
+        hits = [c for c in checks if fnmatch.fnmatchcase(c.id, glob)]
+        if not hits:
+            out.append((glob, "required, but no such check ran"))
+        for c in hits:
+            if c.status in ("skip", "blocked", "error") and all(c.id != i for i, _ in out):
+                out.append((c.id, f"required, but {c.status}: {c.message}"))
+    return out
+
+
+def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str] = ()) -> tuple[str, str]:
+    """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
+    the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
+    method that did not resolve can never be mistaken for a verdict on the deployment. A check the
+    profile lists as ``required`` that was skipped, blocked or never ran also leaves it INCOMPLETE:
+    a run cannot be accepted on what it did not verify."""
+    for s in stages:
+        failed = [c for c in s.checks if c.status == "fail"]
+        if failed:
+            return "rejected", f"stage {s.name} fail: {failed[0].id}: {failed[0].message}"
+    for s in stages:
+        errors = [c for c in s.checks if c.status == "error"]
+        if errors:
+            more = sum(c.status == "error" for st in stages for c in st.checks) - 1
+            tail = f" (and {more} more not measured)" if more else ""
+            return "incomplete", f"could not measure: {errors[0].id}: {errors[0].message}{tail}"
+    if not finished:
+        return "incomplete", "the run did not finish (no run_finished event); the record holds what was measured"
+    missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]
+    if missing:
+        return "incomplete", "stages not run, skipped or blocked: " + ", ".join(missing)
+    unverified = unverified_required(stages, required)
+    if unverified:
+        more = f" (and {len(unverified) - 1} more)" if len(unverified) > 1 else ""
+        first, why = unverified[0]
+        return "incomplete", f"required check not verified: {first}: {why}{more}"
+    return "accepted", "every stage ran and passed"
