@@ -21,7 +21,7 @@ from day0.config.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_mer
 from day0.core.record import Check, measured, one_line
 from day0.engine import EngineError, ViewUnavailable
 from day0.session import Day0Session
-from day0.stages.context import StageContext
+from day0.stages.context import SectionError, StageContext, check_sections
 from day0.stages.registry import Registry, RegistryError, load
 
 REGISTRY_KEY = pytest.StashKey[Registry]()
@@ -156,7 +156,8 @@ def _profile(config: pytest.Config) -> Profile:
         for text in config.getoption("--day0-set"):
             overrides = deep_merge(overrides, parse_override(text))
         profile = load_profile(config.getoption("--day0-profile"), overrides=overrides or None)
-    except ProfileError as exc:
+        check_sections(registry_of(config).stages, profile)
+    except (ProfileError, SectionError) as exc:
         raise pytest.UsageError(f"day0: {exc}") from None
     config.stash[PROFILE_KEY] = profile
     return profile

@@ -91,3 +91,16 @@ def section_of(stage: Stage, profile: Profile) -> Any:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
         raise SectionError(f"stages.{stage.name}{'.' + where if where else ''}: {err.get('msg', exc)}") from None
+
+
+def check_sections(stages: Sequence[Stage], profile: Profile) -> None:
+    """Every ``[stages.<name>]`` table names an installed stage and passes its settings model, checked
+    before the run starts: a typo would otherwise surface as an error an hour into it."""
+    names = {s.name for s in stages}
+    for name in profile.stages:
+        if name not in names:
+            raise SectionError(f"stages.{name}: no stage {name!r} is installed (`day0 stages` lists them)")
+    for stage in stages:
+        if stage.name in profile.stages or stage.settings is not None:
+            section_of(stage, profile)
+

@@ -8,6 +8,7 @@ place (``order`` 0-60); a site stage without one runs after them, in name order.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Iterable
@@ -82,7 +83,7 @@ def from_entry_points(eps: Iterable[metadata.EntryPoint] | None = None) -> tuple
         if stage.suite is not None:
             raise RegistryError(f"{where}: a site stage declares run(ctx), not a suite module")
         try:
-            found.append(Stage(**{**stage.__dict__, "origin": dist}).validate())
+            found.append(dataclasses.replace(stage, origin=dist).validate())
         except StageDeclarationError as exc:
             raise RegistryError(f"{where}: {exc}") from None
     return tuple(found)
@@ -90,7 +91,7 @@ def from_entry_points(eps: Iterable[metadata.EntryPoint] | None = None) -> tuple
 
 def load(eps: Iterable[metadata.EntryPoint] | None = None) -> Registry:
     """Built-ins, then site stages; a name used twice (or a derived stage's name) is refused."""
-    stages = [*builtin(), *sorted(from_entry_points(eps), key=lambda s: (s.order, s.name))]
+    stages = [*builtin(), *from_entry_points(eps)]
     seen: dict[str, str] = {d.name: "day0 (derived)" for d in DERIVED_STAGES}
     for s in stages:
         if s.name in seen:

@@ -212,6 +212,10 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
             api_key_env = "VLLM_API_KEY"
             [engine.env]
             HF_TOKEN = "{HF}"
+            [collectives]   # the probes the default run leaves out: both must carry the key too
+            tp_equivalence = true
+            [risks.accuracy]
+            tasks = ["day0_tiny_qa"]
             [report]    # cpu-tiny requires the exact KV view and worker memory: an external engine exposes neither
             required = ["weights.golden_tokens", "weights.smoke.*", "latency.ttft_p99", "latency.error_rate",
                         "collectives.engine_tp*", "risks.accuracy.*"]

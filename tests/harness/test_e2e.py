@@ -33,7 +33,7 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
     assert proc.returncode == 0, out
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     by_id = {c.id: c for c in rec.checks()}
-    assert by_id["collectives.engine_tp1_matches_tp2"].status == "pass"
+    assert by_id["collectives.engine_tp2_matches_tp1"].status == "pass"
     assert by_id["risks.accuracy.task_delta"].status == "pass"
     # every stage timed, in the record and the terminal table
     assert all(s.duration_s is not None and s.duration_s > 0 for s in rec.stages[:6]), [s.duration_s for s in rec.stages]

@@ -155,3 +155,16 @@ def test_a_site_stage_is_blocked_by_an_earlier_failure(pytester, monkeypatch, tm
     site = next(s for s in run["stages"] if s["name"] == "sitecheck")
     assert site["verdict"] == "blocked" and site["checks"][0]["id"] == "sitecheck.run"
     assert "stage latency failed" in site["checks"][0]["message"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ('stages.sitecheck.limit="high"', "day0: stages.sitecheck.limit: Input should be a valid number"),
+    ("stages.nope.x=1", "day0: stages.nope: no stage 'nope' is installed (`day0 stages` lists them)"),
+])
+def test_a_bad_site_stage_table_stops_the_run_before_it_starts(pytester, monkeypatch, tmp_path, override, message):
+    pytester.makepyfile(test_standin=BUILTIN_STANDIN)
+    monkeypatch.setenv("PYTHONPATH", str(install_dist(tmp_path / "site")))
+    result = pytester.runpytest_subprocess("test_standin.py", "-m", "day0", "--day0-out", "out",
+                                           "--day0-set", override)
+    assert message in result.stderr.str(), result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and not (pytester.path / "out").exists()
