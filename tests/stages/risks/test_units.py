@@ -503,7 +503,8 @@ def test_task_accuracy_without_lm_eval_is_a_skip_naming_the_extra(monkeypatch, t
     import day0.stages.risks.task_accuracy as tasks
 
     monkeypatch.setattr(tasks, "find_spec", lambda name: None)
-    check = tasks.check_tasks(Endpoint("http://127.0.0.1:1", "m"), load_profile("cpu-tiny"), tmp_path)
+    profile = load_profile("cpu-tiny", overrides={"risks": {"accuracy": {"tasks": ["day0_tiny_qa"]}}})
+    check = tasks.check_tasks(Endpoint("http://127.0.0.1:1", "m"), profile, tmp_path)
     assert check.status == "skip" and "pip install 'day0[eval]'" in check.message
 
 
