@@ -323,16 +323,11 @@ class StageRecord:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "verdict": self.verdict}
         if self.info is not None:
-            out.update({k: v for k, v in _describe(self.info).items() if k != "name"})
+            out.update({k: v for k, v in self.info.describe().items() if k != "name"})
         if self.duration_s is not None:
             out["duration_s"] = self.duration_s
         out["checks"] = [c.to_dict() for c in self.checks]
         return out
-
-
-def _describe(info: StageInfo) -> dict[str, Any]:
-    return {"name": info.name, "title": info.title, "question": info.question,
-            "figures": [f.describe() for f in info.figures], "required": list(info.required), "origin": info.origin}
 
 
 @dataclass

@@ -108,11 +108,13 @@ class Stage:
                 raise StageDeclarationError(f"stage {self.name!r}: figure {f.key!r}: pick: one of {', '.join(PICKS)}")
         return self
 
-    def describe(self) -> dict[str, Any]:
+    @property
+    def info(self) -> StageInfo:
         """What the run record keeps of the declaration (no code, nothing of the profile)."""
-        return {"name": self.name, "title": self.title, "question": self.question,
-                "figures": [f.describe() for f in self.figures], "required": list(self.required),
-                "origin": self.origin}
+        return StageInfo(self.name, self.title, self.question, self.figures, self.required, self.origin)
+
+    def describe(self) -> dict[str, Any]:
+        return self.info.describe()
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,11 @@ class StageInfo:
     figures: tuple[Figure, ...] = ()
     required: tuple[str, ...] = ()
     origin: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "question": self.question,
+                "figures": [f.describe() for f in self.figures], "required": list(self.required),
+                "origin": self.origin}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StageInfo:

@@ -19,23 +19,20 @@ class ExternalEngine:
         self.profile = profile
         self.log = log
         self.info: EngineInfo | None = None
+        self.endpoint: Endpoint | None = None  # built once start() knows the served name
 
     @property
     def base_url(self) -> str:
         return str(self.profile.engine.url).rstrip("/")
 
-    @property
-    def endpoint(self) -> Endpoint:
-        name = self.info.served_model_name if self.info else (self.profile.model.served_model_name or "")
-        return Endpoint.for_profile(self.profile, self.base_url, name)
-
     def start(self) -> EngineInfo:
         t0 = time.perf_counter()
         deadline = t0 + self.profile.engine.startup_timeout_s
+        probe = Endpoint.for_profile(self.profile, self.base_url, self.profile.model.served_model_name or "")
         last_err = ""
         while time.perf_counter() < deadline:
             try:
-                models = self.endpoint.json("/v1/models", timeout=5)
+                models = probe.json("/v1/models", timeout=5)
                 break
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last_err = str(getattr(exc, "reason", exc))
@@ -50,6 +47,7 @@ class ExternalEngine:
         self.info = EngineInfo(mode="external", view="http", model=want or (names[0] if names else "?"),
                                served_model_name=want or (names[0] if names else "?"), base_url=self.base_url,
                                startup_s=time.perf_counter() - t0)
+        self.endpoint = Endpoint.for_profile(self.profile, self.base_url, self.info.served_model_name)
         return self.info
 
     def alive(self) -> str | None:
@@ -63,6 +61,6 @@ class ExternalEngine:
         return None
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
-        assert self.info is not None
+        assert self.info is not None and self.endpoint is not None
         endpoint = self.endpoint
         return [endpoint.greedy(p, max_tokens) for p in prompts]

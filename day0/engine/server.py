@@ -110,6 +110,7 @@ class ServerEngine:
         self.cluster = cluster if cluster is not None and cluster.multi_node else None
         self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []  # (node, process, log)
         self.info: EngineInfo | None = None
+        self.endpoint: Endpoint | None = None  # where stages send requests, built once :meth:`start` knows the port
         prefix = "engine" if name == "server" else f"engine-{name}"
         self.log_path = self.run_dir / (f"{prefix}-node0.log" if self.cluster else f"engine-{name}.log")
         self.redactor = profile.redactor()
@@ -124,10 +125,6 @@ class ServerEngine:
         assert self.info and self.info.base_url
         return self.info.base_url
 
-    @property
-    def endpoint(self) -> Endpoint:
-        """Where stages send requests (the server is up: :meth:`start` returned)."""
-        return Endpoint.for_profile(self.profile, self.base_url, served_name(self.profile))
 
     def command(self, model: str, port: int) -> list[str]:
         """The server's command line. ``engine.args.api_key`` is not on it: vLLM reads the key from
@@ -168,6 +165,7 @@ class ServerEngine:
             args=dict(eng.args), env=dict(eng.env),
             nodes=[{"node": n, "pid": p.pid, "log_path": str(lp)} for n, p, lp in self.procs] if self.cluster else [],
         )
+        self.endpoint = Endpoint.for_profile(self.profile, self.info.base_url or "", self.info.served_model_name)
         self._wait_healthy(t0, eng.startup_timeout_s)
         self.info.startup_s = time.perf_counter() - t0
         if self.cluster:
@@ -277,6 +275,7 @@ class ServerEngine:
             scrub_log(lp, self.redactor)
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
+        assert self.endpoint is not None, "greedy() before start()"
         endpoint = self.endpoint
         return [endpoint.greedy(p, max_tokens)
                 for p in prompts]

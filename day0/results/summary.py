@@ -159,7 +159,7 @@ def stage_infos(record: RunRecord) -> dict[str, StageInfo]:
         return {s.name: s.info for s in record.stages if s.info is not None}
     from day0.stages.registry import builtin  # only for older records: imports the stage packages
 
-    known = {st.name: StageInfo.from_dict(st.describe()) for st in builtin()}
+    known = {st.name: st.info for st in builtin()}
     return {s.name: s.info or known.get(s.name) or StageInfo(s.name) for s in record.stages}
 
 
