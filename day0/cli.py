@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from day0.config import profile as profiles
+from day0.config.tiny import ARCHS as TINY_ARCHS
 from day0.core.inputs import refusal
 from day0.core.record import RecordError
 
@@ -83,8 +84,12 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
     from day0.model.tiny import build
 
     spec = profiles.load_profile(args.profile).model.tiny
+    if args.arch and args.arch != spec.arch:
+        # Another architecture keeps the profile's shared dimensions and the MoE defaults, which
+        # vLLM's CPU kernels take (head_dim 64, the MLA latent of 512 + 64).
+        spec = type(spec).model_validate({**spec.model_dump(), "arch": args.arch}, strict=False)
     out = build(spec, Path(args.dir))
-    print(f"built tiny model in {out}")
+    print(f"built tiny {spec.arch} model in {out}")
     return 0
 
 
@@ -308,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = psub.add_parser("build", help="build the tiny model into DIR")
     q.add_argument("dir", help="folder to write the model into (created)")
     q.add_argument("--profile", default=profiles.DEFAULT_PROFILE, help="profile whose [model.tiny] spec to use")
+    q.add_argument("--arch", choices=TINY_ARCHS, help="architecture instead of the profile's (default: its [model.tiny] arch)")
     q.set_defaults(func=_cmd_tiny_build)
 
     p = sub.add_parser("record", help="run records")

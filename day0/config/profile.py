@@ -30,6 +30,7 @@ from day0.config.latency import LatencySection, SlaSection
 from day0.config.preflight import PreflightSection
 from day0.config.risks import RisksSection
 from day0.config.section import Section
+from day0.config.tiny import TinySpec
 from day0.config.topology import TopologySection
 from day0.config.weights import WeightsSection
 from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
@@ -47,30 +48,6 @@ MAX_NESTING = 32  # tables and arrays inside one another
 
 class ProfileError(ValueError):
     """A profile that cannot be used; the message is one line naming file and key path."""
-
-
-class TinySpec(Section):
-    """The embedded model: a Llama shaped for the CPU attention backend (head_dim 64)."""
-
-    # Upper bounds keep it tiny: it is built with random weights on whatever machine runs day0.
-    hidden_size: int = Field(256, gt=0, le=8192)
-    intermediate_size: int = Field(512, gt=0, le=32768)
-    num_hidden_layers: int = Field(4, gt=0, le=128)
-    num_attention_heads: int = Field(4, gt=0, le=256)
-    num_key_value_heads: int = Field(2, gt=0, le=256)
-    vocab_size: int = Field(384, ge=300, le=65536, description="BPE target; 256 byte tokens + merges")
-    max_position_embeddings: int = Field(131072, gt=0, le=1 << 24)
-    num_shards: int = Field(3, ge=1, le=64)
-    seed: int = 0
-    rope_theta: float = 10000.0
-
-    @model_validator(mode="after")
-    def _heads(self) -> "TinySpec":
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be divisible by num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
-        return self
 
 
 class ModelSection(Section):

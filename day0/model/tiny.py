@@ -1,7 +1,8 @@
-"""The embedded tiny model: a real Llama checkpoint built offline, deterministically.
+"""The embedded tiny model: a real checkpoint built offline, deterministically.
 
 The harness must run end to end on a machine that cannot download weights, so it makes its own
-target: a byte-level BPE tokenizer trained on a generated corpus and random Llama weights split
+target: a byte-level BPE tokenizer trained on a generated corpus and random weights (a dense Llama,
+or a Qwen3-MoE or DeepSeek-V3 in miniature: :mod:`day0.model.tiny_archs`) split
 over several safetensors shards with an index, exactly the layout real checkpoints use. The same
 spec gives the same bytes, so the cache key (a hash of the spec) is safe to reuse.
 """
@@ -17,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from day0.config.profile import TinySpec
+from day0.config.tiny import TinySpec
+from day0.model.tiny_archs import model_config, weights
 
 BUILDER_VERSION = 2
 MANIFEST_NAME = "day0-manifest.json"
@@ -38,7 +40,7 @@ _WORDS = (
 
 
 def spec_digest(spec: TinySpec) -> str:
-    payload = json.dumps({"builder": BUILDER_VERSION, **spec.model_dump()}, sort_keys=True)
+    payload = json.dumps({"builder": BUILDER_VERSION, **spec.identity()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -51,7 +53,8 @@ def cache_root() -> Path:
 
 def cached_model(spec: TinySpec, *, log: Callable[[str], None] | None = None) -> Path:
     """Path of the model for ``spec``, building it once; concurrent builders race harmlessly."""
-    target = cache_root() / f"tiny-{spec_digest(spec)}"
+    arch = "" if spec.arch == "llama" else f"{spec.arch}-"  # the dense name predates the MoE targets
+    target = cache_root() / f"tiny-{arch}{spec_digest(spec)}"
     if (target / "model.safetensors.index.json").is_file():
         if not (target / MANIFEST_NAME).is_file():  # built before builds wrote one
             write_manifest(target)
@@ -93,7 +96,7 @@ def build(spec: TinySpec, out_dir: Path) -> Path:
     config = model_config(spec, vocab_size=vocab, bos_token_id=bos, eos_token_id=eos)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos})
-    _write_shards(_weights(spec, vocab), out_dir, spec.num_shards)
+    _write_shards(weights(spec, config), out_dir, spec.num_shards)
     write_manifest(out_dir)
     return out_dir
 
@@ -125,30 +128,6 @@ def write_manifest(model_dir: Path) -> Path:
     return path
 
 
-def model_config(spec: TinySpec, *, vocab_size: int, bos_token_id: int, eos_token_id: int) -> dict[str, Any]:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_hidden_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_key_value_heads,
-        "head_dim": spec.hidden_size // spec.num_attention_heads,
-        "vocab_size": vocab_size,
-        "max_position_embeddings": spec.max_position_embeddings,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": spec.rope_theta,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "float32",
-        "bos_token_id": bos_token_id,
-        "eos_token_id": eos_token_id,
-    }
-
-
 def _corpus(seed: int, sentences: int = 3000) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + "." for _ in range(sentences)]
@@ -168,34 +147,6 @@ def _train_tokenizer(spec: TinySpec):
     )
     tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
     return tok
-
-
-def _weights(spec: TinySpec, vocab: int) -> dict[str, Any]:
-    import torch
-
-    gen = torch.Generator().manual_seed(spec.seed)
-    h, i = spec.hidden_size, spec.intermediate_size
-    head_dim = h // spec.num_attention_heads
-    kv = spec.num_key_value_heads * head_dim
-
-    def normal(*shape: int) -> "torch.Tensor":
-        return (torch.randn(*shape, generator=gen) * 0.02).contiguous()
-
-    tensors: dict[str, Any] = {"model.embed_tokens.weight": normal(vocab, h)}
-    for n in range(spec.num_hidden_layers):
-        p = f"model.layers.{n}."
-        tensors[p + "input_layernorm.weight"] = torch.ones(h)
-        tensors[p + "self_attn.q_proj.weight"] = normal(h, h)
-        tensors[p + "self_attn.k_proj.weight"] = normal(kv, h)
-        tensors[p + "self_attn.v_proj.weight"] = normal(kv, h)
-        tensors[p + "self_attn.o_proj.weight"] = normal(h, h)
-        tensors[p + "post_attention_layernorm.weight"] = torch.ones(h)
-        tensors[p + "mlp.gate_proj.weight"] = normal(i, h)
-        tensors[p + "mlp.up_proj.weight"] = normal(i, h)
-        tensors[p + "mlp.down_proj.weight"] = normal(h, i)
-    tensors["model.norm.weight"] = torch.ones(h)
-    tensors["lm_head.weight"] = normal(vocab, h)
-    return tensors
 
 
 def _write_shards(tensors: dict[str, Any], out_dir: Path, num_shards: int) -> None:
