@@ -319,6 +319,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                                         message=reason, nodeid=item.nodeid, repeat=repeat_of(item),
                                         duration_s=_item_elapsed(item)))
         return rep
+    if not isinstance(exc, (AssertionError, EngineError)):
+        exc = day0.engines.dead() or exc  # a request that failed because the engine died
     if isinstance(exc, EngineError):
         message = f"engine failed: {exc}"
         rep.longrepr = f"day0: {message}" + (f"\n(engine log: {exc.log_path})" if exc.log_path else "")

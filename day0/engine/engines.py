@@ -105,6 +105,32 @@ class Engines:
         finally:
             server.stop()
 
+    def dead(self) -> EngineError | None:
+        """The first started engine that no longer serves, as an :class:`EngineError` naming its root
+        cause; None while every engine serves.
+
+        Asked when a check raised something other than an assertion: a request that failed because
+        the engine died is the deployment failing (a segfaulting kernel), not day0 unable to measure.
+        The dead engine is stopped and its error remembered, so every later stage fails at once with
+        the same cause instead of sending requests to a server that answers 500 until a timeout.
+        """
+        from day0.engine.rootcause import excerpt
+
+        for view, engine in list(self._engines.items()):
+            reason = engine.alive()
+            if not reason:
+                continue
+            log_path = getattr(engine, "log_path", None)
+            text = log_path.read_text(encoding="utf-8", errors="replace") if log_path and log_path.exists() else ""
+            error = EngineError(reason, log_excerpt=excerpt(text) if text else "", log_path=log_path,
+                                pgid=getattr(getattr(engine, "proc", None), "pid", None))
+            self._errors[view] = error
+            del self._engines[view]
+            with contextlib.suppress(Exception):
+                engine.stop()
+            return error
+        return None
+
     def started(self) -> list[EngineInfo]:
         return [e.info for e in self._engines.values() if e.info is not None]
 

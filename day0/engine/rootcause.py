@@ -3,7 +3,10 @@
 vLLM reports an engine-core failure twice: the real exception in the core process, then a generic
 wrapper (``Engine core initialization failed. See root cause above``) in the front end. The first
 is the root cause; argparse's ``error:`` line and a pydantic ``ValidationError``'s detail lines
-are read too.
+are read too. A native crash has no exception line: vLLM's signal handler prints ``Segfault
+encountered`` and the native stack, so the crash and its first frame in vLLM's own sources
+(``cpu_fused_moe.cpp:242 in fused_moe_impl``) are the cause, not the ``RuntimeError: cancelled``
+the dying core logs after it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,16 @@ _WRAPPERS = (
     "Worker failed with error",
     "EngineDeadError",
 )
+# A native crash, as vLLM's signal handler, Python's faulthandler or the C library report it.
+_CRASHES = (
+    (re.compile(r"^!+ Segfault encountered !+$|^Fatal Python error: Segmentation fault"), "segmentation fault"),
+    (re.compile(r"^Fatal Python error: Illegal instruction"), "illegal instruction"),
+    (re.compile(r"^Fatal Python error: Bus error"), "bus error"),
+    (re.compile(r"^Fatal Python error: Aborted"), "abort"),
+)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+_SYSTEM_FRAME = re.compile(r"sysdeps/|libc|/include/|<unknown>|site-packages/torch/")
+_FRAMES_SCANNED = 40
 _PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO|DEBUG)\s+[\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
 
 
@@ -51,6 +64,9 @@ def _root_cause_at(log_text: str) -> tuple[int, str] | None:
     """
     lines = [_PREFIX.sub("", ln).rstrip() for ln in log_text.splitlines()]
     for n, line in enumerate(lines):
+        crash = _crash(lines, n)
+        if crash:
+            return n, crash
         m = _ARGPARSE.match(line)
         if m:
             return n, f"vLLM rejected its arguments: {m.group(1)}"
@@ -63,6 +79,19 @@ def _root_cause_at(log_text: str) -> tuple[int, str] | None:
             text = text + ": " + " ".join(detail)
         return n, f"{name}: {text}"
     return None
+
+
+def _crash(lines: list[str], n: int) -> str | None:
+    """``line n`` reports a native crash: its kind and the first frame in the engine's own code."""
+    kind = next((name for pattern, name in _CRASHES if pattern.search(lines[n])), None)
+    if kind is None:
+        return None
+    for line in lines[n + 1: n + 1 + _FRAMES_SCANNED]:
+        m = _FRAME.match(line)
+        if m and not _SYSTEM_FRAME.search(m.group(1)):
+            function = re.split(r"[<(]", m.group(3), maxsplit=1)[0].strip() or m.group(3)[:80]
+            return f"{kind} in {m.group(1).rsplit('/', 1)[-1]}:{m.group(2)} ({function})"
+    return f"{kind} in native code (the log shows no source frame)"
 
 
 def exception_root_cause(exc: BaseException) -> str:

@@ -254,16 +254,45 @@ class ServerEngine:
                           log_excerpt=excerpt(text), log_path=where, pgid=pgid)
 
     def alive(self) -> str | None:
-        """None while the server runs, else a one-line reason (for stages that see it die)."""
+        """None while the server serves, else a one-line reason with the root cause from the logs.
+
+        A process that exited is dead; so is a front end that is up but answers /health with an
+        error or refuses the connection: vLLM's API server outlives a crashed engine core and
+        answers 500 to every request (a segfault in a kernel, measured with expert parallelism on
+        CPU), which must read as the deployment failing, not as day0 unable to measure.
+        """
         if not self.procs:
             return "engine not started"
         for node, proc, lp in self.procs:
             code = proc.poll()
             if code is not None:
-                cause = root_cause(lp.read_text(encoding="utf-8", errors="replace"))
                 where = f" on {node}" if self.cluster else ""
-                return f"vLLM server exited with code {code}{where}" + (f": {cause}" if cause else "")
-        return None
+                return f"vLLM server exited with code {code}{where}" + self._cause_suffix(lp)
+        problem = self._health_problem()
+        if problem is None:
+            return None
+        return f"vLLM server up but not serving ({problem})" + self._cause_suffix(*(lp for _, _, lp in self.procs))
+
+    def _health_problem(self) -> str | None:
+        """Why /health says the engine cannot serve; None when it answers 200 or is only slow."""
+        try:
+            with urllib.request.urlopen(self.info.base_url + "/health", timeout=5) as resp:  # type: ignore[union-attr]
+                return None if resp.status == 200 else f"/health answered {resp.status}"
+        except urllib.error.HTTPError as exc:
+            return f"/health answered {exc.code}"
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ConnectionRefusedError):
+                return "/health refused the connection"
+            return None  # a timeout on a busy box is not a death
+
+    @staticmethod
+    def _cause_suffix(*logs: Path) -> str:
+        for lp in logs:
+            cause = root_cause(lp.read_text(encoding="utf-8", errors="replace")) if lp.exists() else None
+            if cause:
+                return f": {cause}"
+        return ""
 
     def stop(self) -> None:
         """Every node's process group: SIGTERM to all first (ranks shut down together), then each is waited for."""

@@ -21,9 +21,24 @@ def test_root_cause_of_a_real_vllm_start_failure():
     assert root_cause(text) == "ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
 
 
+def test_root_cause_of_a_native_crash_is_the_crash_not_what_the_dying_core_logs_after():
+    # engine-ep-segfault.log: a real vLLM CPU log (expert parallel, TP 2, 2026-12-01), trimmed: the
+    # signal handler's native stack, then "RuntimeError: cancelled" and EngineDeadError wrappers
+    text = (DATA / "engine-ep-segfault.log").read_text()
+    assert "RuntimeError: cancelled" in text
+    assert root_cause(text) == "segmentation fault in cpu_fused_moe.cpp:242 (fused_moe_impl)"
+
+
 @pytest.mark.parametrize(
     "log, expected",
     [
+        ("Fatal Python error: Illegal instruction\n\nThread 0x1 (most recent call first):\n"
+         '  File "/x/site-packages/torch/nn/functional.py", line 9, in linear\n'
+         '  File "/x/vllm/model_executor/layers/linear.py", line 88, in forward\n',
+         "illegal instruction in linear.py:88 (forward)"),
+        ("!!!!!!! Segfault encountered !!!!!!!\n  File \"<unknown>\", line 0, in raise\n",
+         "segmentation fault in native code (the log shows no source frame)"),
+        ("INFO a log that mentions SIGSEGV handlers and Segfault encountered counts in passing\n", None),
         ("usage: api_server.py [-h]\napi_server.py: error: unrecognized arguments: --bogus 1\n",
          "vLLM rejected its arguments: unrecognized arguments: --bogus 1"),
         ("(EngineCore pid=1) ERROR 11-30 09:41:42 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
