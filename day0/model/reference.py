@@ -77,12 +77,19 @@ class TokenComparison:
         return asdict(self)
 
 
-def compare_tokens(a: RefSequence, b: RefSequence, margin: float) -> TokenComparison:
+def compare_tokens(a: RefSequence, b: RefSequence, margin: float, *,
+                   drift_limit: float | None = None) -> TokenComparison:
     """Compare two references of the same prompt; near-tie when, at the first difference, each
     side's pick is within ``margin`` (nats) of the other's pick in both distributions.
 
     Holding both sides to the margin (not only the side that looks tied) bounds how far the two
     numerics moved: the two gaps add up to at most twice the largest logit perturbation between them.
+
+    ``drift_limit`` (nats) also holds the numbers on the equal prefix: the same tokens from
+    logprobs further apart than that is a divergence too (named at the position of the largest
+    difference), and a near-tie after such a prefix is not credible. Same tokens are not the same
+    function: vLLM 0.32's CPU rotary op, wrong for MLA's strided views, moved DeepSeek-V3's
+    logprobs by 0.016 nats while 16 tokens still matched (docs/engine.md).
     """
     if a.prompt != b.prompt:
         raise ValueError(f"compare_tokens: prompts differ ({a.prompt!r} vs {b.prompt!r})")
@@ -94,7 +101,14 @@ def compare_tokens(a: RefSequence, b: RefSequence, margin: float) -> TokenCompar
                                "the two sides did not use the same tokenizer",
                                evidence={"prompt_ids_a": a.prompt_ids, "prompt_ids_b": b.prompt_ids})
     n = min(len(a.tokens), len(b.tokens))
-    delta = _max_delta(a.logprobs[:n], b.logprobs[:n], a.tokens[:n], b.tokens[:n])
+    delta, at = _max_delta(a.logprobs[:n], b.logprobs[:n], a.tokens[:n], b.tokens[:n])
+    if drift_limit is not None and delta is not None and delta > drift_limit:
+        return TokenComparison(
+            a.prompt, "diverged", position=at, token_a=a.tokens[at], token_b=b.tokens[at], logprob_a=a.logprobs[at],
+            logprob_b=b.logprobs[at], max_logprob_delta=delta, compared=at + 1,
+            message=(f"{a.prompt!r}: logprobs drifted at generated position {at} ({who}): token {a.tokens[at]} "
+                     f"has logprob {_fmt(a.logprobs[at])} vs {_fmt(b.logprobs[at])}, |d| {_fmt(delta)} nats, beyond "
+                     f"the {drift_limit:g} two correct numerics stay within (the tokens so far are equal)"))
     for pos in range(n):
         if a.tokens[pos] != b.tokens[pos]:
             return _at_difference(a, b, pos, margin, delta, who)
@@ -124,24 +138,28 @@ def _at_difference(a: RefSequence, b: RefSequence, pos: int, margin: float, delt
     return TokenComparison(a.prompt, status, pos, ta, tb, la, lb, gap_a, gap_b, delta, pos + 1, message, evidence)
 
 
-def _max_delta(la: Sequence[float], lb: Sequence[float], ta: Sequence[int], tb: Sequence[int]) -> float | None:
-    deltas = []
-    for x, y, i, j in zip(la, lb, ta, tb):
+def _max_delta(la: Sequence[float], lb: Sequence[float], ta: Sequence[int],
+               tb: Sequence[int]) -> tuple[float | None, int]:
+    """The largest |logprob difference| over the equal prefix, and its position."""
+    best, at = None, 0
+    for pos, (x, y, i, j) in enumerate(zip(la, lb, ta, tb)):
         if i != j:
             break
-        deltas.append(abs(x - y))
-    return max(deltas) if deltas else None
+        if best is None or abs(x - y) > best:
+            best, at = abs(x - y), pos
+    return best, at
 
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
-def compare_all(a: Sequence[RefSequence], b: Sequence[RefSequence], margin: float) -> list[TokenComparison]:
+def compare_all(a: Sequence[RefSequence], b: Sequence[RefSequence], margin: float, *,
+                drift_limit: float | None = None) -> list[TokenComparison]:
     """:func:`compare_tokens` prompt by prompt; both lists must hold the same prompts in the same order."""
     if [s.prompt for s in a] != [s.prompt for s in b]:
         raise ValueError("compare_all: the two references hold different prompts")
-    return [compare_tokens(x, y, margin) for x, y in zip(a, b)]
+    return [compare_tokens(x, y, margin, drift_limit=drift_limit) for x, y in zip(a, b)]
 
 
 def summarize(comparisons: Sequence[TokenComparison]) -> dict[str, int]:

@@ -8,7 +8,9 @@ model fits in host memory (the embedded model always) it is the reference; where
 the golden file recorded on a trusted run is. Two correct numerics still part ways where the two
 best candidates are nearly tied, so a first difference whose two picks are within the margin in
 both distributions is a near-tie (reported, not failed); any other difference is a wrong weight,
-kernel or tokenizer, and fails naming the prompt, the position, both tokens and both logprobs.
+kernel or tokenizer, and fails naming the prompt, the position, both tokens and both logprobs. The
+margin is how far two correct numerics move a logprob, so equal tokens whose logprobs moved further
+fail too: a wrong kernel shows in the numbers before it flips a token.
 """
 
 from __future__ import annotations
@@ -98,9 +100,10 @@ def golden_file_check(engine: Any, golden: str, *, margin: float | None = None) 
 
 def judge(engine: Any, refs: Sequence[RefSequence], what: str, *, margin: float, top_k: int,
           evidence: dict[str, Any], max_tokens: int = GOLDEN_TOKENS) -> Check:
-    """Diverged prompts against 0; near-ties counted and named, never failed."""
+    """Diverged prompts against 0; near-ties counted and named, never failed. The margin bounds
+    the numbers as well as the picks: equal tokens from logprobs further apart diverge too."""
     mine = engine_sequences(engine, refs, max_tokens, top_k)
-    comps = compare_all(refs, mine, margin)
+    comps = compare_all(refs, mine, margin, drift_limit=margin)
     counts = summarize(comps)
     deltas = [c.max_logprob_delta for c in comps if c.max_logprob_delta is not None]
     table = {"columns": ["prompt", "status", "position", "reference token", "engine token", "reference logprob",
