@@ -83,6 +83,30 @@ Bytes = Annotated[
 GBps = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
+class ExpertRouting(BaseModel):
+    """``[collectives.expert_routing]``: the MoE routing whose uneven all-to-all ``expert_dispatch`` and
+    ``expert_combine`` measure (day0/stages/collectives/routing.py). Each EP rank routes ``tokens``
+    tokens to ``top_k`` distinct experts of ``experts``, placed contiguously on the ranks; expert
+    popularity is Zipf with exponent ``skew``. The defaults give 256 rows per rank (1 KiB of float32
+    holds a row of one element) and a hot rank 0, as an unbalanced MoE layer has."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    tokens: int = Field(128, ge=1, le=1 << 20, description="tokens per EP rank; each sends tokens x top_k rows")
+    experts: int = Field(16, ge=1, le=1 << 14, description="experts E, contiguous on the ranks (E/n each; "
+                                                           "a rank past E holds none)")
+    top_k: int = Field(2, ge=1, le=256, description="distinct experts per token (at most experts)")
+    skew: float = Field(1.0, ge=0, le=16, description="Zipf exponent of expert popularity: 0 uniform; above 0 the "
+                                                      "first experts, all on rank 0, are hot")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="the draws are a function of (seed, rank): same on every rank")
+
+    @model_validator(mode="after")
+    def _together(self) -> "ExpertRouting":
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k: {self.top_k} is more than experts ({self.experts}); a token's experts are distinct")
+        return self
+
+
 class CollectivesSection(BaseModel):
     """``[collectives]``: defaults suit the CPU demo (gloo, ~20 s sweep); docs/stages/collectives.md.
 
@@ -123,6 +147,9 @@ class CollectivesSection(BaseModel):
     nccl_debug: bool = Field(True, description="NCCL_DEBUG=INFO into per-rank files, for the transport checks")
     large_message_bytes: Optional[Bytes] = Field(
         None, description="the busbw check uses sizes >= this (default: the largest)")
+    expert_routing: ExpertRouting = Field(
+        default_factory=ExpertRouting, description="expert_dispatch / expert_combine: tokens per rank, experts, "
+                                                   "top_k and skew of the routing their uneven splits come from")
     links_bytes: Bytes = Field(4 << 20, ge=4, description="message of the node-to-node link test (collectives.links)")
     links_time_s: float = Field(2.0, gt=0, description="time per directed link over all rounds: repeats stop after it (one timed "
                                                        "transfer after a warm-up at least)")

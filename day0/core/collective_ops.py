@@ -13,20 +13,24 @@ nccl-tests program. A test registers one for a while with ``with OPS.registered(
 
 ``build`` and ``expect`` are written against :class:`OpContext`, what the sweep hands them (the
 buffers, the exact data of :mod:`day0.stages.collectives.exact`, ``torch.distributed`` or one
-bound to a subgroup), so this module imports neither torch nor the stage: the profile checks op
-names against it before any rank starts.
+bound to a subgroup, and for an op with ``uneven_splits`` the split sizes the expert routing of
+:mod:`day0.stages.collectives.routing` gives), so this module imports neither torch nor the stage:
+the profile checks op names against it before any rank starts.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 MODES = ("out_of_place", "in_place")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+#: ``m[i][j]``: elements rank i sends rank j (an uneven all-to-all's split sizes, every rank's).
+Traffic = tuple[tuple[int, ...], ...]
 
 
 class UnknownCollective(ValueError):
@@ -46,6 +50,7 @@ class OpContext(Protocol):
     root: int  # the settings' root, modulo n
     elements: int  # E: elements in the larger buffer (S / element size)
     chunk: int  # c: elements of one rank's share for split ops, else E
+    traffic: Traffic | None  # uneven_splits ops: the routing's split sizes in dispatch's direction; else None
 
     def zeros(self, count: int) -> Any:
         """A zeroed tensor of ``count`` elements in the sweep's dtype, on the rank's device."""
@@ -59,9 +64,11 @@ class OpContext(Protocol):
     def sums(self, start: int, count: int) -> Any:
         """The exact sum over all ranks of ``summed(., start, count)`` (a closed form: one pass)."""
 
-    def blocks(self, start: int, count: int, block: Callable[[int, int, int], Any]) -> Any:
-        """Elements [start, start+count) of a buffer of n blocks of ``chunk`` elements, where
-        ``block(j, offset, length)`` gives part of block j."""
+    def blocks(self, start: int, count: int, block: Callable[[int, int, int], Any],
+               sizes: Sequence[int] | None = None) -> Any:
+        """Elements [start, start+count) of a buffer of n blocks of ``chunk`` elements (of ``sizes[j]``
+        elements where given: an uneven all-to-all's), where ``block(j, offset, length)`` gives part of
+        block j; an empty block is never asked for."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,9 @@ class OpSpec:
     aliases: tuple[str, ...] = ()  # other spellings, read everywhere (--op, the profile, programs, file names)
     loose_aliases: tuple[str, ...] = ()  # read where a person names the op, never picked out of a file name
     split: bool = False  # S is n equal chunks, one per rank (count = per-rank elements, as nccl-tests)
-    uneven_splits: bool = False  # torch takes per-rank split sizes (expert-parallel all-to-all); the sweep
-    #                              runs even splits today, so nothing reads this yet but the uneven sweep to come
+    uneven_splits: bool = False  # the sweep draws per-rank split sizes from the expert routing
+    #                              ([collectives.expert_routing]) and hands them over as ctx.traffic; S is
+    #                              each rank's tokens x top_k rows, busbw the busiest rank's bytes (docs/metrics.md)
     modes: tuple[str, ...] = ()  # what torch offers, in the order they run
     min_ranks: int = 1  # fewer ranks: the op is skipped, saying why
     label: str = ""  # how a message names the op (default: name)
@@ -129,6 +137,8 @@ class OpSpec:
             raise ValueError(f"collective {self.name!r}: a swept op needs modes (out_of_place, in_place)")
         if bad := [m for m in self.modes if m not in MODES]:
             raise ValueError(f"collective {self.name!r}: mode {bad[0]!r} is not one of {', '.join(MODES)}")
+        if self.split and self.uneven_splits:
+            raise ValueError(f"collective {self.name!r}: split (n equal chunks) and uneven_splits exclude each other")
         if self.nccl_tests is not None and not self.nccl_tests.endswith("_perf"):
             raise ValueError(f"collective {self.name!r}: nccl-tests programs end in _perf, not {self.nccl_tests!r}")
 
@@ -284,6 +294,51 @@ def _all_to_all(x: OpContext, mode: str) -> OpCall:
     return OpCall(fill, lambda: x.dist.all_to_all_single(out, inp), inp, out)
 
 
+def transpose(m: Traffic) -> Traffic:
+    """Combine's split sizes from dispatch's: what rank j received from rank i, it sends back to i."""
+    return tuple(zip(*m)) if m else ()
+
+
+def _routed(x: OpContext, op: str, back: bool) -> Traffic:
+    """The point's split sizes, turned round for the way back (combine)."""
+    if x.traffic is None:
+        raise ValueError(f"{op} takes its split sizes from the expert routing; this context carries none")
+    return transpose(x.traffic) if back else x.traffic
+
+
+def _uneven_all_to_all(x: OpContext, m: Traffic) -> OpCall:
+    """all_to_all_single with ``m[rank]`` out and ``m[.][rank]`` in: this rank's input holds one block
+    per destination, in rank order, each element the sender's own value for its place (``moved``), so
+    a block from the wrong sender, or shifted within the sender's buffer, shows in the check."""
+    send, recv = list(m[x.rank]), [row[x.rank] for row in m]
+    inp, out = x.zeros(sum(send)), x.zeros(sum(recv))
+    dist = x.dist
+
+    def fill() -> None:
+        inp.copy_(x.moved(x.rank, 0, sum(send)))
+        out.zero_()
+
+    def run() -> None:
+        dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
+
+    return OpCall(fill, run, inp, out)
+
+
+def _uneven_oracle(x: OpContext, m: Traffic, start: int, count: int) -> Any:
+    """Block i of this rank's output is sender i's block for this rank: its elements from where that
+    block starts in i's input (the sum of what i sends the ranks before this one)."""
+    begins = [sum(row[:x.rank]) for row in m]
+    return x.blocks(start, count, lambda i, off, k: x.moved(i, begins[i] + off, k), sizes=[row[x.rank] for row in m])
+
+
+def _expert_dispatch(x: OpContext, mode: str) -> OpCall:
+    return _uneven_all_to_all(x, _routed(x, "expert_dispatch", back=False))
+
+
+def _expert_combine(x: OpContext, mode: str) -> OpCall:
+    return _uneven_all_to_all(x, _routed(x, "expert_combine", back=True))
+
+
 def _broadcast(x: OpContext, mode: str) -> OpCall:
     buf = x.zeros(x.elements)
 
@@ -324,9 +379,17 @@ OPS = OpRegistry([
            split=True, modes=MODES, build=_reduce_scatter,
            expect=lambda x, s, k: x.sums(x.rank * x.chunk + s, k)),
     OpSpec("all_to_all", BusFactor(1.0, ring=True), "alltoall_perf", aliases=("alltoall", "all2all"), split=True,
-           uneven_splits=True, modes=("out_of_place",),  # no in-place form (nccl-tests does not check one either)
+           modes=("out_of_place",),  # no in-place form (nccl-tests does not check one either)
            build=_all_to_all,
            expect=lambda x, s, k: x.blocks(s, k, lambda j, off, m: x.moved(j, x.rank * x.chunk + off, m))),
+    # Expert parallelism's all-to-all: the split sizes of a MoE layer's routing (uneven), tokens out to
+    # their experts' ranks and back; (n-1)/n is the even-split factor, the sweep's busbw the busiest rank's.
+    OpSpec("expert_dispatch", BusFactor(1.0, ring=True), aliases=("ep_dispatch", "moe_dispatch"),
+           uneven_splits=True, modes=("out_of_place",), label="expert-parallel dispatch (uneven all_to_all)",
+           build=_expert_dispatch, expect=lambda x, s, k: _uneven_oracle(x, _routed(x, "expert_dispatch", False), s, k)),
+    OpSpec("expert_combine", BusFactor(1.0, ring=True), aliases=("ep_combine", "moe_combine"),
+           uneven_splits=True, modes=("out_of_place",), label="expert-parallel combine (uneven all_to_all back)",
+           build=_expert_combine, expect=lambda x, s, k: _uneven_oracle(x, _routed(x, "expert_combine", True), s, k)),
     OpSpec("broadcast", BusFactor(), "broadcast_perf", aliases=("bcast",), modes=("in_place",),
            build=_broadcast, expect=lambda x, s, k: x.moved(x.root, s, k)),
     OpSpec("sendrecv", BusFactor(), "sendrecv_perf", aliases=("send_recv",), loose_aliases=("p2p",),

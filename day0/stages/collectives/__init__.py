@@ -1,8 +1,9 @@
 """Stage 2: collectives on torch.distributed (NCCL on GPUs, gloo on CPUs), measured like nccl-tests.
 
 Every collective TP and PP rely on (all_reduce, all_gather, reduce_scatter, all_to_all,
-broadcast, send/recv along the ring) is swept over message sizes, timed, and checked element by
-element against inputs whose sums are exact in the dtype; large-message busbw is held to what
+broadcast, send/recv along the ring), and expert parallelism's all-to-all with the uneven splits of
+a MoE routing (expert_dispatch, expert_combine), is swept over message sizes, timed, and checked
+element by element against inputs whose sums are exact in the dtype; large-message busbw is held to what
 the topology promises, and NCCL's own log to the transport it promises. Ranks are started by
 real launchers (:func:`run_local` on this host, :func:`run_cluster` one torchrun per node; torchrun / srun run
 ``python -m day0.stages.collectives run`` on supernodes); a rank that dies or hangs is named.
@@ -11,7 +12,7 @@ The ops themselves (names, busbw factors, how each is called and what its output
 specs in one registry, :data:`OPS` (:mod:`day0.core.collective_ops`); adding an op is adding a spec.
 
 Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 writes),
-``exact`` (the exact data), ``sweep``, ``rank`` and ``rank_env`` (the rank side), ``launcher`` and ``faults``
+``exact`` (the exact data), ``routing`` (the expert routing behind the uneven all-to-all), ``sweep``, ``rank`` and ``rank_env`` (the rank side), ``launcher`` and ``faults``
 (local ranks, watchdog, diagnosis), ``multinode`` (torchrun on every node of a cluster),
 ``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport, the engine's TP traffic across nodes), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
 ``transport`` (NCCL_DEBUG logs), ``nccl_tests`` with ``nccl_format``, ``nccl_text`` and

@@ -3,11 +3,13 @@ large-message busbw reaches ``pass_fraction`` x what the topology promises."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, NamedTuple
 
+from day0.core.collective_ops import OPS
 from day0.core.record import Check, measured
-from day0.stages.collectives.busbw import bus_factor, busbw_gbps
+from day0.stages.collectives.busbw import algbw_gbps, bus_factor
 from day0.stages.collectives.result import CollectivesResult, OpOutcome, SweepRow
 from day0.stages.collectives.settings import CollectivesSection, check_expected, coerce_settings, human_bytes
 
@@ -215,11 +217,22 @@ def _busbw_evidence(result: CollectivesResult, op: str, rows: list[SweepRow], be
                     "reference": reference}],
         "scope": scope, "expected_gbps": expected, "pass_fraction": exp.pass_fraction,
         "size_bytes": best.size_bytes, "mode": best.mode, "nranks": best.nranks,
-        "bus_factor": bus_factor(op, best.nranks) if best.nranks else None,
+        "bus_factor": row_factor(op, best),
     }
-    if best.times_us:
-        evidence["samples"] = [busbw_gbps(op, best.size_bytes, t / 1e6, best.nranks) for t in best.times_us if t > 0]
+    if best.times_us and evidence["bus_factor"] is not None:
+        evidence["samples"] = [algbw_gbps(best.size_bytes, t / 1e6) * evidence["bus_factor"]
+                               for t in best.times_us if t > 0]
     return evidence
+
+
+def row_factor(op: str, row: SweepRow) -> float | None:
+    """busbw / algbw of a row: the op's factor of n, or for uneven splits the one the row was measured
+    with (the routing's busiest rank, docs/metrics.md), read back from the row's own two figures."""
+    spec = OPS.get(op)
+    if spec is not None and spec.uneven_splits:
+        alg, bus = row.algbw_gbps, row.busbw_gbps
+        return bus / alg if alg and bus is not None and math.isfinite(alg) else None
+    return bus_factor(op, row.nranks) if row.nranks else None
 
 
 def _rows_table(rows: list[SweepRow]) -> dict[str, Any]:

@@ -75,6 +75,7 @@ def _load_settings_file(path: Path) -> dict[str, Any]:
 
 
 def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a table; a dotted key (``expert_routing.skew=2``) sets one key of a sub-table."""
     import tomllib
 
     out: dict[str, Any] = {}
@@ -83,15 +84,28 @@ def _parse_set(items: Sequence[str]) -> dict[str, Any]:
         if not sep:
             raise SettingsError(f"--set {item!r}: expected KEY=VALUE")
         try:
-            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+            value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
-            out[key.strip()] = raw  # a bare word: keep it as a string
+            value = raw  # a bare word: keep it as a string
+        for name in reversed(key.strip().split(".")):
+            value = {name: value}
+        _merge(out, value)
     return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` into ``base``, tables key by key (a --set of one sub-key keeps the file's others)."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
 
 
 def _settings_from_args(args: argparse.Namespace) -> CollectivesSection:
     data: dict[str, Any] = _load_settings_file(Path(args.settings)) if args.settings else {}
-    data.update(_parse_set(args.set or []))
+    _merge(data, _parse_set(args.set or []))
     try:
         return CollectivesSection.from_mapping(data)
     except SettingsError as exc:

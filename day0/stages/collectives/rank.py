@@ -133,6 +133,10 @@ class _RankRun:
         if not modes:
             outcome.status, outcome.reason = "skip", f"{op} has only {'/'.join(spec.modes)}, which the settings turned off"
             return False
+        if (need := sw.smallest_size(op)) > max(settings.sizes()):
+            outcome.status, outcome.reason = "skip", (f"{spec.label or op} needs messages of {need} B or more on "
+                                                      f"{sw.n} ranks; max_bytes is {settings.max_bytes}")
+            return False
         skipped: list[str] = []
         for mode in modes:
             self.progress.step(phase="probe", op=op, mode=mode)

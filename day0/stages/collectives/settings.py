@@ -54,7 +54,8 @@ EXPECTED_BUSBW_PRESETS: dict[str, dict[str, dict[str, float]]] = {
     # A floor that catches a broken setup (a 10x slowdown), not a performance target.
     "cpu_gloo_loopback": {
         "intra_node": {"all_reduce": 0.05, "all_gather": 0.05, "reduce_scatter": 0.05,
-                       "all_to_all": 0.05, "broadcast": 0.05, "sendrecv": 0.05},
+                       "all_to_all": 0.05, "expert_dispatch": 0.05, "expert_combine": 0.05,
+                       "broadcast": 0.05, "sendrecv": 0.05},
     },
 }
 

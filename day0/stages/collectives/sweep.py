@@ -4,23 +4,31 @@ times it, then holds every output element to the spec's oracle.
 What each op does is its spec's (:mod:`day0.core.collective_ops`); this module holds what every op
 shares: the rank's device and dtype, the exact data, the timing loop, the check, and the
 reduction of times across ranks (after the timed loop, so it does not perturb what was timed).
-Every collective goes through ``torch.distributed``, or one bound to a subgroup.
+Every collective goes through ``torch.distributed``, or one bound to a subgroup. An op with
+``uneven_splits`` gets its split sizes from the expert routing of the sweep's own ranks
+(:mod:`day0.stages.collectives.routing`, drawn once per sweeper): the world's ranks, or a node's on
+its subgroup, so intra- and inter-node expert traffic stay apart as every op's does.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from day0.core.collective_ops import OPS, OpCall, OpSpec
 from day0.core.stats import percentile
-from day0.stages.collectives.busbw import BufferPlan, algbw_gbps, busbw_gbps, plan
+from day0.stages.collectives.busbw import BufferPlan, algbw_gbps, plan
 from day0.stages.collectives.exact import ExactPattern
 from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.result import SweepRow
 from day0.stages.collectives.settings import DTYPES, CollectivesSection
+
+if TYPE_CHECKING:
+    from day0.stages.collectives.routing import Routing
 
 _UNSUPPORTED = re.compile(r"not supported|does not support|unsupported|not implemented|no support", re.IGNORECASE)
 _CHECK_CHUNK = 1 << 24
@@ -47,7 +55,7 @@ class PointContext:
     def __init__(self, sw: "Sweeper", p: BufferPlan) -> None:
         self.sw, self.dist, self.rank, self.n = sw, sw.dist, sw.rank, sw.n
         self.root = sw.s.root % sw.n
-        self.elements, self.chunk = p.elements, p.chunk
+        self.elements, self.chunk, self.traffic = p.elements, p.chunk, p.traffic
 
     def zeros(self, count: int) -> Any:
         return self.sw.torch.zeros(count, dtype=self.sw.tdtype, device=self.sw.device)
@@ -61,11 +69,16 @@ class PointContext:
     def sums(self, start: int, count: int) -> Any:
         return self.sw.pattern.sums(self.sw.torch, start, count, self.sw.tdtype, self.sw.device)
 
-    def blocks(self, start: int, count: int, block: Callable[[int, int, int], Any]) -> Any:
-        c, parts, pos, end = self.chunk, [], start, start + count
+    def blocks(self, start: int, count: int, block: Callable[[int, int, int], Any],
+               sizes: Sequence[int] | None = None) -> Any:
+        ends = list(accumulate(sizes if sizes is not None else [self.chunk] * self.n))
+        parts, pos, end = [], start, start + count
         while pos < end:
-            j, off = divmod(pos, c)
-            take = min(c - off, end - pos)
+            j = bisect_right(ends, pos)  # the block holding pos (empty blocks are stepped over)
+            if j == len(ends):
+                raise IndexError(f"element {pos} is past the {ends[-1] if ends else 0} elements of the blocks")
+            off = pos - (ends[j - 1] if j else 0)
+            take = min(ends[j] - pos, end - pos)
             parts.append(block(j, off, take))
             pos += take
         return self.sw.torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -114,6 +127,27 @@ class Sweeper:
         self.pattern = ExactPattern.for_dtype(settings.dtype, self.n)  # summed by reductions
         self.moved = ExactPattern.for_dtype(settings.dtype, self.n, reduce=False)  # only copied
         self.cuda = self.device.type == "cuda"
+        self._routing: Routing | None = None
+
+    @property
+    def routing(self) -> Routing:
+        """The expert routing of this sweep's ranks, drawn on first use (the same on every rank)."""
+        if self._routing is None:
+            from day0.stages.collectives.routing import route  # numpy: only where an uneven op runs
+
+            r = self.s.expert_routing
+            self._routing = route(self.n, tokens=r.tokens, top_k=r.top_k, experts=r.experts, skew=r.skew, seed=r.seed)
+        return self._routing
+
+    def plan(self, op: str, size: int) -> BufferPlan:
+        """One point's elements; an op with ``uneven_splits`` gets this sweep's routing."""
+        return plan(op, size, self.elem, self.n, self.routing if OPS.resolve(op).uneven_splits else None)
+
+    def smallest_size(self, op: str) -> int:
+        """The fewest bytes that make a point: one element (a chunk each for split ops, a row per token
+        and expert for uneven ones); a smaller size is no point at all."""
+        spec = OPS.resolve(op)
+        return self.elem * (self.routing.per_rank if spec.uneven_splits else self.n if spec.split else 1)
 
     def sync(self) -> None:
         if self.cuda:
@@ -136,7 +170,7 @@ class Sweeper:
         spec: OpSpec = OPS.resolve(op)
         if spec.build is None or spec.expect is None:
             raise ValueError(f"no runner for collective {op!r}")
-        p = plan(op, size, self.elem, self.n)
+        p = self.plan(op, size)
         ctx = PointContext(self, p)
         oracle = spec.expect
         return Point(p, spec.build(ctx, mode), lambda s, length: oracle(ctx, s, length))
@@ -188,10 +222,10 @@ class Sweeper:
         mean_s = float(stats[0].item())
         per_iter_us = [float(x) * 1e6 for x in stats[1:].tolist()]
         srt = sorted(per_iter_us)
+        algbw = algbw_gbps(p.size_bytes, mean_s)
         return SweepRow(
             op=op, mode=mode, size_bytes=p.size_bytes, count=p.count, dtype=s.dtype, nranks=self.n,
-            time_us=mean_s * 1e6, algbw_gbps=algbw_gbps(p.size_bytes, mean_s),
-            busbw_gbps=busbw_gbps(op, p.size_bytes, mean_s, self.n),
+            time_us=mean_s * 1e6, algbw_gbps=algbw, busbw_gbps=algbw * p.bus_factor,
             wrong=int(wrong_t.item()) if s.check else None, iters=s.iters, times_us=per_iter_us,
             p50_us=nearest_rank(srt, 50), p90_us=nearest_rank(srt, 90), p99_us=nearest_rank(srt, 99),
             min_us=srt[0] if srt else None, max_us=srt[-1] if srt else None,
@@ -199,7 +233,7 @@ class Sweeper:
 
     def probe(self, op: str, mode: str) -> str | None:
         """Run the op once at the smallest size; a backend that lacks it says so here (skip, not pass)."""
-        size = max(self.s.min_bytes, self.elem * self.n)
+        size = max(self.s.min_bytes, self.elem * self.n, self.smallest_size(op))
         pt = self.build(op, mode, size)
         pt.fill()
         try:

@@ -61,9 +61,11 @@ def test_no_time_no_bandwidth():
     assert math.isnan(busbw_gbps("all_reduce", 1024, -1.0, 4))
 
 
-@given(op=st.sampled_from(OPS.runnable()), size=sizes, e=elem, n=st.integers(min_value=1, max_value=512))
+@given(op=st.sampled_from([op for op in OPS.runnable() if not OPS[op].uneven_splits]), size=sizes, e=elem,
+       n=st.integers(min_value=1, max_value=512))
 @settings(max_examples=300)
 def test_plan_rounds_down_like_nccl_tests(op, size, e, n):
+    """Even ops; an uneven op's point is whole rows of its routing (tests/stages/collectives/test_expert.py)."""
     p = plan(op, size, e, n)
     assert p.size_bytes <= size
     split = op in ("all_gather", "reduce_scatter", "all_to_all")

@@ -28,7 +28,9 @@ from day0.stages.collectives import (
     socket_transport_check,
     stage_transport_checks,
 )
+from day0.stages.collectives.busbw import peak_offrank
 from day0.stages.collectives.result import Fault
+from day0.stages.collectives.routing import route
 
 SMALL = dict(min_bytes="1K", max_bytes="16K", step_factor=16, warmup_iters=1, iters=2, timeout_s=30.0,
              backend="gloo", links_bytes="256K", links_time_s=0.5)
@@ -89,7 +91,7 @@ def test_two_nodes_exact_hosts_links_and_sockets(tmp_path):
 
 @pytest.mark.host("root")
 def test_two_ranks_per_node_separate_intra_from_inter_node(tmp_path):
-    s = CollectivesSection(**dict(SMALL, ops=["all_reduce", "sendrecv"], max_bytes="4K", step_factor=4))
+    s = CollectivesSection(**dict(SMALL, ops=["all_reduce", "sendrecv", "expert_dispatch"], max_bytes="4K", step_factor=4))
     with emulated(2) as cluster:
         result = run_cluster(s, cluster, tmp_path, devices_per_node=2)
     assert result.fault is None and result.complete, result.fault
@@ -98,10 +100,18 @@ def test_two_ranks_per_node_separate_intra_from_inter_node(tmp_path):
     intra = [r for r in result.rows if r.scope == "intra_node"]
     assert inter and all(r.nranks == 4 and r.wrong == 0 for r in inter)
     assert sorted((r.op, r.node) for r in intra) == [("all_reduce", "node0"), ("all_reduce", "node1"),
+                                                     ("expert_dispatch", "node0"), ("expert_dispatch", "node1"),
                                                      ("sendrecv", "node0"), ("sendrecv", "node1")]
+    # Expert traffic is routed over the group that ran it: all four ranks across the nodes, or a node's two.
+    routings = {n: route(n, **s.expert_routing.model_dump()) for n in (2, 4)}
+    routed = {n: peak_offrank(rt.rows) / rt.per_rank for n, rt in routings.items()}
+    ep = [r for r in result.rows if r.op == "expert_dispatch"]
+    assert ep and all(r.busbw_gbps == pytest.approx(r.algbw_gbps * routed[r.nranks]) for r in ep)
     assert all(r.nranks == 2 and r.wrong == 0 and r.size_bytes == 4096 for r in intra)
     checks = {c.id: c for c in result_checks(result, s)}
     assert checks["collectives.intra_node.all_reduce.correct"].status == "pass"
+    assert checks["collectives.intra_node.expert_dispatch.correct"].status == "pass"
+    assert checks["collectives.expert_dispatch.correct"].status == "pass"
     busbw = checks["collectives.intra_node.sendrecv.busbw"]
     assert busbw.status == "pass" and "intra_node" in busbw.message and " on node" in busbw.message
     assert "inter_node" in checks["collectives.sendrecv.busbw"].message

@@ -32,7 +32,8 @@ from day0.stages.collectives import (
     run_local,
     tp_equivalence_check,
 )
-from day0.stages.collectives.busbw import bus_factor
+from day0.stages.collectives.busbw import bus_factor, peak_offrank
+from day0.stages.collectives.routing import route
 from day0.stages.collectives.sweep import Sweeper, nearest_rank
 from day0.stages.collectives.tp_equivalence import TP_PROMPTS
 
@@ -121,8 +122,11 @@ def _sweepers(n: int, dtype: str = "float32") -> list[Sweeper]:
     return [Sweeper(s, RankEnv(r, n, r, n)) for r in range(n)]
 
 
-def _reference(op: str, inputs: list[torch.Tensor], r: int, n: int, c: int, root: int) -> torch.Tensor:
+def _reference(op: str, inputs: list[torch.Tensor], r: int, n: int, c: int, root: int, traffic=None) -> torch.Tensor:
     """What each collective means, independent of how day0 crafts data or computes expectations."""
+    if op in ("expert_dispatch", "expert_combine"):  # all_to_all_single with the routing's splits (back: transposed)
+        m = traffic if op == "expert_dispatch" else tuple(zip(*traffic))
+        return torch.cat([torch.split(inputs[j], list(m[j]))[r] for j in range(n)])
     if op == "all_reduce":
         return sum(inputs[1:], inputs[0].clone())
     if op == "all_gather":
@@ -142,13 +146,13 @@ def test_expected_outputs_match_collective_semantics_and_catch_one_bad_element(o
     if op == "sendrecv" and n == 1:
         pytest.skip("send/recv needs two ranks")
     sws = _sweepers(n)
-    pts = [sw.build(op, mode, 4 * 7 * n * 5) for sw in sws]
+    pts = [sw.build(op, mode, max(4 * 7 * n * 5, 5 * sws[0].smallest_size(op))) for sw in sws]
     for pt in pts:
         pt.fill()
     inputs = [pt.inp.clone() for pt in pts]  # snapshot: in-place outputs alias their inputs
     c = pts[0].plan.chunk
     for r, pt in enumerate(pts):
-        pt.out.copy_(_reference(op, inputs, r, n, c, root=n - 1))
+        pt.out.copy_(_reference(op, inputs, r, n, c, root=n - 1, traffic=pt.plan.traffic))
     for sw, pt in zip(sws, pts):
         assert sw.count_wrong(pt.out, pt.expected) == 0
     victim = pts[n // 2]
@@ -209,6 +213,13 @@ def _pids_gone(result: CollectivesResult, out: Path) -> list[int]:
     return alive
 
 
+def _routed_factor(s: CollectivesSection, n: int) -> float:
+    """busbw / algbw of an uneven op on n ranks: the routing's busiest rank (docs/metrics.md)."""
+    r = s.expert_routing
+    routing = route(n, tokens=r.tokens, top_k=r.top_k, experts=r.experts, skew=r.skew, seed=r.seed)
+    return peak_offrank(routing.rows) / routing.per_rank
+
+
 def test_gloo_two_ranks_every_op_exact(tmp_path):
     s = CollectivesSection(**SMALL)
     result = run_local(s, 2, tmp_path)
@@ -218,9 +229,10 @@ def test_gloo_two_ranks_every_op_exact(tmp_path):
     for op in OPS.runnable():
         rows = result.rows_for(op)
         assert len(rows) == 3 * len(OPS[op].modes), op
+        factor = _routed_factor(s, 2) if OPS[op].uneven_splits else bus_factor(op, 2)
         for r in rows:
             assert r.wrong == 0 and r.busbw_gbps > 0 and len(r.times_us) == 3
-            assert r.busbw_gbps == pytest.approx(r.algbw_gbps * bus_factor(op, 2))
+            assert r.busbw_gbps == pytest.approx(r.algbw_gbps * factor)
             assert r.min_us <= r.p50_us <= r.p99_us <= r.max_us
     assert load_result(tmp_path).to_dict() == result.to_dict()
     lenient = CollectivesSection(**SMALL, expected_busbw={"intra_node": {"all_reduce": 1e-6}})
