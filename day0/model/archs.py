@@ -538,6 +538,35 @@ def routed_experts(config: dict[str, Any]) -> int:
     return 0
 
 
+def shared_experts(config: dict[str, Any]) -> int:
+    """Shared experts per MoE layer (every token passes them; they are never routed nor EP-split).
+
+    DeepSeek fuses ``n_shared_experts`` into one MLP of ``n x moe_intermediate_size``; Qwen MoE has
+    one ``shared_expert`` when ``shared_expert_intermediate_size`` > 0; Mixtral has none.
+    """
+    arch = architecture(config)
+    if not routed_experts(config):
+        return 0
+    if arch in DEEPSEEK:
+        return _get(config, "n_shared_experts", 0)
+    if arch in QWEN_MOE:
+        return 1 if _get(config, "shared_expert_intermediate_size", 0) else 0
+    return 0
+
+
+def experts_per_token(config: dict[str, Any]) -> int:
+    """Routed experts each token goes through (``num_experts_per_tok``, top-k); 0 for dense models."""
+    return _get(config, "num_experts_per_tok", 0) if routed_experts(config) else 0
+
+
+def moe_layer_count(config: dict[str, Any]) -> int:
+    """Decoder layers whose MLP is a routed MoE (the rest are dense), as the tensor list builds them."""
+    if not routed_experts(config):
+        return 0
+    sparse = _sparse_rule(config, architecture(config))
+    return sum(1 for i in range(num_layers(config)) if sparse(i))
+
+
 _BUILDERS: dict[str, Callable[[dict[str, Any], str, Shapes, bool], None]] = {
     **{a: _llama_layer for a in LLAMA_LIKE},
     **{a: _mixtral_layer for a in MIXTRAL},

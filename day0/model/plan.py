@@ -16,7 +16,12 @@ would fit. The arithmetic mirrors vLLM 0.32:
   the MLA down-projections (``q_a_proj``, ``kv_a_proj_with_mqa``) are replicated; KV heads are
   replicated when there are fewer than TP ranks;
 * KV per token and layer: ``2 x kv_heads_per_rank x head_dim x bytes``, or for MLA
-  ``(kv_lora_rank + qk_rope_head_dim) x bytes`` on every TP rank (``fp8_ds_mla``: 656 bytes).
+  ``(kv_lora_rank + qk_rope_head_dim) x bytes`` on every TP rank (``fp8_ds_mla``: 656 bytes);
+* routed experts: without expert parallelism every rank holds a ``1/TP`` slice of every expert;
+  with ``enable_expert_parallel`` the MoE layer runs with TP 1 over an EP group of TP x DP ranks
+  (``FusedMoEParallelConfig.make``; PP does not enter, each stage has its own layers) and each rank
+  holds whole experts, ``E // ep`` or one more on the first ``E % ep`` ranks
+  (``determine_expert_map``). Shared experts and routers are not EP-split. DP = 1 here.
 
 This module holds :func:`plan` (check the arguments, price the layout, search the smallest one
 that fits); the per-rank arithmetic is in :mod:`day0.model.ranks`, quantized storage in
@@ -32,7 +37,7 @@ from typing import Any
 
 from day0.config.topology import MAX_DEVICE_MEMORY_GIB, MAX_DEVICES_PER_NODE, MAX_NODES
 from day0.model import archs
-from day0.model.plan_model import Plan, StagePlan
+from day0.model.plan_model import MlaKvPlan, MoePlan, Plan, StagePlan
 from day0.model.plan_report import format_table
 from day0.model.quantization import UNQUANTIZED, WeightScheme, weight_scheme
 from day0.model.ranks import (
@@ -40,9 +45,12 @@ from day0.model.ranks import (
     GIB,
     MLA_FP8_DS_BYTES,
     Footprint,
+    experts_on_rank,
     footprint,
     kv_dtype_bytes,
     kv_layer_bytes,
+    node_weights,
+    pp_partition,
     price_stages,
     resolve_dtype,
     scope,
@@ -80,13 +88,17 @@ def plan(
     target_concurrency: int = 1,
     activation_headroom_gib: float = 2.0,
     kv_cache_memory_bytes: int | None = None,
+    enable_expert_parallel: bool = False,
 ) -> Plan:
     """Price one layout and search the smallest one that fits (TP within a node, then PP across nodes).
 
     ``device_memory_gib`` is the memory of one device (GiB, 2**30 bytes); ``activation_headroom_gib``
     covers peak activations, CUDA graphs and communicator buffers per rank, which vLLM measures at
-    start-up and the plan cannot.
+    start-up and the plan cannot. ``enable_expert_parallel`` places routed experts whole over the
+    TP ranks of each stage (vLLM's EP with DP = 1) instead of slicing each expert by TP.
     """
+    if type(enable_expert_parallel) is not bool:
+        raise ValueError(f"enable_expert_parallel={enable_expert_parallel!r} must be true or false")
     _check_layout_arguments(tp, pp, devices_per_node, nodes, target_concurrency, gpu_memory_utilization,
                             device_memory_gib, activation_headroom_gib)
     _check_sizes(max_model_len, block_size, target_context, kv_cache_memory_bytes)
@@ -104,7 +116,8 @@ def plan(
     kv_layer = kv_layer_bytes(config, kv_cache_dtype, dt, tp)
     req = _Request(dt, scheme, kv_cache_dtype, block_size, max_len, context, target_concurrency,
                    devices_per_node, nodes, device_memory_gib, gpu_memory_utilization,
-                   *_memory(device_memory_gib, gpu_memory_utilization, activation_headroom_gib, kv_cache_memory_bytes))
+                   *_memory(device_memory_gib, gpu_memory_utilization, activation_headroom_gib, kv_cache_memory_bytes),
+                   expert_parallel=enable_expert_parallel and archs.routed_experts(config) > 0)
     fp = footprint(config, scheme, DTYPE_BYTES[dt])
     stages = req.price(config, fp, tp, pp, kv_layer)
     reasons = req.reasons(stages, tp * pp)
@@ -139,14 +152,19 @@ class _Request:
     weight_limit: int
     usable_txt: str
     fixed_pool: int | None
+    expert_parallel: bool = False  # EP asked for on a model with routed experts
 
     @property
     def needed(self) -> int:
         return self.target_concurrency * math.ceil(self.context / self.block_size) * self.block_size
 
+    def ep(self, tp: int) -> int:
+        """EP group size for a TP width: TP x DP (DP = 1) with EP on, else 1 (vLLM needs TP x DP > 1 for EP)."""
+        return tp if self.expert_parallel and tp > 1 else 1
+
     def price(self, config: dict[str, Any], fp: Footprint, tp: int, pp: int, kv_layer: int) -> tuple[StagePlan, ...]:
         return price_stages(config, fp, tp=tp, pp=pp, kv_layer=kv_layer, budget=self.budget, headroom=self.headroom,
-                            block_size=self.block_size, fixed_pool=self.fixed_pool)
+                            block_size=self.block_size, fixed_pool=self.fixed_pool, ep=self.ep(tp))
 
     def reasons(self, stages: tuple[StagePlan, ...], ranks: int) -> list[str]:
         """Why a layout does not fit (empty when it does): devices, weights per rank, KV tokens."""
@@ -258,6 +276,7 @@ def _assemble(config: dict[str, Any], arch: str, fp: Footprint, req: _Request, t
     """The :class:`Plan` of the priced layout: the busiest stage's weights, the tightest stage's KV."""
     worst = max(stages, key=lambda s: s.weight_bytes)
     tightest = min(stages, key=lambda s: s.kv_tokens)
+    per_seq = math.ceil(req.context / req.block_size) * req.block_size
     return Plan(
         architecture=arch,
         parameters=fp.parameters,
@@ -293,4 +312,58 @@ def _assemble(config: dict[str, Any], arch: str, fp: Footprint, req: _Request, t
         smallest_pp=smallest[1] if smallest else None,
         smallest_verdict=scope(smallest[0] * smallest[1], req.devices_per_node) if smallest else "does_not_fit",
         notes=tuple(notes),
+        max_concurrency=tightest.kv_tokens // per_seq,
+        moe=_moe_plan(config, fp, req, tp, pp),
+        mla=_mla_plan(config, req, tp, stages),
+        **_node_figures(fp, req, tp, stages),
     )
+
+
+def _moe_plan(config: dict[str, Any], fp: Footprint, req: _Request, tp: int, pp: int) -> MoePlan | None:
+    """Experts per layer and per rank, with the routed-expert bytes of the busiest stage under TP and under EP."""
+    routed = fp.routed
+    if not routed:
+        return None
+    ep = req.ep(tp)
+    parts = pp_partition(archs.num_layers(config), pp)
+    under_tp = max(fp.expert_bytes(tp, a, b) for a, b in parts)
+    under_ep = max(fp.expert_bytes(tp, a, b, tp) for a, b in parts) if tp > 1 else under_tp
+    moe_layers = archs.moe_layer_count(config)
+    routed_params = fp.routed_parameters
+    return MoePlan(
+        routed_experts=routed, shared_experts=archs.shared_experts(config),
+        experts_per_token=archs.experts_per_token(config), moe_layers=moe_layers,
+        dense_layers=archs.num_layers(config) - moe_layers,
+        expert_parameters=routed_params // (routed * max(1, moe_layers)), routed_expert_parameters=routed_params,
+        expert_parallel=ep > 1, ep_size=ep,
+        experts_per_rank=experts_on_rank(routed, ep, 0), experts_per_rank_min=experts_on_rank(routed, ep, ep - 1),
+        experts_even=routed % ep == 0,
+        expert_bytes_per_rank_tp=under_tp, expert_bytes_per_rank_ep=under_ep,
+        expert_bytes_per_rank=under_ep if ep > 1 else under_tp,
+    )
+
+
+def _mla_plan(config: dict[str, Any], req: _Request, tp: int, stages: tuple[StagePlan, ...]) -> MlaKvPlan | None:
+    """The latent cache per token against a K/V cache of the same heads, per rank of the busiest stage."""
+    if not archs.is_mla(config):
+        return None
+    rank, rope = int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"])
+    layers = max(s.layers[1] - s.layers[0] for s in stages)
+    per_layer = kv_layer_bytes(config, req.kv_cache_dtype, req.dtype, tp)
+    heads = max(1, archs.num_kv_heads(config) // tp)
+    k_v = int(config["qk_nope_head_dim"]) + rope + int(config["v_head_dim"])
+    mha = layers * heads * k_v * kv_dtype_bytes(req.kv_cache_dtype, req.dtype)
+    latent = layers * per_layer
+    return MlaKvPlan(kv_lora_rank=rank, qk_rope_head_dim=rope, latent_width=rank + rope,
+                     bytes_per_token_layer=per_layer, bytes_per_token_per_rank=latent,
+                     mha_bytes_per_token_per_rank=mha, mha_ratio=round(mha / latent, 2))
+
+
+def _node_figures(fp: Footprint, req: _Request, tp: int, stages: tuple[StagePlan, ...]) -> dict[str, Any]:
+    """The busiest node's weights (every rank placed on it) against devices_per_node x the per-rank weight limit."""
+    nodes = node_weights(stages, tp, fp.routed, req.ep(tp), req.devices_per_node)
+    weights, experts = max(nodes)
+    limit = req.devices_per_node * req.weight_limit
+    return {"nodes_used": len(nodes), "node_memory_bytes": req.devices_per_node * int(req.device_memory_gib * GIB),
+            "node_weight_limit_bytes": limit, "weight_bytes_per_node": weights, "expert_bytes_per_node": experts,
+            "node_holds_share": weights <= limit}

@@ -21,6 +21,49 @@ class StagePlan:
     kv_pool_bytes: int
     kv_blocks: int
     kv_tokens: int
+    expert_bytes: int = 0  # routed-expert weights on this stage's busiest rank (part of weight_bytes)
+
+
+@dataclass(frozen=True)
+class MoePlan:
+    """Where a mixture of experts' weights sit: all figures per MoE layer or per rank of the busiest stage.
+
+    Why both TP and EP figures: they are the two ways vLLM can place experts, and the choice
+    (``enable_expert_parallel``) is made before launch; the layout's own figure is ``expert_bytes_per_rank``.
+    """
+
+    routed_experts: int  # per MoE layer
+    shared_experts: int  # per MoE layer, always on, split by TP like a dense MLP
+    experts_per_token: int  # routed experts each token passes (top-k)
+    moe_layers: int
+    dense_layers: int
+    expert_parameters: int  # one routed expert of one layer
+    routed_expert_parameters: int  # every routed expert of every layer
+    expert_parallel: bool  # enable_expert_parallel, and it takes effect (TP x DP > 1)
+    ep_size: int  # ranks the experts of one stage are spread over (TP x DP, DP = 1 here); 1 without EP
+    experts_per_rank: int  # busiest rank per MoE layer: ceil(E / ep) whole experts (EP), E slices (TP)
+    experts_per_rank_min: int  # least loaded rank: floor(E / ep) under EP
+    experts_even: bool  # E % ep == 0 (EPLB refuses an uneven split)
+    expert_bytes_per_rank_tp: int  # busiest stage, each rank a 1/TP slice of every expert
+    expert_bytes_per_rank_ep: int  # busiest stage, ceil(E / TP) whole experts per rank
+    expert_bytes_per_rank: int  # the layout's own (EP when expert_parallel, else TP)
+
+
+@dataclass(frozen=True)
+class MlaKvPlan:
+    """Multi-head latent attention's KV arithmetic: one latent per token and layer, on every TP rank.
+
+    Why the comparison: the latent is why a 1M-token context fits at all; ``mha_*`` is what a K/V
+    cache of the same heads (K: qk_nope + qk_rope, V: v_head_dim per head, split by TP) would cost.
+    """
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    latent_width: int  # kv_lora_rank + qk_rope_head_dim values per token and layer
+    bytes_per_token_layer: int  # latent x KV bytes (fp8_ds_mla: 656)
+    bytes_per_token_per_rank: int  # busiest stage: ceil(layers / PP) x bytes_per_token_layer, not divided by TP
+    mha_bytes_per_token_per_rank: int  # K/V of the same heads, split by TP, busiest stage
+    mha_ratio: float  # mha / latent, per rank
 
 
 @dataclass(frozen=True)
@@ -61,6 +104,15 @@ class Plan:
     smallest_pp: int | None
     smallest_verdict: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    max_concurrency: int = 0  # sequences of target_context (whole blocks) the KV pool holds at once
+    moe: MoePlan | None = None
+    mla: MlaKvPlan | None = None
+    nodes_used: int = 1  # ceil(TP x PP / devices_per_node)
+    node_memory_bytes: int = 0  # devices_per_node x device memory
+    node_weight_limit_bytes: int = 0  # devices_per_node x what one rank's weights may take
+    weight_bytes_per_node: int = 0  # the busiest node: every rank placed on it
+    expert_bytes_per_node: int = 0  # routed-expert weights on that node
+    node_holds_share: bool = True  # weight_bytes_per_node <= node_weight_limit_bytes
 
     @property
     def ranks(self) -> int:

@@ -37,9 +37,13 @@ def plan_table(p: Plan) -> dict[str, Any]:
         ["activation headroom", f"{_gib(p.activation_headroom_bytes)} GiB"],
         ["KV pool per rank (smallest stage)", f"{_gib(p.kv_pool_bytes)} GiB"],
         ["KV bytes per token per rank", f"{p.kv_bytes_per_token} (whole model {p.kv_bytes_per_token_model})"],
+        *_mla_rows(p),
         ["KV tokens held", f"{p.kv_tokens} ({p.kv_blocks} blocks of {p.block_size})"],
         ["max_model_len", str(p.max_model_len)],
         ["needed", f"{p.tokens_needed} tokens = {p.target_concurrency} x {p.target_context}"],
+        ["max concurrency at target context", f"{p.max_concurrency} sequences of {p.target_context} tokens"],
+        *_moe_rows(p),
+        *_node_rows(p),
         ["verdict", p.verdict + ("" if not p.reasons else ": " + "; ".join(p.reasons))],
         ["smallest layout that fits",
          f"TP={p.smallest_tp} x PP={p.smallest_pp} ({p.smallest_verdict})" if p.smallest_tp else "none (does_not_fit)"],
@@ -48,10 +52,54 @@ def plan_table(p: Plan) -> dict[str, Any]:
     return {"columns": ["item", "value"], "rows": rows}
 
 
+def _mla_rows(p: Plan) -> list[list[str]]:
+    m = p.mla
+    if m is None:
+        return []
+    layers = m.bytes_per_token_per_rank // m.bytes_per_token_layer
+    return [["MLA latent per token per rank",
+             f"{m.latent_width} values ({m.kv_lora_rank} + {m.qk_rope_head_dim}) = {m.bytes_per_token_layer} B per layer "
+             f"x {layers} layers = {m.bytes_per_token_per_rank} B, the same on every TP rank (not divided by TP)"],
+            ["K/V cache of the same heads", f"{m.mha_bytes_per_token_per_rank} B per token per rank "
+                                            f"({m.mha_ratio:g}x the latent)"]]
+
+
+def _moe_rows(p: Plan) -> list[list[str]]:
+    m = p.moe
+    if m is None:
+        return []
+    layout = (f"EP: {m.experts_per_rank} whole experts per rank per MoE layer over EP={m.ep_size} (= TP x DP, DP 1)"
+              + ("" if m.experts_even else f", {m.experts_per_rank_min} on the last ranks ({m.routed_experts} % "
+                                           f"{m.ep_size} = {m.routed_experts % m.ep_size}: uneven)")
+              if m.expert_parallel else
+              f"TP: every rank holds a 1/{p.tp} slice of all {m.routed_experts} experts of its stage's layers")
+    return [
+        ["experts per MoE layer", f"{m.routed_experts} routed (top-{m.experts_per_token} per token) + "
+                                  f"{m.shared_experts} shared; {m.moe_layers} MoE layers, {m.dense_layers} dense"],
+        ["routed expert parameters", f"{_count(m.routed_expert_parameters)} ({_count(m.expert_parameters)} per expert)"],
+        ["expert placement", layout],
+        ["routed expert weights per rank", f"{_gib(m.expert_bytes_per_rank)} GiB (under TP {_gib(m.expert_bytes_per_rank_tp)}"
+                                           f" GiB, under EP {_gib(m.expert_bytes_per_rank_ep)} GiB; busiest stage)"],
+    ]
+
+
+def _node_rows(p: Plan) -> list[list[str]]:
+    if p.nodes_used <= 1 and p.devices_per_node <= 1:
+        return []
+    experts = f", {_gib(p.expert_bytes_per_node)} GiB of it routed experts" if p.moe else ""
+    return [["weights per node (busiest)",
+             f"{_gib(p.weight_bytes_per_node)} GiB{experts}, of {_gib(p.node_weight_limit_bytes)} GiB weights may take on "
+             f"{p.devices_per_node} x {_gib(p.device_memory_bytes)} GiB = {_gib(p.node_memory_bytes)} GiB; "
+             f"holds its share: {'yes' if p.node_holds_share else 'no'} ({p.nodes_used} node(s) used)"]]
+
+
 def stage_table(p: Plan) -> dict[str, Any]:
+    experts = p.moe is not None
     return {
-        "columns": ["stage", "layers", "weights GiB", "KV pool GiB", "KV bytes/token", "KV tokens"],
-        "rows": [[s.stage, f"{s.layers[0]}-{s.layers[1] - 1}", _gib(s.weight_bytes), _gib(s.kv_pool_bytes),
+        "columns": ["stage", "layers", "weights GiB", *(["experts GiB"] if experts else []), "KV pool GiB",
+                    "KV bytes/token", "KV tokens"],
+        "rows": [[s.stage, f"{s.layers[0]}-{s.layers[1] - 1}", _gib(s.weight_bytes),
+                  *([_gib(s.expert_bytes)] if experts else []), _gib(s.kv_pool_bytes),
                   s.kv_bytes_per_token, s.kv_tokens] for s in p.stages],
     }
 

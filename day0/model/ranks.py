@@ -89,26 +89,60 @@ class Footprint:
     total: float
     parameters: int = 0
     active_parameters: float = 0.0
-    _prefix: dict[tuple[int, float], list[float]] = field(default_factory=dict, repr=False)
+    experts: list[float] = field(default_factory=list)  # all routed experts of each layer (0 for dense layers)
+    routed: int = 0  # routed experts per MoE layer
+    routed_parameters: int = 0  # parameters of every routed expert of every layer
+    _prefix: dict[tuple[int, float, int], list[float]] = field(default_factory=dict, repr=False)
 
-    def layer_bytes(self, tp: int, kv_share: float, start: int, end: int) -> float:
-        """Bytes of layers [start, end) on one TP rank, from running totals kept per (tp, kv_share).
+    def layer_bytes(self, tp: int, kv_share: float, start: int, end: int, ep: int = 1) -> float:
+        """Bytes of layers [start, end) on one TP rank, from running totals kept per (tp, kv_share, ep).
 
         Why running totals: the search for the smallest layout prices hundreds of layouts, and
-        summing every layer for each would cost layers x layouts.
+        summing every layer for each would cost layers x layouts. ``ep`` > 1 prices routed experts
+        whole, ``ceil(E / ep)`` of them on the busiest rank (:func:`expert_share`).
         """
-        key = (tp, kv_share)
+        key = (tp, kv_share, ep)
         prefix = self._prefix.get(key)
         if prefix is None:
-            per_layer = (r + math.ceil(s / tp) + k * kv_share for r, s, k in zip(self.replicated, self.split, self.kv_proj))
+            experts = self.experts or [0.0] * len(self.split)
+            per_layer = (r + math.ceil(s / tp) + k * kv_share + expert_share(e, self.routed, tp, ep)
+                         for r, s, k, e in zip(self.replicated, self.split, self.kv_proj, experts))
             prefix = self._prefix[key] = [0.0, *itertools.accumulate(per_layer)]
         return prefix[end] - prefix[start]
+
+    def expert_bytes(self, tp: int, start: int, end: int, ep: int = 1) -> int:
+        """Routed-expert bytes of layers [start, end) on the busiest rank (sliced by TP, or whole under EP)."""
+        return int(math.ceil(sum(expert_share(e, self.routed, tp, ep) for e in self.experts[start:end])))
+
+
+def experts_on_rank(routed: int, ep: int, ep_rank: int) -> int:
+    """Routed experts one EP rank holds, as vLLM 0.32's ``determine_expert_map`` places them.
+
+    ``E // ep`` each; the first ``E % ep`` ranks hold one more (the code, not its docstring, which
+    says "the last rank"). vLLM accepts an uneven split unless EPLB is on.
+    """
+    return routed // ep + (1 if ep_rank < routed % ep else 0)
+
+
+def expert_share(layer_experts: float, routed: int, tp: int, ep: int) -> float:
+    """One layer's routed-expert bytes on the busiest rank.
+
+    TP (``ep == 1``): every rank holds a ``1/TP`` slice of every expert. EP (vLLM's
+    ``enable_expert_parallel``, ``ep = TP x DP``): the MoE layer runs with TP 1 and each rank holds
+    whole experts, ``ceil(E / ep)`` on the busiest one.
+    """
+    if not layer_experts or not routed:
+        return 0.0
+    if ep > 1:
+        return layer_experts * experts_on_rank(routed, ep, 0) / routed
+    return float(math.ceil(layer_experts / tp))
 
 
 def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) -> Footprint:
     n_layers = archs.num_layers(config)
-    fp = Footprint([0.0] * n_layers, [0.0] * n_layers, [0.0] * n_layers, 0.0, 0.0, 0.0, 0.0)
-    routed = archs.routed_experts(config)
+    fp = Footprint([0.0] * n_layers, [0.0] * n_layers, [0.0] * n_layers, 0.0, 0.0, 0.0, 0.0,
+                   experts=[0.0] * n_layers, routed=archs.routed_experts(config))
+    routed = fp.routed
     active_share = int(config.get("num_experts_per_tok") or 0) / routed if routed else 1.0
     for name, shape in archs.expected_tensors(config).items():
         count = math.prod(shape)
@@ -131,6 +165,9 @@ def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) ->
             fp.replicated[i] += size
         elif ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
             fp.kv_proj[i] += size
+        elif routed and ".experts." in name:  # routed only: shared experts ("shared_expert(s).") stay TP-split
+            fp.experts[i] += size
+            fp.routed_parameters += count
         else:
             fp.split[i] += size
     return fp
@@ -153,10 +190,11 @@ def pp_partition(num_layers: int, pp: int) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- one layout, stage by stage
 
 
-def stage_weights(config: dict[str, Any], fp: Footprint, tp: int, start: int, end: int, first: bool, last: bool) -> int:
+def stage_weights(config: dict[str, Any], fp: Footprint, tp: int, start: int, end: int, first: bool, last: bool,
+                  ep: int = 1) -> int:
     kv = archs.num_kv_heads(config)
     kv_share = max(1, kv // tp) / kv
-    total = fp.layer_bytes(tp, kv_share, start, end)
+    total = fp.layer_bytes(tp, kv_share, start, end, ep)
     vocab = int(config["vocab_size"])
     vocab_share = math.ceil(math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING / tp) / vocab
     if first:
@@ -170,17 +208,38 @@ def stage_weights(config: dict[str, Any], fp: Footprint, tp: int, start: int, en
 
 def price_stages(
     config: dict[str, Any], fp: Footprint, *, tp: int, pp: int, kv_layer: int, budget: int, headroom: int, block_size: int,
-    fixed_pool: int | None = None,
+    fixed_pool: int | None = None, ep: int = 1,
 ) -> tuple[StagePlan, ...]:
+    """Every pipeline stage's busiest rank: weights (experts by TP slices, or whole under ``ep`` > 1) and KV pool."""
     stages = []
     parts = pp_partition(archs.num_layers(config), pp)
     for s, (start, end) in enumerate(parts):
-        w = stage_weights(config, fp, tp, start, end, s == 0, s == pp - 1)
+        w = stage_weights(config, fp, tp, start, end, s == 0, s == pp - 1, ep)
         kv_tok = kv_layer * (end - start)
         pool = fixed_pool if fixed_pool is not None else max(0, budget - w - headroom)
         blocks = pool // (kv_tok * block_size) if kv_tok else 0
-        stages.append(StagePlan(s, (start, end), w, kv_tok, pool, blocks, blocks * block_size))
+        stages.append(StagePlan(s, (start, end), w, kv_tok, pool, blocks, blocks * block_size,
+                                expert_bytes=fp.expert_bytes(tp, start, end, ep) if fp.routed else 0))
     return tuple(stages)
+
+
+def node_weights(stages: tuple[StagePlan, ...], tp: int, routed: int, ep: int, devices_per_node: int) -> list[tuple[int, int]]:
+    """(weights, routed-expert weights) on each node, ranks placed as vLLM numbers them.
+
+    Global rank = stage x TP + TP rank (TP innermost), node = rank // devices_per_node. Under EP an
+    uneven split gives the first ``E % ep`` EP ranks one more expert; the stage figures are those
+    of the busiest rank, so the others are scaled down to their own expert count.
+    """
+    ranks: list[tuple[int, int]] = []
+    most = experts_on_rank(routed, ep, 0) if routed and ep > 1 else 0
+    for st in stages:
+        for r in range(tp):
+            experts = st.expert_bytes
+            if most:
+                experts = st.expert_bytes * experts_on_rank(routed, ep, r % ep) // most
+            ranks.append((st.weight_bytes - st.expert_bytes + experts, experts))
+    nodes = [ranks[i:i + devices_per_node] for i in range(0, len(ranks), devices_per_node)]
+    return [(sum(w for w, _ in n), sum(e for _, e in n)) for n in nodes]
 
 
 def scope(ranks: int, devices_per_node: int) -> str:

@@ -11,13 +11,15 @@ from typing import Any
 PLAN_KEYS = (
     "tp", "pp", "dtype", "quantization", "kv_cache_dtype", "max_model_len", "block_size",
     "gpu_memory_utilization", "device_memory_gib", "devices_per_node", "nodes", "target_context",
-    "target_concurrency", "activation_headroom_gib", "kv_cache_memory_bytes",
+    "target_concurrency", "activation_headroom_gib", "kv_cache_memory_bytes", "enable_expert_parallel",
 )
 _ALIASES = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "concurrency": "target_concurrency",
-            "context": "target_context"}
+            "context": "target_context", "expert_parallel": "enable_expert_parallel"}
 _INT_KEYS = {"kv_cache_memory_bytes", "tp", "pp", "max_model_len", "block_size", "devices_per_node", "nodes", "target_context", "target_concurrency"}
 _FLOAT_KEYS = {"gpu_memory_utilization", "device_memory_gib", "activation_headroom_gib"}
 _STR_KEYS = {"dtype", "quantization", "kv_cache_dtype"}
+_BOOL_KEYS = {"enable_expert_parallel"}
+_BOOL_WORDS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}
 
 
 def plan_kwargs(mapping: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +69,11 @@ def parse_what_if(text: str) -> dict[str, Any]:
             raise ValueError(f"--what-if: unknown key {key!r}; known: {', '.join(PLAN_KEYS)}")
         if not value:
             raise ValueError(f"--what-if: {key} has no value")
-        if k in _INT_KEYS:
+        if k in _BOOL_KEYS:
+            if value.lower() not in _BOOL_WORDS:
+                raise ValueError(f"--what-if: {key}={value!r} is not true or false")
+            out[k] = _BOOL_WORDS[value.lower()]
+        elif k in _INT_KEYS:
             out[k] = parse_human_int(value, f"--what-if: {key}")
         elif k in _FLOAT_KEYS:
             try:
@@ -99,14 +105,18 @@ ENGINE_ARG_KEYS: dict[str, str] = {
     "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "max_model_len": "max_model_len",
     "block_size": "block_size", "gpu_memory_utilization": "gpu_memory_utilization",
     "kv_cache_memory_bytes": "kv_cache_memory_bytes", "max_num_batched_tokens": "target_context",
+    "data_parallel_size": "tp",  # the EP group is TP x DP: a whole number of ranks, like tp
 }
-_ENGINE_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager")
+_ENGINE_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "enable_expert_parallel",
+                 "enable_eplb")
 
 
 def _out_of_range(key: str, value: Any) -> str:
     """Why a plan keyword's value is unusable, or "" when it is fine."""
     if key in _STR_KEYS:
         return "" if value is None or isinstance(value, str) else f"expected a string, got {reprlib.repr(value)}"
+    if key in _BOOL_KEYS:
+        return "" if type(value) is bool else f"expected true or false, got {reprlib.repr(value)}"
     least, most = _RANGES.get(key, (-math.inf, math.inf))
     if key in _INT_KEYS and type(value) is not int:  # bool is an int to Python, not to a layout
         return f"expected a whole number, got {reprlib.repr(value)}"

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from day0.core.record import Check, measured
-from day0.core.redact import REDACTED, is_secret_key
 from day0.model import archs
+from day0.stages.preflight.cpu_kernels import cpu_kernel_findings
+from day0.stages.preflight.experts import expert_parallel_findings
+from day0.stages.preflight.findings import SEVERITIES, Finding, Severity
 
-Severity = Literal["error", "warning", "info"]
-SEVERITIES = ("error", "warning", "info")
+__all__ = ["SEVERITIES", "Finding", "Severity", "VllmRules", "lint", "lint_checks", "vllm_rules"]
+
 
 LONG_CONTEXT = 262_144  # from here on a prefill is long enough that chunking and prefix reuse decide memory and TTFT
 ONE_MILLION = 1_000_000
@@ -109,30 +111,6 @@ def _literal_values(tp: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One lint result: where (key), what (value), why it matters, and the change that fixes it."""
-
-    severity: Severity
-    rule: str  # stable short id, becomes preflight.lint.<rule>
-    key: str
-    value: Any
-    why: str
-    fix: str
-
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"finding {self.rule}: severity {self.severity!r} is not one of {SEVERITIES}")
-
-    @property
-    def shown(self) -> Any:
-        """The value as a report may show it: never the value of a key that names a secret."""
-        return REDACTED if is_secret_key(self.key.rsplit(".", 1)[-1]) else self.value
-
-    def line(self) -> str:
-        return f"{self.severity}: {self.key}={self.shown!r}: {self.why}; fix: {self.fix}"
-
-
 def lint(
     engine_args: dict[str, Any],
     config: dict[str, Any],
@@ -166,8 +144,11 @@ def lint(
     f += _dtype(args, config, rules)
     f += _kv_cache_dtype(args, config, rules)
     f += _quantization(args, config, rules)
-    f += _parallel(args, config, device, devices_per_node, nodes)
+    f += _parallel(args, config, devices_per_node, nodes)
+    f += expert_parallel_findings(args, config)
     f += _block_size(args, config, device)
+    if device == "cpu":
+        f += cpu_kernel_findings(args, config)
     f += _max_model_len(args, config, env)
     f += _long_context(args, config)
     f += _memory(args, device, env)
@@ -276,8 +257,8 @@ def _quantization(args: dict[str, Any], config: dict[str, Any], rules: VllmRules
     return []
 
 
-def _parallel(args: dict[str, Any], config: dict[str, Any], device: str,
-              devices_per_node: int | None, nodes: int) -> list[Finding]:
+def _parallel(args: dict[str, Any], config: dict[str, Any], devices_per_node: int | None,
+              nodes: int) -> list[Finding]:
     out = []
     tp = int(args.get("tensor_parallel_size", 1) or 1)
     pp = int(args.get("pipeline_parallel_size", 1) or 1)
@@ -313,11 +294,6 @@ def _parallel(args: dict[str, Any], config: dict[str, Any], device: str,
         out.append(Finding("info", "pp_uneven", "engine.args.pipeline_parallel_size", pp,
                            f"{layers} layers over {pp} stages are split unevenly (extra layers go to middle stages)",
                            "fine as is; set VLLM_PP_LAYER_PARTITION to choose the split"))
-    if device == "cpu" and pp > 1 and args.get("enforce_eager"):
-        out.append(Finding("warning", "cpu_pp_eager", "engine.args.pipeline_parallel_size", pp,
-                           "on the CPU backend pp>1 with enforce_eager=True failed on the first step in day0's "
-                           "measurements ('assert self.intermediate_tensors is not None')",
-                           "use pp=1 on CPU, or drop enforce_eager"))
     if devices_per_node:
         total = devices_per_node * nodes
         if tp * pp > total:
@@ -341,17 +317,7 @@ def _block_size(args: dict[str, Any], config: dict[str, Any], device: str) -> li
         return [Finding("info", "block_size_default", "engine.args.block_size", None,
                         f"unset: vLLM picks {picks} for this model on {device}", "nothing to do")]
     bs = int(value)
-    if device == "cpu":
-        if mla:
-            if bs != 16:
-                return [Finding("info", "block_size_cpu_mla", "engine.args.block_size", bs,
-                                "vLLM's reference CPU MLA kernel only runs block_size=16 and overrides the setting",
-                                "set block_size=16 (or leave it unset)")]
-            return []
-        if bs % 32:
-            return [Finding("error", "block_size", "engine.args.block_size", bs,
-                            "the CPU attention backend needs a multiple of 32 (vLLM: 'No common block size for "
-                            f"{bs} (CPU_ATTN: [MultipleOf(32)])')", "use 32, 64 or 128 (the CPU default)")]
+    if device == "cpu":  # the CPU kernels' block sizes are rows of cpu_kernels.CPU_KERNEL_LIMITS
         return []
     if bs % 16:
         return [Finding("error", "block_size", "engine.args.block_size", bs,

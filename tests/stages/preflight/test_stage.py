@@ -33,6 +33,22 @@ def test_the_supernode_needs_the_supernode(rules):
     assert result.config_source == "example config 'moe-2.8t-1m-w4a16'"
 
 
+def test_the_supernode_with_expert_parallel(rules):
+    """The seed's 2.8T target with EP turned on for one run: experts per rank and the node's share."""
+    from day0.model.plan import format_table
+
+    result = preflight(load_profile("supernode-tp8pp4-1m"), {"enable_expert_parallel": True}, rules=rules)
+    assert result.errors == [] and result.plan.verdict == "needs_supernode"
+    moe = result.plan.moe
+    assert (moe.ep_size, moe.experts_per_rank, moe.experts_even) == (8, 512 // 8, True)
+    assert result.plan.node_holds_share and result.plan.nodes_used == 4
+    info = {f.rule: f for f in result.findings}["expert_parallel"]
+    assert "64 whole expert(s) per MoE layer of 512" in info.why
+    assert "EP: 64 whole experts per rank" in format_table(result.plan)
+    evidence = {c.id: c for c in result.plan_checks()}["preflight.plan.verdict"].evidence["plan"]
+    assert evidence["moe"]["experts_per_rank"] == 64 and evidence["mla"]["latent_width"] == 576
+
+
 def test_what_if_int4_dtype_is_an_error_with_the_fix(rules):
     result = preflight(load_profile("h200x8"), {"dtype": "int4"}, rules=rules)
     (err,) = result.errors

@@ -1,0 +1,164 @@
+"""What vLLM 0.32's CPU backend refuses or quietly changes, as one table of small specs.
+
+Why a table and not an if-chain: each fact is a measurement (``shared/notes/vllm-cpu.md``,
+"MoE, expert parallelism, pipeline stages...") or a line of vLLM's source, and each has to say
+where it comes from; a new kernel limit is one more row, and the docs and the tests read the same
+rows (:data:`CPU_KERNEL_LIMITS`). The lint applies them when ``topology.device == "cpu"``, before
+an engine spends minutes starting only to fail at the first request.
+
+Severity: ``error`` where the CPU backend certainly refuses or crashes the same way every time,
+``warning`` where it starts but drops what the profile asked for (or crashed in a measurement the
+run itself must repeat), ``info`` where it overrides a setting harmlessly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from day0.model import archs
+from day0.stages.preflight.findings import Finding, Severity
+
+# vllm/v1/attention/backends/cpu_attn.py CPUAttentionBackend.get_supported_head_sizes (0.32.0)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vllm/v1/attention/backends/mla/cpu_mla.py and amx_mla.py: get_supported_head_sizes() == [576]
+CPU_MLA_LATENT = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): 512 + 64 = 576
+CPU_MLA_BLOCK_SIZE = 16  # platforms/cpu.py forces it for the reference CPU MLA kernel
+CPU_BLOCK_MULTIPLE = 32  # CPU_ATTN: get_supported_kernel_block_sizes() == [MultipleOf(32)]
+NOTES = "notes/vllm-cpu.md (measured on day0's CPU box, vLLM 0.32)"
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """What the CPU rules read from the engine args and config.json, read once."""
+
+    tp: int
+    pp: int
+    dp: int
+    eager: bool
+    mla: bool
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    head_dim: int
+    moe: bool
+    expert_parallel: bool
+    eplb: bool
+    block_size: int | None
+    prefix_caching: bool | None
+    chunked_prefill: bool | None
+    kv_cache_dtype: str
+
+    @property
+    def latent(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @classmethod
+    def read(cls, args: dict[str, Any], config: dict[str, Any]) -> CpuFacts:
+        mla = archs.is_mla(config)
+        block = args.get("block_size")
+        return cls(
+            tp=int(args.get("tensor_parallel_size") or 1), pp=int(args.get("pipeline_parallel_size") or 1),
+            dp=int(args.get("data_parallel_size") or 1), eager=bool(args.get("enforce_eager")), mla=mla,
+            kv_lora_rank=int(config["kv_lora_rank"]) if mla else 0,
+            qk_rope_head_dim=int(config.get("qk_rope_head_dim") or 0) if mla else 0,
+            head_dim=archs.head_dim(config), moe=archs.routed_experts(config) > 0,
+            expert_parallel=bool(args.get("enable_expert_parallel")), eplb=bool(args.get("enable_eplb")),
+            block_size=None if block is None else int(block),
+            prefix_caching=args.get("enable_prefix_caching"), chunked_prefill=args.get("enable_chunked_prefill"),
+            kv_cache_dtype=str(args.get("kv_cache_dtype") or "auto"),
+        )
+
+
+@dataclass(frozen=True)
+class KernelLimit:
+    """One thing the CPU backend refuses or changes: when it applies, what the finding says, and its source.
+
+    ``why`` and ``fix`` are ``str.format`` templates over ``f`` (the :class:`CpuFacts`) and the
+    module's constants (``sizes``, ``latent``).
+    """
+
+    rule: str
+    severity: Severity
+    key: str
+    applies: Callable[[CpuFacts], bool]
+    value: Callable[[CpuFacts], Any]
+    why: str
+    fix: str
+    source: str
+
+    def finding(self, facts: CpuFacts) -> Finding:
+        words = {"f": facts, "sizes": ", ".join(map(str, CPU_HEAD_SIZES)), "latent": sum(CPU_MLA_LATENT)}
+        return Finding(self.severity, self.rule, self.key, self.value(facts),
+                       self.why.format(**words) + f" [{self.source}]", self.fix.format(**words))
+
+
+CPU_KERNEL_LIMITS: tuple[KernelLimit, ...] = (
+    KernelLimit(
+        "cpu_pp_eager", "error", "engine.args.pipeline_parallel_size", lambda f: f.pp > 1 and f.eager, lambda f: f.pp,
+        "pipeline_parallel_size={f.pp} with enforce_eager=true: the second stage fails on the first step "
+        "('assert self.intermediate_tensors is not None'); compiled PP serves and equals transformers",
+        "drop enforce_eager (compiled PP works), or use pipeline_parallel_size=1", NOTES),
+    KernelLimit(
+        "cpu_mla_latent", "error", "config.json.kv_lora_rank",
+        lambda f: f.mla and (f.kv_lora_rank, f.qk_rope_head_dim) != CPU_MLA_LATENT,
+        lambda f: f"{f.kv_lora_rank}+{f.qk_rope_head_dim}",
+        "the CPU MLA kernels (CPU_MLA, AMX_MLA) only take a latent of {latent} (kv_lora_rank 512 + "
+        "qk_rope_head_dim 64); this model's is {f.kv_lora_rank} + {f.qk_rope_head_dim} = {f.latent}",
+        "serve it on GPUs; on CPU use kv_lora_rank=512 and qk_rope_head_dim=64",
+        "vllm/v1/attention/backends/mla/cpu_mla.py get_supported_head_sizes"),
+    KernelLimit(
+        "cpu_head_dim", "error", "config.json.head_dim", lambda f: not f.mla and f.head_dim not in CPU_HEAD_SIZES,
+        lambda f: f.head_dim,
+        "CPU attention supports head sizes {sizes}; head_dim={f.head_dim} fails at the first request "
+        "('Unsupported CPU attention configuration')",
+        "serve it on GPUs; on CPU give the model a head_dim of {sizes}",
+        "vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes; " + NOTES),
+    KernelLimit(
+        "block_size", "error", "engine.args.block_size",
+        lambda f: not f.mla and f.block_size is not None and f.block_size % CPU_BLOCK_MULTIPLE != 0,
+        lambda f: f.block_size,
+        "the CPU attention backend needs a multiple of 32 (vLLM: 'No common block size for {f.block_size} "
+        "(CPU_ATTN: [MultipleOf(32)])')", "use 32, 64 or 128 (the CPU default)",
+        "vllm/v1/attention/backends/cpu_attn.py get_supported_kernel_block_sizes"),
+    KernelLimit(
+        "block_size_cpu_mla", "info", "engine.args.block_size",
+        lambda f: f.mla and f.block_size is not None and f.block_size != CPU_MLA_BLOCK_SIZE, lambda f: f.block_size,
+        "vLLM's reference CPU MLA kernel only runs block_size=16 and overrides the setting",
+        "set block_size=16 (or leave it unset)", "vllm/platforms/cpu.py check_and_update_config"),
+    KernelLimit(
+        "cpu_mla_prefix_caching", "warning", "engine.args.enable_prefix_caching",
+        lambda f: f.mla and f.prefix_caching is True, lambda f: True,
+        "without AMX (the reference CPU MLA kernel, as on day0's box) the CPU platform turns prefix caching off "
+        "for MLA models ('MLA is enabled on a non-GPU platform; forcing "
+        "chunked prefill and prefix caching to be disabled'): the profile asks for it and will not get it",
+        "leave it unset on a CPU MLA profile; check prefix caching on GPUs",
+        "vllm/platforms/cpu.py check_and_update_config; " + NOTES),
+    KernelLimit(
+        "cpu_mla_chunked_prefill", "warning", "engine.args.enable_chunked_prefill",
+        lambda f: f.mla and f.chunked_prefill is True, lambda f: True,
+        "without AMX the CPU platform turns chunked prefill off for MLA models and raises max_num_batched_tokens to "
+        "max_model_len: every prompt is prefilled in one step", "leave it unset on a CPU MLA profile",
+        "vllm/platforms/cpu.py check_and_update_config; " + NOTES),
+    KernelLimit(
+        "cpu_mla_kv_cache_dtype", "warning", "engine.args.kv_cache_dtype",
+        lambda f: f.mla and f.kv_cache_dtype != "auto", lambda f: f.kv_cache_dtype,
+        "the CPU MLA backend declares only kv_cache_dtype 'auto' (the model dtype)",
+        "use kv_cache_dtype=auto on CPU", "vllm/v1/attention/backends/mla/cpu_mla.py supported_kv_cache_dtypes"),
+    KernelLimit(
+        "cpu_eplb", "error", "engine.args.enable_eplb", lambda f: f.eplb, lambda f: True,
+        "vLLM refuses EPLB off GPUs ('Expert parallelism load balancing is only supported on CUDA devices or ROCm "
+        "devices or XPU devices now')", "remove enable_eplb on CPU", "vllm/config/parallel.py ParallelConfig"),
+    KernelLimit(
+        "cpu_expert_parallel", "warning", "engine.args.enable_expert_parallel",
+        lambda f: f.moe and f.expert_parallel and f.tp * f.dp > 1, lambda f: True,
+        "vLLM 0.32's CPU fused-MoE kernel segfaulted with expert parallelism (TP=2, Qwen3-MoE and DeepSeek-V3, eager "
+        "and compiled, float32 and bfloat16: csrc/cpu/cpu_fused_moe.cpp:242 on the first request; the server then "
+        "answers 500). The run must show it works here; the lint does not refuse it",
+        "drop enable_expert_parallel on CPU (experts are then split by TP and served), or keep it to test it", NOTES),
+)
+
+
+def cpu_kernel_findings(args: dict[str, Any], config: dict[str, Any]) -> list[Finding]:
+    """Every :data:`CPU_KERNEL_LIMITS` row that applies to these engine args and this config.json."""
+    facts = CpuFacts.read(args, config)
+    return [limit.finding(facts) for limit in CPU_KERNEL_LIMITS if limit.applies(facts)]

@@ -1,0 +1,154 @@
+"""The CPU-kernel table and the expert-parallel rules: each row fires exactly where vLLM 0.32's CPU
+backend refuses or changes the setting, the table agrees with the installed vLLM's backends, and
+the docs list every row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from day0.model import archs
+from day0.stages.preflight.cpu_kernels import CPU_BLOCK_MULTIPLE, CPU_HEAD_SIZES, CPU_KERNEL_LIMITS, CPU_MLA_LATENT
+from day0.stages.preflight.lint import Finding, VllmRules, lint
+from tests.support import REPO
+
+SNAPSHOT = VllmRules("0.32.0 (snapshot)", frozenset(), ("auto", "bfloat16", "float32"), ("auto", "fp8", "fp8_ds_mla"),
+                     ("fp8", "compressed-tensors"), 0.92, False)
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096,
+    "torch_dtype": "float32",
+}
+TINY_MOE = {**TINY, "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64, "head_dim": 64}
+
+
+def run(args: dict[str, Any], config: dict[str, Any] | None = None, device: str = "cpu") -> list[Finding]:
+    return lint(args, config or TINY, device=device, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, rules=SNAPSHOT)
+
+
+def by_rule(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.rule: f for f in findings}
+
+
+def deepseek(**kw: Any) -> dict[str, Any]:
+    return {**archs.example_config("deepseek-v3"), **kw}
+
+
+# --------------------------------------------------------------------------- the table, row by row
+
+
+def test_pp_with_eager_is_refused_on_cpu_only() -> None:
+    f = by_rule(run({"pipeline_parallel_size": 2, "enforce_eager": True}))["cpu_pp_eager"]
+    assert f.severity == "error" and f.key == "engine.args.pipeline_parallel_size" and f.value == 2
+    assert "intermediate_tensors is not None" in f.why and "notes/vllm-cpu.md" in f.why
+    assert "cpu_pp_eager" not in by_rule(run({"pipeline_parallel_size": 2}))  # compiled PP serves
+    assert "cpu_pp_eager" not in by_rule(run({"pipeline_parallel_size": 2, "enforce_eager": True}, device="cuda"))
+
+
+@pytest.mark.parametrize("rank,rope,refused", [(512, 64, False), (256, 64, True), (512, 32, True), (448, 128, True)])
+def test_mla_latent_other_than_576_is_refused_on_cpu(rank: int, rope: int, refused: bool) -> None:
+    found = by_rule(run({}, deepseek(kv_lora_rank=rank, qk_rope_head_dim=rope)))
+    assert ("cpu_mla_latent" in found) == refused
+    if refused:
+        f = found["cpu_mla_latent"]
+        assert f.severity == "error" and f.key == "config.json.kv_lora_rank" and str(rank + rope) in f.why
+    assert "cpu_mla_latent" not in by_rule(run({}, deepseek(kv_lora_rank=rank, qk_rope_head_dim=rope), device="cuda"))
+
+
+@pytest.mark.parametrize("head_dim,refused", [(16, True), (48, True), (64, False), (128, False), (512, False),
+                                              (576, True)])
+def test_attention_head_dim_outside_the_cpu_list_is_refused(head_dim: int, refused: bool) -> None:
+    found = by_rule(run({}, {**TINY, "head_dim": head_dim}))
+    assert ("cpu_head_dim" in found) == refused
+    if refused:
+        assert found["cpu_head_dim"].severity == "error" and found["cpu_head_dim"].value == head_dim
+    assert "cpu_head_dim" not in by_rule(run({}, deepseek()))  # MLA: the latent rule applies instead
+
+
+def test_mla_on_cpu_drops_prefix_caching_and_chunked_prefill_when_asked_for() -> None:
+    asked = by_rule(run({"enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 64}, deepseek()))
+    assert asked["cpu_mla_prefix_caching"].severity == "warning"
+    assert asked["cpu_mla_chunked_prefill"].severity == "warning"
+    assert asked["block_size_cpu_mla"].severity == "info" and "block_size=16" in asked["block_size_cpu_mla"].why
+    unset = by_rule(run({}, deepseek()))
+    assert not {"cpu_mla_prefix_caching", "cpu_mla_chunked_prefill", "block_size_cpu_mla"} & set(unset)
+    dense = by_rule(run({"enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 64}))
+    assert not {"cpu_mla_prefix_caching", "cpu_mla_chunked_prefill", "block_size"} & set(dense)
+    gpu = by_rule(run({"enable_prefix_caching": True, "block_size": 64}, deepseek(), device="cuda"))
+    assert "cpu_mla_prefix_caching" not in gpu
+
+
+def test_expert_parallel_on_cpu_is_a_warning_not_a_refusal() -> None:
+    found = by_rule(run({"tensor_parallel_size": 2, "enable_expert_parallel": True, "block_size": 32}, TINY_MOE))
+    f = found["cpu_expert_parallel"]
+    assert f.severity == "warning" and "cpu_fused_moe.cpp" in f.why and "must show" in f.why
+    assert not [x for x in found.values() if x.severity == "error"]
+    assert "cpu_expert_parallel" not in by_rule(run({"tensor_parallel_size": 2, "enable_expert_parallel": True},
+                                                    TINY_MOE, device="cuda"))
+    assert "cpu_expert_parallel" not in by_rule(run({"tensor_parallel_size": 2, "enable_expert_parallel": True}))
+    assert "cpu_expert_parallel" not in by_rule(run({"enable_expert_parallel": True}, TINY_MOE))  # one rank: no EP
+
+
+def test_eplb_is_refused_on_cpu() -> None:
+    args = {"tensor_parallel_size": 2, "enable_expert_parallel": True, "enable_eplb": True}
+    assert by_rule(run(args, TINY_MOE))["cpu_eplb"].severity == "error"
+    assert "cpu_eplb" not in by_rule(run(args, TINY_MOE, device="cuda"))
+
+
+def test_every_row_is_documented_and_every_rule_id_is_stable() -> None:
+    doc = (REPO / "docs" / "stages" / "preflight.md").read_text()
+    for limit in CPU_KERNEL_LIMITS:
+        assert f"`{limit.rule}`" in doc, limit.rule
+        assert limit.source and limit.severity in ("error", "warning", "info")
+    rules = [limit.rule for limit in CPU_KERNEL_LIMITS]
+    assert len(rules) == len(set(rules))
+
+
+def test_the_table_agrees_with_the_installed_vllm_backends() -> None:
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
+    assert CPUMLABackend.get_supported_head_sizes() == [sum(CPU_MLA_LATENT)]
+    assert CPUMLABackend.get_supported_kernel_block_sizes() == [16]
+    [multiple] = CPUAttentionBackend.get_supported_kernel_block_sizes()
+    assert isinstance(multiple, MultipleOf) and multiple.base == CPU_BLOCK_MULTIPLE
+
+
+# --------------------------------------------------------------------------- expert parallelism (any device)
+
+
+def test_expert_parallel_names_the_experts_per_rank() -> None:
+    big = archs.example_config("moe-2.8t-1m")
+    f = by_rule(run({"tensor_parallel_size": 8, "enable_expert_parallel": True}, big, device="cuda"))
+    assert f["expert_parallel"].severity == "info" and "64 whole expert(s) per MoE layer of 512" in f["expert_parallel"].why
+    assert "ep_uneven" not in f
+    dp = by_rule(run({"tensor_parallel_size": 8, "data_parallel_size": 4, "enable_expert_parallel": True}, big,
+                     device="cuda"))
+    assert "EP=32 (TP 8 x DP 4)" in dp["expert_parallel"].why and "16 whole" in dp["expert_parallel"].why
+    assert dp["dp_not_planned"].severity == "info"
+
+
+def test_uneven_experts_warn_and_eplb_refuses_them() -> None:
+    sixty = {**TINY_MOE, "num_experts": 60, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512}
+    f = by_rule(run({"tensor_parallel_size": 8, "enable_expert_parallel": True}, sixty, device="cuda"))["ep_uneven"]
+    assert f.severity == "warning" and "first 4 rank(s) hold 8, the rest 7" in f.why
+    e = by_rule(run({"tensor_parallel_size": 8, "enable_expert_parallel": True, "enable_eplb": True}, sixty,
+                    device="cuda"))["ep_uneven"]
+    assert e.severity == "error" and "EPLB currently only supports even distribution" in e.why
+    # 4 redundant experts make 64: EPLB takes it
+    ok = run({"tensor_parallel_size": 8, "enable_expert_parallel": True, "enable_eplb": True,
+              "eplb_config": {"num_redundant_experts": 4}}, sixty, device="cuda")
+    assert "ep_uneven" not in by_rule(ok)
+
+
+def test_expert_parallel_without_effect_and_eplb_without_ep() -> None:
+    assert by_rule(run({"tensor_parallel_size": 2, "enable_expert_parallel": True}, device="cuda"))[
+        "expert_parallel_no_effect"].severity == "info"  # a dense model
+    assert "expert_parallel_no_effect" in by_rule(run({"enable_expert_parallel": True}, TINY_MOE, device="cuda"))
+    f = by_rule(run({"tensor_parallel_size": 2, "enable_eplb": True}, TINY_MOE, device="cuda"))["eplb_needs_ep"]
+    assert f.severity == "error" and "enable_expert_parallel must be True" in f.why
