@@ -138,11 +138,15 @@ def expert_share(layer_experts: float, routed: int, tp: int, ep: int) -> float:
     return float(math.ceil(layer_experts / tp))
 
 
+_MLA_KV_B = ".self_attn.kv_b_proj.weight"
+
+
 def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) -> Footprint:
     n_layers = archs.num_layers(config)
     fp = Footprint([0.0] * n_layers, [0.0] * n_layers, [0.0] * n_layers, 0.0, 0.0, 0.0, 0.0,
                    experts=[0.0] * n_layers, routed=archs.routed_experts(config))
     routed = fp.routed
+    mla = archs.is_mla(config)
     active_share = int(config.get("num_experts_per_tok") or 0) / routed if routed else 1.0
     for name, shape in archs.expected_tensors(config).items():
         count = math.prod(shape)
@@ -170,6 +174,12 @@ def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) ->
             fp.routed_parameters += count
         else:
             fp.split[i] += size
+        if mla and name.endswith(_MLA_KV_B):
+            # vLLM's MLA keeps kv_b_proj for prefill and splits a copy into W_UK_T and W_UV for the
+            # absorbed decode, in the activation dtype even when kv_b_proj is quantized
+            # (mla_attention.py: split_kv_b_proj); measured: the tiny DeepSeek-V3 held exactly one
+            # kv_b_proj per layer more than its checkpoint (15.59 vs 12.59 MiB)
+            fp.split[i] += count * dtype_bytes
     return fp
 
 
