@@ -49,6 +49,7 @@ class EngineInfo:
     env: dict[str, str] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)  # a multi-node engine: node, pid, log per node
     cross_node: list[dict[str, str]] = field(default_factory=list)  # its TCP connections between nodes
+    experts: dict[str, Any] | None = None  # a MoE's placement: experts per rank (loaded.expert_placement)
 
 
 @dataclass

@@ -11,8 +11,9 @@ from typing import Any, Iterator
 
 from day0.config.profile import Profile
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
+from day0.engine.loaded import expert_placement
 from day0.engine.rootcause import exception_root_cause
-from day0.model.locate import resolve_model
+from day0.model.locate import local_model_dir, resolve_model
 
 
 class InprocessEngine:
@@ -50,7 +51,8 @@ class InprocessEngine:
             raise EngineError(exception_root_cause(exc)) from exc
         self.info = EngineInfo(mode="inprocess", view="scheduler", model=model,
                                served_model_name=served_name(self.profile),
-                               startup_s=time.perf_counter() - t0, args=dict(eng.args), env=dict(eng.env))
+                               startup_s=time.perf_counter() - t0, args=dict(eng.args), env=dict(eng.env),
+                               experts=expert_placement(local_model_dir(self.profile), dict(eng.args), []))
         self.log(f"in-process engine ready after {self.info.startup_s:.1f} s")
         return self.info
 

@@ -7,6 +7,7 @@ Kept apart from the static audit (day0/stages/weights/audit.py), which reads hea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,37 @@ def read_golden(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not a day0 golden file ({type(exc).__name__}: {exc})") from None
     return data
+
+
+_EP_LINE = re.compile(r"\[EP Rank (\d+)/(\d+)\].*Local/global number of experts: (\d+)/(\d+)")
+
+
+def expert_placement(model_dir: Path | None, args: dict[str, Any], logs: list[Path]) -> dict[str, Any] | None:
+    """Where a MoE engine put its experts, for the record's engine note: what the layout implies
+    (every rank a 1/TP slice of each expert, or whole experts over TP x DP under expert
+    parallelism, placed as vLLM's ``determine_expert_map`` does) and, where vLLM logged it, what
+    each EP rank says it holds. None for a dense model or a model whose config is not local."""
+    from day0.model import archs
+    from day0.model.ranks import experts_on_rank
+
+    config_path = model_dir / "config.json" if model_dir else None
+    if config_path is None or not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    routed = archs.routed_experts(config)
+    if not routed:
+        return None
+    tp = int(args.get("tensor_parallel_size") or 1)
+    ep = tp * int(args.get("data_parallel_size") or 1) if args.get("enable_expert_parallel") else 1
+    note: dict[str, Any] = {"routed_experts": routed, "experts_per_token": archs.experts_per_token(config),
+                            "shared_experts": archs.shared_experts(config)}
+    if ep > 1:
+        note.update(layout="expert_parallel", ep_size=ep,
+                    experts_per_rank=[experts_on_rank(routed, ep, r) for r in range(ep)])
+    else:
+        note.update(layout="tensor_parallel", experts_per_rank=[routed] * tp, expert_slice=f"1/{tp}")
+    said = sorted({m.groups() for lp in logs if lp.is_file()
+                   for m in _EP_LINE.finditer(lp.read_text(encoding="utf-8", errors="replace"))})
+    if said:
+        note["vllm_says"] = [f"EP rank {r}/{n}: {local}/{total} experts" for r, n, local, total in said]
+    return note

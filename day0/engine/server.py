@@ -23,10 +23,11 @@ from day0.engine.cluster.launchers import spawn
 from day0.engine.cluster.nodes import Cluster
 from day0.engine.endpoint import Endpoint, api_key
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
+from day0.engine.loaded import expert_placement
 from day0.engine.multinode import cross_node_connections, engine_cli_args, node_commands, rendezvous_port
 from day0.engine.process import die_with_parent, signal_group, stop_process_group
 from day0.engine.rootcause import excerpt, root_cause
-from day0.model.locate import resolve_model
+from day0.model.locate import local_model_dir, resolve_model
 
 # vLLM start-up lines worth showing live: weights loading, profiling, KV cache size, CUDA graphs, errors.
 STARTUP_LINE = re.compile(r"Loading|took|Starting|ERROR|Error:|Traceback|KV cache|Maximum concurrency|"
@@ -170,6 +171,8 @@ class ServerEngine:
         self.info.startup_s = time.perf_counter() - t0
         if self.cluster:
             self.info.cross_node = cross_node_connections(self.cluster)
+        self.info.experts = expert_placement(local_model_dir(self.profile), dict(eng.args),
+                                             [lp for _, _, lp in self.procs])
         self.log(f"vLLM server healthy after {self.info.startup_s:.1f} s")
         return self.info
 
