@@ -34,6 +34,7 @@ class Engines:
         self._engines: dict[str, Any] = {}
         self._errors: dict[str, EngineError] = {}
         self._cluster: Cluster | None = None
+        self._died: EngineError | None = None  # the first engine found dead mid-run
         self.on_start: Callable[[EngineInfo], None] | None = None
 
     def cluster(self) -> Cluster:
@@ -116,6 +117,8 @@ class Engines:
         """
         from day0.engine.rootcause import excerpt
 
+        if self._died is not None:  # a handle taken before the death still points at it
+            return self._died
         for view, engine in list(self._engines.items()):
             reason = engine.alive()
             if not reason:
@@ -124,7 +127,7 @@ class Engines:
             text = log_path.read_text(encoding="utf-8", errors="replace") if log_path and log_path.exists() else ""
             error = EngineError(reason, log_excerpt=excerpt(text) if text else "", log_path=log_path,
                                 pgid=getattr(getattr(engine, "proc", None), "pid", None))
-            self._errors[view] = error
+            self._errors[view] = self._died = error
             del self._engines[view]
             with contextlib.suppress(Exception):
                 engine.stop()

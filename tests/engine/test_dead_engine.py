@@ -81,7 +81,7 @@ def test_the_session_turns_a_dead_engine_into_the_error_every_later_stage_gets(e
     assert dead.procs == []  # stopped at once, not left answering 500 until the session ends
     with pytest.raises(EngineError, match="cpu_fused_moe.cpp:242"):
         engines.http()  # no second start: the same cause, immediately
-    assert engines.dead() is None  # nothing else was running
+    assert engines.dead() is error  # a handle taken before the death fails later with the same cause
 
 
 def test_a_serving_engine_is_not_declared_dead(engine, tmp_path):
