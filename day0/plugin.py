@@ -19,6 +19,7 @@ import pytest
 
 from day0.config.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
 from day0.core.record import Check, measured, one_line
+from day0.core.verdict import NOT_APPLICABLE
 from day0.engine import EngineError, ViewUnavailable
 from day0.session import Day0Session
 from day0.stages.context import SectionError, StageContext, check_sections
@@ -33,6 +34,12 @@ BLOCKED_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 PROFILE_KEY = pytest.StashKey[Profile]()
 STARTED_KEY = pytest.StashKey[float]()
+
+
+class NotApplicable(pytest.skip.Exception):
+    """A stage's test skipping because the stage does not apply to this target (the expert-load
+    stage on a dense model): recorded as a skip the verdict does not count as missing
+    (day0.core.verdict.NOT_APPLICABLE). ``raise NotApplicable("why")`` in a suite."""
 
 
 class CheckRecorder:
@@ -315,9 +322,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if rep.skipped:
         if not recorded:
             reason = getattr(exc, "msg", None) or str(exc)
+            evidence = {NOT_APPLICABLE: True} if isinstance(exc, NotApplicable) else {}
             day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="skip",
-                                        message=reason, nodeid=item.nodeid, repeat=repeat_of(item),
-                                        duration_s=_item_elapsed(item)))
+                                        message=reason, evidence=evidence, nodeid=item.nodeid,
+                                        repeat=repeat_of(item), duration_s=_item_elapsed(item)))
         return rep
     if not isinstance(exc, (AssertionError, EngineError)):
         exc = day0.engines.dead() or exc  # a request that failed because the engine died

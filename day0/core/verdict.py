@@ -11,11 +11,17 @@ import fnmatch
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+# The evidence key of a skip that says the stage does not apply to this target (the expert-load
+# stage on a dense model): such a stage is "not_applicable", neither missing nor unverified, so a
+# dense run can be ACCEPTED without it. Any other skip still leaves the run INCOMPLETE.
+NOT_APPLICABLE = "not_applicable"
+
 
 class _Check(Protocol):
     id: str
     status: str
     message: str
+    evidence: Any
 
 
 class _Stage(Protocol):
@@ -26,9 +32,16 @@ class _Stage(Protocol):
     def checks(self) -> Sequence[_Check]: ...
 
 
+def not_applicable(check: _Check) -> bool:
+    evidence = getattr(check, "evidence", None)
+    return check.status == "skip" and isinstance(evidence, dict) and evidence.get(NOT_APPLICABLE) is True
+
+
 def stage_verdict(checks: Sequence[_Check]) -> str:
     if not checks:
         return "not_run"
+    if all(not_applicable(c) for c in checks):
+        return NOT_APPLICABLE
     statuses = {c.status for c in checks}
     if "fail" in statuses:
         return "fail"
@@ -56,11 +69,16 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str]) -> li
     is skip, blocked or error, or a glob no check matches at all (a required check that never ran)."""
     out: list[tuple[str, str]] = []
     checks = [c for s in stages for c in s.checks]
+    idle = {s.name for s in stages if s.verdict == NOT_APPLICABLE}
     for glob in required:
+        if glob.split(".", 1)[0] in idle:
+            continue  # a stage that does not apply to this target requires nothing of it
         hits = [c for c in checks if fnmatch.fnmatchcase(c.id, glob)]
         if not hits:
             out.append((glob, "required, but no such check ran"))
         for c in hits:
+            if not_applicable(c):
+                continue
             if c.status in ("skip", "blocked", "error") and all(c.id != i for i, _ in out):
                 out.append((c.id, f"required, but {c.status}: {c.message}"))
     return out

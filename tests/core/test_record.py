@@ -322,3 +322,25 @@ def test_the_profile_validates_required_globs():
     sn = load_profile("supernode-tp8pp4-1m").report.required
     for must in ("weights.manifest", "weights.golden_tokens", "collectives.transport.*", "weights.memory_per_rank"):
         assert must in sn
+
+
+def test_a_stage_that_does_not_apply_is_neither_missing_nor_unverified():
+    """The expert-load stage on a dense model: its skip says "not applicable", so the run is judged
+    on the stages that apply, and the checks that stage requires are not asked of it. Any other skip
+    still leaves the run INCOMPLETE."""
+    from day0.core.record import StageRecord
+    from day0.core.verdict import NOT_APPLICABLE, run_verdict, unverified_required
+
+    n_a = Check(id="experts.expert_load_is_balanced", title="", status="skip", message="not applicable: dense",
+                evidence={NOT_APPLICABLE: True})
+    plain_skip = Check(id="experts.expert_load_is_balanced", title="", status="skip", message="no view")
+    weights = StageRecord("weights", "pass", [Check(id="weights.smoke", title="", status="pass")])
+    idle = StageRecord("experts", stage_verdict([n_a]), [n_a])
+    assert idle.verdict == "not_applicable"
+    required = ["weights.smoke", "experts.balance"]
+    assert unverified_required([weights, idle], required) == []
+    assert run_verdict([weights, idle], finished=True, required=required) == ("accepted", "every stage ran and passed")
+    skipped = StageRecord("experts", stage_verdict([plain_skip]), [plain_skip])
+    assert run_verdict([weights, skipped], finished=True, required=required)[0] == "incomplete"
+    mixed = [n_a, Check(id="experts.balance", title="", status="fail", message="0.2")]
+    assert stage_verdict(mixed) == "fail"  # one measured fail in a stage is never "not applicable"
