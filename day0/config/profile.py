@@ -27,6 +27,7 @@ from day0.config.compare import CompareSection
 from day0.config.errors import first_error, known_keys
 from day0.config.kvcache import KvCacheSection
 from day0.config.latency import LatencySection, SlaSection
+from day0.config.parity import ParitySection
 from day0.config.preflight import PreflightSection
 from day0.config.risks import RisksSection
 from day0.config.section import Section
@@ -121,6 +122,7 @@ class Profile(Section):
     kvcache: KvCacheSection = KvCacheSection()
     collectives: CollectivesSection = CollectivesSection()  # day0.config.collectives
     latency: LatencySection = LatencySection()  # day0.config.latency, with [sla]
+    parity: ParitySection = ParitySection()  # day0.config.parity
     report: ReportSection = ReportSection()
     risks: RisksSection = RisksSection()
     compare: CompareSection = CompareSection()  # day0.config.compare

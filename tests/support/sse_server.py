@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,6 +56,14 @@ class Script:
     spin: bool = False  # exact emission times; off by default (the log records the real ones)
     empty_text_at: list[int] = field(default_factory=list)  # these message numbers (0 = first) have text ""
     index_by_arrival: bool = False  # a request without a day0 X-Request-Id gets the next number, not 0
+    # Parity mode (/v1/completions only): greedy token ids and top logprobs that are a pure function
+    # of the prompt, streamed or whole, so the parity stage's comparisons see equal answers, except
+    # where ``diverge`` says: "repeat" (the same prompt and cache_salt a second time), "batch" (another
+    # request in flight), "stream" (a streamed request). The faulty step picks the runner-up, ~3 nats
+    # behind: a divergence, not a near-tie.
+    parity: bool = False
+    diverge: list[str] = field(default_factory=list)
+    diverge_at: int = 3
 
 
 def schedule(script: Script, index: int, max_tokens: int) -> list[tuple[float, int]]:
@@ -103,11 +112,59 @@ def build_app(script: Script):
     def chunk(obj: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
+    async def parity_answer(request: web.Request, body: dict[str, Any], t0: float) -> web.StreamResponse:
+        """A greedy completion with logprobs in parity mode (see Script.parity)."""
+        sc: Script = state["script"]
+        text = str(body.get("prompt"))
+        seen = state.setdefault("seen", set())
+        repeat = (text, body.get("cache_salt")) in seen
+        seen.add((text, body.get("cache_salt")))
+        stream, n = bool(body.get("stream")), int(body.get("max_tokens") or 16)
+        ids = [zlib.crc32(w.encode()) % 300 + 10 for w in text.split()]
+        seed = zlib.crc32(text.encode())
+        usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n,
+                 "prompt_tokens_details": {"cached_tokens": len(ids) // 32 * 32 if repeat else 0}}
+        base = {"id": "cmpl-parity", "created": 0, "model": body.get("model", "scripted"), "object": "text_completion"}
+        state["inflight"] = state.get("inflight", 0) + 1
+        resp: web.StreamResponse | None = None
+        if stream:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+        tokens, tops = [], []
+        try:
+            for k in range(n):
+                await _sleep_until(t0 + (sc.ttft_ms[0] + k * sc.gaps_ms[0]) / 1000.0, False)
+                tok = 10 + (seed + 31 * k) % 300
+                faulty = k == sc.diverge_at and (("repeat" in sc.diverge and repeat) or (
+                    "batch" in sc.diverge and state["inflight"] > 1) or ("stream" in sc.diverge and stream))
+                pick, other = (tok + 1, tok) if faulty else (tok, tok + 1)
+                top = {f"token_id:{pick}": -0.05, f"token_id:{other}": -3.0}
+                tokens.append(pick)
+                tops.append(top)
+                if resp is not None:
+                    choice = {"index": 0, "text": "w", "token_ids": [pick], "logprobs": {"top_logprobs": [top]},
+                              "finish_reason": "length" if k == n - 1 else None}
+                    if k == 0:
+                        choice["prompt_token_ids"] = ids
+                    await resp.write(chunk({**base, "choices": [choice]}))
+        finally:
+            state["inflight"] -= 1
+        if resp is None:
+            return web.json_response({**base, "usage": usage, "choices": [{
+                "index": 0, "text": "w" * n, "token_ids": tokens, "prompt_token_ids": ids,
+                "logprobs": {"top_logprobs": tops}, "finish_reason": "length"}]})
+        await resp.write(chunk({**base, "choices": [], "usage": usage}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     async def generate(request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
         sc: Script = state["script"]
         chat = request.path.endswith("/chat/completions")
         body = await request.json()
+        if sc.parity and not chat:
+            return await parity_answer(request, body, t0)
         rid = request.headers.get("X-Request-Id", "")
         phase, index = _parse_rid(rid)
         if sc.index_by_arrival and not re.match(r"^day0-\w+-[0-9a-f]+-\d+$", rid):
@@ -203,6 +260,7 @@ def build_app(script: Script):
         state["script"] = Script(**(await request.json()))
         state["log"] = []
         state.pop("arrivals", None)
+        state.pop("seen", None)
         return web.json_response({"ok": True})
 
     async def get_log(_request: web.Request) -> web.Response:
