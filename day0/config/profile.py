@@ -25,6 +25,7 @@ from pydantic import Field, ValidationError, model_validator
 from day0.config.collectives import CollectivesSection
 from day0.config.compare import CompareSection
 from day0.config.errors import first_error, known_keys
+from day0.config.experts import ExpertsSection
 from day0.config.kvcache import KvCacheSection
 from day0.config.latency import LatencySection, SlaSection
 from day0.config.parity import ParitySection
@@ -122,6 +123,7 @@ class Profile(Section):
     kvcache: KvCacheSection = KvCacheSection()
     collectives: CollectivesSection = CollectivesSection()  # day0.config.collectives
     latency: LatencySection = LatencySection()  # day0.config.latency, with [sla]
+    experts: ExpertsSection = ExpertsSection()  # day0.config.experts
     parity: ParitySection = ParitySection()  # day0.config.parity
     report: ReportSection = ReportSection()
     risks: RisksSection = RisksSection()

@@ -15,7 +15,7 @@ import pytest
 from day0.core.stages import Stage
 from day0.stages.registry import RegistryError, builtin, from_entry_points, load
 
-BUILTIN = ["preflight", "weights", "collectives", "latency", "kvcache", "risks"]
+BUILTIN = ["preflight", "weights", "parity", "collectives", "latency", "experts", "kvcache", "risks"]
 
 SITE_STAGE = '''
 """A site's check on the record so far: stage weights must have passed its golden tokens."""
@@ -97,13 +97,14 @@ def test_the_site_stage_registers_after_the_builtins(tmp_path, monkeypatch):
     assert reg.before("sitecheck") == tuple(BUILTIN)
 
 
-def test_day0_stages_lists_the_six_with_questions_and_required_checks():
+def test_day0_stages_lists_the_builtins_with_questions_and_required_checks():
     out = subprocess.run([sys.executable, "-m", "day0.cli", "stages", "--json"], capture_output=True, text=True,
                          check=True).stdout
     stages = json.loads(out)
     assert [s["name"] for s in stages] == BUILTIN
     assert all(s["question"] and s["title"] for s in stages)
-    assert "latency.ttft_p99" in stages[3]["required"] and "kvcache.fragmentation" in stages[4]["required"]
+    required = {s["name"]: s["required"] for s in stages}
+    assert "latency.ttft_p99" in required["latency"] and "kvcache.fragmentation" in required["kvcache"]
     text = subprocess.run([sys.executable, "-m", "day0.cli", "stages"], capture_output=True, text=True,
                           check=True).stdout
     assert "asks: do TTFT, TPOT and throughput meet the SLA?" in text

@@ -1,0 +1,127 @@
+"""The experts stage's checks: balance, the hot expert, and the two views against each other.
+
+Each is judged against ``[experts]``; a view that could not measure makes the check an ``error``
+with the reason (never a pass on nothing). Evidence carries the per-layer table, the raw counts
+and a layers x experts heatmap with the hot expert marked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from day0.config.experts import ExpertsSection
+from day0.core.record import Check, measured
+from day0.stages.experts.load import LayerLoad, LoadSummary
+
+BALANCE, HOT, AGREE = "experts.balance", "experts.hot_expert", "experts.views_agree"
+BALANCE_TITLE = "Expert load balancedness (mean/max), worst layer"
+HOT_TITLE = "Hottest expert's load vs its uniform share"
+AGREE_TITLE = "Router hook vs vLLM's routed_experts"
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def unmeasured(reason: str, section: ExpertsSection, source: str = "") -> list[Check]:
+    """Both figures as "could not measure", with the reason (status error: the run is INCOMPLETE)."""
+    msg = f"could not measure: {reason}"
+    return [Check(id=BALANCE, title=BALANCE_TITLE, status="error", limit=section.min_balancedness,
+                  direction="higher_is_better", message=msg, source=source),
+            Check(id=HOT, title=HOT_TITLE, status="error", limit=section.max_hot_expert_ratio, unit="x",
+                  direction="lower_is_better", message=msg, source=source)]
+
+
+def layer_table(summary: LoadSummary) -> dict[str, Any]:
+    ep = summary.placement.expert_parallel
+    cols = ["layer", "tokens routed", "hottest expert", "x its share", "balancedness (experts)"]
+    cols += ["tokens per EP rank", "balancedness (EP ranks)"] if ep else []
+    rows = []
+    for load in summary.layers:
+        expert, ratio = load.hottest()
+        row: list[Any] = [load.layer, load.tokens, expert, _r(ratio, 3), _r(load.expert_balance())]
+        if ep:
+            row += [" / ".join(str(n) for n in load.rank_loads(summary.placement)),
+                    _r(load.rank_balance(summary.placement))]
+        rows.append(row)
+    return {"columns": cols, "rows": rows}
+
+
+def heatmap(summary: LoadSummary) -> dict[str, Any]:
+    """Share of each layer's assignments per expert (%), the hot expert marked."""
+    layers = [load for load in summary.layers if load.assignments]
+    hot = summary.hottest()
+    marked = [[i, hot.expert] for i, load in enumerate(layers) if hot and load.layer == hot.layer]
+    return {"kind": "heatmap", "title": "Share of each MoE layer's routed tokens per expert",
+            "rows": [f"layer {load.layer}" for load in layers],
+            "cols": [str(e) for e in range(summary.placement.num_experts)],
+            "values": [[round(100.0 * n / load.assignments, 3) for n in load.experts] for load in layers],
+            "x_label": "expert", "y_label": "MoE layer", "unit": "%", "marked": marked}
+
+
+def evidence(summary: LoadSummary, base: dict[str, Any]) -> dict[str, Any]:
+    p = summary.placement
+    return {**base, "table": layer_table(summary), "charts": [heatmap(summary)],
+            "ep_size": p.ep_size, "placement": p.strategy if p.expert_parallel else "none (every rank holds every expert)",
+            "ranks": [list(r) for r in p.ranks()] if p.expert_parallel else None,
+            "vllm_eplb_balancedness": _r(summary.aggregate()),
+            "loads": {str(load.layer): list(load.experts) for load in summary.layers},
+            "tokens": {str(load.layer): load.tokens for load in summary.layers}}
+
+
+def load_checks(summary: LoadSummary, section: ExpertsSection, source: str, base: dict[str, Any]) -> list[Check]:
+    """``experts.balance`` and ``experts.hot_expert`` from one view's counts."""
+    few = [load for load in summary.layers if load.tokens < section.min_tokens_per_layer]
+    if not summary.layers or not summary.measured:
+        return unmeasured("the view counted no routed tokens in any MoE layer", section, source)
+    if few:
+        return unmeasured(f"layer {few[0].layer} routed {few[0].tokens} tokens, under experts.min_tokens_per_layer = "
+                          f"{section.min_tokens_per_layer}: too few to judge balance (raise experts.num_requests)",
+                          section, source)
+    ev = evidence(summary, base)
+    p = summary.placement
+    unit = f"{p.ep_size} EP ranks" if p.expert_parallel else f"{p.num_experts} experts"
+    worst, hot = summary.worst(), summary.hottest()
+    assert worst is not None and hot is not None  # summary.measured
+    layer, value = worst
+    ok = value >= section.min_balancedness
+    balance = measured(BALANCE, BALANCE_TITLE, _r(value), section.min_balancedness, direction="higher_is_better",
+                       source=source, evidence={**ev, "over": unit, "worst_layer": layer},
+                       message=(f"layer {layer}: mean/max load over {unit} is {value:.3f} "
+                                f"({'at or above' if ok else 'below'} the limit {section.min_balancedness:g}); "
+                                f"hottest: {hot.sentence()}"))
+    hot_ok = hot.ratio <= section.max_hot_expert_ratio
+    hot_check = measured(HOT, HOT_TITLE, _r(hot.ratio, 3), section.max_hot_expert_ratio, unit="x",
+                         direction="lower_is_better", source=source,
+                         evidence={**ev, "layer": hot.layer, "expert": hot.expert, "share": _r(hot.share),
+                                   "uniform_share": _r(hot.uniform), "token_share": _r(hot.token_share)},
+                         message=(f"{hot.sentence()} ({'within' if hot_ok else 'over'} the limit "
+                                  f"{section.max_hot_expert_ratio:g}x)"))
+    return [balance, hot_check]
+
+
+def agreement_check(router: Sequence[LayerLoad], routed: Sequence[LayerLoad], section: ExpertsSection) -> Check:
+    """The two views count the same tokens (prompt and output, less any served from the prefix
+    cache, which the router never sees): each expert's share of its layer must match."""
+    a, b = {x.layer: x for x in router}, {x.layer: x for x in routed}
+    if set(a) != set(b):
+        return Check(id=AGREE, title=AGREE_TITLE, status="fail", unit="", direction="lower_is_better",
+                     limit=section.agreement_limit,
+                     message=f"the views count different MoE layers: router {sorted(a)}, routed_experts {sorted(b)}")
+    worst, where = 0.0, (None, None)
+    for layer in a:
+        ta, tb = a[layer].assignments or 1, b[layer].assignments or 1
+        for e, (x, y) in enumerate(zip(a[layer].experts, b[layer].experts)):
+            d = abs(x / ta - y / tb)
+            if d > worst:
+                worst, where = d, (layer, e)
+    msg = (f"largest per-expert share difference {100 * worst:.2f} pp (layer {where[0]}, expert {where[1]})"
+           if where[0] is not None else "identical shares in every layer")
+    return measured(AGREE, AGREE_TITLE, round(worst, 5), section.agreement_limit, direction="lower_is_better",
+                    message=msg, source="router+routed_experts",
+                    evidence={"router_tokens": {str(k): v.tokens for k, v in a.items()},
+                              "routed_tokens": {str(k): v.tokens for k, v in b.items()}})
+
+
+def agreement_skipped(why: str) -> Check:
+    return Check(id=AGREE, title=AGREE_TITLE, status="skip", message=f"one view only: {why}")

@@ -1,0 +1,199 @@
+"""The experts stage against the run's engine: does it apply, what the model and the placement are,
+the workload, the views, and the checks.
+
+Only an MoE has experts to balance: on a dense model the stage says so from config.json and
+starts nothing. Everything it knows about the model (experts, top-k, which layers are MoE) comes
+from config.json; the placement of experts on ranks from the engine args, as vLLM reads them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from day0.client.workload import Request, WorkloadSpec, build_requests, read_vocab
+from day0.config.experts import ExpertsSection
+from day0.config.profile import Profile
+from day0.core.record import Check
+from day0.engine import local_model_dir
+from day0.model import archs
+from day0.model.config import ConfigUnavailable, model_config
+from day0.stages.experts.checks import agreement_check, agreement_skipped, load_checks, unmeasured
+from day0.stages.experts.load import LoadSummary, Placement
+from day0.stages.experts.routed import moe_layers
+from day0.stages.experts.views import Driver, HttpDriver, InprocessDriver, Observed, observe
+
+
+@dataclass(frozen=True)
+class Target:
+    """The MoE as served: its routed experts, top-k, MoE layers (None: read from the counts) and
+    where the experts sit on ranks."""
+
+    num_experts: int
+    top_k: int
+    moe_layers: tuple[int, ...] | None
+    placement: Placement
+    eplb: bool = False
+    compiled_on_cpu: bool = False  # vLLM's CPU backend traces the router into the compiled graph
+
+    def describe(self) -> dict[str, Any]:
+        return {"num_experts": self.num_experts, "top_k": self.top_k,
+                "moe_layers": list(self.moe_layers) if self.moe_layers is not None else None,
+                "ep_size": self.placement.ep_size, "eplb": self.eplb}
+
+
+def not_applicable(profile: Profile) -> str | None:
+    """Why the stage does not apply (a dense model, from its config.json), or None. Without a
+    config.json on this host the model's kind is unknown: the stage then asks the engine."""
+    try:
+        config, where = model_config(profile)
+    except ConfigUnavailable:
+        return None
+    if archs.routed_experts(config):
+        return None
+    return (f"not applicable: {archs.architecture(config)} ({where}) is a dense model: no routed experts, "
+            "no router to balance")
+
+
+def placement_of(args: dict[str, Any], num_experts: int) -> tuple[Placement, bool]:
+    """Experts on ranks as vLLM places them: with ``enable_expert_parallel`` the EP group is
+    TP x DP and each rank holds whole experts; without it every TP rank holds a slice of every
+    expert (EP size 1). Returns (placement, EPLB on)."""
+    ep = 1
+    if args.get("enable_expert_parallel"):
+        ep = int(args.get("tensor_parallel_size") or 1) * int(args.get("data_parallel_size") or 1)
+    strategy = str(args.get("expert_placement_strategy") or "linear")
+    return Placement(num_experts, ep, strategy), bool(args.get("enable_eplb"))
+
+
+def target_of(profile: Profile) -> Target | None:
+    """The served MoE from config.json; None when there is no config.json on this host."""
+    try:
+        config, _ = model_config(profile)
+    except ConfigUnavailable:
+        return None
+    e = archs.routed_experts(config)
+    layers = tuple(moe_layers(archs.expected_tensors(config)))
+    placement, eplb = placement_of(profile.engine.args, e)
+    compiled_on_cpu = profile.topology.device == "cpu" and not profile.engine.args.get("enforce_eager")
+    return Target(e, int(config.get("num_experts_per_tok") or 0), layers or None, placement, eplb, compiled_on_cpu)
+
+
+def workload(profile: Profile, section: ExpertsSection) -> tuple[list[Request], dict[str, Any], int]:
+    """``experts.num_requests`` requests of the ``[latency]`` workload's shape (lengths, shared
+    prefixes, seed), the body keys they carry, and how many go at once.
+
+    The seed's prompts exactly, without latency's per-run nonce: on a random-weight MoE the nonce
+    (the same few tokens at the front of every prompt of a run) moved the tiny model's hottest
+    expert from run to run, and the same system must give the same verdict. A fresh ``cache_salt``
+    per run keeps an earlier run's prefix cache out instead (the router never sees a cached token),
+    and decoding is greedy unless ``latency.extra_body`` sets a temperature.
+    A dataset or the long-context mix is not replayed (their lengths need the latency stage's own
+    reading of them); the profile's input_len and output_len are used."""
+    lat = profile.latency
+    model_dir = local_model_dir(profile)
+    if model_dir is None or not (model_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"token-id prompts need the model's tokenizer.json locally; model.path "
+                                f"{profile.model.path!r} is not a local directory with one")
+    spec = WorkloadSpec(lat.input_len, lat.output_len, lat.prefix_len, lat.num_prefixes, lat.seed)
+    reqs = build_requests(spec, read_vocab(model_dir), section.num_requests)
+    extra = {k: v for k, v in lat.extra_body.items() if k not in ("stream", "stream_options")}
+    extra.setdefault("temperature", 0.0)  # greedy unless the profile samples: the same tokens, run after run
+    extra["cache_salt"] = secrets.token_hex(8)
+    return reqs, extra, section.concurrency or lat.concurrency or section.num_requests
+
+
+def driver_of(engine: Any) -> Driver:
+    if getattr(engine, "view", None) == "scheduler":
+        return InprocessDriver(engine.llm)
+    return HttpDriver(engine.endpoint)
+
+
+def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] | None = None) -> list[Check]:
+    """The workload on ``engine``, both views read, judged against ``[experts]``."""
+    section = profile.experts
+    target = target_of(profile)
+    try:
+        reqs, extra, concurrency = workload(profile, section)
+    except FileNotFoundError as exc:
+        return unmeasured(str(exc), section)
+    driver = driver_of(engine)
+    num_experts = target.num_experts if target else 0
+    obs = observe(driver, reqs, extra, concurrency, num_experts, target.moe_layers if target else None, progress)
+    return judge(obs, target, section, source_prefix=driver.source)
+
+
+def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, source_prefix: str = "http") -> list[Check]:
+    """The checks from what the views saw: the router view first (it counts what the model
+    computed), vLLM's routed_experts when it is the only one, "could not measure" when neither."""
+    short = _router_shortfall(obs, target) if obs.router else None
+    if short:
+        obs.router_missing, obs.router = short, None
+    router = obs.router.loads if obs.router else None
+    use_router = router is not None and section.view in ("auto", "router")
+    use_routed = obs.routed is not None and section.view in ("auto", "routed")
+    if not (use_router or use_routed):
+        return unmeasured(_why_neither(obs, section), section, source_prefix)
+    loads = router if use_router else obs.routed
+    assert loads is not None
+    num_experts = len(next(iter(loads.values())).experts) if loads else (target.num_experts if target else 1)
+    placement = target.placement if target and target.num_experts == num_experts else Placement(num_experts)
+    summary = LoadSummary(tuple(loads.values()), placement)
+    base = _base_evidence(obs, target, "router" if use_router else "routed_experts")
+    source = f"{source_prefix}:router" if use_router else f"{source_prefix}:routed_experts"
+    checks = load_checks(summary, section, source, base)
+    if use_router and use_routed:
+        checks.append(agreement_check(list(router.values()), list(obs.routed.values()), section))  # type: ignore[union-attr]
+    elif section.view == "auto":
+        checks.append(agreement_skipped(obs.routed_missing if use_router else (obs.router_missing or "")))
+    return checks
+
+
+def _router_shortfall(obs: Observed, target: Target | None) -> str | None:
+    """Why the router view cannot be trusted, or None: each MoE layer must have routed every token
+    the workload forwarded, less at most the prompt tokens it shares (prefix-cache hits). A hook
+    that sees fewer was bypassed: on vLLM's CPU backend a compiled engine traced the router into
+    its graph at start-up (CPU calls the MoE forward directly, not as the opaque ``moe_forward`` op
+    GPUs use); on a GPU, steps replayed from a CUDA graph captured before the hook was set."""
+    assert obs.router is not None
+    if not obs.router.loads:
+        return "the workers found no MoE layer whose router takes a callback"
+    seen = min(load.tokens for load in obs.router.loads.values())
+    need = obs.forwarded_tokens - obs.cacheable_tokens
+    if seen >= need:
+        return None
+    why = (f"the router hook saw {seen} of the {obs.forwarded_tokens} tokens the workload forwarded through "
+           f"every MoE layer (at least {need} must pass it)")
+    if target is not None and target.compiled_on_cpu:
+        return why + ("; the engine is compiled (engine.args.enforce_eager is not true) and vLLM's CPU backend "
+                      "traces the MoE router into the compiled graph before the hook is set: run the engine eager, "
+                      "or read vLLM's routed_experts")
+    return why + ("; steps replayed from a CUDA graph or a compiled graph captured before the hook was set bypass "
+                  "it: run the engine with enforce_eager = true for this stage, or read vLLM's routed_experts")
+
+
+def _why_neither(obs: Observed, section: ExpertsSection) -> str:
+    if section.view == "router":
+        return f"router view: {obs.router_missing}"
+    if section.view == "routed":
+        return f"vLLM's routed_experts: {obs.routed_missing}"
+    return f"router view: {obs.router_missing}; vLLM's routed_experts: {obs.routed_missing}"
+
+
+def _base_evidence(obs: Observed, target: Target | None, view: str) -> dict[str, Any]:
+    routed_tokens = max((load.tokens for load in (obs.router.loads if obs.router else {}).values()), default=None)
+    ev: dict[str, Any] = {
+        "view": view, "requests": len(obs.answers), "seconds": round(obs.seconds, 3),
+        "prompt_tokens": obs.prompt_tokens, "completion_tokens": obs.completion_tokens,
+        "forwarded_tokens": obs.forwarded_tokens, "model": target.describe() if target else None,
+        "router_view": "measured" if obs.router else obs.router_missing,
+        "routed_experts_view": "measured" if obs.routed is not None else obs.routed_missing,
+    }
+    if obs.router:
+        ev.update(workers=obs.router.workers, tp_ranks_agree=obs.router.tp_agree, sequence_parallel=obs.router.sharded,
+                  router_tokens_per_layer=routed_tokens, unhooked_layers=obs.router.skipped)
+    if target and target.eplb:
+        ev["eplb_note"] = ("EPLB is on: it moves and replicates experts at run time; the per-rank figure is the "
+                           "static placement's, the per-expert counts are logical experts'")
+    return ev

@@ -1,0 +1,249 @@
+"""Running the workload on the engine and reading the two views of where its tokens went.
+
+* **router** (in-process): day0's worker extension (:mod:`.router_hook`) counts every router's
+  top-k ids on every worker; ``collective_rpc`` arms and reads it (``POST /collective_rpc`` on a
+  server started with ``VLLM_SERVER_DEV_MODE=1``, ``LLM.collective_rpc`` in-process).
+* **routed** (black box): vLLM's ``routed_experts`` on each non-streamed response (:mod:`.routed`).
+
+A view that is not there says why in one line; the stage turns that into "could not measure".
+Requests are non-streamed because vLLM puts ``routed_experts`` only on the whole response; routing
+does not depend on how the answer is delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from day0.client.workload import Request
+from day0.stages.experts.load import LayerLoad, LoadError, merge
+from day0.stages.experts.routed import Routed, RoutedError, count, decode
+from day0.stages.experts.router_hook import EXTENSION
+
+RESET, READ = "day0_experts_reset", "day0_experts_read"
+
+
+class ViewMissing(RuntimeError):
+    """A view this engine does not give; the message says what would turn it on."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    prompt_tokens: int
+    completion_tokens: int
+    routed: Routed | None  # vLLM's routed_experts, when the engine returns it
+
+
+class Driver(Protocol):
+    """What the stage needs of an engine: one completion, and a call on every worker."""
+
+    source: str
+
+    def complete(self, req: Request, extra: dict[str, Any]) -> Answer: ...
+
+    def rpc(self, method: str) -> list[Any]: ...
+
+    def run(self, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int) -> list[Answer]: ...
+
+
+@dataclass
+class HttpDriver:
+    """The engine's OpenAI-compatible API (``day0.engine.Endpoint``: the URL, name and key)."""
+
+    endpoint: Any
+    source: str = "http"
+
+    def complete(self, req: Request, extra: dict[str, Any]) -> Answer:
+        body = {"model": self.endpoint.model, "prompt": req.prompt, "max_tokens": req.output_len,
+                "ignore_eos": True, **extra, "stream": False}
+        out = self.endpoint.json("/v1/completions", body)
+        choice, usage = out["choices"][0], out.get("usage") or {}
+        raw = choice.get("routed_experts")
+        return Answer(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                      decode(raw) if raw is not None else None)
+
+    def run(self, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int) -> list[Answer]:
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(reqs)))) as pool:
+            return list(pool.map(lambda r: self.complete(r, extra), reqs))
+
+    def rpc(self, method: str) -> list[Any]:
+        try:
+            out = self.endpoint.json("/collective_rpc", {"method": method})
+        except urllib.error.HTTPError as exc:
+            raise ViewMissing(rpc_refusal(exc.code, _body(exc))) from None
+        results = out.get("results") if isinstance(out, dict) else None
+        if not isinstance(results, list):
+            raise ViewMissing(f"POST /collective_rpc answered {str(out)[:200]!r}, not {{\"results\": [...]}}")
+        return results
+
+
+def _body(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read().decode("utf-8", "replace")[:2000]
+    except Exception:  # a body that cannot be read is no worse than an empty one
+        return ""
+
+
+def rpc_refusal(status: int, body: str) -> str:
+    """Why ``POST /collective_rpc`` did not answer, in terms of the setting that would fix it."""
+    if status == 404:
+        return ("POST /collective_rpc answered 404: the server's dev endpoints are off (start it with "
+                "VLLM_SERVER_DEV_MODE=1 in engine.env)")
+    if "has no attribute" in body and "day0_experts" in body:
+        return (f"the engine's workers have no {RESET}: start it with engine.args.worker_extension_cls = "
+                f"\"{EXTENSION}\"")
+    try:
+        msg = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = body
+    return f"POST /collective_rpc answered HTTP {status}: {' '.join(str(msg).split())[:300]}"
+
+
+@dataclass
+class InprocessDriver:
+    """``vllm.LLM`` in this process (``engine.mode = "inprocess"``)."""
+
+    llm: Any
+    source: str = "scheduler"
+
+    def complete(self, req: Request, extra: dict[str, Any]) -> Answer:
+        return self.run([req], extra, 1)[0]
+
+    def run(self, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int) -> list[Answer]:
+        from vllm import SamplingParams
+
+        known = set(getattr(SamplingParams, "__struct_fields__", ()))  # request-body keys vLLM's sampler takes
+        kw = {k: v for k, v in extra.items() if k in known}
+        salt = {"cache_salt": extra["cache_salt"]} if extra.get("cache_salt") else {}
+        outs = self.llm.generate([{"prompt_token_ids": list(r.prompt), **salt} for r in reqs],
+                                 [SamplingParams(max_tokens=r.output_len, ignore_eos=True, **kw) for r in reqs],
+                                 use_tqdm=False)
+        return [Answer(len(o.prompt_token_ids or ()), len(o.outputs[0].token_ids),
+                       _from_array(getattr(o.outputs[0], "routed_experts", None))) for o in outs]
+
+    def rpc(self, method: str) -> list[Any]:
+        try:
+            return list(self.llm.collective_rpc(method))
+        except AttributeError as exc:
+            raise ViewMissing(f"the engine's workers have no {method} ({exc}): start it with "
+                              f"engine.args.worker_extension_cls = \"{EXTENSION}\"") from None
+
+
+def _from_array(arr: Any) -> Routed | None:
+    if arr is None:
+        return None
+    shape = tuple(int(n) for n in arr.shape)
+    if len(shape) != 3:
+        raise RoutedError(f"routed_experts: expected (tokens, layers, top_k), got shape {shape}")
+    return Routed(arr.reshape(-1).tolist(), *shape)
+
+
+@dataclass
+class Workers:
+    """What the router view's workers answered, combined into one count per layer."""
+
+    loads: dict[int, LayerLoad]
+    workers: int
+    tp_agree: bool  # every TP rank of a data-parallel group counted the same (a replicated router)
+    sharded: bool  # sequence-parallel MoE: each TP rank routed a shard, their counts were summed
+    skipped: list[str] = field(default_factory=list)
+
+
+def combine(results: Sequence[Any]) -> Workers:
+    """Per data-parallel group and layer: one TP rank's counts when its ranks each route every
+    token (the router is replicated: their counts must agree), their sum under sequence-parallel
+    MoE (each TP rank routes its own shard); then the sum over data-parallel groups (each routes
+    its own requests). Pipeline stages hold different layers, so their layers sit side by side."""
+    groups: dict[tuple[int, int], list[tuple[int, list[int], int]]] = {}
+    skipped: list[str] = []
+    sharded = False
+    for res in results:
+        if not isinstance(res, dict) or "counts" not in res:
+            why = res.get("error") if isinstance(res, dict) else str(res)[:200]
+            raise ViewMissing(f"a worker answered {READ} without counts: {why}")
+        skipped += [s for s in res.get("skipped") or [] if s not in skipped]
+        sharded |= bool(res.get("sequence_parallel"))
+        for layer, counts in res["counts"].items():
+            groups.setdefault((int(res.get("dp_rank", 0)), int(layer)), []).append(
+                (int(res.get("tp_rank", 0)), counts, int(res["tokens"][layer])))
+    agree = True
+    parts: list[dict[int, LayerLoad]] = []
+    for (_, layer), entries in sorted(groups.items()):
+        entries.sort(key=lambda e: e[0])
+        n = len(entries[0][1])
+        if sharded:
+            parts.append({layer: LayerLoad.of(layer, [sum(c[e] for _, c, _ in entries) for e in range(n)],
+                                              sum(t for _, _, t in entries), n)})
+            continue
+        agree = agree and all(c == entries[0][1] and t == entries[0][2] for _, c, t in entries)
+        parts.append({layer: LayerLoad.of(layer, entries[0][1], entries[0][2], n)})
+    return Workers(merge(parts), len(results), agree, sharded, skipped)
+
+
+@dataclass
+class Observed:
+    """One pass of the workload and what each view saw of it."""
+
+    answers: list[Answer]
+    seconds: float
+    cacheable_tokens: int = 0  # prompt tokens the requests share by design: at most these come from the prefix cache
+    router: Workers | None = None
+    router_missing: str | None = None
+    routed: dict[int, LayerLoad] | None = None
+    routed_missing: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(a.prompt_tokens for a in self.answers)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(a.completion_tokens for a in self.answers)
+
+    @property
+    def forwarded_tokens(self) -> int:
+        """Tokens that went through the model: every prompt token and every output token but the last."""
+        return sum(a.prompt_tokens + max(0, a.completion_tokens - 1) for a in self.answers)
+
+
+def observe(driver: Driver, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int, num_experts: int,
+            moe_layers: Sequence[int] | None, progress: Callable[[str], None] | None = None) -> Observed:
+    """Arm the router view, run the requests, read both views."""
+    say = progress or (lambda _msg: None)
+    armed: str | None = None
+    try:
+        driver.rpc(RESET)
+    except ViewMissing as exc:
+        armed = str(exc)
+    say(f"experts: {len(reqs)} requests, {concurrency} at a time (router view: {'off: ' + armed if armed else 'armed'})")
+    t0 = time.perf_counter()
+    answers = driver.run(reqs, extra, concurrency)
+    obs = Observed(answers, time.perf_counter() - t0, sum(r.shared_len for r in reqs), router_missing=armed)
+    if armed is None:
+        try:
+            obs.router = combine(driver.rpc(READ))
+        except (ViewMissing, LoadError) as exc:
+            obs.router_missing = str(exc)
+    obs.routed, obs.routed_missing = _routed(answers, num_experts, moe_layers)
+    return obs
+
+
+def _routed(answers: Sequence[Answer], num_experts: int, moe_layers: Sequence[int] | None
+            ) -> tuple[dict[int, LayerLoad] | None, str | None]:
+    have = [a.routed for a in answers if a.routed is not None]
+    if have and num_experts < 1:
+        return None, "the responses carry routed_experts, but without a config.json here the number of experts is unknown"
+    if not have:
+        return None, ("no response carried routed_experts (the engine was started without "
+                      "enable_return_routed_experts; vLLM 0.32 builds it only with Model Runner V2, which "
+                      "needs Triton: not on the CPU backend)")
+    if len(have) < len(answers):
+        return None, f"only {len(have)} of {len(answers)} responses carried routed_experts"
+    try:
+        return merge([count(r, num_experts, moe_layers) for r in have]), None
+    except (RoutedError, LoadError) as exc:
+        return None, str(exc)

@@ -1,0 +1,182 @@
+"""Combining the workers' counts, reading a refused view, and the checks judged from what each
+view saw (no engine: the views' answers are written out here as vLLM's workers give them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from day0.config.experts import ExpertsSection
+from day0.config.profile import load_profile
+from day0.stages.experts import (
+    LayerLoad,
+    Observed,
+    Placement,
+    Target,
+    ViewMissing,
+    combine,
+    judge,
+    not_applicable,
+    placement_of,
+    rpc_refusal,
+    workload,
+)
+from day0.stages.experts.views import Answer, Workers
+
+SECTION = ExpertsSection(min_tokens_per_layer=10)
+
+
+def worker(tp=0, dp=0, pp=0, counts=None, tokens=None, sp=False):
+    counts = counts or {"0": [4, 2, 1, 1]}
+    return {"rank": tp, "tp_rank": tp, "dp_rank": dp, "pp_rank": pp, "num_experts": 4, "skipped": [],
+            "sequence_parallel": sp, "counts": counts,
+            "tokens": tokens or {k: sum(v) // 2 for k, v in counts.items()}}
+
+
+def test_tp_ranks_route_the_same_tokens_and_count_once():
+    w = combine([worker(0), worker(1)])
+    assert w.loads == {0: LayerLoad(0, (4, 2, 1, 1), 4)} and w.tp_agree and not w.sharded and w.workers == 2
+
+
+def test_tp_ranks_that_disagree_are_flagged():
+    w = combine([worker(0), worker(1, counts={"0": [3, 3, 1, 1]})])
+    assert not w.tp_agree and w.loads[0].experts == (4, 2, 1, 1)  # the lowest TP rank's
+
+
+def test_sequence_parallel_shards_are_summed_and_data_parallel_groups_too():
+    shards = [worker(0, counts={"0": [2, 0, 0, 0]}, tokens={"0": 1}, sp=True),
+              worker(1, counts={"0": [1, 1, 0, 0]}, tokens={"0": 1}, sp=True)]
+    w = combine([*shards, worker(0, dp=1, sp=True)])
+    assert w.sharded and w.loads[0] == LayerLoad(0, (3 + 4, 1 + 2, 1, 1), 2 + 4)
+
+
+def test_pipeline_stages_hold_different_layers():
+    w = combine([worker(0, pp=0, counts={"0": [2, 0, 0, 0]}), worker(0, pp=1, counts={"1": [0, 0, 0, 2]})])
+    assert sorted(w.loads) == [0, 1]
+
+
+def test_a_worker_without_counts_is_named():
+    with pytest.raises(ViewMissing, match="not armed"):
+        combine([{"error": "not armed: call day0_experts_reset first"}])
+
+
+def test_a_refused_collective_rpc_says_which_setting_turns_it_on():
+    assert "VLLM_SERVER_DEV_MODE=1" in rpc_refusal(404, '{"detail":"Not Found"}')
+    body = ('{"error":{"message":"Call to collective_rpc method failed: Worker failed with error '
+            "''CPUWorker' object has no attribute 'day0_experts_reset''\"}}")
+    assert 'worker_extension_cls = "day0.stages.experts.router_hook.ExpertCounter"' in rpc_refusal(500, body)
+    assert rpc_refusal(500, '{"error": {"message": "boom"}}') == "POST /collective_rpc answered HTTP 500: boom"
+
+
+def _obs(router=None, routed=None, router_missing=None, routed_missing=None, answer=Answer(45, 6, None)):
+    """One request of 45 prompt + 6 output tokens: 50 forwarded, as the layers below routed."""
+    return Observed([answer], 1.0, router=router, router_missing=router_missing, routed=routed,
+                    routed_missing=routed_missing)
+
+
+BALANCED = {1: LayerLoad.of(1, [25, 25, 25, 25], 50, 4)}
+HOT = {1: LayerLoad.of(1, [50, 30, 10, 10], 50, 4)}
+TARGET = Target(4, 2, (1,), Placement(4))
+
+
+def test_neither_view_is_could_not_measure_with_both_reasons():
+    checks = judge(_obs(router_missing="404 dev mode", routed_missing="no field"), TARGET, SECTION)
+    assert [(c.id, c.status) for c in checks] == [("experts.balance", "error"), ("experts.hot_expert", "error")]
+    assert checks[0].message == "could not measure: router view: 404 dev mode; vLLM's routed_experts: no field"
+
+
+def test_a_balanced_router_passes_and_the_missing_view_is_said():
+    checks = {c.id: c for c in judge(_obs(Workers(BALANCED, 1, True, False), routed_missing="no field"),
+                                     TARGET, SECTION)}
+    assert checks["experts.balance"].status == "pass" and checks["experts.balance"].value == 1.0
+    assert checks["experts.hot_expert"].status == "pass" and checks["experts.hot_expert"].value == 1.0
+    assert checks["experts.views_agree"].status == "skip" and "no field" in checks["experts.views_agree"].message
+    assert checks["experts.balance"].source == "http:router"
+
+
+def test_a_hot_expert_fails_naming_it_when_over_its_limit():
+    checks = {c.id: c for c in judge(_obs(Workers(HOT, 1, True, False)), TARGET, SECTION)}
+    hot = checks["experts.hot_expert"]
+    assert hot.status == "pass" and hot.value == 2.0 and hot.limit == 3.0  # 2x its share: within the default
+    strict = ExpertsSection(min_tokens_per_layer=10, max_hot_expert_ratio=1.5, min_balancedness=0.6)
+    checks = {c.id: c for c in judge(_obs(Workers(HOT, 1, True, False)), TARGET, strict)}
+    assert checks["experts.hot_expert"].status == "fail"
+    assert "layer 1 expert 0 takes 50.0%" in checks["experts.hot_expert"].message
+    assert checks["experts.balance"].status == "fail" and checks["experts.balance"].value == 0.5
+    assert checks["experts.balance"].evidence["charts"][0]["marked"] == [[0, 0]]
+
+
+def test_under_expert_parallelism_the_ranks_are_judged():
+    ep = Target(4, 2, (1,), Placement(4, 2))
+    strict = ExpertsSection(min_tokens_per_layer=10, min_balancedness=0.7)
+    balance = judge(_obs(Workers(HOT, 1, True, False)), ep, strict)[0]
+    assert balance.value == pytest.approx(0.625) and balance.status == "fail"  # ranks carry 80 and 20
+    assert "over 2 EP ranks" in balance.message and balance.evidence["ranks"] == [[0, 1], [2, 3]]
+
+
+def test_both_views_are_compared():
+    same = judge(_obs(Workers(HOT, 1, True, False), routed=HOT), TARGET, SECTION)[-1]
+    assert (same.id, same.status, same.value) == ("experts.views_agree", "pass", 0.0)
+    other = {1: LayerLoad.of(1, [30, 50, 10, 10], 50, 4)}
+    off = judge(_obs(Workers(HOT, 1, True, False), routed=other), TARGET, SECTION)[-1]
+    assert off.status == "fail" and "layer 1, expert 0" in off.message
+
+
+def test_the_routed_view_alone_is_judged_when_it_is_the_only_one():
+    checks = judge(_obs(router_missing="404", routed=HOT), TARGET, SECTION)
+    assert checks[0].source == "http:routed_experts" and checks[0].evidence["view"] == "routed_experts"
+
+
+def test_too_few_tokens_is_could_not_measure():
+    section = ExpertsSection()  # 1000 tokens per layer
+    checks = judge(_obs(Workers(HOT, 1, True, False)), TARGET, section)
+    assert checks[0].status == "error" and "routed 50 tokens, under experts.min_tokens_per_layer = 1000" in checks[0].message
+
+
+def test_a_view_asked_for_by_name_is_the_only_one_used():
+    section = ExpertsSection(min_tokens_per_layer=10, view="routed")
+    checks = judge(_obs(Workers(HOT, 1, True, False), routed_missing="no field"), TARGET, section)
+    assert checks[0].status == "error" and checks[0].message == "could not measure: vLLM's routed_experts: no field"
+
+
+def test_placement_from_the_engine_args():
+    assert placement_of({"tensor_parallel_size": 2}, 8) == (Placement(8, 1), False)
+    assert placement_of({"tensor_parallel_size": 2, "data_parallel_size": 2, "enable_expert_parallel": True,
+                         "expert_placement_strategy": "round_robin", "enable_eplb": True}, 8) == (
+        Placement(8, 4, "round_robin"), True)
+
+
+def test_a_dense_model_does_not_apply_and_an_moe_does():
+    why = not_applicable(load_profile("cpu-tiny"))
+    assert why and why.startswith("not applicable: LlamaForCausalLM") and "dense" in why
+    assert not_applicable(load_profile("cpu-deepseek-v3")) is None
+
+
+def test_the_workload_is_the_latency_shape_without_the_nonce():
+    profile = load_profile("cpu-deepseek-v3")
+    reqs, extra, concurrency = workload(profile, profile.experts)
+    again, extra2, _ = workload(profile, profile.experts)
+    assert len(reqs) == profile.experts.num_requests and concurrency == profile.latency.concurrency
+    assert [r.prompt for r in reqs] == [r.prompt for r in again]  # the seed's prompts, run after run
+    lo, hi = profile.latency.input_len
+    assert all(lo <= r.input_len <= hi and r.output_len == profile.latency.output_len for r in reqs)
+    assert extra["temperature"] == 0.0 and extra["cache_salt"] != extra2["cache_salt"]
+
+
+def test_a_router_hook_that_counted_nothing_on_a_compiled_cpu_engine_says_why():
+    silent = Workers({1: LayerLoad.of(1, [0, 0, 0, 0], 0, 4)}, 1, True, False)
+    compiled = Target(4, 2, (1,), Placement(4), compiled_on_cpu=True)
+    checks = judge(_obs(silent, routed_missing="no field"), compiled, SECTION)
+    assert checks[0].status == "error" and "saw 0 of the 50 tokens" in checks[0].message
+    assert "enforce_eager is not true" in checks[0].message
+    assert "CUDA graph" in judge(_obs(silent, routed_missing="x"), TARGET, SECTION)[0].message
+
+
+def test_a_router_hook_that_missed_decode_steps_is_not_trusted():
+    # 100 prompt + 10 output tokens: 109 forwarded; a hook that saw the prefill only (100) was bypassed
+    partial = Workers({1: LayerLoad.of(1, [50, 50, 50, 50], 100, 4)}, 1, True, False)
+    checks = judge(_obs(partial, routed_missing="no field", answer=Answer(100, 10, None)), TARGET, SECTION)
+    assert checks[0].status == "error" and "saw 100 of the 109 tokens" in checks[0].message
+    # up to the prompt tokens the requests share may come from the prefix cache instead
+    shared = _obs(partial, routed_missing="no field", answer=Answer(100, 10, None))
+    shared.cacheable_tokens = 9
+    assert judge(shared, TARGET, SECTION)[0].status == "pass"
