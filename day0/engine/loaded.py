@@ -130,7 +130,7 @@ def expert_placement(model_dir: Path | None, args: dict[str, Any], logs: list[Pa
     parallelism, placed as vLLM's ``determine_expert_map`` does) and, where vLLM logged it, what
     each EP rank says it holds. None for a dense model or a model whose config is not local."""
     from day0.model import archs
-    from day0.model.ranks import experts_on_rank
+    from day0.model.ranks import ep_size_of, experts_on_rank
 
     config_path = model_dir / "config.json" if model_dir else None
     if config_path is None or not config_path.is_file():
@@ -140,7 +140,7 @@ def expert_placement(model_dir: Path | None, args: dict[str, Any], logs: list[Pa
     if not routed:
         return None
     tp = int(args.get("tensor_parallel_size") or 1)
-    ep = tp * int(args.get("data_parallel_size") or 1) if args.get("enable_expert_parallel") else 1
+    ep = ep_size_of(args)
     note: dict[str, Any] = {"routed_experts": routed, "experts_per_token": archs.experts_per_token(config),
                             "shared_experts": archs.shared_experts(config)}
     if ep > 1:

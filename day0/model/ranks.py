@@ -11,7 +11,7 @@ import itertools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from day0.model import archs
 from day0.model.plan_model import StagePlan
@@ -113,6 +113,14 @@ class Footprint:
     def expert_bytes(self, tp: int, start: int, end: int, ep: int = 1) -> int:
         """Routed-expert bytes of layers [start, end) on the busiest rank (sliced by TP, or whole under EP)."""
         return int(math.ceil(sum(expert_share(e, self.routed, tp, ep) for e in self.experts[start:end])))
+
+
+def ep_size_of(args: Mapping[str, Any]) -> int:
+    """The expert-parallel group a vLLM engine's args make: TP x DP under ``enable_expert_parallel``
+    (vLLM's ``FusedMoEParallelConfig``), else 1 (every TP rank holds a slice of every expert)."""
+    if not args.get("enable_expert_parallel"):
+        return 1
+    return int(args.get("tensor_parallel_size") or 1) * int(args.get("data_parallel_size") or 1)
 
 
 def experts_on_rank(routed: int, ep: int, ep_rank: int) -> int:

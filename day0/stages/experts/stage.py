@@ -19,6 +19,7 @@ from day0.core.record import Check
 from day0.engine import local_model_dir
 from day0.model import archs
 from day0.model.config import ConfigUnavailable, model_config
+from day0.model.ranks import ep_size_of
 from day0.stages.experts.checks import agreement_check, agreement_skipped, load_checks, unmeasured
 from day0.stages.experts.load import LoadSummary, Placement
 from day0.stages.experts.routed import moe_layers
@@ -60,9 +61,7 @@ def placement_of(args: dict[str, Any], num_experts: int) -> tuple[Placement, boo
     """Experts on ranks as vLLM places them: with ``enable_expert_parallel`` the EP group is
     TP x DP and each rank holds whole experts; without it every TP rank holds a slice of every
     expert (EP size 1). Returns (placement, EPLB on)."""
-    ep = 1
-    if args.get("enable_expert_parallel"):
-        ep = int(args.get("tensor_parallel_size") or 1) * int(args.get("data_parallel_size") or 1)
+    ep = ep_size_of(args)
     strategy = str(args.get("expert_placement_strategy") or "linear")
     return Placement(num_experts, ep, strategy), bool(args.get("enable_eplb"))
 
