@@ -212,8 +212,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
-    if not any(is_day0(it) for it in session.items) or SESSION_KEY in config.stash:
-        return
+    if not any(is_day0(it) for it in session.items) or SESSION_KEY in config.stash or config.option.collectonly:
+        return  # --collect-only lists the checklist: no run, no record, no history entry
     profile = _profile(config)
     out = Path(config.getoption("--day0-out") or profile.report.out_dir)
     if not out.is_absolute():
@@ -223,12 +223,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     exports = Targets.from_options(config.getoption("--day0-prom-textfile"), config.getoption("--day0-pushgateway"),
                                    os.environ)
-    day0 = Day0Session(profile, out, registry=registry_of(config), gate=not config.getoption("--day0-no-gate"),
+    registry = registry_of(config)
+    day0 = Day0Session(profile, out, registry=registry, gate=not config.getoption("--day0-no-gate"),
                        log=_progress(config),
                        template_dir=Path(template_dir) if template_dir else None,
                        baseline=config.getoption("--day0-baseline"), repeats=config.getoption("--day0-repeat"),
                        exports=exports)
-    day0.start()
+    # Every stage but preflight asks for the deployment (needs_nodes); a preflight-only run starts no engine.
+    wanted = any(getattr(registry.get(stage_of(it) or ""), "needs_nodes", False) for it in session.items if is_day0(it))
+    day0.start(engine_wanted=wanted)
     config.stash[SESSION_KEY] = day0
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # A CI runner's SIGTERM becomes an interrupt, so teardown stops the engine and the
@@ -289,6 +292,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="blocked",
                                     message=reason, nodeid=item.nodeid, repeat=repeat_of(item)))
         pytest.skip(f"day0 blocked: {reason}")
+    day0.stage_starting(stage)
 
 
 def auto_id(item: pytest.Item, stage: str) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from day0.config.profile import Profile
 from day0.core import environment
-from day0.core.record import RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild
+from day0.core.record import COLLECT_ENV_NOTE, RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild
 from day0.engine import EngineInfo, Engines
 from day0.engine.cluster.nodes import ClusterError
 from day0.stages.context import RecordSoFar, StageContext
@@ -66,6 +66,9 @@ class Day0Session:
     _contexts: dict[str, StageContext] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     cluster_blocked: str = ""  # why the nodes could not be brought up (no root for an emulated cluster)
+    _collect_env: environment.CollectEnv | None = None  # vLLM's collect_env, until it is noted
+    _collect_env_started: bool = False
+    _launch_early: bool = False  # engine.start_early, until the launch (stage_starting)
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -78,9 +81,11 @@ class Day0Session:
         self.engines = Engines(self.profile, self.run_dir, self.log)
         self.engines.on_start = self._engine_started
 
-    def start(self) -> None:
+    def start(self, engine_wanted: bool = True) -> None:
+        """Opens the record; ``engine_wanted`` says a selected stage will ask for the engine (with
+        ``engine.start_early`` it is then launched while preflight runs: :meth:`stage_starting`)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = environment.collect(self.run_dir, self.events.redactor)  # collect_env.txt beside the record
+        env = environment.collect()  # vLLM's collect_env comes later (_start_collect_env)
         nodes = self._bring_up_nodes()
         if nodes:
             env["nodes"] = nodes
@@ -88,6 +93,17 @@ class Day0Session:
                                 [s.describe() for s in self.registry.stages])
         point_latest(self.out_dir, self.run_dir)
         self.log(f"run {self.run_id}: recording to {self.run_dir}")
+        self._launch_early = engine_wanted and self.profile.engine.start_early and not self.cluster_blocked
+
+    def stage_starting(self, stage: str) -> None:
+        """Called as each test of ``stage`` sets up. With ``engine.start_early`` the server is launched
+        when the first stage that does not touch the deployment (preflight) begins, so vLLM's minute of
+        start-up runs beside it; a run without such a stage (or a harness test's fake stages) launches
+        nothing early, and the first stage that needs the engine starts it as before."""
+        declared = self.registry.get(stage)
+        if self._launch_early and declared is not None and not declared.needs_nodes:
+            self._launch_early = False
+            self.engines.launch_early()
 
     def resolved_profile(self) -> dict[str, object]:
         """The profile as the record keeps it, with ``[report] required`` resolved: the profile's own
@@ -121,6 +137,16 @@ class Day0Session:
 
     def _engine_started(self, info: EngineInfo) -> None:
         self.events.note(f"engine.{info.view}", info.__dict__)
+        if info.view == self.engines.primary_view:
+            self._start_collect_env()
+
+    def _start_collect_env(self) -> None:
+        """vLLM's collect_env (collect_env.txt beside the record), in the background from when the
+        primary engine serves: its ~10 s of imports would otherwise compete with the engine's own
+        start-up, the run's longest wait on a small box. A run that starts none gets it at the end."""
+        if not self._collect_env_started and environment.collect_env_wanted():
+            self._collect_env = environment.CollectEnv(self.run_dir, self.events.redactor)
+        self._collect_env_started = True
 
     # -- checks and gating ---------------------------------------------------------------
 
@@ -160,11 +186,21 @@ class Day0Session:
         """Noted after every test, so a run that dies keeps the times of what ran."""
         self.stage_seconds[stage] = round(self.stage_seconds.get(stage, 0.0) + max(0.0, seconds), 3)
         self.events.note(STAGE_SECONDS_NOTE, dict(self.stage_seconds))
+        self._note_collect_env(wait=False)
+
+    def _note_collect_env(self, wait: bool) -> None:
+        """Noted as soon as the probe is done (a run that dies later keeps it), or at the end."""
+        probe = self._collect_env
+        if probe is not None and (wait or probe.done()):
+            self._collect_env = None
+            self.events.note(COLLECT_ENV_NOTE, probe.result())
 
     # -- end of run ----------------------------------------------------------------------
 
     def finish(self, exit_status: int | None) -> RunRecord:
         self.engines.stop()
+        self._start_collect_env()
+        self._note_collect_env(wait=True)
         self.events.run_finished(exit_status)
         self.record = rebuild(self.run_dir)
         self.outputs = {"run record": self.run_json}

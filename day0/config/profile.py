@@ -72,6 +72,10 @@ class EngineSection(Section):
     url: Optional[str] = None  # external mode: base URL, e.g. http://10.0.0.5:8000
     startup_timeout_s: float = Field(600.0, gt=0)
     shutdown_timeout_s: float = Field(30.0, gt=0)
+    # Launch a server-mode engine as the run starts, so its start-up overlaps preflight; the first
+    # stage that needs it waits for it. Off by default: on a supernode, loading a terabyte of weights
+    # before the memory plan says it fits wastes the nodes. The CPU presets turn it on (docs/engine.md).
+    start_early: bool = False
     request_timeout_s: float = Field(120.0, gt=0)
     api_key_env: Optional[str] = None  # name of the env var holding the API key, never the key
     env: dict[str, str] = {}

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -158,45 +159,93 @@ def _block(lines: list[str], start: int) -> list[str]:
     return block
 
 
+class CollectEnv:
+    """vLLM's ``collect_env`` (the text its bug-report template asks for) and torch's CUDA and NCCL
+    versions, from one bounded subprocess started now and read later.
+
+    A run starts it first and reads it when it can: the probe imports torch and vLLM (~10 s on a
+    2-core box), which would otherwise hold up the first stage. Output goes to unnamed files, not
+    pipes, so a chatty probe nobody reads yet cannot block on a full pipe. The whole text goes to
+    ``collect_env.txt`` in the run folder through the run's redactor (it lists environment
+    variables); :meth:`result` returns the key lines for run.json and never raises.
+    """
+
+    def __init__(self, run_dir: Path | None, redactor: TextRedactor | None = None,
+                 timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> None:
+        self.run_dir, self.redactor, self.timeout_s = run_dir, redactor, timeout_s
+        self._t0 = time.perf_counter()
+        self._result: dict[str, Any] | None = None
+        self._out = tempfile.TemporaryFile()
+        self._err = tempfile.TemporaryFile()
+        try:  # its own process group: a hung nvidia-smi grandchild is killed with it, not waited for
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [sys.executable, "-c", _PROBE], stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError as exc:
+            self.proc = None
+            self._finish({"error": f"collect_env could not start: {exc}"})
+
+    def done(self) -> bool:
+        return self._result is not None or (self.proc is not None and self.proc.poll() is not None)
+
+    def result(self) -> dict[str, Any]:
+        """Waits for the probe (at most what is left of ``timeout_s``), once; later calls return the same."""
+        if self._result is not None:
+            return self._result
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=max(0.0, self._t0 + self.timeout_s - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            return self._finish({"error": f"collect_env did not finish within {self.timeout_s:g} s"})
+        return self._finish(self._parse(_read(self._out), _read(self._err)))
+
+    def _finish(self, result: dict[str, Any]) -> dict[str, Any]:
+        self._out.close()
+        self._err.close()
+        self._result = result
+        return result
+
+    def _parse(self, stdout: str, stderr: str) -> dict[str, Any]:
+        seconds = round(time.perf_counter() - self._t0, 1)
+        parts = stdout.split(f"\n{_MARK}")
+        if len(parts) < 3:
+            tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit status {self.proc and self.proc.returncode}"]
+            return {"error": f"collect_env gave no result: {tail[0][:300]}", "seconds": seconds}
+        text = parts[-2].lstrip("\n")
+        try:
+            versions = json.loads(parts[-1])
+        except ValueError:
+            versions = {}
+        out: dict[str, Any] = {"seconds": seconds, **{k: v for k, v in versions.items() if v is not None}}
+        if text.strip():
+            out["key"] = key_lines(text)
+            if self.run_dir is not None:
+                safe = self.redactor.text(text) if self.redactor is not None else text
+                Path(self.run_dir).mkdir(parents=True, exist_ok=True)
+                (Path(self.run_dir) / COLLECT_ENV_FILE).write_text(safe, encoding="utf-8")
+                out["file"] = COLLECT_ENV_FILE
+        return out
+
+
+def _read(fh: Any, limit: int = 8 << 20) -> str:
+    """What the probe wrote, bounded (collect_env's text is tens of kB; a runaway probe is cut)."""
+    fh.seek(0)
+    return fh.read(limit).decode("utf-8", "replace")
+
+
 def collect_env(run_dir: Path | None, redactor: TextRedactor | None = None,
                 timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> dict[str, Any]:
-    """vLLM's ``collect_env`` (the text its bug-report template asks for) and torch's CUDA and
-    NCCL versions, from one bounded subprocess. The whole text goes to ``collect_env.txt`` in the
-    run folder, through the run's redactor (it lists environment variables); the key lines are
-    returned for run.json. Never raises: what could not be collected is said in ``error``."""
-    t0 = time.perf_counter()
-    try:  # its own process group: a hung nvidia-smi grandchild is killed with it, not waited for
-        proc = subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
-    except OSError as exc:
-        return {"error": f"collect_env could not start: {exc}"}
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=5)
-        return {"error": f"collect_env did not finish within {timeout_s:g} s"}
-    seconds = round(time.perf_counter() - t0, 1)
-    parts = stdout.split(f"\n{_MARK}")
-    if len(parts) < 3:
-        tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return {"error": f"collect_env gave no result: {tail[0][:300]}", "seconds": seconds}
-    text = parts[-2].lstrip("\n")
-    try:
-        versions = json.loads(parts[-1])
-    except ValueError:
-        versions = {}
-    out: dict[str, Any] = {"seconds": seconds, **{k: v for k, v in versions.items() if v is not None}}
-    if text.strip():
-        out["key"] = key_lines(text)
-        if run_dir is not None:
-            safe = redactor.text(text) if redactor is not None else text
-            Path(run_dir).mkdir(parents=True, exist_ok=True)
-            (Path(run_dir) / COLLECT_ENV_FILE).write_text(safe, encoding="utf-8")
-            out["file"] = COLLECT_ENV_FILE
-    return out
+    """:class:`CollectEnv`, waited for at once."""
+    return CollectEnv(run_dir, redactor, timeout_s).result()
+
+
+def collect_env_wanted() -> bool:
+    """DAY0_COLLECT_ENV=0 leaves it out."""
+    return os.environ.get(COLLECT_ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no")
 
 
 def gpu_topology(gpus: list[dict[str, Any]]) -> str | None:
@@ -229,6 +278,6 @@ def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -
     topo = gpu_topology(gpus)
     if topo:
         env["gpu_topology"] = topo
-    if run_dir is not None and os.environ.get(COLLECT_ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no"):
+    if run_dir is not None and collect_env_wanted():
         env["collect_env"] = collect_env(run_dir, redactor)
     return env

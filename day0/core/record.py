@@ -44,6 +44,9 @@ MAX_EVENT_LINE = 64 << 20
 EVENT_DEPTH = MAX_DEPTH - 3
 STAGE_SECONDS_NOTE = "stage_seconds"  # the session's note: wall seconds per stage so far
 STAGE_INFO_SKIPPED_NOTE = "stage_info_skipped"  # declarations in run_started that did not validate
+# vLLM's collect_env, noted when its background probe finishes (day0.core.environment.CollectEnv);
+# rebuild files it under the record's environment, where a run that waited for it had it.
+COLLECT_ENV_NOTE = "collect_env"
 SKIPPED_NOTE = "events_skipped"  # rebuild's note naming each unreadable event-log line it passed over
 MAX_SKIPPED_SHOWN = 50
 
@@ -452,8 +455,11 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
             verdict, reason = "incomplete", (f"{skipped.count} unreadable event-log line(s) skipped, and one may "
                                              f"have held a failed check: {skipped.summary()}")
     started = fold.started
+    environment = started.get("environment", {})
+    if COLLECT_ENV_NOTE in notes and isinstance(environment, dict):
+        environment = {**environment, "collect_env": notes.pop(COLLECT_ENV_NOTE)}
     return RunRecord(run_id=started["run_id"], started_at=started["at"], finished_at=fold.finished_at,
-                     verdict=verdict, reason=reason, environment=started.get("environment", {}),
+                     verdict=verdict, reason=reason, environment=environment,
                      profile=started.get("profile", {}), stages=stages, notes=notes)
 
 

@@ -88,7 +88,8 @@ class Stage:
     # engine to show their spread (static audits and one-off correctness probes are not repeated).
     repeatable: bool = False
     order: int = 1000  # built-ins are 0-60 in steps of 10; a site stage without one runs after them
-    needs_nodes: bool = True  # False: runs even when the cluster's nodes could not be brought up
+    needs_nodes: bool = True  # False: does not touch the deployment (preflight): runs even when the nodes could
+    # not be brought up, and an early-launched engine (engine.start_early) starts up while it runs
     origin: str = "day0"  # the distribution that declared it (for `day0 stages` and the report)
 
     @property

@@ -35,6 +35,7 @@ class Engines:
         self._errors: dict[str, EngineError] = {}
         self._cluster: Cluster | None = None
         self._died: EngineError | None = None  # the first engine found dead mid-run
+        self._launched: dict[str, ServerEngine] = {}  # launched early, not yet waited for
         self.on_start: Callable[[EngineInfo], None] | None = None
 
     def cluster(self) -> Cluster:
@@ -72,13 +73,36 @@ class Engines:
                                   "(a second engine would not fit on the GPUs); use engine.mode = \"inprocess\"")
         return self._get("scheduler", lambda: InprocessEngine(self.profile, self.log))
 
+    def launch_early(self) -> None:
+        """Launch the primary server engine now and return (``engine.start_early``): its minute of
+        start-up overlaps preflight, and the first stage that asks for it waits for ``/health``.
+
+        Only a time saving: anything that goes wrong here is forgotten, and the stage that asks
+        for the engine starts it again the normal way and reports what fails then.
+        """
+        if self.profile.engine.mode != "server" or self.primary_view != "http" or "http" in self._engines \
+                or "http" in self._launched:
+            return
+        try:
+            engine = ServerEngine(self.profile, self.run_dir, self.log, cluster=self.cluster())
+        except Exception:
+            return
+        try:
+            engine.launch()
+        except Exception:
+            with contextlib.suppress(Exception):
+                engine.stop()
+            return
+        self._launched["http"] = engine
+
     def _get(self, view: str, factory: Callable[[], Any]) -> Any:
         if view in self._errors:
             raise self._errors[view]
         if view not in self._engines:
-            engine = factory()
+            early = self._launched.pop(view, None)
+            engine = early or factory()
             try:
-                info = engine.start()
+                info = early.wait() if early else engine.start()
             except EngineError as exc:
                 self._errors[view] = exc
                 raise
@@ -138,10 +162,11 @@ class Engines:
         return [e.info for e in self._engines.values() if e.info is not None]
 
     def stop(self) -> None:
-        for view in list(self._engines):
-            engine = self._engines.pop(view)
-            with contextlib.suppress(Exception):
-                engine.stop()
+        for engines in (self._engines, self._launched):
+            for view in list(engines):
+                engine = engines.pop(view)
+                with contextlib.suppress(Exception):
+                    engine.stop()
         if self._cluster is not None:  # after the engines: their processes live on the nodes
             self._cluster.close()
             self._cluster = None

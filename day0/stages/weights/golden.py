@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from day0.core.record import Check, measured
 from day0.engine.loaded import GOLDEN_PROMPTS, GOLDEN_TOKENS, greedy_logprobs, read_golden
@@ -36,11 +36,15 @@ TOP_K = 5
 MARGINS = {"float32": 0.01, "other": 0.05}
 
 
-def golden_tokens_check(engine: Any, golden: str | None, model_dir: Path | None) -> Check:
+def golden_tokens_check(engine_of: Callable[[], Any], golden: str | None, model_dir: Path | None) -> Check:
     """``weights.golden_tokens`` with the best reference this target has: the golden file when the
     profile names one (a trusted copy's tokens, so it also catches bytes that changed since), else
-    transformers on the checkpoint when it fits in host memory, else a skip that says why."""
+    transformers on the checkpoint when it fits in host memory, else a skip that says why.
+
+    ``engine_of`` gives the engine and is called once the reference is in hand: transformers then
+    runs while an early-launched server is still loading (``engine.start_early``)."""
     if golden:
+        engine = engine_of()
         check = golden_file_check(engine, golden)
         return check if check is not None else golden_check(engine, golden)
     reason = host_reference_unavailable(model_dir)
@@ -50,7 +54,7 @@ def golden_tokens_check(engine: Any, golden: str | None, model_dir: Path | None)
                      message=(f"not verified: weights.golden is not set and transformers cannot be the reference "
                               f"here: {reason} (record a golden file where it fits with `day0 weights golden`)"))
     assert model_dir is not None
-    return reference_check(engine, model_dir)
+    return reference_check(engine_of, model_dir)
 
 
 def margin_for(engine: Any) -> float:
@@ -75,11 +79,14 @@ def _engine_dtype(engine: Any) -> str:
     return str(profile.engine.args.get("dtype", "auto")) if profile is not None else "auto"
 
 
-def reference_check(engine: Any, model_dir: Path, *, margin: float | None = None, top_k: int = TOP_K) -> Check:
-    """transformers (CPU, float32) on ``model_dir`` computes the golden tokens now; the engine's must match."""
+def reference_check(engine_of: Callable[[], Any], model_dir: Path, *, margin: float | None = None,
+                    top_k: int = TOP_K) -> Check:
+    """transformers (CPU, float32) on ``model_dir`` computes the golden tokens now; the engine's
+    (``engine_of()``, asked for after the reference is computed) must match."""
     t0 = time.perf_counter()
     refs = greedy_reference(model_dir, GOLDEN_PROMPTS, GOLDEN_TOKENS, top_k=top_k)
     seconds = time.perf_counter() - t0
+    engine = engine_of()
     return judge(engine, refs, f"the transformers reference ({model_dir}, cpu/float32)",
                  margin=margin_for(engine) if margin is None else margin, top_k=top_k,
                  evidence={"reference": "transformers", "model_dir": str(model_dir),

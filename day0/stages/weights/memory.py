@@ -85,16 +85,20 @@ def loaded_bytes_per_rank(engine: Any) -> list[int]:
     return rank_weights(engine).per_rank
 
 
-def measure_weights(primary: Any, engines: Any) -> RankWeights:
-    """:func:`rank_weights` of the primary engine, or, when it is a server on a CPU target, of the
-    session's scheduler view (``engines.scheduler()``: started here if it is not up yet, and kept for
-    the kvcache stage). Raises :class:`Unmeasurable` where neither exposes the worker RPC."""
-    if getattr(primary, "llm", None) is not None:
-        return rank_weights(primary)
+def measure_weights(engines: Any) -> RankWeights:
+    """:func:`rank_weights` of the session's primary engine, or, when it is a server on a CPU
+    target, of its scheduler view (``engines.scheduler()``: started here if it is not up yet, and
+    kept for the kvcache stage). Raises :class:`Unmeasurable` where neither exposes the worker RPC.
+
+    Takes the session's engines, not the primary's handle: asking for the scheduler view does not
+    wait for the server, so the in-process engine starts while an early-launched server is still
+    loading (``engine.start_early``)."""
+    if engines.primary_view == "scheduler":
+        return rank_weights(engines.primary())
     try:
         engine = engines.scheduler()
     except ViewUnavailable:
-        return rank_weights(primary)  # raises, with the mode's reason
+        return rank_weights(engines.primary())  # raises, with the mode's reason
     found = rank_weights(engine)
     found.note = "; ".join(n for n in (SERVER_NOTE, found.note) if n)
     found.evidence["engine"] = "scheduler view (in-process, same model and args)"

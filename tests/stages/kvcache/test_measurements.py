@@ -346,7 +346,7 @@ def test_profile_rejects_inconsistent_workloads():
         KvCacheSection(output_tokens=100, short_lengths=[64, 512])
     with pytest.raises(ValueError, match="context_lengths"):
         KvCacheSection(output_tokens=16, context_lengths=[16])
-    assert load_profile("cpu-tiny").kvcache.context_lengths == [16384, 4096, 2048]
+    assert load_profile("cpu-tiny").kvcache.context_lengths == [8192, 4096, 2048]
 
 
 def test_workload_longer_than_max_model_len_is_a_config_failure_naming_both_numbers():

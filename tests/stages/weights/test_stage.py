@@ -106,8 +106,13 @@ def test_cpu_workers_count_parameters_plus_repacked_layers_and_say_how():
 
 
 class _Engines:
-    def __init__(self, scheduler=None, why_not=None):
+    def __init__(self, scheduler=None, why_not=None, primary=None):
         self._scheduler, self.why_not, self.asked = scheduler, why_not, 0
+        self._primary = primary or _engine(mode="server")
+        self.primary_view = "scheduler" if getattr(self._primary, "llm", None) is not None else "http"
+
+    def primary(self):
+        return self._primary
 
     def scheduler(self):
         from day0.engine.handle import ViewUnavailable
@@ -123,13 +128,13 @@ def test_a_cpu_server_is_measured_through_the_scheduler_view_and_a_gpu_server_sk
     from day0.stages.weights.memory import SERVER_NOTE, measure_weights
 
     engines = _Engines(scheduler=_engine([_cpu_rank(100, 900, 4)]))
-    found = measure_weights(_engine(mode="server"), engines)
+    found = measure_weights(engines)
     assert engines.asked == 1 and found.per_rank == [1000] and found.note.startswith(SERVER_NOTE + "; parameters 0.0 MiB")
     assert "not reachable over HTTP" in found.note and found.evidence["engine"].startswith("scheduler view")
-    inproc = _Engines()
-    assert measure_weights(_engine([_cpu_rank(5, 0, 0)]), inproc).per_rank == [5] and inproc.asked == 0
+    inproc = _Engines(primary=_engine([_cpu_rank(5, 0, 0)]))
+    assert measure_weights(inproc).per_rank == [5] and inproc.asked == 0
     with pytest.raises(Unmeasurable, match="which the server mode does not expose"):
-        measure_weights(_engine(mode="server"), _Engines(why_not="a second engine would not fit on the GPUs"))
+        measure_weights(_Engines(why_not="a second engine would not fit on the GPUs"))
 
 
 def _fake_repacked_model(tp: int):
