@@ -51,14 +51,21 @@ def test_expert_parallel_ends_rejected_naming_the_kernel_or_accepted_in_bounded_
     assert elapsed < startup + 300, f"{elapsed:.0f} s for a run whose engine started in {startup:.0f} s"
 
 
-def test_pipeline_stages_across_nodes_serve_the_reference_tokens(tmp_path):
+def test_pipeline_stages_across_nodes_serve_the_reference_tokens_and_count_their_experts(tmp_path):
     """PP 2 across the two nodes, compiled: each stage's layers on its own node, greedy tokens equal
-    transformers' (the eager form fails in vLLM 0.32, which preflight's lint refuses up front)."""
-    proc = day0_run(tmp_path, "--day0-profile", "cpu-moe-pp2", marker="weights", timeout=900)
+    transformers' (the eager form fails in vLLM 0.32, which preflight's lint refuses up front), and
+    the expert load is counted inside the compiled graph, each stage its own MoE layer."""
+    proc = day0_run(tmp_path, "--day0-profile", "cpu-moe-pp2", marker="weights or experts", timeout=900)
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     checks = {c.id: c for c in rec.checks()}
     assert checks["weights.golden_tokens"].status == "pass", (checks["weights.golden_tokens"], proc.stdout[-3000:])
     assert checks["weights.smoke.tokens"].status == "pass"
+    balance = checks["experts.balance"]
+    assert balance.status == "pass", (balance, proc.stdout[-3000:])
+    # layer 0 counted on node0's stage, layer 1 on node1's; a pass means each saw every forwarded
+    # token (less prefix-cache hits at most), and both stages saw the same tokens
+    tokens = balance.evidence["tokens"]
+    assert sorted(tokens) == ["0", "1"] and len(set(tokens.values())) == 1
     engine = rec.notes["engine.http"]
     assert engine["args"]["pipeline_parallel_size"] == 2 and engine["args"]["enforce_eager"] is False
     assert [n["node"] for n in engine["nodes"]] == ["node0", "node1"] and engine["cross_node"]

@@ -3,10 +3,12 @@
 vLLM mixes this class into every worker when the engine is started with
 ``worker_extension_cls = "day0.stages.experts.router_hook.ExpertCounter"``; its methods are then
 callable on every worker through ``collective_rpc`` (``LLM.collective_rpc``, or a server's
-``POST /collective_rpc`` with ``VLLM_SERVER_DEV_MODE=1``). It sets the same per-layer capture
-callback vLLM's own routed-experts capturer uses (``BaseRouter.set_capture_fn``: the *logical* expert
+``POST /collective_rpc`` with ``VLLM_SERVER_DEV_MODE=1``). It uses the same per-layer capture
+callback vLLM's own routed-experts capturer uses (``BaseRouter.capture_fn``: the *logical* expert
 ids, before any EPLB remapping), so it sees every token each MoE layer routes on this rank, with
-no change to what the engine computes. Counts stay on the device until they are read.
+no change to what the engine computes. The callback is set as each router is built, before
+``torch.compile`` traces the model, so a compiled engine counts too. Counts stay on the device
+until they are read.
 
 Why a worker extension and not vLLM's ``enable_return_routed_experts``: that capture needs Model
 Runner V2, which vLLM 0.32 builds only with Triton (absent on the CPU backend), so on CPU this is
@@ -23,9 +25,19 @@ EXTENSION = "day0.stages.experts.router_hook.ExpertCounter"
 
 
 class ExpertCounter:
-    """Worker mixin: ``day0_experts_reset()`` arms the routers and zeroes the counts,
-    ``day0_experts_read()`` returns them. Names carry ``day0_`` since vLLM refuses an extension
-    whose attribute a worker already has."""
+    """Worker mixin: ``day0_experts_reset()`` zeroes the counts, ``day0_experts_read()`` returns
+    them. Names carry ``day0_`` since vLLM refuses an extension whose attribute a worker already has.
+
+    The counters are set when the worker is created (:meth:`__new__`), before it builds the model:
+    a graph that ``torch.compile`` traces or a CUDA graph captures at start-up then holds the
+    count, so a compiled engine is counted like an eager one. vLLM checks an extension's names
+    against the worker's, dunders excepted, and none of its worker classes defines ``__new__``,
+    so this one runs as vLLM instantiates the worker.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        arm_new_routers()
+        return super().__new__(cls)
 
     def day0_experts_reset(self) -> dict[str, Any]:
         """Hook every MoE layer's router (once) and zero its counts; returns what it armed."""
@@ -52,9 +64,46 @@ class ExpertCounter:
                 "tokens": {str(k): int(v.item()) for k, v in state["tokens"].items()}}
 
 
+def arm_new_routers() -> None:
+    """Give every router vLLM builds from now on, in this process, its own counts and a counting
+    capture callback (chained before any callback vLLM sets later, such as its routed-experts
+    capturer). Idempotent. The counts are made where the router is built (vLLM builds the model
+    under its target device), so counting never leaves the device.
+
+    Process-wide by nature: in a worker that is the engine; in-process (``engine.mode =
+    "inprocess"``) it also arms the routers of any later engine in the same process, which then
+    count too (one scatter-add per MoE layer and step) and are otherwise unchanged.
+    """
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    if getattr(BaseRouter, "_day0_armed", False):
+        return
+    init, set_capture = BaseRouter.__init__, BaseRouter.set_capture_fn
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        import torch
+
+        init(self, *args, **kwargs)
+        n = int(self.global_num_experts)
+        self._day0_counts = torch.zeros(n + 1, dtype=torch.int64)  # + 1: ids out of range
+        self._day0_tokens = torch.zeros((), dtype=torch.int64)
+        self.capture_fn = _counter(self._day0_counts, self._day0_tokens, n, None)
+
+    def set_capture_fn(self: Any, capture_fn: Any) -> None:
+        counts = getattr(self, "_day0_counts", None)
+        if counts is None:
+            return set_capture(self, capture_fn)
+        return set_capture(self, _counter(counts, self._day0_tokens, int(self.global_num_experts), capture_fn))
+
+    BaseRouter.__init__ = __init__  # type: ignore[method-assign]
+    BaseRouter.set_capture_fn = set_capture_fn  # type: ignore[method-assign]
+    BaseRouter._day0_armed = True  # type: ignore[attr-defined]
+
+
 def _arm(worker: Any) -> dict[str, Any]:
-    """Find the MoE runners the way vLLM's ``bind_routed_experts_capturer`` does and chain a
-    counting callback onto each router's capture callback."""
+    """Find the MoE runners the way vLLM's ``bind_routed_experts_capturer`` does and take each
+    router's counts: the ones :func:`arm_new_routers` gave it at start-up, else (a router built
+    before the extension was in place) a counting callback chained on now, which an eager engine runs."""
     import torch
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
@@ -77,6 +126,10 @@ def _arm(worker: Any) -> dict[str, Any]:
         dev = param.device if param is not None else torch.device("cpu")
         # sequence-parallel MoE: each TP rank routes its own shard of the tokens
         sequence_parallel |= bool(getattr(getattr(module, "moe_config", None), "is_sequence_parallel", False))
+        armed = getattr(router, "_day0_counts", None)
+        if armed is not None:
+            counts[layer], tokens[layer] = armed, router._day0_tokens
+            continue
         counts[layer] = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)  # + 1: ids out of range
         tokens[layer] = torch.zeros((), dtype=torch.int64, device=dev)
         router.set_capture_fn(_counter(counts[layer], tokens[layer], num_experts, router.capture_fn))

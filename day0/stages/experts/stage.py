@@ -36,7 +36,6 @@ class Target:
     moe_layers: tuple[int, ...] | None
     placement: Placement
     eplb: bool = False
-    compiled_on_cpu: bool = False  # vLLM's CPU backend traces the router into the compiled graph
 
     def describe(self) -> dict[str, Any]:
         return {"num_experts": self.num_experts, "top_k": self.top_k,
@@ -75,8 +74,7 @@ def target_of(profile: Profile) -> Target | None:
     e = archs.routed_experts(config)
     layers = tuple(moe_layers(archs.expected_tensors(config)))
     placement, eplb = placement_of(profile.engine.args, e)
-    compiled_on_cpu = profile.topology.device == "cpu" and not profile.engine.args.get("enforce_eager")
-    return Target(e, int(config.get("num_experts_per_tok") or 0), layers or None, placement, eplb, compiled_on_cpu)
+    return Target(e, int(config.get("num_experts_per_tok") or 0), layers or None, placement, eplb)
 
 
 def workload(profile: Profile, section: ExpertsSection) -> tuple[list[Request], dict[str, Any], int]:
@@ -126,7 +124,7 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
 def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, source_prefix: str = "http") -> list[Check]:
     """The checks from what the views saw: the router view first (it counts what the model
     computed), vLLM's routed_experts when it is the only one, "could not measure" when neither."""
-    short = _router_shortfall(obs, target) if obs.router else None
+    short = _router_shortfall(obs) if obs.router else None
     if short:
         obs.router_missing, obs.router = short, None
     router = obs.router.loads if obs.router else None
@@ -149,12 +147,13 @@ def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, sour
     return checks
 
 
-def _router_shortfall(obs: Observed, target: Target | None) -> str | None:
+def _router_shortfall(obs: Observed) -> str | None:
     """Why the router view cannot be trusted, or None: each MoE layer must have routed every token
     the workload forwarded, less at most the prompt tokens it shares (prefix-cache hits). A hook
-    that sees fewer was bypassed: on vLLM's CPU backend a compiled engine traced the router into
-    its graph at start-up (CPU calls the MoE forward directly, not as the opaque ``moe_forward`` op
-    GPUs use); on a GPU, steps replayed from a CUDA graph captured before the hook was set."""
+    that sees fewer was bypassed. The counters are armed as the worker is created, before any graph
+    is traced or captured (``router_hook.ExpertCounter.__new__``), so a compiled or graph-captured
+    engine counts; what can still bypass them is a kernel that routes inside itself (a monolithic
+    MoE kernel, listed in ``skipped``) or an extension that was not in place when the model was built."""
     assert obs.router is not None
     if not obs.router.loads:
         return "the workers found no MoE layer whose router takes a callback"
@@ -164,12 +163,8 @@ def _router_shortfall(obs: Observed, target: Target | None) -> str | None:
         return None
     why = (f"the router hook saw {seen} of the {obs.forwarded_tokens} tokens the workload forwarded through "
            f"every MoE layer (at least {need} must pass it)")
-    if target is not None and target.compiled_on_cpu:
-        return why + ("; the engine is compiled (engine.args.enforce_eager is not true) and vLLM's CPU backend "
-                      "traces the MoE router into the compiled graph before the hook is set: run the engine eager, "
-                      "or read vLLM's routed_experts")
-    return why + ("; steps replayed from a CUDA graph or a compiled graph captured before the hook was set bypass "
-                  "it: run the engine with enforce_eager = true for this stage, or read vLLM's routed_experts")
+    return why + ("; something routed those tokens without the router's capture callback (a kernel that routes "
+                  "inside itself, or a worker extension loaded after the model was built): read vLLM's routed_experts")
 
 
 def _why_neither(obs: Observed, section: ExpertsSection) -> str:

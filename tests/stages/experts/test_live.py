@@ -1,7 +1,8 @@
 """The experts stage against live vLLM engines on day0's tiny MoEs: real counts from the router,
 and a planted router bias that fails naming its expert.
 
-One qwen3-moe server for the first tests (about a minute to start on 2 cores), then two whole
+One compiled qwen3-moe server for the first tests (about a minute to start on 2 cores; compiled,
+because the counters must be in the graph torch.compile traces at start-up), then two whole
 Day0 sessions of the stage alone (``-m experts``) on the cpu-deepseek-v3 preset, with and without
 ``router_bias = {"3" = 4.0}`` (deepseek-v3's ``e_score_correction_bias``, which biases selection only).
 """
@@ -19,11 +20,14 @@ from tests.harness.test_e2e import day0_run
 
 @pytest.fixture(scope="module")
 def qwen_moe(tmp_path_factory):
-    """The cpu-moe-2node preset's tiny Qwen3-MoE (8 experts, top-2, 2 layers) on one node, TP 1."""
+    """The cpu-moe-2node preset's tiny Qwen3-MoE (8 experts, top-2, 2 layers) on one node, TP 1,
+    compiled (vLLM's CPU backend traces the MoE router into the graph: the eager deepseek-v3 runs
+    below cover the other path)."""
     moe = load_profile("cpu-moe-2node")
     profile = load_profile("cpu-tiny", overrides={
         "model": {"tiny": moe.model.tiny.model_dump(), "served_model_name": "day0-tiny-moe"},
-        "engine": {"args": {"worker_extension_cls": EXTENSION}, "env": {"VLLM_SERVER_DEV_MODE": "1"}},
+        "engine": {"args": {"worker_extension_cls": EXTENSION, "enforce_eager": False},
+                   "env": {"VLLM_SERVER_DEV_MODE": "1"}},
         "experts": moe.experts.model_dump()})
     engine = ServerEngine(profile, tmp_path_factory.mktemp("experts-live"), print, name="experts")
     try:
