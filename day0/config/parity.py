@@ -24,7 +24,7 @@ class ParitySection(Section):
                                                                  "so a cache hit covers whole blocks")
     batch_size: int = Field(8, ge=2, le=1024, description="requests in flight in the batch comparison, "
                                                           "the compared one included")
-    # nats; None: 0.01 for a float32 engine, 0.05 otherwise (the golden-token margins,
+    # nats; None: 0.001 for a float32 engine, 0.05 otherwise (the golden-token margins,
     # docs/stages/weights.md): how far two correct numerics move a logprob
     margin: Optional[float] = Field(None, ge=0, le=10)
     spec_prompts: int = Field(3, ge=1, le=64, description="prompts of the speculative comparison")
@@ -34,3 +34,6 @@ class ParitySection(Section):
     min_acceptance_rate: float = Field(0.1, ge=0, le=1)
     min_mean_acceptance_length: float = Field(1.1, ge=1)
     timeout_s: float = Field(120.0, gt=0, description="for all of one comparison's requests")
+    # None: 3/4 of engine.args.max_model_len; 0: not compared (said in parity.features)
+    long_context_tokens: Optional[int] = Field(None, ge=0, le=1 << 24,
+                                               description="prompt tokens of the long-context comparison")

@@ -22,6 +22,18 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 DTYPES = ("float32", "bfloat16", "float16")
+# Near-tie margin and drift limit, nats: how far two correct numerics may move a logprob. float32 on
+# both sides moved them by under 1e-6 wherever measured (golden tokens: 4.8e-7 on Qwen3-MoE at TP 2
+# across two nodes, 9.5e-7 on DeepSeek-V3; parity's 2.5K- and 6K-token prompts: 9.5e-7), so 1e-3
+# leaves a thousandfold; 1e-2 let a rope that differed past position 4096 through (it moved the
+# tiny model's deep logprobs by 3e-3; docs/stages/parity.md). bfloat16 engines move them by up to a
+# few 1e-2.
+NEAR_TIE_MARGINS = {"float32": 0.001, "other": 0.05}
+
+
+def near_tie_margin(dtype: str) -> float:
+    """The margin for an engine serving in ``dtype`` (an engine arg: ``float32``, ``auto``, ...)."""
+    return NEAR_TIE_MARGINS["float32" if str(dtype) in ("float32", "float") else "other"]
 Status = Literal["match", "near_tie", "diverged"]
 
 

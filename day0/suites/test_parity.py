@@ -38,6 +38,25 @@ def test_speculative_decoding(stage, day0_context, day0_checks):
     day0_checks.extend(parity.check_feature(stage, "speculative", local_model_dir(day0_context.profile)))
 
 
+def test_chunked_prefill(stage, day0_context, day0_checks):
+    """A prompt a quarter past the chunk budget (two engine steps or more of prefill) gives
+    transformers' greedy tokens and logprobs on the same text."""
+    day0_checks.extend(parity.check_feature(stage, "chunked_prefill", local_model_dir(day0_context.profile)))
+
+
+def test_long_context(stage, day0_context, day0_checks):
+    """Greedy tokens after a prompt 3/4 as long as max_model_len equal transformers': deep positions
+    are where rope scaling and paging bugs show, and short prompts never reach them."""
+    day0_checks.extend(parity.check_feature(stage, "long_context", local_model_dir(day0_context.profile)))
+
+
+def test_graph_mode_and_parallel_layout(stage, day0_context, day0_checks):
+    """No request-level comparison isolates them: the deployment as configured against transformers
+    (weights.golden_tokens) answers for them, carried over with its status."""
+    golden = day0_context.record.latest(parity.GOLDEN)
+    day0_checks.extend([parity.through_golden(stage.features[n], golden) for n in parity.THROUGH_GOLDEN])
+
+
 def test_features_in_force(stage, day0_context, day0_checks):
     """Every feature the engine args turn on, where the setting came from, what it was compared
     against, and the ones not compared yet with the reason."""

@@ -71,11 +71,11 @@ def test_a_tokenizer_mismatch_is_a_divergence():
 
 
 def test_a_golden_file_with_reference_sequences_is_judged_with_near_ties(tmp_path):
-    ref = _ref([5], [{5: -0.100, 6: -0.105}])
+    ref = _ref([5], [{5: -0.1000, 6: -0.1005}])  # within the float32 margin (1e-3 nats)
     golden = tmp_path / "golden.json"
     golden.write_text(json.dumps({"model": "m", "max_tokens": 1, "top_k": 2, "reference": "transformers",
                                   "prompts": [{"prompt": "p", "token_ids": [5], "sequence": ref.to_dict()}]}))
-    tied = Completion("", [6], 1, [{6: -0.101, 5: -0.104}], [1, 2])
+    tied = Completion("", [6], 1, [{6: -0.1001, 5: -0.1004}], [1, 2])
     check = golden_file_check(_engine({"p": tied}), str(golden))
     assert check is not None and (check.status, check.evidence["near_tie"]) == ("pass", 1)
     assert "near-tie: 'p': near-tie at generated position 0" in check.message

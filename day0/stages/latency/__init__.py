@@ -5,7 +5,8 @@ Modules: ``settings`` (the client objects the ``[latency]`` table of ``day0.conf
 describes), ``metrics`` (definitions and statistics of one phase), ``measurement`` (what a run
 measured, as data), ``run`` (the measured run over HTTP), ``inprocess`` (the same on vLLM's own
 engine), ``agreement`` (client vs engine), ``sweep`` (the SLA sweep), ``checks`` (the run-record
-checks), ``stage`` (the stage against the run's engine), ``cli`` (``day0 latency``), and
+checks), ``speculative`` (speculative decoding's acceptance over the measured workload), ``stage``
+(the stage against the run's engine), ``cli`` (``day0 latency``), and
 ``importing`` with ``imported``, ``from_vllm``, ``from_guidellm`` (``day0 latency import``: a
 ``vllm bench serve`` or GuideLLM result judged by the same checks).
 """

@@ -1,5 +1,6 @@
 """What stage 3 measured, as data: one run (:class:`LatencyRun`), its sweep steps
-(:class:`SweepPoint`) and its prefix-cache intent (:class:`CacheIntent`).
+(:class:`SweepPoint`), its prefix-cache intent (:class:`CacheIntent`) and speculative decoding's
+acceptance over the measured window (:class:`SpecWindow`).
 
 The measuring modules (``run``, ``inprocess``, ``sweep``) build these; the judging modules
 (``checks``, ``agreement``, ``sweep``) read them. Both import this module and it imports neither,
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from day0.client.prom import PrefixCacheWindow, ServerFigure
+from day0.client.spec_decode import Acceptance
 from day0.config.latency import LatencySection, SlaSection
 from day0.stages.latency.metrics import LatencyMetrics
 
@@ -47,6 +49,19 @@ class CacheIntent:
 
 
 @dataclass
+class SpecWindow:
+    """Speculative decoding's counters over the measured window (the scrapes around the measured
+    phase that ``latency.server_agreement`` and the prefix-cache share read): what the drafter
+    achieves on the workload the SLA is judged on, not on the parity stage's three prompts.
+
+    ``acceptance`` is None when it could not be read, ``why_unmeasured`` says why; a window with
+    no draft is an ``Acceptance`` with ``drafts == 0`` (read, but nothing was speculated)."""
+
+    acceptance: Acceptance | None = None
+    why_unmeasured: str = ""
+
+
+@dataclass
 class LatencyRun:
     """Everything one latency stage measured; ``checks.latency_checks`` turns it into run-record checks."""
 
@@ -60,3 +75,4 @@ class LatencyRun:
     server_error: str | None
     sweep: list[SweepPoint] = field(default_factory=list)
     cache: CacheIntent | None = None
+    spec: SpecWindow | None = None  # None: a view without /metrics (in-process)

@@ -12,10 +12,11 @@ import aiohttp
 
 from day0.client.loadgen import ClientOptions, LoadShape, PhaseResult, fetch_models, make_session, run_phase
 from day0.client.prom import PrefixCacheWindow, PromError, prefix_cache_window, scrape, server_view
+from day0.client.spec_decode import acceptance
 from day0.client.workers import WorkerPool
 from day0.client.workload import Request, Vocab, as_text, build_requests, new_nonce, shared_share
 from day0.config.latency import LatencySection, SlaSection
-from day0.stages.latency.measurement import CacheIntent, LatencyRun
+from day0.stages.latency.measurement import CacheIntent, LatencyRun, SpecWindow
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
 from day0.stages.latency.settings import (
     DEFAULT_BLOCK_SIZE,
@@ -118,13 +119,14 @@ async def measure_latency(
         metrics = compute_metrics(phase, pcts, slo)
         cache = cache_intent(main, s, ctx.block_size, dataset.counted_with if dataset else "")
         cache.why_unmeasured = server_error or ("latency.server_metrics = false" if not s.server_metrics else "")
-        server = None
+        server, spec = None, SpecWindow(why_unmeasured=cache.why_unmeasured)
         if s.server_metrics and server_error is None:
             after, server_error = await _scrape(session, base_url)
-            cache.why_unmeasured = server_error or ""
+            cache.why_unmeasured = spec.why_unmeasured = server_error or ""
             if after is not None:
                 server = server_view(before, after, percentiles=pcts)
                 cache.window, cache.why_unmeasured = _cache_window(before, after)
+                spec = _spec_window(before, after)
                 if not server:
                     server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
 
@@ -133,7 +135,7 @@ async def measure_latency(
             return compute_metrics(sp, pcts, slo)
 
         sweep = await run_sweep(measure_at, s, sla, say)
-    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache)
+    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache, spec)
 
 
 def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:
@@ -142,6 +144,16 @@ def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | N
     except PromError as exc:
         return None, str(exc)
     return window, "" if window else "/metrics has no vllm:prefix_cache_hits/queries counters"
+
+
+def _spec_window(before: str | None, after: str) -> SpecWindow:
+    """Speculative decoding's counters over the same window; read whether or not the profile
+    speculates (the checks decide what applies), so an engine that does is never unread."""
+    try:
+        acc = acceptance(before, after)
+    except PromError as exc:
+        return SpecWindow(None, str(exc))
+    return SpecWindow(acc, "" if acc else "/metrics has no vllm:spec_decode_* counters (speculation off?)")
 
 
 def run_latency(base_url: str, model: str | None, vocab: Vocab | int, settings: LatencySection | None = None,

@@ -14,6 +14,7 @@ from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.inprocess import inprocess_checks, run_latency_inprocess
 from day0.stages.latency.run import run_latency
 from day0.stages.latency.settings import engine_context
+from day0.stages.latency.speculative import spec_checks, speculating
 
 
 class NoTokenizer(RuntimeError):
@@ -39,7 +40,8 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
 
     On the HTTP view the client's figures are cross-checked with ``/metrics``; on the scheduler
     view (``engine.mode = "inprocess"``) vLLM's engine is driven directly, every check says
-    ``source = "scheduler"`` and vLLM's per-request metrics replace ``/metrics``.
+    ``source = "scheduler"`` and vLLM's per-request metrics replace ``/metrics``. A profile with
+    ``speculative_config`` also gets speculative decoding's acceptance over the measured window.
     """
     model_dir = tokenizer_dir(profile)
     settings, sla = profile.latency, profile.sla
@@ -48,7 +50,11 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
     if engine.view == "scheduler":
         run, agreement = run_latency_inprocess(engine.llm, served_name(profile), vocab, settings, sla,
                                                progress=progress, ctx=ctx)
-        return inprocess_checks(run, agreement)
-    endpoint = engine.endpoint
-    return latency_checks(run_latency(endpoint.base_url, endpoint.model, vocab, settings, sla, progress=progress,
-                                      headers=endpoint.headers, ctx=ctx))
+        checks = inprocess_checks(run, agreement)
+    else:
+        endpoint = engine.endpoint
+        run = run_latency(endpoint.base_url, endpoint.model, vocab, settings, sla, progress=progress,
+                          headers=endpoint.headers, ctx=ctx)
+        checks = latency_checks(run)
+    # acceptance over this workload, held to the [parity] limits (the one place they are set)
+    return checks + (spec_checks(run, profile.parity) if speculating(profile.engine.args) else [])

@@ -13,21 +13,19 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from day0.core.record import Check, measured
-from day0.model.reference import TokenComparison, compare_tokens, summarize
+from day0.model.reference import TokenComparison, compare_tokens, near_tie_margin, summarize
 from day0.stages.parity.answers import Answer
 from day0.stages.parity.features import Feature
 
-# nats: float32 on both sides moves a logprob by ~1e-5; a bfloat16 engine by up to a few 1e-2
-# (the golden-token margins, docs/stages/weights.md)
-MARGINS = {"float32": 0.01, "other": 0.05}
 SOURCE = "http"
 
 
 def margin_for(args: dict[str, Any], override: float | None) -> float:
-    """The near-tie margin: the profile's ``parity.margin``, else by the engine's dtype."""
+    """The near-tie margin: the profile's ``parity.margin``, else the golden-token margin for the
+    engine's dtype (:data:`day0.model.reference.NEAR_TIE_MARGINS`)."""
     if override is not None:
         return override
-    return MARGINS["float32" if str(args.get("dtype", "auto")) in ("float32", "float") else "other"]
+    return near_tie_margin(str(args.get("dtype", "auto")))
 
 
 def short(prompt: str, n: int = 40) -> str:

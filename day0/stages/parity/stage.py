@@ -24,8 +24,8 @@ from day0.core.record import Check, measured
 from day0.engine import Endpoint
 from day0.stages.parity.answers import Answer, AnswerError, Ask, ask_many, ask_one, metrics_text, session_for
 from day0.stages.parity.compare import Pair, feature_check, margin_for, not_in_force, unmeasured
-from day0.stages.parity.features import COLUMNS, Feature, features
-from day0.stages.parity.reference import speculative_check
+from day0.stages.parity.features import COLUMNS, Feature, chunk_budget, features, long_context_depth
+from day0.stages.parity.reference import long_prompt_check, speculative_check
 from day0.stages.parity.speculative import acceptance_checks
 
 Progress = Callable[[str], None]
@@ -53,7 +53,11 @@ class Parity:
     def __init__(self, endpoint: Endpoint, profile: Profile, section: ParitySection, progress: Progress) -> None:
         self.endpoint, self.profile, self.section, self.progress = endpoint, profile, section, progress
         self.args: dict[str, Any] = dict(profile.engine.args)
-        self.features = {f.name: f for f in features(self.args)}
+        device = profile.topology.device
+        self.features = {f.name: f for f in features(self.args, device=device,
+                                                     long_context_tokens=section.long_context_tokens)}
+        self.budget, _ = chunk_budget(self.args, device)
+        self.depth, self.depth_why = long_context_depth(self.args, section.long_context_tokens)
         self.margin = margin_for(self.args, section.margin)
         self.dtype = str(self.args.get("dtype", "auto"))
         self.nonce = secrets.token_hex(4)
@@ -117,6 +121,12 @@ class Parity:
         return feature_check(f, [Pair(alone, batch[0], ("alone", f"in a batch of {n}"))], self.margin, self.dtype,
                              note=f"{n} requests in flight at once (different prompt lengths)")
 
+    async def long_answer(self, session: aiohttp.ClientSession, name: str, text: str) -> Answer:
+        """The engine's greedy answer to a long prompt, salted: an earlier run's cache must not
+        serve it, or nothing would be prefilled."""
+        s = self.section
+        return await ask_one(session, self.endpoint, Ask(text, s.max_tokens, s.top_k, salt=f"{self.nonce}-{name}"))
+
     async def speculative_answers(self, session: aiohttp.ClientSession) -> tuple[list[Answer], str | None, str | None]:
         s = self.section
         asks = [Ask(spec_prompt(self.nonce, i, s.prompt_words), s.spec_max_tokens, s.top_k,
@@ -125,6 +135,25 @@ class Parity:
         answers = [await ask_one(session, self.endpoint, a) for a in asks]
         await asyncio.sleep(0.2)  # the last step's spec-decode stats reach /metrics with the step's stats
         return answers, before, await metrics_text(session, self.endpoint)
+
+
+def sized_prompt(model_dir: Path, nonce: str, tokens: int) -> str:
+    """A fresh prompt of the fewest words that make at least ``tokens`` tokens in the checkpoint's own
+    tokenizer (a word over at most): a bisection over the word count, a dozen tokenizer passes."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def length(words: int) -> int:
+        return len(tok(prompt(nonce, 0, words))["input_ids"])
+
+    lo, hi = 1, max(8, tokens // 4)
+    while length(hi) < tokens:  # a word is at least one token: this doubles a few times at most
+        lo, hi = hi, hi * 2
+    while lo < hi:  # the fewest words that reach ``tokens``
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if length(mid) < tokens else (lo, mid)
+    return prompt(nonce, 0, hi)
 
 
 def _cached(answer: Answer, before: str | None, after: str | None) -> int | None:
@@ -141,7 +170,11 @@ def _cached(answer: Answer, before: str | None, after: str | None) -> int | None
     return None if window is None else int(round(window.hits))
 
 
-COMPARED = ("prefix_caching", "streaming", "batch_invariance", "speculative")  # the order the stage runs them
+COMPARED = ("prefix_caching", "streaming", "batch_invariance", "speculative", "chunked_prefill",
+            "long_context")  # the order the stage runs them
+# Compared through another stage's check: the deployment as configured against transformers
+THROUGH_GOLDEN = ("graph_mode", "parallel_layout")
+GOLDEN = "weights.golden_tokens"
 
 
 def check_feature(p: Parity, name: str, model_dir: Path | None = None) -> list[Check]:
@@ -156,11 +189,47 @@ def check_feature(p: Parity, name: str, model_dir: Path | None = None) -> list[C
             answers, before, after = asyncio.run(_with_session(p, p.speculative_answers))
             return [speculative_check(f, answers, model_dir, p.margin, p.dtype, p.section.top_k),
                     *acceptance_checks(before, after, p.section)]
+        if name in ("chunked_prefill", "long_context"):
+            return [_long_prompt(p, f, model_dir)]
         step = {"prefix_caching": p.prefix_caching, "streaming": p.streaming,
                 "batch_invariance": p.batch_invariance}[name]
         return [asyncio.run(_with_session(p, step))]
     except (AnswerError, TimeoutError) as exc:
         return [unmeasured(f, str(exc) or f"no answer within parity.timeout_s={p.section.timeout_s:g}")]
+
+
+def _long_prompt(p: Parity, f: Feature, model_dir: Path | None) -> Check:
+    """Chunked prefill (a prompt a quarter past the chunk budget, so it takes two engine steps or
+    more) or long context (the stage's depth) against transformers on the same text."""
+    if f.not_compared:
+        return unmeasured(f, f.not_compared)
+    if model_dir is None:
+        return unmeasured(f, "no local checkpoint for transformers to read")
+    if f.name == "chunked_prefill":
+        tokens, why = p.budget + p.budget // 4, f"past the chunk budget of {p.budget}"
+    else:
+        tokens, why = p.depth, p.depth_why
+    text = sized_prompt(model_dir, p.nonce, tokens)
+    return long_prompt_check(f, text, lambda: asyncio.run(_with_session(p, lambda s: p.long_answer(s, f.name, text))),
+                             model_dir, p.margin, p.dtype, p.section.top_k, p.section.max_tokens,
+                             min_tokens=p.budget + 1 if f.name == "chunked_prefill" else tokens, why_long=why)
+
+
+def through_golden(feature: Feature, golden: Check | None) -> Check:
+    """``parity.graph_mode`` / ``parity.parallel_layout``: no request-level comparison isolates
+    them, so the deployment as configured (compiled, or across its ranks) against transformers,
+    which is ``weights.golden_tokens``, answers for them; a second vLLM engine (eager, or at one
+    rank) would cost a start-up. Its status is carried over, never upgraded."""
+    if not feature.in_force:
+        return not_in_force(feature)
+    if golden is None:
+        return unmeasured(feature, f"{GOLDEN} is not in this run's record")
+    title = f"Output with {feature.label} equals the reference"
+    message = (f"{feature.label}: {feature.compared_against}: {golden.status}: {golden.message}"
+               + ("" if golden.status == "pass" else f" (carried over from {GOLDEN})"))
+    return Check(id=f"parity.{feature.name}", title=title, status=golden.status, value=golden.value,
+                 limit=golden.limit, unit=golden.unit, direction=golden.direction, source="record",
+                 message=message, evidence={"feature": feature.describe(), "through": GOLDEN})
 
 
 async def _with_session(p: Parity, step: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
@@ -172,8 +241,10 @@ def feature_matrix(found: dict[str, Feature], checks: list[Check]) -> Check:
     """``parity.features``: every feature, in force or not, with what it was compared against."""
     status = {c.id: c.status for c in checks}
     rows = [[*f.row(), status.get(f"parity.{f.name}", "")] for f in found.values()]
-    compared = [f.label for f in found.values() if f"parity.{f.name}" in status and f.in_force]
-    left = [f"{f.label} ({f.not_compared})" for f in found.values() if f.in_force and f.not_compared]
+    # compared: a verdict was reached (pass or fail); an error or a skip of a feature in force is not
+    compared = [f.label for f in found.values() if f.in_force and status.get(f"parity.{f.name}") in ("pass", "fail")]
+    left = [f"{f.label} ({f.not_compared or status.get(f'parity.{f.name}', 'no check')})" for f in found.values()
+            if f.in_force and f.label not in compared]
     message = (f"{len(compared)} feature(s) in force compared: {', '.join(compared) or 'none'}; not compared: "
                f"{'; '.join(left) or 'none'}")
     return measured("parity.features", "Features in force, and what each was compared against", len(compared),
@@ -182,10 +253,11 @@ def feature_matrix(found: dict[str, Feature], checks: list[Check]) -> Check:
 
 
 def run_parity(endpoint: Endpoint, profile: Profile, section: ParitySection, progress: Progress, *,
-               model_dir: Path | None = None) -> list[Check]:
+               model_dir: Path | None = None, golden: Check | None = None) -> list[Check]:
     """The whole stage in one call (the suite runs the same steps one test each); ``model_dir`` is
-    the checkpoint transformers reads for the speculative reference."""
+    the checkpoint transformers reads for the references, ``golden`` the run's weights.golden_tokens."""
     p = Parity(endpoint, profile, section, progress)
     checks = [c for name in COMPARED for c in check_feature(p, name, model_dir)]
+    checks += [through_golden(p.features[name], golden) for name in THROUGH_GOLDEN]
     checks.append(feature_matrix(p.features, checks))
     return checks

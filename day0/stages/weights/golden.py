@@ -27,13 +27,12 @@ from day0.model.reference import (
     from_completion,
     greedy_reference,
     host_reference_unavailable,
+    near_tie_margin,
     summarize,
 )
 from day0.stages.weights.live import golden_check
 
 TOP_K = 5
-# nats: float32 on both sides moves a logprob by ~1e-5; a bfloat16 engine by up to a few 1e-2
-MARGINS = {"float32": 0.01, "other": 0.05}
 
 
 def golden_tokens_check(engine_of: Callable[[], Any], golden: str | None, model_dir: Path | None) -> Check:
@@ -59,7 +58,7 @@ def golden_tokens_check(engine_of: Callable[[], Any], golden: str | None, model_
 
 def margin_for(engine: Any) -> float:
     """The near-tie margin for the engine's dtype (float32 engines are held tighter)."""
-    return MARGINS["float32" if _engine_dtype(engine) in ("float32", "float") else "other"]
+    return near_tie_margin(_engine_dtype(engine))
 
 
 def engine_sequences(engine: Any, refs: Sequence[RefSequence], max_tokens: int,

@@ -4,22 +4,9 @@ acceptance from /metrics with vLLM's arithmetic, and a low acceptance failing by
 from day0.config.parity import ParitySection
 from day0.config.profile import load_profile
 from day0.stages.parity import acceptance, acceptance_checks, features
+from tests.support.spec_counters import spec_counters
 
-SPEC = """# TYPE vllm:spec_decode_num_drafts counter
-vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
-# TYPE vllm:spec_decode_num_draft_tokens counter
-vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {draft_tokens}
-# TYPE vllm:spec_decode_num_accepted_tokens counter
-vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}
-# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
-vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {p0}
-vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {p1}
-vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} {p2}
-"""
-
-
-def spec(drafts, draft_tokens, accepted, p0, p1, p2):
-    return SPEC.format(drafts=drafts, draft_tokens=draft_tokens, accepted=accepted, p0=p0, p1=p1, p2=p2)
+spec = spec_counters
 
 
 def test_features_read_the_profile_and_vllm_defaults():
@@ -27,11 +14,24 @@ def test_features_read_the_profile_and_vllm_defaults():
     assert found["prefix_caching"].in_force and found["prefix_caching"].source.startswith("profile:")
     assert found["speculative"].in_force is False
     assert found["chunked_prefill"].in_force and found["chunked_prefill"].source.startswith("vLLM default:")
-    assert found["chunked_prefill"].not_compared.startswith("not compared")
+    assert "past the chunk budget (2048 tokens, vLLM default on CPU: 2048 x 1 rank(s))" in \
+        found["chunked_prefill"].compared_against
     assert found["graph_mode"].in_force is False  # enforce_eager = true
-    on = {f.name: f for f in features({"speculative_config": {"method": "ngram"}, "enable_prefix_caching": False})}
+    max_len = load_profile("cpu-tiny").engine.args["max_model_len"]
+    assert f"after a {int(max_len * 0.75)}-token prompt (3/4 of max_model_len = {max_len})" in \
+        found["long_context"].compared_against and not found["long_context"].not_compared
+    on = {f.name: f for f in features({"speculative_config": {"method": "ngram"}, "enable_prefix_caching": False,
+                                       "max_num_batched_tokens": 512, "tensor_parallel_size": 2}, device="cuda")}
     assert on["speculative"].in_force and not on["prefix_caching"].in_force
-    assert on["graph_mode"].in_force and "second (eager) engine" in on["graph_mode"].not_compared
+    assert on["graph_mode"].in_force and "weights.golden_tokens" in on["graph_mode"].compared_against
+    assert on["parallel_layout"].in_force and "weights.golden_tokens" in on["parallel_layout"].compared_against
+    assert "(512 tokens, profile: max_num_batched_tokens = 512)" in on["chunked_prefill"].compared_against
+    # no max_model_len: vLLM takes the model's, which may be far beyond a reference here
+    assert on["long_context"].not_compared.startswith("not compared: engine.args.max_model_len is not set")
+    assert features({}, device="cuda")[4].compared_against.endswith("(16384 tokens, vLLM default on GPUs: at "
+                                                                     "most 16384) vs transformers")
+    off = {f.name: f for f in features({"max_model_len": 8192}, long_context_tokens=0)}
+    assert off["long_context"].not_compared == "not compared: parity.long_context_tokens = 0"
     spec_profile = load_profile("cpu-tiny-spec")
     assert spec_profile.engine.args["speculative_config"]["method"] == "ngram"
     assert spec_profile.parity.min_acceptance_rate == 0.2
