@@ -158,7 +158,16 @@ class Day0Session:
         # says nothing about the deployment, and the stages after it still have something to tell.
         if check.status == "fail" and stage not in self._failed_stage:
             self._failed_stage[stage] = f"{check.id}: {check.message}"
+            self._stop_early_engine(stage)
         return check
+
+    def _stop_early_engine(self, failed_stage: str) -> None:
+        """A failure in a stage that does not touch the deployment (preflight) blocks every stage
+        that would use an engine launched early (``engine.start_early``): it is stopped at once,
+        so a model the memory plan says does not fit is not left loading while the run ends."""
+        declared = self.registry.get(failed_stage)
+        if self.gate and declared is not None and not declared.needs_nodes and self.engines.cancel_early():
+            self.log(f"stage {failed_stage} failed: the engine launched early is stopped (nothing after it will run)")
 
     def blocked_by(self, stage: str) -> str | None:
         """Why ``stage`` must not run: the first earlier stage that failed (None when gating is off)."""

@@ -95,6 +95,15 @@ class Engines:
             return
         self._launched["http"] = engine
 
+    def cancel_early(self) -> bool:
+        """Stop an engine launched early that no stage has used yet (preflight failed: every later
+        stage is blocked, so nothing will ask for it); True when one was stopped."""
+        launched, self._launched = self._launched, {}
+        for engine in launched.values():
+            with contextlib.suppress(Exception):
+                engine.stop()
+        return bool(launched)
+
     def _get(self, view: str, factory: Callable[[], Any]) -> Any:
         if view in self._errors:
             raise self._errors[view]

@@ -113,3 +113,20 @@ def test_the_session_launches_while_preflight_runs_and_only_when_a_later_stage_w
     session(wanted=False).stage_starting("preflight")  # -m preflight: nothing later needs it
     session(wanted=True, start_early=False).stage_starting("preflight")
     assert launches == [s.run_id]
+
+
+def test_a_preflight_failure_stops_the_early_engine_and_a_later_failure_does_not(fake_vllm, tmp_path):
+    from day0.core.record import Check
+    from day0.session import Day0Session
+
+    fake_vllm["s"] = 60.0
+    s = Day0Session(load_profile("cpu-tiny", overrides={"engine": {"startup_timeout_s": 30}}), tmp_path / "out",
+                    log=lambda m: None)
+    s.start(engine_wanted=True)
+    s.stage_starting("preflight")
+    proc = next(iter(s.engines._launched.values())).proc
+    s.add_check("weights", Check(id="weights.x", title="x", status="fail"))  # a stage that uses the engine
+    assert proc is not None and proc.poll() is None and s.engines._launched  # its own later tests may
+    s.add_check("preflight", Check(id="preflight.lint", title="lint", status="fail"))
+    assert s.engines._launched == {} and proc.wait(timeout=30) is not None
+    s.finish(1)

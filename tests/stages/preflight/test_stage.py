@@ -75,10 +75,14 @@ def test_day0_plan_cli_exit_codes():
     assert "ERROR    engine.args.dtype = 'int4'" in bad.stdout
 
 
-def test_an_error_finding_blocks_every_later_stage_without_starting_an_engine(tmp_path):
+@pytest.mark.parametrize("start_early", [False, True])
+def test_an_error_finding_blocks_every_later_stage_and_leaves_no_engine(tmp_path, start_early):
+    """Without engine.start_early no engine is started at all; with it (the CPU presets) the server
+    launched as preflight began is stopped the moment preflight fails, and no stage waits for it."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "day0" / "suites"), "-m", "day0", "--day0-out", str(tmp_path),
-         "--day0-set", 'engine.args.dtype="int4"', "-p", "no:cacheprovider", "-rs"],
+         "--day0-set", 'engine.args.dtype="int4"', "--day0-set", f"engine.start_early={str(start_early).lower()}",
+         "-p", "no:cacheprovider", "-rs"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
@@ -87,5 +91,7 @@ def test_an_error_finding_blocks_every_later_stage_without_starting_an_engine(tm
     assert stages["preflight"]["verdict"] == "fail"
     assert stages["weights"]["verdict"] == "blocked"
     assert "stage preflight failed (preflight.lint.dtype" in stages["weights"]["checks"][0]["message"]
-    assert not any(k.startswith("engine.") for k in run["notes"])  # no engine was started
-    assert not (tmp_path / "latest" / "engine-server.log").exists()
+    assert not any(k.startswith("engine.") for k in run["notes"])  # no engine served a stage
+    assert (tmp_path / "latest" / "engine-server.log").exists() is start_early
+    assert ("the engine launched early is stopped" in out) is start_early
+    assert "waiting for vLLM /health" not in out
