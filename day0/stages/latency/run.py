@@ -119,14 +119,14 @@ async def measure_latency(
         metrics = compute_metrics(phase, pcts, slo)
         cache = cache_intent(main, s, ctx.block_size, dataset.counted_with if dataset else "")
         cache.why_unmeasured = server_error or ("latency.server_metrics = false" if not s.server_metrics else "")
-        server, spec = None, SpecWindow(why_unmeasured=cache.why_unmeasured)
+        server, drafts = None, SpecWindow(why_unmeasured=cache.why_unmeasured)
         if s.server_metrics and server_error is None:
             after, server_error = await _scrape(session, base_url)
-            cache.why_unmeasured = spec.why_unmeasured = server_error or ""
+            cache.why_unmeasured = drafts.why_unmeasured = server_error or ""
             if after is not None:
                 server = server_view(before, after, percentiles=pcts)
                 cache.window, cache.why_unmeasured = _cache_window(before, after)
-                spec = _spec_window(before, after)
+                drafts = _spec_window(before, after)
                 if not server:
                     server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
 
@@ -135,7 +135,7 @@ async def measure_latency(
             return compute_metrics(sp, pcts, slo)
 
         sweep = await run_sweep(measure_at, s, sla, say)
-    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache, spec)
+    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache, drafts)
 
 
 def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:
