@@ -543,7 +543,8 @@ def test_live_inprocess_engine_accounting_matches_the_block_pool():
         too_long = kv.build_workload(tiny_settings(context_lengths=[40000], short_requests=0, shared_prefix_tokens=0),
                                      size, specials)
         rejected = kv.run_exact(eng.llm, too_long)
-        assert rejected.rejected is not None and "40000" in str(rejected.rejected) and "32768" in str(rejected.rejected)
+        limit = str(profile.engine.args["max_model_len"])
+        assert rejected.rejected is not None and "40000" in str(rejected.rejected) and limit in str(rejected.rejected)
         assert not rejected.samples
 
         probe = kv.prefix_probe_inprocess(eng.llm, kv.probe_prompt(tiny_settings(prefix_check_tokens=300), size,
