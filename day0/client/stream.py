@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, AsyncIterator, Iterable, Literal
 
 import aiohttp
 
@@ -301,6 +301,25 @@ async def stream_one(
         else:
             res.ok = True
     return res
+
+
+class StreamCut(ValueError):
+    """A streamed response that ended before ``data: [DONE]``."""
+
+
+async def data_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """Each event's ``data`` of a streamed response, up to ``[DONE]`` (not yielded); StreamCut when
+    the stream ends without it. For readers of the payloads (parity, agents); :func:`stream_one`
+    keeps its own loop, since it times every chunk as it arrives."""
+    parser, done = SSEParser(), False
+    async for chunk in resp.content.iter_any():
+        for ev in parser.feed(chunk):
+            if ev.data == "[DONE]":
+                done = True
+                continue
+            yield ev.data
+    if not done:
+        raise StreamCut(f"the stream ended{' mid-event' if parser.pending else ''} before [DONE]")
 
 
 def make_session(opts: ClientOptions, limit: int = 0) -> aiohttp.ClientSession:

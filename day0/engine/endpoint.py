@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
+from day0.client.stream import ClientOptions, make_session
 from day0.config.profile import Profile
 from day0.engine.handle import Completion, EngineError
 from day0.engine.http_api import http_greedy, http_json
@@ -56,6 +59,11 @@ class Endpoint:
 
     def url(self, path: str) -> str:
         return self.base_url + path
+
+    def session(self) -> aiohttp.ClientSession:
+        """An aiohttp session shaped like the load generator's, timed out by this endpoint's request
+        timeout: what a stage's own requests use (parity, agents)."""
+        return make_session(ClientOptions(request_timeout_s=self.timeout_s, stall_timeout_s=self.timeout_s))
 
     def json(self, path: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         return http_json(self.url(path), payload, timeout=self.timeout_s if timeout is None else timeout,

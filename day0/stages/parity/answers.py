@@ -17,8 +17,9 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from day0.client.loadgen import ClientOptions, SSEParser, TokenAccountant, endpoint_url, make_session
+from day0.client.loadgen import TokenAccountant, endpoint_url
 from day0.client.prom import PromError, scrape
+from day0.client.stream import StreamCut, data_events
 from day0.engine import Endpoint
 from day0.model.reference import RefSequence, from_completion
 
@@ -94,26 +95,23 @@ async def _whole(session: aiohttp.ClientSession, url: str, endpoint: Endpoint, a
 
 async def _streamed(session: aiohttp.ClientSession, url: str, endpoint: Endpoint, ask: Ask) -> Answer:
     answer = Answer(ask.prompt, streamed=True)
-    acct, parser, done = TokenAccountant(), SSEParser(), False
+    acct = TokenAccountant()
     async with session.post(url, json=body(endpoint, ask, stream=True), headers=endpoint.headers) as resp:
         if resp.status != 200:
             raise AnswerError(f"{url}: HTTP {resp.status}: {' '.join((await resp.text())[:200].split())}")
-        async for chunk in resp.content.iter_any():
-            for ev in parser.feed(chunk):
-                if ev.data == "[DONE]":
-                    done = True
-                    continue
+        try:
+            async for data in data_events(resp):
                 try:
-                    acct.tokens_in(ev.data)
+                    acct.tokens_in(data)
                 except Exception as exc:  # loadgen's failure kinds: an error event, a malformed chunk
                     raise AnswerError(f"{url}: {getattr(exc, 'reason', exc)}") from None
-                obj = json.loads(ev.data)
+                obj = json.loads(data)
                 if obj.get("usage"):
                     answer.usage = obj["usage"]
                 for choice in obj.get("choices") or []:
                     _take_choice(answer, choice)
-    if not done:
-        raise AnswerError(f"{url}: the stream ended before [DONE]")
+        except StreamCut as exc:
+            raise AnswerError(f"{url}: {exc}") from None
     return answer
 
 
@@ -140,8 +138,3 @@ async def metrics_text(session: aiohttp.ClientSession, endpoint: Endpoint) -> st
         return await scrape(session, endpoint.base_url)
     except PromError:
         return None
-
-
-def session_for(endpoint: Endpoint) -> aiohttp.ClientSession:
-    """The client's own session shape, timed out by the endpoint's request timeout."""
-    return make_session(ClientOptions(request_timeout_s=endpoint.timeout_s, stall_timeout_s=endpoint.timeout_s))

@@ -22,7 +22,7 @@ from day0.config.parity import ParitySection
 from day0.config.profile import Profile
 from day0.core.record import Check, measured
 from day0.engine import Endpoint
-from day0.stages.parity.answers import Answer, AnswerError, Ask, ask_many, ask_one, metrics_text, session_for
+from day0.stages.parity.answers import Answer, AnswerError, Ask, ask_many, ask_one, metrics_text
 from day0.stages.parity.compare import Pair, feature_check, margin_for, not_in_force, unmeasured
 from day0.stages.parity.features import COLUMNS, Feature, chunk_budget, features, long_context_depth
 from day0.stages.parity.reference import long_prompt_check, speculative_check
@@ -233,7 +233,7 @@ def through_golden(feature: Feature, golden: Check | None) -> Check:
 
 
 async def _with_session(p: Parity, step: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
-    async with session_for(p.endpoint) as session:
+    async with p.endpoint.session() as session:
         return await asyncio.wait_for(step(session), p.section.timeout_s)
 
 
