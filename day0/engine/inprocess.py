@@ -16,6 +16,18 @@ from day0.engine.rootcause import exception_root_cause
 from day0.model.locate import local_model_dir, resolve_model
 
 
+def engine_kwargs(args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the args vLLM's ``EngineArgs`` takes, the names of the rest). The rest belong to the OpenAI
+    API server (``tool_call_parser``, ``enable_auto_tool_choice``, ``chat_template``, ``api_key``):
+    the in-process view serves no API, and ``LLM`` refuses an argument it does not know."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    return {k: v for k, v in args.items() if k in known}, sorted(k for k in args if k not in known)
+
+
 class InprocessEngine:
     """``vllm.LLM`` in this process; the scheduler is reachable for exact KV accounting."""
 
@@ -40,8 +52,11 @@ class InprocessEngine:
             with _deadline(eng.startup_timeout_s):
                 from vllm import LLM
 
+                kwargs, frontend = engine_kwargs(eng.args)
+                if frontend:
+                    self.log(f"in-process engine: the API server's own args left out: {', '.join(frontend)}")
                 self.llm = LLM(model=model, served_model_name=served_name(self.profile),
-                               disable_log_stats=False, **eng.args)
+                               disable_log_stats=False, **kwargs)
         except _Timeout:
             self.stop()
             raise EngineError(f"in-process engine not ready within engine.startup_timeout_s = "
