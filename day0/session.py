@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Callable
 
 from day0.config.profile import Profile
 from day0.core import environment
-from day0.core.record import COLLECT_ENV_NOTE, RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild
+from day0.core.record import COLLECT_ENV_NOTE, RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild, utcnow
+from day0.core.verdict import Waiver, waiver_for
 from day0.engine import EngineInfo, Engines
 from day0.engine.cluster.nodes import ClusterError
 from day0.stages.context import RecordSoFar, StageContext
@@ -156,10 +157,15 @@ class Day0Session:
         self._checks.append(check)
         # Only a measured failure gates later stages; a check the harness could not measure (error)
         # says nothing about the deployment, and the stages after it still have something to tell.
-        if check.status == "fail" and stage not in self._failed_stage:
+        if check.status == "fail" and stage not in self._failed_stage and not self.waived(check):
             self._failed_stage[stage] = f"{check.id}: {check.message}"
             self._stop_early_engine(stage)
         return check
+
+    def waived(self, check: Check) -> bool:
+        """A failure the profile waives (``[report] waivers``) gates nothing; the record keeps it a fail."""
+        waivers = [Waiver(w.check, w.reason, w.finding, w.until) for w in self.profile.report.waivers]
+        return waiver_for(check, waivers, utcnow()) is not None
 
     def _stop_early_engine(self, failed_stage: str) -> None:
         """A failure in a stage that does not touch the deployment (preflight) blocks every stage

@@ -96,6 +96,24 @@ class Signatory(Section):
 REQUIRED_GLOB = re.compile(r"[A-Za-z0-9_.*?\[\]!-]+")
 
 
+class Waiver(Section):
+    """A known failure the signatories accept for now: the check stays ``fail`` and the report shows
+    it as waived, with the reason; it no longer rejects the run or gates the stages after it."""
+
+    check: str = Field(description="check id or glob")
+    # The failure kind the check's evidence must show, and nothing else (evidence["findings"],
+    # e.g. "control_character"): a new kind of failure in the same check is not covered.
+    finding: Optional[str] = Field(None, pattern=r"^[a-z_]+$")
+    reason: str = Field(min_length=10, description="why, and the upstream issue that tracks it")
+    until: Optional[str] = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}$", description="last day it applies (UTC)")
+
+    @model_validator(mode="after")
+    def _glob(self) -> "Waiver":
+        if not REQUIRED_GLOB.fullmatch(self.check):
+            raise ValueError(f"check: {self.check!r} is not a check id or glob")
+        return self
+
+
 class ReportSection(Section):
     title: str = "Day0 acceptance report"
     out_dir: str = "reports"
@@ -104,6 +122,8 @@ class ReportSection(Section):
     # Check ids (fnmatch globs) the verdict rests on: one that is skip, blocked, error or absent
     # makes the run INCOMPLETE (day0.core.record.run_verdict), so nobody accepts what was not verified.
     required: list[str] = []
+    # Known failures accepted for now (day0.core.verdict.waiver_for): shown as waived, never as a pass.
+    waivers: list[Waiver] = []
 
     @model_validator(mode="after")
     def _required_globs(self) -> "ReportSection":

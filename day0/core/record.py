@@ -27,7 +27,14 @@ from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's c
 )
 from day0.core.redact import Redactor
 from day0.core.stages import DERIVED_STAGES, StageInfo
-from day0.core.verdict import required_checks, run_verdict, stage_verdict, unverified_required  # noqa: F401
+from day0.core.verdict import (  # noqa: F401
+    required_checks,
+    run_verdict,
+    stage_verdict,
+    unverified_required,
+    waiver_for,
+    waivers_of,
+)
 
 Status = Literal["pass", "fail", "error", "skip", "blocked"]
 Direction = Literal["lower_is_better", "higher_is_better", "exact"]
@@ -440,11 +447,12 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
     names = fold.stage_names + [n for n in fold.by_stage if n not in fold.stage_names]
     times = fold.notes.get(STAGE_SECONDS_NOTE)
     times = times if isinstance(times, dict) else {}
-    stages = [StageRecord(n, stage_verdict(fold.by_stage.get(n, [])), fold.by_stage.get(n, []), fold.stage_info.get(n),
-                          _seconds(times.get(n))) for n in names]
+    waivers, on = waivers_of(fold.started.get("profile")), fold.started.get("at")
+    stages = [StageRecord(n, stage_verdict(fold.by_stage.get(n, []), waivers, on), fold.by_stage.get(n, []),
+                          fold.stage_info.get(n), _seconds(times.get(n))) for n in names]
 
     verdict, reason = run_verdict(stages, finished=fold.finished_at is not None,
-                                  required=required_checks(fold.started.get("profile")))
+                                  required=required_checks(fold.started.get("profile")), waivers=waivers, on=on)
     notes = dict(fold.notes)
     if fold.problems:  # a malformed declaration costs its headlines and titles, never a check
         notes[STAGE_INFO_SKIPPED_NOTE] = fold.problems[:MAX_SKIPPED_SHOWN]
@@ -549,14 +557,17 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
 def _consistent(record: RunRecord, where: str) -> None:
     """A record may never claim better than its checks: a stage ``pass`` or a run ``accepted``
     that its own checks contradict is a forged or broken record, and reading it would be a false PASS."""
-    derived = [StageRecord(s.name, stage_verdict(s.checks), s.checks) for s in record.stages]
+    waivers = waivers_of(record.profile)
+    derived = [StageRecord(s.name, stage_verdict(s.checks, waivers, record.started_at), s.checks)
+               for s in record.stages]
     for i, (s, d) in enumerate(zip(record.stages, derived)):
         if s.verdict == "pass" and d.verdict != "pass":
             raise RecordError(f"{where}: stages[{i}].verdict: 'pass', but its checks give {d.verdict!r}; "
                               "the record contradicts itself")
     if record.verdict == "accepted":
         verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
-                                      required=required_checks(record.profile))
+                                      required=required_checks(record.profile), waivers=waivers,
+                                      on=record.started_at)
         if verdict != "accepted":
             raise RecordError(f"{where}: verdict: 'accepted', but its checks give {verdict!r} ({reason}); "
                               "the record contradicts itself")

@@ -22,7 +22,8 @@ SCHEMA_VERSION = 1
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "blocked")
 DIRECTIONS: tuple[str, ...] = ("lower_is_better", "higher_is_better", "exact")
 VERDICTS: tuple[str, ...] = ("accepted", "rejected", "incomplete")
-STAGE_VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "blocked", "skip", "not_run", "not_applicable")
+STAGE_VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "blocked", "skip", "not_run", "not_applicable",
+                                   "waived")
 MAX_RUN_ID = 200
 _RUN_ID_BAD = re.compile(r"[/\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 

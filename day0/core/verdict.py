@@ -1,7 +1,9 @@
 """A stage's and a run's verdict from their checks: the one rule every reader of a record applies.
 
-Only a ``fail`` (measured, outside its limit) rejects; an ``error``, a stage that did not run, or
-a required check that verified nothing leaves the run INCOMPLETE. Kept apart from the record's
+Only a ``fail`` (measured, outside its limit) rejects, unless the profile waives it as a known
+failure (``[report] waivers``: the check stays ``fail``, its stage is ``waived``, the run's reason
+names it); an ``error``, a stage that did not run, or a required check that verified nothing leaves
+the run INCOMPLETE. Kept apart from the record's
 types (duck-typed below) so that rule reads on one page.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 # The evidence key of a skip that says the stage does not apply to this target (the expert-load
@@ -37,16 +40,62 @@ def not_applicable(check: _Check) -> bool:
     return check.status == "skip" and isinstance(evidence, dict) and evidence.get(NOT_APPLICABLE) is True
 
 
-def stage_verdict(checks: Sequence[_Check]) -> str:
+@dataclass(frozen=True)
+class Waiver:
+    """A known failure the profile accepts for now (``[report] waivers``), read from the record's own
+    profile so every reader of the record applies it the same way."""
+
+    check: str
+    reason: str
+    finding: str | None = None
+    until: str | None = None  # YYYY-MM-DD, the last day (UTC) it applies
+
+
+def waivers_of(profile: Any) -> list[Waiver]:
+    rep = profile.get("report") if isinstance(profile, dict) else None
+    raw = rep.get("waivers") if isinstance(rep, dict) else None
+    out = []
+    for w in raw if isinstance(raw, list) else []:
+        if isinstance(w, dict) and isinstance(w.get("check"), str) and isinstance(w.get("reason"), str):
+            finding, until = w.get("finding"), w.get("until")
+            out.append(Waiver(w["check"], w["reason"], finding if isinstance(finding, str) else None,
+                              until if isinstance(until, str) else None))
+    return out
+
+
+def waiver_for(check: _Check, waivers: Sequence[Waiver], on: str | None = None) -> Waiver | None:
+    """The waiver that covers this failed check: its id matches, the run (``on``, an ISO time) is not
+    past ``until``, and, when the waiver names a finding kind, that kind is the only one the check's
+    evidence lists; a failure of any other kind in the same check stays a failure."""
+    if check.status != "fail":
+        return None
+    evidence = getattr(check, "evidence", None)
+    kinds = evidence.get("findings") if isinstance(evidence, dict) else None
+    for w in waivers:
+        if not fnmatch.fnmatchcase(check.id, w.check):
+            continue
+        if w.until and on and on[:10] > w.until:
+            continue
+        if w.finding is not None and (not isinstance(kinds, list) or set(kinds) != {w.finding}):
+            continue
+        return w
+    return None
+
+
+def stage_verdict(checks: Sequence[_Check], waivers: Sequence[Waiver] = (), on: str | None = None) -> str:
+    """``waived``: the stage's only failures are waived ones (it gates nothing, and is not a pass)."""
     if not checks:
         return "not_run"
     if all(not_applicable(c) for c in checks):
         return NOT_APPLICABLE
     statuses = {c.status for c in checks}
-    if "fail" in statuses:
+    waived = [c for c in checks if waiver_for(c, waivers, on)]
+    if "fail" in statuses and len(waived) < sum(c.status == "fail" for c in checks):
         return "fail"
     if "error" in statuses:
         return "error"
+    if waived:
+        return "waived"
     if statuses == {"blocked"}:
         return "blocked"
     if "pass" in statuses:
@@ -84,14 +133,15 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str]) -> li
     return out
 
 
-def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str] = ()) -> tuple[str, str]:
+def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str] = (),
+                waivers: Sequence[Waiver] = (), on: str | None = None) -> tuple[str, str]:
     """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
     the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
     method that did not resolve can never be mistaken for a verdict on the deployment. A check the
     profile lists as ``required`` that was skipped, blocked or never ran also leaves it INCOMPLETE:
     a run cannot be accepted on what it did not verify."""
     for s in stages:
-        failed = [c for c in s.checks if c.status == "fail"]
+        failed = [c for c in s.checks if c.status == "fail" and not waiver_for(c, waivers, on)]
         if failed:
             return "rejected", f"stage {s.name} fail: {failed[0].id}: {failed[0].message}"
     for s in stages:
@@ -110,4 +160,10 @@ def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str
         more = f" (and {len(unverified) - 1} more)" if len(unverified) > 1 else ""
         first, why = unverified[0]
         return "incomplete", f"required check not verified: {first}: {why}{more}"
+    waived = [(c, w) for s in stages for c in s.checks if (w := waiver_for(c, waivers, on))]
+    if waived:
+        c, w = waived[0]
+        more = f" (and {len(waived) - 1} more)" if len(waived) > 1 else ""
+        return "accepted", (f"every stage ran and passed but for {len(waived)} waived known failure(s): "
+                            f"{c.id}: {w.reason}{more}")
     return "accepted", "every stage ran and passed"

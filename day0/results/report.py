@@ -28,6 +28,7 @@ from markupsafe import Markup
 from day0.core.inputs import InputError, refusal, replace_file, term_safe
 from day0.core.record import Check, RunRecord, load_with_bytes, record_file
 from day0.core.stages import REGRESSION_STAGE, StageInfo
+from day0.core.verdict import waiver_for, waivers_of
 from day0.results import charts, summary, trends
 from day0.results.compare import SUMMARY_ID
 from day0.results.junit import write_junit
@@ -107,6 +108,7 @@ class CheckView:
     table_problem: str | None = None
     log_excerpt: str | None = None
     other_json: str | None = None
+    waiver: str | None = None  # the reason of the profile's waiver that covers this failure
 
     @property
     def has_details(self) -> bool:
@@ -198,6 +200,7 @@ def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
 def stage_views(record: RunRecord) -> list[StageView]:
     infos = summary.stage_infos(record)
     seen: set[str] = set()
+    waivers = waivers_of(record.profile)
     out = []
     for s in record.stages:
         views = []
@@ -206,7 +209,10 @@ def stage_views(record: RunRecord) -> list[StageView]:
             while anchor in seen:
                 anchor += "-x"
             seen.add(anchor)
-            views.append(check_view(s.name, c, anchor))
+            view = check_view(s.name, c, anchor)
+            waiver = waiver_for(c, waivers, record.started_at)
+            view.waiver = waiver.reason if waiver else None
+            views.append(view)
         counts = {k: sum(c.status == k for c in s.checks) for k in ("pass", "fail", "error", "skip", "blocked")}
         info = infos.get(s.name) or StageInfo(s.name)
         origin = info.origin if info.origin not in ("", "day0") else ""
@@ -307,7 +313,8 @@ def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Sig
         n_engine = sum("engine" in name for name, _ in sections)
         sections.insert(n_engine, ("profile", flatten(general)))
     stages = stage_views(record)
-    failed = [cv for s in stages for cv in s.checks if cv.check.failed]
+    failed = [cv for s in stages for cv in s.checks if cv.check.failed and not cv.waiver]
+    waived = [cv for s in stages for cv in s.checks if cv.waiver]
     signoff = signoff_block(record, run_bytes, signatories)
     rep = profile.get("report") if isinstance(profile.get("report"), dict) else {}
     return {
@@ -328,6 +335,7 @@ def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Sig
         "stages": stages,
         "regression": regression_view(record),
         "failed": failed,
+        "waived": waived,
         "totals": {k: sum(s.counts[k] for s in stages) for k in ("pass", "fail", "error", "skip", "blocked")},
         "signoff": signoff,
         "signatories": signatories,
@@ -423,8 +431,12 @@ def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[
         lines = []
     lines.append(f"day0 verdict: {summary.verdict_line(record)}: {record.reason}")
     failed = [(s.name, c) for s in record.stages for c in s.checks if c.failed]
+    waivers = waivers_of(record.profile)
     for _, c in failed[:20]:  # an error is the harness's, never the deployment's: say so
-        lines.append(f"  {'ERROR (could not measure)' if c.status == 'error' else c.status.upper()} {c.id}: {c.message}")
+        kind = "ERROR (could not measure)" if c.status == "error" else c.status.upper()
+        if waiver_for(c, waivers, record.started_at):
+            kind += " (waived by the profile)"
+        lines.append(f"  {kind} {c.id}: {c.message}")
     if len(failed) > 20:
         lines.append(f"  … and {len(failed) - 20} more failed checks (see the report)")
     blocked = sum(c.status == "blocked" for c in record.checks())
