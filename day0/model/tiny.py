@@ -21,14 +21,32 @@ from typing import Any, Callable
 from day0.config.tiny import TinySpec
 from day0.model.tiny_archs import model_config, weights
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3  # 3: a chat template with tool and reasoning sections; <think> and </think> tokens
 MANIFEST_NAME = "day0-manifest.json"
-# A plain role-tagged template, so /v1/chat/completions works on the tiny model too.
+# A role-tagged template in the Hermes tool-call convention (the `hermes` tool parser reads it):
+# tools declared in the system turn as JSON, a call as <tool_call>{"name", "arguments"}</tool_call>, a
+# result as <tool_response>, an earlier turn's reasoning as <think>. The agents stage renders every
+# section of it through the server and through transformers and compares the token ids.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{%- if tools %}<|system|>{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
+    "<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n"
+    "{% elif messages[0]['role'] == 'system' %}<|system|>{{ messages[0]['content'] }}\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'system' and loop.first %}"
+    "{%- elif m['role'] == 'assistant' %}<|assistant|>"
+    "{% if m.get('reasoning_content') %}<think>{{ m['reasoning_content'] }}</think>{% endif %}{{ m['content'] or '' }}"
+    "{%- for c in m.get('tool_calls') or [] %}"
+    "<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": {{ c['function']['arguments'] | tojson }}}"
+    "</tool_call>{% endfor %}\n"
+    "{% elif m['role'] == 'tool' %}<|tool|><tool_response>{{ m['content'] }}</tool_response>\n"
+    "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+# Added (not special) tokens, as DeepSeek-R1 and Qwen3 have them: vLLM's think-tag reasoning parsers
+# (deepseek_r1, qwen3) look the two up in the vocabulary and refuse a tokenizer without them.
+THINK, END_THINK = "<think>", "</think>"
 
 _WORDS = (
     "the model serves tokens across nodes while the cache keeps blocks of keys and values "
@@ -134,7 +152,7 @@ def _corpus(seed: int, sentences: int = 3000) -> list[str]:
 
 
 def _train_tokenizer(spec: TinySpec):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -146,6 +164,7 @@ def _train_tokenizer(spec: TinySpec):
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK, END_THINK)])
     return tok
 
 
