@@ -17,6 +17,7 @@ from typing import Any
 
 from day0.core.record import Check, RunRecord, required_checks, unverified_required
 from day0.core.stages import Figure, StageInfo
+from day0.core.verdict import NOT_APPLICABLE, not_applicable, waiver_for, waivers_of
 
 NOT_VERIFIED = ("skip", "blocked", "error")
 SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
@@ -86,6 +87,7 @@ class Headline:
     direction: str = ""
     trend: list[tuple[str, float]] = field(default_factory=list)  # (run id, value), oldest first
     baseline_index: int | None = None  # which trend point the regression baseline is
+    waived: bool = False  # a fail the profile's [report] waivers accept: shown as such
 
 
 def _worst(checks: Sequence[Check]) -> Check:
@@ -169,8 +171,26 @@ def figures(record: RunRecord) -> list[Figure]:
 
 
 def headlines(record: RunRecord) -> list[Headline]:
+    """The declared figures, less those that do not apply to this target: a stage that is not
+    applicable (expert load on a dense model), or a figure whose checks all say they do not apply
+    (speculative acceptance with speculation not in force). A figure the run should have measured
+    and did not still shows as absent."""
     checks = list(record.checks())
-    return [headline(f, checks) for f in figures(record)]
+    idle = {s.name for s in record.stages if s.verdict == NOT_APPLICABLE}
+    waivers = waivers_of(record.profile)
+    out = []
+    for stage, info in stage_infos(record).items():
+        if stage in idle:
+            continue
+        for fig in info.figures:
+            hits = _hits(fig, checks)
+            if hits and all(not_applicable(c) for c in hits):
+                continue
+            h = headline(fig, checks)
+            picked = next((c for c in hits if c.id == h.check_id and c.status == h.status), None)
+            h.waived = picked is not None and waiver_for(picked, waivers, record.started_at) is not None
+            out.append(h)
+    return out
 
 
 # --------------------------------------------------------------------------- stage 0's answer
@@ -280,4 +300,5 @@ def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id
 
 def headline_rows(s: Summary) -> list[tuple[str, str, str, str]]:
     """(metric, value, limit, status) rows, like vLLM bench's result block, for the terminal."""
-    return [(h.label, h.text, h.limit, h.status.upper()) for h in s.headlines if h.status != "absent"]
+    return [(h.label, h.text, h.limit, h.status.upper() + (" (waived)" if h.waived else ""))
+            for h in s.headlines if h.status != "absent"]

@@ -98,3 +98,13 @@ def test_a_record_claiming_pass_for_a_waived_stage_is_refused(tmp_path):
 def test_a_malformed_waiver_is_refused_naming_the_key(waiver, key):
     with pytest.raises(ProfileError, match=key):
         load_profile("cpu-tiny", overrides={"report": {"waivers": [waiver]}})
+
+
+def test_the_headline_says_waived_beside_fail(tmp_path):
+    from day0.results.summary import headline_rows, summarize
+
+    rec = _run(tmp_path, [WAIVER], [_fail()])
+    rows = {r[0]: r for r in headline_rows(summarize(rec))}
+    assert rows["Structured outputs valid"][3] == "FAIL (waived)"
+    unwaived = {r[0]: r for r in headline_rows(summarize(_run(tmp_path / "b", [], [_fail()])))}
+    assert unwaived["Structured outputs valid"][3] == "FAIL"

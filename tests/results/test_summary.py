@@ -177,3 +177,22 @@ def test_a_record_carries_its_stages_figures_and_the_report_reads_them_from_it()
     rec.stages.append(site)
     heads = S.headlines(rec)
     assert [h.key for h in heads] == ["s"] and heads[0].text == "0.5"  # declared in the record: only those
+
+
+def test_figures_that_do_not_apply_are_left_out_and_missing_ones_still_show_absent(tmp_path):
+    """Expert load on a dense model (the stage is not applicable) and speculative acceptance with
+    speculation not in force (its checks say so) are not headline rows; a latency figure the run
+    did not measure is still 'absent'."""
+    from day0.core.record import EventLog, rebuild
+    from day0.core.verdict import NOT_APPLICABLE
+
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r-na", {"host": "h"}, {"name": "p"}, ["parity", "latency", "experts"])
+    log.check("parity", Check(id="parity.features", title="t", status="pass", value=3))
+    log.check("parity", Check(id="parity.speculative", title="t", status="skip", evidence={NOT_APPLICABLE: True}))
+    log.check("latency", Check(id="latency.ttft_p99", title="t", status="pass", value=10.0, unit="ms"))
+    log.check("experts", Check(id="experts.load", title="t", status="skip", evidence={NOT_APPLICABLE: True}))
+    log.run_finished(0)
+    heads = {h.key: h for h in S.summarize(rebuild(tmp_path)).headlines}
+    assert "spec_acceptance" not in heads and "balance" not in heads and "hot_expert" not in heads
+    assert heads["features"].status == "pass" and heads["tpot_p99"].status == "absent"

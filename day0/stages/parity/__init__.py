@@ -44,6 +44,7 @@ STAGE = Stage(
     question="does every feature the deployment turns on (prefix caching, batching, streaming, speculation, "
              "chunked prefill, long context, graph mode, parallel layout) keep the greedy output right?",
     figures=(Figure("features", "Features compared", ("parity.features",), unit="features"),
-             Figure("spec_acceptance", "Speculative acceptance rate", ("parity.speculative.acceptance_rate",))),
+             Figure("spec_acceptance", "Speculative acceptance rate",
+                    ("parity.speculative.acceptance_rate", "parity.speculative"))),
     required=("parity.streaming", "parity.batch_invariance", "parity.features"),
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from day0.core.record import Check, measured
+from day0.core.verdict import NOT_APPLICABLE
 from day0.model.reference import TokenComparison, compare_tokens, near_tie_margin, summarize
 from day0.stages.parity.answers import Answer
 from day0.stages.parity.features import Feature
@@ -86,9 +87,10 @@ def feature_check(feature: Feature, pairs: Sequence[Pair], margin: float, dtype:
 
 
 def not_in_force(feature: Feature) -> Check:
-    """A feature the deployment does not turn on: a skip that says so, never a pass."""
+    """A feature the deployment does not turn on: a skip that says so, never a pass, marked as not
+    applying to this target (its headline figure, if any, is left out rather than shown absent)."""
     return Check(id=f"parity.{feature.name}", title=f"Output with {feature.label} equals without it",
-                 status="skip", source="profile",
+                 status="skip", source="profile", evidence={NOT_APPLICABLE: True},
                  message=f"not in force: {feature.source}; nothing to compare")
 
 
