@@ -22,6 +22,7 @@ from typing import Any, Literal, Mapping, Optional
 
 from pydantic import Field, ValidationError, model_validator
 
+from day0.config.agents import AgentsSection
 from day0.config.collectives import CollectivesSection
 from day0.config.compare import CompareSection
 from day0.config.errors import first_error, known_keys
@@ -149,6 +150,7 @@ class Profile(Section):
     latency: LatencySection = LatencySection()  # day0.config.latency, with [sla]
     experts: ExpertsSection = ExpertsSection()  # day0.config.experts
     parity: ParitySection = ParitySection()  # day0.config.parity
+    agents: AgentsSection = AgentsSection()  # day0.config.agents
     report: ReportSection = ReportSection()
     risks: RisksSection = RisksSection()
     compare: CompareSection = CompareSection()  # day0.config.compare

@@ -164,7 +164,10 @@ def _start_keyed_server(model_dir: Path, port: int, log: Path) -> subprocess.Pop
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", "day0-tiny", "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
            "--dtype", "float32", "--enforce-eager", "--block-size", "32", "--max-model-len", "32768",
-           "--max-num-seqs", "16", "--enable-prefix-caching", "--seed", "0"]
+           "--max-num-seqs", "16", "--enable-prefix-caching", "--seed", "0",
+           # served for agents, as cpu-tiny's own server is (the agents stage's requests carry the key too)
+           "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+           "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("wb") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
