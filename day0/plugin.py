@@ -324,6 +324,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         rep.outcome = "failed"
         rep.longrepr = "\n".join(f"{c.id}: {c.message}" for c in rec.failed)
         return rep
+    if call.when == "call" and rep.passed and rec and rec.checks and all(c.status == "skip" for c in rec.checks):
+        # a test that only recorded skips (a feature not in force) is a skip, never shown as a pass
+        rep.outcome = "skipped"
+        rep.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {rec.checks[0].message}")
+        return rep
     if call.excinfo is None:
         return rep
     exc = call.excinfo.value

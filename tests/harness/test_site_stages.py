@@ -15,7 +15,7 @@ import pytest
 from day0.core.stages import Stage
 from day0.stages.registry import RegistryError, builtin, from_entry_points, load
 
-BUILTIN = ["preflight", "weights", "parity", "collectives", "latency", "experts", "kvcache", "risks"]
+BUILTIN = ["preflight", "weights", "parity", "collectives", "latency", "experts", "kvcache", "agents", "risks"]
 
 SITE_STAGE = '''
 """A site's check on the record so far: stage weights must have passed its golden tokens."""
