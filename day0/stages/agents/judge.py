@@ -25,8 +25,9 @@ WRONG_TOOL = "wrong_tool"                # a call naming a tool not declared, or
 UNEXPECTED_CALL = "unexpected_call"      # tool_choice "none", yet a call
 STREAM_MISMATCH = "stream_mismatch"      # streamed deltas assemble to something else
 HTTP_ERROR = "http_error"                # the server refused or failed the request
+IN_REASONING = "in_reasoning"            # no content: the reasoning parser took the whole output
 FINDINGS = (CONTROL_CHARACTER, INVALID_JSON, SCHEMA, NO_CALL, WRONG_TOOL, UNEXPECTED_CALL, STREAM_MISMATCH,
-            HTTP_ERROR)
+            HTTP_ERROR, IN_REASONING)
 
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
@@ -87,6 +88,16 @@ def why_no_call(content: str | None) -> Finding:
             return Finding(CONTROL_CHARACTER, f"no parsed call: the call's JSON has a {finding.detail}",
                            finding.evidence)
     return Finding(NO_CALL, f"no tool call in the answer (content {_clip(content)})")
+
+
+def in_reasoning(content: str | None, reasoning: str | None) -> Finding | None:
+    """An answer whose text is all in ``reasoning``: a reasoning parser took it (the model never
+    closed its reasoning), and a client reading ``content`` gets nothing."""
+    if content or not reasoning:
+        return None
+    return Finding(IN_REASONING, f"no content: the whole output ({len(reasoning)} characters) is in `reasoning`; "
+                                 f"the reasoning parser took it (the model never closed its reasoning): "
+                                 f"{_clip(reasoning)}")
 
 
 def _around(text: str, pos: int, width: int = 24) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from day0.core.record import Check
 from day0.stages.agents.chat import ChatError, Reply
-from day0.stages.agents.judge import HTTP_ERROR, NO_CALL, WRONG_TOOL, Finding, judge_json, why_no_call
+from day0.stages.agents.judge import HTTP_ERROR, NO_CALL, WRONG_TOOL, Finding, in_reasoning, judge_json, why_no_call
 
 SHOWN = 5  # failures named in a check's evidence
 
@@ -33,7 +33,7 @@ def structured_outcome(sample: str, reply: Reply | ChatError, schema: dict[str, 
         return Outcome(sample, Finding(HTTP_ERROR, str(reply)))
     if reply.finish_reason == "length":
         return Outcome(sample, truncated=True)
-    return Outcome(sample, judge_json(reply.content or "", schema))
+    return Outcome(sample, in_reasoning(reply.content, reply.reasoning) or judge_json(reply.content or "", schema))
 
 
 def tool_outcome(sample: str, reply: Reply | ChatError, declared: dict[str, dict[str, Any]],
@@ -45,7 +45,7 @@ def tool_outcome(sample: str, reply: Reply | ChatError, declared: dict[str, dict
     if reply.finish_reason == "length":
         return Outcome(sample, truncated=True)
     if not reply.calls:
-        return Outcome(sample, why_no_call(reply.content))
+        return Outcome(sample, in_reasoning(reply.content, reply.reasoning) or why_no_call(reply.content))
     for call in reply.calls:
         if call.name not in declared or (wanted is not None and call.name != wanted):
             want = f"{wanted!r}" if wanted else f"one of {sorted(declared)}"

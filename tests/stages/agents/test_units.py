@@ -77,6 +77,15 @@ def test_a_tool_reply_is_judged_like_k2vv(reply, wanted, kind):
     assert not out.truncated
 
 
+def test_an_answer_the_reasoning_parser_took_whole_says_so():
+    """Measured with deepseek_r1 on the random model: the JSON went to `reasoning`, content ''."""
+    out = structured_outcome("s", Reply(content="", reasoning='{"ok": true}', finish_reason="stop"),
+                             corpus.SCHEMAS["flags"])
+    assert out.finding.kind == judge.IN_REASONING and "12 characters" in out.finding.detail
+    call = tool_outcome("s", Reply(content=None, reasoning="<tool_call>{}", finish_reason="stop"), DECLARED, None)
+    assert call.finding.kind == judge.IN_REASONING
+
+
 def test_a_cut_reply_is_truncated_not_invalid():
     assert tool_outcome("s", Reply(content="<tool_call>{", finish_reason="length"), DECLARED, None).truncated
     out = structured_outcome("s", Reply(content='{"ok": tr', finish_reason="length"), corpus.SCHEMAS["flags"])
