@@ -14,7 +14,16 @@ from typing import Any, Sequence
 
 from day0.core.record import Check
 from day0.stages.agents.chat import ChatError, Reply
-from day0.stages.agents.judge import HTTP_ERROR, NO_CALL, WRONG_TOOL, Finding, in_reasoning, judge_json, why_no_call
+from day0.stages.agents.judge import (
+    HTTP_ERROR,
+    NO_CALL,
+    UNEXPECTED_CALL,
+    WRONG_TOOL,
+    Finding,
+    in_reasoning,
+    judge_json,
+    why_no_call,
+)
 
 SHOWN = 5  # failures named in a check's evidence
 
@@ -101,7 +110,7 @@ def no_call_check(check_id: str, title: str, samples: Sequence[tuple[str, Reply 
         s, r = calls[0]
         assert isinstance(r, Reply)
         return Check(check_id, title, "fail", value=len(calls), limit=0, unit="replies", direction="lower_is_better",
-                     evidence={**evidence, "findings": ["unexpected_call"]}, source="http",
+                     evidence={**evidence, "findings": [UNEXPECTED_CALL]}, source="http",
                      message=f"{len(calls)} of {len(samples)} replies to tool_choice='none' hold a call; "
                              f"first: {s}: {r.calls[0].name}({r.calls[0].arguments[:60]})")
     if errors:
