@@ -12,6 +12,7 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -162,10 +163,13 @@ class Day0Session:
             self._stop_early_engine(stage)
         return check
 
+    @cached_property
+    def _waivers(self) -> list[Waiver]:
+        return [Waiver(w.check, w.reason, w.finding, w.until) for w in self.profile.report.waivers]
+
     def waived(self, check: Check) -> bool:
         """A failure the profile waives (``[report] waivers``) gates nothing; the record keeps it a fail."""
-        waivers = [Waiver(w.check, w.reason, w.finding, w.until) for w in self.profile.report.waivers]
-        return waiver_for(check, waivers, utcnow()) is not None
+        return waiver_for(check, self._waivers, utcnow()) is not None
 
     def _stop_early_engine(self, failed_stage: str) -> None:
         """A failure in a stage that does not touch the deployment (preflight) blocks every stage

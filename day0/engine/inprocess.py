@@ -4,6 +4,7 @@ and its KV-cache manager are plain Python objects a stage can sample."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -20,8 +21,6 @@ def engine_kwargs(args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(the args vLLM's ``EngineArgs`` takes, the names of the rest). The rest belong to the OpenAI
     API server (``tool_call_parser``, ``enable_auto_tool_choice``, ``chat_template``, ``api_key``):
     the in-process view serves no API, and ``LLM`` refuses an argument it does not know."""
-    import dataclasses
-
     from vllm.engine.arg_utils import EngineArgs
 
     known = {f.name for f in dataclasses.fields(EngineArgs)}

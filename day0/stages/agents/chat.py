@@ -6,8 +6,9 @@ joined per ``index``), so a streamed and a whole reply compare field by field.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,19 @@ class Reply:
     calls: list[Call] = field(default_factory=list)
     finish_reason: str | None = None
     streamed: bool = False
+
+
+# What a request can raise on the way: the connection, a timeout, a body that is not the JSON expected
+_REQUEST_ERRORS = (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError)
+
+
+@contextlib.contextmanager
+def _one_line(url: str) -> Iterator[None]:
+    """Any failure of a request to ``url`` as a ChatError of one line naming it."""
+    try:
+        yield
+    except _REQUEST_ERRORS as exc:
+        raise ChatError(f"{url}: {type(exc).__name__}: {exc}") from None
 
 
 async def _post(session: aiohttp.ClientSession, endpoint: Endpoint, path: str, body: dict[str, Any]) -> Any:
@@ -111,12 +125,10 @@ async def chat(session: aiohttp.ClientSession, endpoint: Endpoint, body: dict[st
                stream: bool = False) -> Reply:
     """One chat completion (``model`` filled in); ChatError in one line when it fails."""
     body = {"model": endpoint.model, **body}
-    try:
+    with _one_line(endpoint.url("/v1/chat/completions")):
         if stream:
             return await _streamed(session, endpoint, body)
         return _message_reply(await _post(session, endpoint, "/v1/chat/completions", body))
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise ChatError(f"{endpoint.url('/v1/chat/completions')}: {type(exc).__name__}: {exc}") from None
 
 
 async def chat_many(session: aiohttp.ClientSession, endpoint: Endpoint, bodies: Sequence[dict[str, Any]],
@@ -140,30 +152,24 @@ async def tokenize_chat(session: aiohttp.ClientSession, endpoint: Endpoint, mess
     body: dict[str, Any] = {"model": endpoint.model, "messages": messages, "add_generation_prompt": True}
     if tools:
         body["tools"] = tools
-    try:
+    with _one_line(endpoint.url("/tokenize")):
         data = await _post(session, endpoint, "/tokenize", body)
         return [int(t) for t in data["tokens"]]
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise ChatError(f"{endpoint.url('/tokenize')}: {type(exc).__name__}: {exc}") from None
 
 
 async def complete_ids(session: aiohttp.ClientSession, endpoint: Endpoint, prompt_ids: list[int],
                        sampling: dict[str, Any]) -> tuple[str, str | None]:
     """(text, finish reason) of /v1/completions on token ids: a chat request's output unparsed."""
     body = {"model": endpoint.model, "prompt": prompt_ids, **sampling}
-    try:
+    with _one_line(endpoint.url("/v1/completions")):
         choice = (await _post(session, endpoint, "/v1/completions", body))["choices"][0]
         return str(choice.get("text") or ""), choice.get("finish_reason")
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise ChatError(f"{endpoint.url('/v1/completions')}: {type(exc).__name__}: {exc}") from None
 
 
 async def token_id(session: aiohttp.ClientSession, endpoint: Endpoint, text: str) -> int | None:
     """The id of ``text`` when the server's tokenizer holds it as one token, else None."""
-    try:
+    with _one_line(endpoint.url("/tokenize")):
         data = await _post(session, endpoint, "/tokenize", {"model": endpoint.model, "prompt": text,
                                                              "add_special_tokens": False})
         ids = [int(t) for t in data["tokens"]]
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-        raise ChatError(f"{endpoint.url('/tokenize')}: {type(exc).__name__}: {exc}") from None
     return ids[0] if len(ids) == 1 else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -39,7 +40,7 @@ from day0.stages.agents.outcomes import (
     tool_outcome,
     truncation_check,
 )
-from day0.stages.agents.template import Rendered, reference_ids, reference_template, template_check
+from day0.stages.agents.template import Rendered, Template, reference_ids, reference_template, template_check
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -67,6 +68,22 @@ class Agents:
         except TimeoutError:
             raise ChatError(f"no answer within agents.timeout_s = {self.section.timeout_s:g} s") from None
 
+    def send_all(self, bodies: list[dict[str, Any]]) -> list[Reply | ChatError]:
+        """Every body, ``agents.concurrency`` in flight, replies in the same order."""
+        return self.run(lambda session: chat_many(session, self.endpoint, bodies, self.section.concurrency))
+
+    @cached_property
+    def template(self) -> Template:
+        """What the reference renders with (the declared template, else the tokenizer's own)."""
+        return reference_template(self.section.chat_template, self.profile.engine.args.get("chat_template"))
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The checkpoint's own tokenizer (``model_dir`` must be set)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.model_dir))
+
     def sampling(self, index: int) -> dict[str, Any]:
         s = self.section
         return {"max_tokens": s.max_tokens, "temperature": s.temperature, "seed": s.seed + index}
@@ -74,13 +91,10 @@ class Agents:
     # -- chat template ------------------------------------------------------------------
 
     def chat_template(self) -> Check:
-        from transformers import AutoTokenizer
-
         if self.model_dir is None:
             return Check("agents.chat_template", "Chat template parity", "skip", source="http",
                          message="no local tokenizer files to render the reference with (model.path / model.source)")
-        template = reference_template(self.section.chat_template, self.profile.engine.args.get("chat_template"))
-        tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        template, tokenizer = self.template, self.tokenizer
         convs = corpus.conversations(self.section.strict_tools)
 
         async def render(session: aiohttp.ClientSession) -> list[Rendered]:
@@ -101,15 +115,12 @@ class Agents:
 
     def tool_parser(self) -> Check:
         """Static: vLLM's parser class, the one the profile names, on the template's own call text."""
-        from transformers import AutoTokenizer
-
         if self.model_dir is None:
             return Check(tool_parser.CHECK, tool_parser.TITLE, "skip", source="static",
                          message="no local tokenizer files to render the template's call with")
-        template = reference_template(self.section.chat_template, self.profile.engine.args.get("chat_template"))
         conv = next(c for c in corpus.conversations(self.section.strict_tools) if c.name == "tool_result")
-        return tool_parser.parser_check(self.profile.engine.args.get("tool_call_parser"),
-                                        AutoTokenizer.from_pretrained(str(self.model_dir)), conv, template)
+        return tool_parser.parser_check(self.profile.engine.args.get("tool_call_parser"), self.tokenizer, conv,
+                                        self.template)
 
     # -- structured outputs -------------------------------------------------------------
 
@@ -132,8 +143,7 @@ class Agents:
         bodies = self.structured_bodies()
         self.progress(f"agents: {len(bodies)} structured-output requests over {len(corpus.SCHEMAS)} schemas")
         try:
-            replies = self.run(lambda session: chat_many(session, self.endpoint, [b for _, _, b in bodies],
-                                                         s.concurrency))
+            replies = self.send_all([b for _, _, b in bodies])
         except ChatError as exc:
             return [_unmeasured("agents.structured_outputs", "Structured outputs", exc)]
         outcomes = [structured_outcome(label, r, corpus.SCHEMAS[name]) for (label, name, _), r in zip(bodies, replies)]
@@ -171,8 +181,7 @@ class Agents:
         asks = self.tool_requests()
         self.progress(f"agents: {len(asks)} tool-call requests (named and required, {len(self.declared)} tools)")
         try:
-            replies = self.run(lambda session: chat_many(session, self.endpoint, [b for _, _, b in asks],
-                                                         s.concurrency))
+            replies = self.send_all([b for _, _, b in asks])
         except ChatError as exc:
             return [_unmeasured("agents.tool_calls", "Tool calls", exc)]
         outcomes = [tool_outcome(label, r, self.declared, wanted) for (label, wanted, _), r in zip(asks, replies)]
@@ -277,8 +286,7 @@ class Agents:
     def tool_samples(self, choice: str, count: int, family: int) -> list[tuple[str, Reply | ChatError]]:
         bodies = [(f"tool_choice {choice} #{i} (seed {self.section.seed + family + i})",
                    self.tool_body(i, choice, family)) for i in range(count)]
-        replies = self.run(lambda session: chat_many(session, self.endpoint, [b for _, b in bodies],
-                                                     self.section.concurrency))
+        replies = self.send_all([b for _, b in bodies])
         return [(label, r) for (label, _), r in zip(bodies, replies)]
 
 
