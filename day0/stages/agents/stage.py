@@ -199,11 +199,18 @@ class Agents:
                                                                       self.tool_body(0, "required"))]
 
         async def pairs(session: aiohttp.ClientSession) -> list[tuple[str, Reply, Reply]]:
-            out = []
-            for label, _, body in asks:  # one at a time: a batch would not change the question
-                out.append((label, await chat(session, self.endpoint, body), await chat(session, self.endpoint, body,
-                                                                                         stream=True)))
-            return out
+            # Twins go together and pairs side by side (agents.concurrency requests in flight): twins
+            # share every engine step, so a batch-dependent kernel cannot tell them apart, and one
+            # pair at a time cost three times as long for the same question.
+            room = asyncio.Semaphore(max(1, self.section.concurrency // 2))
+
+            async def pair(label: str, body: dict[str, Any]) -> tuple[str, Reply, Reply]:
+                async with room:
+                    whole, streamed = await asyncio.gather(chat(session, self.endpoint, body),
+                                                           chat(session, self.endpoint, body, stream=True))
+                return label, whole, streamed
+
+            return list(await asyncio.gather(*(pair(label, body) for label, _, body in asks)))
 
         try:
             got = self.run(pairs)
