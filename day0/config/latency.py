@@ -9,7 +9,7 @@ stage's ``settings`` module. ``from_table`` gives the profile's one-line error (
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -89,6 +89,12 @@ class LatencySection(_Table):
                                                          "+ 3 standard errors")
     sweep_rates: list[Annotated[float, Field(gt=0)]] = Field([], description="SLA sweep: ascending req/s")
     sweep_requests: int = Field(0, ge=0, description="requests per sweep step (0 = num_requests)")
+    # Speculative decoding's gain (a profile with engine.args.speculative_config): vLLM cannot turn
+    # speculation off per request, so the baseline is a second engine; only where one fits beside
+    # the first (CPU targets). The speedup is TPOT p50 without / with (docs/metrics.md).
+    spec_baseline: bool = Field(False, description="the same workload at the same load on a second engine "
+                                                   "without speculative_config: ITL/TPOT with vs without")
+    min_spec_speedup: Optional[float] = Field(None, gt=0, description="limit on the speedup; unset: reported")
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None = None) -> "LatencySection":

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.day0, pytest.mark.latency]
 def latency_checks(day0_engine, day0_profile, day0_session, day0_repeat):
     """The measured load, run again for each --day0-repeat on the same engine."""
     try:
-        return latency.run_stage(day0_engine, day0_profile, progress=day0_session.log)
+        return latency.run_stage(day0_engine, day0_profile, progress=day0_session.log, engines=day0_session.engines)
     except latency.NoTokenizer as exc:
         pytest.skip(str(exc))
 

@@ -14,19 +14,28 @@ not use.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from day0.client.prom import pct_name
 from day0.client.spec_decode import LABEL, Acceptance
 from day0.config.parity import ParitySection
 from day0.core.record import Check, measured
 from day0.stages.latency.measurement import LatencyRun
+from day0.stages.latency.metrics import LatencyMetrics
 
 RATE_ID, LENGTH_ID = "latency.spec_acceptance_rate", "latency.spec_mean_acceptance_length"
 RATE_TITLE = "Speculative decoding: acceptance rate over the measured workload"
 LENGTH_TITLE = "Speculative decoding: mean acceptance length over the measured workload"
 SPEC_SOURCE = "http+metrics"
-NOT_MEASURED_YET = ("ITL/TPOT with vs without speculation is not measured: vLLM cannot turn speculation "
-                    "off per request, so it needs a second engine without speculative_config")
+SPEEDUP_ID = "latency.spec_speedup"
+SPEEDUP_TITLE = "Speculative decoding: decode speedup at equal load (mean TPOT without / with)"
+NOT_MEASURED = ("ITL/TPOT with vs without speculation is not measured: vLLM cannot turn speculation off per "
+                "request, so it needs a second engine without speculative_config (latency.spec_baseline)")
+# What the speedup's evidence sets side by side: (metric, percentile or None for the mean) in ms,
+# then output throughput
+COMPARED: tuple[tuple[str, float | None], ...] = (
+    ("tpot", None), ("tpot", 50.0), ("tpot", 99.0), ("itl", 50.0), ("itl", 99.0), ("ttft", 50.0), ("e2e", 50.0))
 
 
 def speculating(engine_args: dict[str, Any]) -> bool:
@@ -81,4 +90,51 @@ def _evidence(acc: Acceptance, run: LatencyRun, limits: ParitySection) -> dict[s
             "limits": {"min_acceptance_rate": limits.min_acceptance_rate,
                        "min_mean_acceptance_length": limits.min_mean_acceptance_length, "from": "[parity]"},
             "definition": "docs/metrics.md, Speculative decoding (vLLM's v1/spec_decode/metrics.py)",
-            "not_measured": NOT_MEASURED_YET}
+            **({} if run.settings.spec_baseline else {"not_measured": NOT_MEASURED})}
+
+
+def speedup_check(with_spec: LatencyMetrics, without: LatencyMetrics | None, limit: float | None, *,
+                  why: str = "") -> Check:
+    """``latency.spec_speedup``: mean TPOT of the same workload at the same load on an engine
+    without speculation, over mean TPOT with it. TPOT, not ITL: a speculating engine streams
+    several tokens per chunk, so its ITL grows as its decoding gets faster. The mean, not the
+    median: drafts split requests into ones that speed up and ones that stall (cpu-tiny-spec: a
+    better median, a p99 four to eight times worse, less throughput), and the mean is what the
+    fleet pays; the evidence has both. ``without`` None: the baseline engine gave no figures,
+    ``why`` says why (an error: a speedup nobody measured is never a pass)."""
+    def error(reason: str) -> Check:
+        return Check(SPEEDUP_ID, SPEEDUP_TITLE, "error", unit="x", direction="higher_is_better",
+                     source=SPEC_SOURCE, message=f"{LABEL}: speedup not measured: {reason}")
+
+    if without is None:
+        return error(why or "no baseline run")
+    fast, slow = _ms(with_spec, "tpot", None), _ms(without, "tpot", None)
+    if not (fast and slow):
+        return error("mean TPOT missing on one side (every request failed, or each returned one token)")
+    value = round(slow / fast, 4)
+    rows = [[f"{metric.upper()} {'mean' if q is None else pct_name(q)} (ms)", _ms(with_spec, metric, q),
+             _ms(without, metric, q)] for metric, q in COMPARED]
+    rows.append(["output throughput (tok/s)", round(with_spec.output_throughput, 3),
+                 round(without.output_throughput, 3)])
+    judged = (f"limit >= {limit:g}x, latency.min_spec_speedup" if limit is not None
+              else "reported, not judged: latency.min_spec_speedup is unset")
+    return measured(
+        SPEEDUP_ID, SPEEDUP_TITLE, value, limit, unit="x", direction="higher_is_better", source=SPEC_SOURCE,
+        message=(f"{LABEL}: mean TPOT {fast:.2f} ms with speculation, {slow:.2f} ms without, same workload "
+                 f"and load: {value:.2f}x ({judged}); TPOT p50 {rows[1][1]} vs {rows[1][2]} ms, p99 "
+                 f"{rows[2][1]} vs {rows[2][2]} ms; output {rows[-1][1]:g} vs {rows[-1][2]:g} tok/s"),
+        evidence={"table": {"columns": ["figure", "with speculation", "without"], "rows": rows},
+                  "requests": [with_spec.completed, without.completed],
+                  "baseline": "a second engine: the profile's engine args without speculative_config, "
+                              "started after the measured run and stopped after its own",
+                  "definition": "docs/metrics.md, Speculative decoding: speedup"})
+
+
+def _ms(m: LatencyMetrics, metric: str, q: float | None) -> float | None:
+    """A percentile (``q``; None: the mean) in ms rounded for the record; None when the phase has
+    no finite sample of it."""
+    stats = m.stats.get(metric)
+    if stats is None or not stats.count:
+        return None
+    value = stats.mean if q is None else stats.get(q)
+    return round(value, 3) if math.isfinite(value) and value > 0 else None

@@ -9,12 +9,12 @@ from typing import Any, Callable
 from day0.client.workload import Vocab, read_vocab
 from day0.config.profile import Profile
 from day0.core.record import Check
-from day0.engine import local_model_dir, served_name
+from day0.engine import EngineError, local_model_dir, served_name
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.inprocess import inprocess_checks, run_latency_inprocess
 from day0.stages.latency.run import run_latency
 from day0.stages.latency.settings import engine_context
-from day0.stages.latency.speculative import spec_checks, speculating
+from day0.stages.latency.speculative import spec_checks, speculating, speedup_check
 
 
 class NoTokenizer(RuntimeError):
@@ -35,13 +35,16 @@ def workload_vocab(profile: Profile) -> Vocab:
     return read_vocab(tokenizer_dir(profile))
 
 
-def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] | None = None) -> list[Check]:
+def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] | None = None,
+              engines: Any = None) -> list[Check]:
     """The profile's ``[latency]`` load on ``engine``, judged against its ``[sla]``.
 
     On the HTTP view the client's figures are cross-checked with ``/metrics``; on the scheduler
     view (``engine.mode = "inprocess"``) vLLM's engine is driven directly, every check says
     ``source = "scheduler"`` and vLLM's per-request metrics replace ``/metrics``. A profile with
-    ``speculative_config`` also gets speculative decoding's acceptance over the measured window.
+    ``speculative_config`` also gets speculative decoding's acceptance over the measured window,
+    and with ``latency.spec_baseline`` its speedup against a second engine from ``engines`` (the
+    session's :class:`day0.engine.Engines`) that does not speculate.
     """
     model_dir = tokenizer_dir(profile)
     settings, sla = profile.latency, profile.sla
@@ -56,5 +59,33 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
         run = run_latency(endpoint.base_url, endpoint.model, vocab, settings, sla, progress=progress,
                           headers=endpoint.headers, ctx=ctx)
         checks = latency_checks(run)
+    if not speculating(profile.engine.args):
+        return checks
     # acceptance over this workload, held to the [parity] limits (the one place they are set)
-    return checks + (spec_checks(run, profile.parity) if speculating(profile.engine.args) else [])
+    checks += spec_checks(run, profile.parity)
+    if settings.spec_baseline:
+        baseline, why = _baseline(engine, engines, profile, vocab, ctx, progress)
+        checks.append(speedup_check(run.metrics, baseline, settings.min_spec_speedup, why=why))
+    return checks
+
+
+def _baseline(engine: Any, engines: Any, profile: Profile, vocab: Vocab, ctx: Any,
+              progress: Callable[[str], None] | None) -> tuple[Any, str]:
+    """(the measured phase's metrics on a second engine without speculation, "") or (None, why not).
+
+    The same settings and seed give the same requests at the same load; the sweep is not
+    repeated. The engine under test stays up (idle) while the baseline runs, as it would on a
+    host that fits both."""
+    if engine.view != "http" or engines is None:
+        return None, "the baseline engine is a second server; this run's engine is not one day0 started"
+    settings = profile.latency.model_copy(update={"sweep_rates": []})
+    if progress:
+        progress("latency: the same workload on a second engine without speculative_config")
+    try:
+        with engines.variant("no-spec", {"speculative_config": None}) as other:
+            endpoint = other.endpoint
+            run = run_latency(endpoint.base_url, endpoint.model, vocab, settings, profile.sla, progress=progress,
+                              headers=endpoint.headers, ctx=ctx)
+    except EngineError as exc:
+        return None, f"the engine without speculative_config did not start: {exc}"
+    return run.metrics, ""

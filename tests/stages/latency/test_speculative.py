@@ -21,7 +21,15 @@ from day0.stages.latency import run as run_module
 from day0.stages.latency import stage as stage_module
 from day0.stages.latency.measurement import SpecWindow
 from day0.stages.latency.run import _spec_window
-from day0.stages.latency.speculative import LENGTH_ID, RATE_ID, spec_checks, speculating
+from day0.stages.latency.speculative import (
+    LENGTH_ID,
+    NOT_MEASURED,
+    RATE_ID,
+    SPEEDUP_ID,
+    spec_checks,
+    speculating,
+    speedup_check,
+)
 from tests.support.spec_counters import spec_counters
 from tests.support.sse_server import SSEServer
 
@@ -129,6 +137,106 @@ def test_only_a_profile_that_speculates_gets_the_checks_with_the_parity_limits(m
     assert not speculating(plain.engine.args) and speculating(spec.engine.args)
     assert not [c for c in stage_module.run_stage(engine, plain) if "spec" in c.id]
     found = {c.id: c for c in stage_module.run_stage(engine, spec) if "spec" in c.id}
-    assert set(found) == {RATE_ID, LENGTH_ID}
+    assert set(found) == {RATE_ID, LENGTH_ID, SPEEDUP_ID}  # cpu-tiny-spec sets latency.spec_baseline
     assert found[RATE_ID].limit == spec.parity.min_acceptance_rate
     assert found[LENGTH_ID].limit == spec.parity.min_mean_acceptance_length
+    # no session engines to start a baseline from: an error that says so, never a pass
+    assert found[SPEEDUP_ID].status == "error" and "second server" in found[SPEEDUP_ID].message
+
+
+# -- the speedup: TPOT without speculation over TPOT with it, at the same load --------------------------------
+
+
+def phase(chunk: int, gap_s: float, tokens: int = 13, requests: int = 4, stalled: int = 0):
+    """Measured metrics of ``requests`` streams whose first token comes at 0.1 s and the rest in
+    messages of ``chunk`` tokens every ``gap_s`` (a speculating engine streams several at once);
+    the last ``stalled`` of them one token every 100 ms instead."""
+    results = []
+    for i in range(requests):
+        if i >= requests - stalled:
+            chunk, gap_s = 1, 0.100
+        r = RequestResult(i, "measure", 100.0, 100.0, 8, tokens)
+        t, n = [0.1], [1]
+        while sum(n) < tokens:
+            t.append(t[-1] + gap_s)
+            n.append(min(chunk, tokens - sum(n)))
+        r.msg_t, r.msg_n, r.output_tokens, r.ok, r.finished = t, n, tokens, True, 100.0 + t[-1]
+        results.append(r)
+    return compute_metrics(PhaseResult("measure", LoadShape(), results, 100.0, 101.0), [50, 99])
+
+
+def test_the_speedup_is_tpot_without_over_with_and_itl_grows_with_the_chunks():
+    # with: 3 tokens per message every 30 ms (TPOT 10 ms, ITL 30 ms); without: 1 token every 20 ms
+    check = speedup_check(phase(3, 0.030), phase(1, 0.020), None)
+    assert check.id == SPEEDUP_ID and check.status == "pass" and check.limit is None
+    assert check.value == pytest.approx(2.0, rel=1e-3) and check.unit == "x"
+    assert "reported, not judged" in check.message and "min_spec_speedup" in check.message
+    rows = {r[0]: r[1:] for r in check.evidence["table"]["rows"]}
+    assert rows["TPOT mean (ms)"] == rows["TPOT p50 (ms)"] == [pytest.approx(10.0), pytest.approx(20.0)]
+    assert rows["ITL p50 (ms)"] == [pytest.approx(30.0), pytest.approx(20.0)]  # why TPOT is the one judged
+
+
+def test_a_speculating_engine_slower_than_its_baseline_fails_the_limit():
+    check = speedup_check(phase(1, 0.030), phase(1, 0.020), 1.0)
+    assert check.status == "fail" and check.value == pytest.approx(2 / 3, rel=1e-3) and check.limit == 1.0
+    assert "speculative decoding" in check.message.lower() and "limit >= 1x" in check.message
+
+
+def test_the_mean_is_judged_so_requests_that_stall_are_counted():
+    # three requests 2x faster (TPOT 10 ms), one stalled at 100 ms: p50 says 2x, the mean 20 / 32.5
+    check = speedup_check(phase(3, 0.030, stalled=1), phase(1, 0.020), 1.0)
+    rows = {r[0]: r[1:] for r in check.evidence["table"]["rows"]}
+    assert rows["TPOT p50 (ms)"][0] < 20.0 and rows["TPOT mean (ms)"][0] == pytest.approx(32.5)
+    assert check.status == "fail" and check.value == pytest.approx(20 / 32.5, rel=1e-3)
+
+
+def test_no_baseline_or_no_tpot_is_an_error_never_a_pass():
+    missing = speedup_check(phase(3, 0.030), None, 1.0, why="the engine without speculative_config did not start")
+    assert missing.status == "error" and "did not start" in missing.message
+    one_token = speedup_check(phase(1, 0.020, tokens=1), phase(1, 0.020), None)
+    assert one_token.status == "error" and "mean TPOT missing" in one_token.message
+
+
+class Variants:
+    """A labelled fake of the session's engines: ``variant()`` records the args it was asked to
+    change and yields a handle whose endpoint is another URL."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, dict]] = []
+
+    def variant(self, name, args, env=None):
+        import contextlib
+
+        self.asked.append((name, args))
+        return contextlib.nullcontext(SimpleNamespace(endpoint=SimpleNamespace(base_url="http://baseline", model="m",
+                                                                               headers={})))
+
+
+def test_the_baseline_is_the_same_workload_on_an_engine_without_speculative_config(monkeypatch):
+    runs = {"http://x": phase(3, 0.030), "http://baseline": phase(1, 0.015)}
+    window = _spec_window(counters(0, 0, 0, 0, 0, 0), counters(34, 102, 54, 24, 18, 12))
+    seen = []
+
+    def fake_run(base_url, model, vocab, settings, sla, **kw):
+        seen.append((base_url, settings))
+        return LatencyRun(base_url, model, settings, sla, runs[base_url], None, None, None, spec=window)
+
+    monkeypatch.setattr(stage_module, "tokenizer_dir", lambda profile: None)
+    monkeypatch.setattr(stage_module, "read_vocab", lambda path: 300)
+    monkeypatch.setattr(stage_module, "run_latency", fake_run)
+    monkeypatch.setattr(stage_module, "latency_checks", lambda run: [])
+    engines = Variants()
+    engine = SimpleNamespace(view="http", endpoint=SimpleNamespace(base_url="http://x", model="m", headers={}))
+    profile = load_profile("cpu-tiny-spec", overrides={"latency": {"sweep_rates": [1.0, 2.0], "min_spec_speedup": 1.2}})
+    found = {c.id: c for c in stage_module.run_stage(engine, profile, engines=engines)}
+    assert engines.asked == [("no-spec", {"speculative_config": None})]
+    (main_url, main), (base_url, base) = seen
+    assert (main_url, base_url) == ("http://x", "http://baseline")
+    assert main.sweep_rates == [1.0, 2.0] and base.sweep_rates == []  # the sweep is not run twice
+    assert base.model_dump(exclude={"sweep_rates"}) == main.model_dump(exclude={"sweep_rates"})  # same load
+    speedup = found[SPEEDUP_ID]
+    assert speedup.status == "pass" and speedup.value == pytest.approx(1.5, rel=1e-3) and speedup.limit == 1.2
+    assert found[RATE_ID].status == "pass" and "not_measured" not in found[RATE_ID].evidence
+    plain = load_profile("cpu-tiny-spec", overrides={"latency": {"spec_baseline": False}})
+    found = {c.id: c for c in stage_module.run_stage(engine, plain, engines=Variants())}
+    assert SPEEDUP_ID not in found and found[RATE_ID].evidence["not_measured"] == NOT_MEASURED
