@@ -8,6 +8,7 @@ collective sweep's per-iteration times follow nccl-tests' nearest-rank rule (``m
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 
@@ -28,3 +29,85 @@ def percentile(values: Sequence[float], p: float, *, presorted: bool = False, me
     hi = min(lo + 1, len(v) - 1)
     frac = rank - lo
     return v[lo] + (v[hi] - v[lo]) * frac if frac else float(v[lo])
+
+
+# -- confidence in a percentile ----------------------------------------------------------------
+#
+# Distribution-free bounds from order statistics: of n independent samples, the number below the
+# true q-quantile is Binomial(n, q), so an order statistic brackets the quantile with a probability
+# the binomial gives, whatever the latency distribution (docs/metrics.md, "Confidence"). This is
+# MLPerf LoadGen's early-stopping rule read the other way round: with k of n samples over a limit,
+# the p-th percentile is within the limit at confidence c when P(Binomial(n, 1 - q) <= k) <= 1 - c.
+
+
+@dataclass(frozen=True)
+class PercentileBounds:
+    """One-sided bounds on the true p-th percentile, each holding with probability ``confidence``.
+
+    ``upper`` None: too few samples to bound it from above (:func:`samples_to_bound` says how many
+    would); ``lower`` None: too few to bound it from below."""
+
+    p: float
+    confidence: float
+    n: int
+    lower: float | None
+    upper: float | None
+
+
+def _cumulative(n: int, q: float) -> tuple[int, list[float]]:
+    """(first index, P(B <= i) for i from it on) for B ~ Binomial(n, q), over the window of mean
+    +- 12 standard deviations: outside it the mass is below 1e-30, so the work is O(sqrt(n)), not
+    O(n), for the million-request runs an import can hold."""
+    mean, sd = n * q, math.sqrt(n * q * (1.0 - q))
+    lo, hi = max(0, math.floor(mean - 12 * sd - 2)), min(n, math.ceil(mean + 12 * sd + 2))
+    lq, l1q, lgn = math.log(q), math.log1p(-q), math.lgamma(n + 1)
+    total, out = 0.0, []
+    for i in range(lo, hi + 1):
+        total += math.exp(lgn - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lq + (n - i) * l1q)
+        out.append(min(1.0, total))
+    return lo, out
+
+
+def binomial_cdf(k: int, n: int, q: float) -> float:
+    """P(Binomial(n, q) <= k)."""
+    if k < 0 or q >= 1.0:
+        return 0.0 if k < n else 1.0
+    if k >= n or q <= 0.0:
+        return 1.0
+    lo, cdf = _cumulative(n, q)
+    if k < lo:
+        return 0.0
+    return cdf[k - lo] if k - lo < len(cdf) else 1.0
+
+
+def percentile_bounds(values: Sequence[float], p: float, confidence: float = 0.95, *,
+                      presorted: bool = False) -> PercentileBounds:
+    """The order statistics X(u), X(l) with P(X(u) >= true p-th percentile) >= confidence and
+    P(X(l) <= it) >= confidence: u the smallest rank with P(B <= u - 1) >= c, l the largest with
+    P(B >= l) >= c, B ~ Binomial(n, p / 100)."""
+    if not 0 < p < 100:
+        raise ValueError(f"percentile {p} is not inside (0, 100)")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence} is not inside (0, 1)")
+    v = values if presorted else sorted(values)
+    n, q = len(v), p / 100.0
+    if n == 0:
+        return PercentileBounds(p, confidence, 0, None, None)
+    first, cdf = _cumulative(n, q)
+
+    def at_most(k: int) -> float:  # P(B <= k)
+        return 0.0 if k < first else 1.0 if k - first >= len(cdf) else cdf[k - first]
+
+    # ranks are 1-based, X(r) = v[r - 1]; P(X(u) >= quantile) = P(B <= u - 1)
+    upper = next((float(v[u - 1]) for u in range(max(1, first), n + 1) if at_most(u - 1) >= confidence), None)
+    # P(X(l) <= quantile) = P(B >= l) = 1 - P(B <= l - 1)
+    lower = next((float(v[r - 1]) for r in range(min(n, first + len(cdf)), 0, -1)
+                  if 1.0 - at_most(r - 1) >= confidence), None)
+    return PercentileBounds(p, confidence, n, lower, upper)
+
+
+def samples_to_bound(p: float, confidence: float = 0.95) -> int:
+    """The fewest samples whose largest can bound the p-th percentile from above at ``confidence``:
+    1 - q^n >= c, so n = ceil(ln(1 - c) / ln q) (299 for p99 at 95%, 29 for p90)."""
+    q = p / 100.0
+    return max(1, math.ceil(math.log(1.0 - confidence) / math.log(q) - 1e-9))
