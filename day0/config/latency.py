@@ -44,6 +44,23 @@ def length_bounds(spec: int | list[int]) -> tuple[int, int]:
     return (spec, spec) if isinstance(spec, int) else (spec[0], spec[1])
 
 
+class CapacitySearch(_Table):
+    """``[latency.search]``: the highest offered request rate that meets every SLA limit, by
+    bracketing then bisection, each point judged with confidence bounds (docs/stages/latency.md,
+    "Capacity search"). The table's presence turns the search on."""
+
+    start_rate: float = Field(1.0, gt=0, description="req/s of the first point")
+    growth: float = Field(2.0, gt=1, description="factor between points while bracketing")
+    precision: float = Field(0.05, gt=0, lt=1, description="stop once the first missed rate is within this "
+                                                          "fraction above the sustained one")
+    max_points: int = Field(10, ge=2, le=100, description="points measured at most")
+    max_rate: float = Field(10_000.0, gt=0, description="req/s the bracketing never goes past")
+    requests: int = Field(0, ge=0, description="per point; 0 = the fewest that can bound the highest limited "
+                                               "percentile (299 for p99 at 95%)")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="of each percentile bound a point is judged by")
+    target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed")
+
+
 class LatencySection(_Table):
     """``[latency]``: the load stage 3 offers, its workload, the client's options and the sweep."""
 
@@ -95,6 +112,8 @@ class LatencySection(_Table):
     spec_baseline: bool = Field(False, description="the same workload at the same load on a second engine "
                                                    "without speculative_config: ITL/TPOT with vs without")
     min_spec_speedup: Optional[float] = Field(None, gt=0, description="limit on the speedup; unset: reported")
+    search: Optional[CapacitySearch] = Field(None, description="the capacity search ([latency.search]); "
+                                                               "unset: not run")
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None = None) -> "LatencySection":
@@ -148,6 +167,16 @@ class LatencySection(_Table):
         return self
 
 
+# MLPerf Inference's server-scenario latency constraints (p99 TTFT, p99 TPOT, ms), per benchmark
+# model: the standard and the interactive scenario. `[sla] preset = "llama2-70b-interactive"`.
+SLA_PRESETS: dict[str, tuple[float, float]] = {
+    "llama2-70b": (2000.0, 200.0), "llama2-70b-interactive": (450.0, 40.0),
+    "llama3.1-405b": (6000.0, 175.0), "llama3.1-405b-interactive": (4500.0, 80.0),
+    "llama3.1-8b": (2000.0, 100.0), "llama3.1-8b-interactive": (500.0, 30.0),
+    "deepseek-r1": (2000.0, 80.0), "deepseek-r1-interactive": (1500.0, 15.0),
+}
+
+
 class SlaSection(_Table):
     """``[sla]``: the limits stage 3 is judged by.
 
@@ -162,6 +191,9 @@ class SlaSection(_Table):
         LIMIT_KEY.pattern: {"type": "number", "exclusiveMinimum": 0,
                             "description": "latency limit (ms) at another percentile; kept in `limits`"}}})
 
+    preset: Optional[Literal[tuple(SLA_PRESETS)]] = Field(  # type: ignore[valid-type]
+        None, description="MLPerf's p99 TTFT/TPOT limits for a benchmark model (ttft_p99_ms and tpot_p99_ms "
+                          "set in the table win)")
     ttft_p99_ms: float | None = Field(None, gt=0)
     tpot_p99_ms: float | None = Field(None, gt=0)
     itl_p99_ms: float | None = Field(None, gt=0)
@@ -180,6 +212,15 @@ class SlaSection(_Table):
     def from_table(cls, table: Mapping[str, Any] | None = None) -> "SlaSection":
         """From an ``[sla]`` table (or ``day0 latency``'s flags); :class:`SettingsError` names the key."""
         return cls._from_table(table, "sla")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_limits(cls, data: Any) -> Any:
+        """A preset fills ``ttft_p99_ms`` and ``tpot_p99_ms`` where the table leaves them unset."""
+        if not isinstance(data, dict) or data.get("preset") not in SLA_PRESETS:
+            return data
+        ttft, tpot = SLA_PRESETS[data["preset"]]
+        return {"ttft_p99_ms": ttft, "tpot_p99_ms": tpot, **{k: v for k, v in data.items() if v is not None}}
 
     @model_validator(mode="before")
     @classmethod

@@ -64,6 +64,10 @@ class Script:
     parity: bool = False
     diverge: list[str] = field(default_factory=list)
     diverge_at: int = 3
+    # Capacity mode: at most ``slots`` requests served at once, the rest wait (FIFO) for a slot, so a
+    # request holds one for its whole schedule and the server sustains slots / service time req/s
+    # (see :func:`capacity`); past it the queue, and every TTFT, grows without bound. 0: no limit.
+    slots: int = 0
 
 
 def schedule(script: Script, index: int, max_tokens: int) -> list[tuple[float, int]]:
@@ -78,6 +82,20 @@ def schedule(script: Script, index: int, max_tokens: int) -> list[tuple[float, i
         t += script.gaps_ms[k % len(script.gaps_ms)] / 1000.0
         k += 1
     return out
+
+
+def capacity(script: Script, max_tokens: int) -> float:
+    """Requests per second a ``slots`` server sustains as scripted: slots / the service time of one
+    request (its last message's offset; the script must give every request the same schedule). On
+    a busy host the server's sleeps overshoot and it sustains less: :func:`served_capacity`."""
+    return script.slots / schedule(script, 0, max_tokens)[-1][0]
+
+
+def served_capacity(script: Script, log: list[dict[str, Any]]) -> float:
+    """What a ``slots`` server sustained: slots / the median time a request held its slot (``held_s``
+    in the log), so a test compares with the capacity the server had, not the one it was given."""
+    held = sorted(e["held_s"] for e in log if "held_s" in e)
+    return script.slots / held[len(held) // 2]
 
 
 def _parse_rid(rid: str) -> tuple[str, int]:
@@ -158,11 +176,27 @@ def build_app(script: Script):
         await resp.write_eof()
         return resp
 
+    def slots(n: int) -> asyncio.Semaphore:
+        if state.get("slots") is None or state["slots"][0] != n:
+            state["slots"] = (n, asyncio.Semaphore(n))
+        return state["slots"][1]
+
     async def generate(request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
         sc: Script = state["script"]
-        chat = request.path.endswith("/chat/completions")
         body = await request.json()
+        if not sc.slots:
+            return await serve(request, body, t0)
+        async with slots(sc.slots):  # the schedule starts when a slot frees: the wait is TTFT
+            acquired = time.perf_counter()
+            resp = await serve(request, body, acquired)
+            if "entry" in request:  # how long the slot was held: the capacity the server really had
+                request["entry"]["held_s"] = time.perf_counter() - acquired
+            return resp
+
+    async def serve(request: web.Request, body: dict[str, Any], t0: float) -> web.StreamResponse:
+        sc: Script = state["script"]
+        chat = request.path.endswith("/chat/completions")
         if sc.parity and not chat:
             return await parity_answer(request, body, t0)
         rid = request.headers.get("X-Request-Id", "")
@@ -180,6 +214,7 @@ def build_app(script: Script):
         entry: dict[str, Any] = {"phase": phase, "index": index, "t0": t0, "emitted": [], "tokens": [],
                                  "error": err, "authorization": request.headers.get("Authorization")}
         state["log"].append(entry)
+        request["entry"] = entry
         if err == "http500":
             return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -13,6 +13,7 @@ from day0.core.stats import percentile
 from day0.stages.latency.agreement import frontend_overhead_check, server_agreement_check
 from day0.stages.latency.measurement import CacheIntent, LatencyRun
 from day0.stages.latency.metrics import DEFINITIONS, METRIC_TITLES, METRICS, SOURCE, LatencyMetrics, rounded
+from day0.stages.latency.search import capacity_check
 from day0.stages.latency.sweep import sweep_check
 
 MAX_POOLED_SAMPLES = 20_000  # pooled ITL samples kept in evidence (stride-downsampled beyond)
@@ -36,6 +37,8 @@ def latency_checks(run: LatencyRun) -> list[Check]:
     checks.append(token_accounting_check(m))
     if run.sweep:
         checks.append(sweep_check(run))
+    if run.search is not None and run.search.points and run.settings.search is not None:
+        checks.append(capacity_check(run.search, sla, run.settings.search))
     return checks
 
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from day0.client.workers import AUTO_MESSAGES_PER_WORKER, usable_cores
 from day0.client.workload import Vocab, read_vocab
 from day0.config.errors import SettingsError
-from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, LatencySection, SlaSection
+from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, SLA_PRESETS, LatencySection, SlaSection
 from day0.config.profile import Profile
 from day0.core.inputs import refusal, term_safe
 from day0.core.record import Check
@@ -64,9 +64,25 @@ def add_sla_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--goodput", metavar="METRIC:MS,...",
                    help="the per-request SLO goodput judges, each metric at exactly this limit in ms, e.g. "
                         "ttft:500,tpot:50 (vLLM's --goodput; e2el = e2e); default: the loosest limit set per metric")
+    g.add_argument("--sla-preset", choices=list(SLA_PRESETS), metavar="NAME",
+                   help="MLPerf's p99 TTFT/TPOT limits for a benchmark model: " + ", ".join(SLA_PRESETS)
+                        + " (--ttft-p99-ms and --tpot-p99-ms win)")
     g.add_argument("--max-error-rate", type=float, metavar="FRACTION", help="failed requests / sent allowed (default 0)")
     g.add_argument("--percentiles", type=_floats, metavar="P,P,...",
                    help="percentiles reported for every metric (default 50,90,95,99,99.9; limits add theirs)")
+
+
+def add_search_flags(g: Any) -> None:
+    """``[latency.search]`` on the command line: any of these turns the capacity search on."""
+    g.add_argument("--search", action="store_true",
+                   help="search the highest request rate meeting every SLA limit (bracketing, then bisection; "
+                        "each point judged by 95%% confidence bounds on the limited percentiles)")
+    g.add_argument("--search-start-rate", type=float, metavar="REQ/S", help="the search's first rate (default 1)")
+    g.add_argument("--search-requests", type=int, metavar="N",
+                   help="requests a search point (default: the fewest that bound the limited percentile: 299 "
+                        "for p99)")
+    g.add_argument("--target-rate", type=float, metavar="REQ/S",
+                   help="the load the launch must serve: the search reports the replicas it needs")
 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
@@ -99,6 +115,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     load.add_argument("--num-prefixes", type=int, metavar="N", help="distinct shared prefixes (round robin)")
     load.add_argument("--seed", type=int, help="seed of prompts and arrival times")
     load.add_argument("--sweep-rates", metavar="REQ/S,...", help="comma-separated ascending rates for the SLA sweep")
+    add_search_flags(load)
     load.add_argument("--no-fresh-prompts", action="store_true",
                       help="the seed's prompts exactly, run after run (default: a per-run nonce at the front of "
                            "every prompt, so a repeated run is not served from the prefix cache)")
@@ -172,6 +189,11 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
         lat["fresh_prompts"] = False
     if args.sweep_rates:
         lat["sweep_rates"] = _floats(args.sweep_rates)
+    search = {key: getattr(args, attr) for attr, key in (("search_start_rate", "start_rate"),
+                                                         ("search_requests", "requests"), ("target_rate", "target_rate"))
+              if getattr(args, attr, None) is not None}
+    if args.search or search:
+        lat["search"] = search
     return LatencySection.from_table(lat), sla_from_args(args)
 
 
@@ -192,7 +214,7 @@ def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
 
 def sla_from_args(args: argparse.Namespace) -> SlaSection:
     """The SLA flags as an ``[sla]`` table (SettingsError naming the flag or key)."""
-    sla: dict[str, Any] = {}
+    sla: dict[str, Any] = {"preset": args.sla_preset} if args.sla_preset else {}
     for attr in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "max_error_rate"):
         if getattr(args, attr) is not None:
             sla[attr] = getattr(args, attr)
@@ -278,6 +300,10 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
     for pt in run.sweep:
         lines.append(f"sweep {pt.rate:g} req/s: ttft p99 {percentile(pt.metrics.samples['ttft'], 99):.2f} ms, "
                      f"errors {pt.metrics.error_rate:.3f} -> {'meets' if pt.meets_sla else 'misses ' + ','.join(pt.failing)}")
+    for sp in sorted(run.search.points if run.search else [], key=lambda x: x.rate):
+        lines.append(f"search {sp.rate:.4g} req/s: " + ", ".join(
+            f"{k} {lo if lo is not None else '?'}..{hi if hi is not None else '?'} ms" for k, (lo, hi) in sp.bounds.items())
+            + f" -> {sp.verdict}")
     lines.append("")
     lines += [f"{c.status.upper():<6} {c.id:<28} {c.message}" for c in checks]
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """What stage 3 measured, as data: one run (:class:`LatencyRun`), its sweep steps
-(:class:`SweepPoint`), its prefix-cache intent (:class:`CacheIntent`) and speculative decoding's
-acceptance over the measured window (:class:`SpecWindow`).
+(:class:`SweepPoint`), its capacity search (:class:`SearchResult`), its prefix-cache intent
+(:class:`CacheIntent`) and speculative decoding's acceptance over the measured window
+(:class:`SpecWindow`).
 
-The measuring modules (``run``, ``inprocess``, ``sweep``) build these; the judging modules
+The measuring modules (``run``, ``inprocess``, ``sweep``, ``search``) build these; the judging modules
 (``checks``, ``agreement``, ``sweep``) read them. Both import this module and it imports neither,
 so the stage's modules form no import cycle.
 """
@@ -25,6 +26,49 @@ class SweepPoint:
     metrics: LatencyMetrics
     meets_sla: bool
     failing: list[str]
+
+
+@dataclass
+class SearchPoint:
+    """One offered rate of the capacity search, judged with confidence bounds.
+
+    ``verdict``: ``meets`` (every limited percentile's upper bound within its limit, errors within
+    ``max_error_rate``), ``misses`` (a lower bound past its limit, too many errors, or nothing
+    completed), ``undecided`` (a bound decides nothing: too few requests, or the limit inside the
+    interval) or ``client_lagged`` (the load generator fell an arrival gap behind its schedule, so
+    the rate offered was not this one; ``lag_ms`` is the p90 of its send lag). ``bounds``: limit id -> (lower, upper) in ms, None where
+    the sample cannot bound that side."""
+
+    rate: float
+    metrics: LatencyMetrics
+    verdict: str
+    misses: list[str]
+    undecided: list[str]
+    bounds: dict[str, tuple[float | None, float | None]]
+    lag_ms: float
+
+
+@dataclass
+class SearchResult:
+    """The capacity search: its points in the order measured and why it stopped."""
+
+    points: list[SearchPoint]
+    requests_per_point: int
+    confidence: float
+    stopped: str  # why the search ended, in words
+
+    @property
+    def first_miss(self) -> SearchPoint | None:
+        """The lowest offered rate that missed the SLA."""
+        missed = [p for p in self.points if p.verdict == "misses"]
+        return min(missed, key=lambda p: p.rate) if missed else None
+
+    @property
+    def sustained(self) -> float | None:
+        """The highest rate that met the SLA below the first miss (None: none did)."""
+        miss = self.first_miss
+        met = [p.rate for p in self.points if p.verdict == "meets" and (miss is None or p.rate < miss.rate)]
+        return max(met) if met else None
 
 
 @dataclass
@@ -76,3 +120,4 @@ class LatencyRun:
     sweep: list[SweepPoint] = field(default_factory=list)
     cache: CacheIntent | None = None
     spec: SpecWindow | None = None  # None: a view without /metrics (in-process)
+    search: SearchResult | None = None  # the capacity search ([latency.search]), when run

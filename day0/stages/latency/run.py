@@ -16,8 +16,9 @@ from day0.client.spec_decode import acceptance
 from day0.client.workers import WorkerPool
 from day0.client.workload import Request, Vocab, as_text, build_requests, new_nonce, shared_share
 from day0.config.latency import LatencySection, SlaSection
-from day0.stages.latency.measurement import CacheIntent, LatencyRun, SpecWindow
+from day0.stages.latency.measurement import CacheIntent, LatencyRun, SearchResult, SpecWindow
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
+from day0.stages.latency.search import requests_per_point, search_capacity
 from day0.stages.latency.settings import (
     DEFAULT_BLOCK_SIZE,
     EngineContext,
@@ -135,7 +136,23 @@ async def measure_latency(
             return compute_metrics(sp, pcts, slo)
 
         sweep = await run_sweep(measure_at, s, sla, say)
-    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache, drafts)
+        search = await _search(load, model, requests, s, sla, pcts, slo, say) if s.search is not None else None
+    return LatencyRun(base_url, model, s, sla, metrics, warm, server, server_error, sweep, cache, drafts, search)
+
+
+async def _search(load: _Load, model: str, requests: Callable[[int, str], list[Request]], s: LatencySection,
+                  sla: SlaSection, pcts: list[float], slo: dict[str, float], say: Callable[[str], None]) -> SearchResult:
+    """The capacity search (``[latency.search]``) on the stage's own load and workload."""
+    assert s.search is not None
+    points = 0
+
+    async def search_at(rate: float, n: int) -> LatencyMetrics:
+        nonlocal points
+        points += 1  # each point its own prompts: a fresh stream name
+        sp = await load.phase(model, requests(n, f"search{points}"), load_shape(s, rate), "search")
+        return compute_metrics(sp, pcts, slo)
+
+    return await search_capacity(search_at, s.search, sla, requests_per_point(s.search, sla, s.num_requests), say)
 
 
 def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:

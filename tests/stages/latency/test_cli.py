@@ -58,6 +58,25 @@ def test_flags_become_the_profiles_tables():
     assert sla.latency_limits() == [("ttft", 90.0, 800.0), ("ttft", 99.0, 900.0), ("tpot", 99.9, 300.0)]
     lat, _ = settings_from_args(_args())
     assert (lat.workers, lat.arrivals) == (0, "immediate")  # 0: from the offered load and the cores
+    assert lat.search is None  # the capacity search runs only when asked for
+
+
+def test_an_sla_preset_is_mlperfs_limits_and_an_explicit_limit_wins():
+    _, sla = settings_from_args(_args("--sla-preset", "llama2-70b-interactive"))
+    assert sla.latency_limits() == [("ttft", 99.0, 450.0), ("tpot", 99.0, 40.0)]
+    _, sla = settings_from_args(_args("--sla-preset", "deepseek-r1", "--ttft-p99-ms", "1000"))
+    assert sla.latency_limits() == [("ttft", 99.0, 1000.0), ("tpot", 99.0, 80.0)]
+    assert SlaSection.from_table({"preset": "llama3.1-405b"}).latency_limits() == [("ttft", 99.0, 6000.0),
+                                                                                  ("tpot", 99.0, 175.0)]
+    with pytest.raises(SettingsError, match="sla.preset: expected 'llama2-70b'"):
+        SlaSection.from_table({"preset": "llama2-7b"})
+
+
+def test_search_flags_become_the_search_table():
+    lat, _ = settings_from_args(_args("--search"))
+    assert lat.search is not None and lat.search.start_rate == 1.0 and lat.search.requests == 0
+    lat, _ = settings_from_args(_args("--search-start-rate", "5", "--search-requests", "64", "--target-rate", "50"))
+    assert (lat.search.start_rate, lat.search.requests, lat.search.target_rate) == (5.0, 64, 50.0)
 
 
 @pytest.mark.parametrize("argv, named", [
@@ -70,6 +89,7 @@ def test_flags_become_the_profiles_tables():
     (("--workers", "-1"), "latency.workers"),
     (("--percentiles", "50,120"), "latency.percentiles"),
     (("--min-goodput", "-2"), "sla.min_goodput_req_s"),
+    (("--search-start-rate", "0"), "latency.search.start_rate"),
 ])
 def test_a_bad_flag_is_one_line_naming_it(argv, named):
     with pytest.raises(SettingsError) as err:

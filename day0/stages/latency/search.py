@@ -1,0 +1,193 @@
+"""Stage 3's capacity search: the highest offered request rate at which the engine meets every SLA
+limit, with confidence.
+
+Bracketing multiplies the rate by ``growth`` until a point misses (or divides it until one meets),
+then bisection at geometric midpoints narrows the bracket until the first missed rate is within
+``precision`` above the sustained one. Each point is a fresh prompt set (its own stream name, so
+the prefix-cache rule of the measured phase holds) of enough requests to bound the highest
+limited percentile (``day0.core.stats.samples_to_bound``: 299 for p99 at 95%), judged by
+order-statistic bounds, never by a point estimate: a p99 over 32 requests is their maximum, and a
+coin flip decides whether it lands under a limit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Awaitable, Callable
+
+from day0.client.prom import pct_name
+from day0.config.latency import CapacitySearch, SlaSection
+from day0.core.record import Check, measured
+from day0.core.stats import percentile, percentile_bounds, samples_to_bound
+from day0.stages.latency.measurement import SearchPoint, SearchResult
+from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
+
+MEETS, MISSES, UNDECIDED, CLIENT_LAGGED = "meets", "misses", "undecided", "client_lagged"
+# A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
+# more than this times its first quarter's: a rate the engine cannot keep up with, whatever the
+# bounds say of a point too short for the queue to reach the limit.
+QUEUE_GROWTH = 2.0
+CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting the SLA (confidence-bounded)"
+
+
+def requests_per_point(search: CapacitySearch, sla: SlaSection, fallback: int) -> int:
+    """``search.requests``, else the fewest that can bound the highest limited percentile from
+    above (at least ``fallback`` when no latency limit is set)."""
+    if search.requests:
+        return search.requests
+    limits = sla.latency_limits()
+    if not limits:
+        return fallback
+    return max(samples_to_bound(p, search.confidence) for _, p, _ in limits)
+
+
+def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: float) -> SearchPoint:
+    """Meets when every limited percentile's upper bound is within its limit and errors within
+    ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
+    undecided. A point whose queue grows (:func:`queue_growth` past ``QUEUE_GROWTH``) misses too:
+    a short point can end before a growing queue reaches the limit. The client's own send lag
+    decides first: when a tenth of the requests left more
+    than one mean arrival gap late (p90 of the lag), the client fell behind its schedule and the
+    rate offered was not ``rate``; a few late sends (a busy host's hiccup) are not that."""
+    lag = percentile(m.samples.get("send_lag") or [0.0], 90)
+    misses, undecided, bounds = [], [], {}
+    for metric, p, limit in sla.latency_limits():
+        b = percentile_bounds(m.samples.get(metric) or [], p, confidence)
+        key = f"{metric}_{pct_name(p)}"
+        bounds[key] = (b.lower, b.upper)
+        if b.lower is not None and b.lower > limit:
+            misses.append(key)
+        elif b.upper is None or b.upper > limit:
+            undecided.append(key)
+    if m.completed == 0:
+        misses.append("no_completed_requests")
+    elif m.error_rate > sla.max_error_rate:
+        misses.append("error_rate")
+    growth = queue_growth(m)
+    if growth is not None and growth > QUEUE_GROWTH:
+        misses.append("queue_growth")
+    if lag > 1000.0 / rate:
+        verdict = CLIENT_LAGGED
+    else:
+        verdict = MISSES if misses else UNDECIDED if undecided else MEETS
+    return SearchPoint(rate, m, verdict, misses, undecided, bounds, lag)
+
+
+def queue_growth(m: LatencyMetrics) -> float | None:
+    """Median TTFT of the last quarter of the point's requests (by scheduled time) over the first
+    quarter's; None under 12 requests. About 1 where the engine keeps up; growing with the point's
+    length where it does not (every request waits behind more than the one before)."""
+    pairs = sorted(zip(m.sample_offsets_s, m.samples.get("ttft") or []))
+    quarter = len(pairs) // 4
+    if quarter < 3:
+        return None
+    first, last = (sorted(t for _, t in part)[len(part) // 2] for part in (pairs[:quarter], pairs[-quarter:]))
+    return last / first if first > 0 else None
+
+
+async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], search: CapacitySearch,
+                          sla: SlaSection, requests: int, say: Callable[[str], None]) -> SearchResult:
+    """Bracket, then bisect, ``measure_at(rate, n)`` giving each point's metrics. Stops at the
+    set precision, at ``max_points``, past ``max_rate`` with every point meeting, at an undecided
+    point inside the bracket (the SLA's edge: the bracket is the answer), or at a point that
+    decides nothing before there is a bracket, or where the client lagged (more points would not
+    help: more requests, or more load workers, would)."""
+    points: list[SearchPoint] = []
+    met: float | None = None  # highest rate that met
+    missed: float | None = None  # lowest rate that missed
+    rate = search.start_rate
+    while True:
+        if len(points) >= search.max_points:
+            return SearchResult(points, requests, search.confidence, f"max_points ({search.max_points}) reached")
+        say(f"capacity search: {rate:.4g} req/s, {requests} requests")
+        point = judge_point(rate, await measure_at(rate, requests), sla, search.confidence)
+        points.append(point)
+        if point.verdict == UNDECIDED and met is not None and missed is not None:
+            # inside the bracket, a point whose bounds straddle a limit is the SLA's edge itself
+            return SearchResult(points, requests, search.confidence,
+                                f"the SLA's edge: {rate:.4g} req/s is undecided ({', '.join(point.undecided)}) "
+                                f"between {met:.4g} (met) and {missed:.4g} (missed)")
+        if point.verdict in (UNDECIDED, CLIENT_LAGGED):
+            return SearchResult(points, requests, search.confidence, f"{point.verdict} at {rate:.4g} req/s")
+        if point.verdict == MEETS:
+            met = rate if met is None else max(met, rate)
+        else:
+            missed = rate if missed is None else min(missed, rate)
+        if missed is None:
+            rate *= search.growth
+            if rate > search.max_rate:
+                return SearchResult(points, requests, search.confidence,
+                                    f"every point met the SLA up to max_rate ({search.max_rate:g} req/s)")
+        elif met is None:
+            rate /= search.growth
+        elif missed / met - 1.0 <= search.precision:
+            return SearchResult(points, requests, search.confidence, f"precision {search.precision:g} reached")
+        else:
+            rate = math.sqrt(met * missed)
+
+
+def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch) -> Check:
+    """``latency.capacity``: the sustained rate (pass), no rate meeting the SLA (fail), or a search
+    that could not decide (error, naming the point and what to change)."""
+    best, miss, last = result.sustained, result.first_miss, result.points[-1]
+    evidence = _evidence(result, sla, search)
+    if last.verdict == CLIENT_LAGGED or (last.verdict == UNDECIDED and (best is None or miss is None)):
+        why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {last.rate:.4g} req/s "
+               "(more than one arrival gap): add latency.workers" if last.verdict == CLIENT_LAGGED else
+               f"{result.requests_per_point} requests at {last.rate:.4g} req/s cannot decide "
+               f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
+               f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
+        return Check(CHECK_ID, TITLE, "error", unit="req/s", direction="higher_is_better", source=SOURCE,
+                     evidence=evidence, message=f"could not measure: {why}")
+    if best is None:
+        return Check(CHECK_ID, TITLE, "fail", value=0.0, unit="req/s", direction="higher_is_better", source=SOURCE,
+                     evidence=evidence,
+                     message=(f"no rate tried meets the SLA: the lowest, {miss.rate:.4g} req/s, misses "
+                              f"{', '.join(miss.misses)}" if miss else "no rate tried meets the SLA"))
+    told = f"sustains {best:.4g} req/s within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
+           "requests a point)"
+    told += (f"; {miss.rate:.4g} req/s misses {', '.join(miss.misses)}" if miss else "") + f"; {result.stopped}"
+    if search.target_rate:
+        told += f"; {math.ceil(search.target_rate / best)} replicas for {search.target_rate:g} req/s"
+    return measured(CHECK_ID, TITLE, round(best, 4), None, unit="req/s", direction="higher_is_better",
+                    source=SOURCE, evidence=evidence, message=told)
+
+
+def _needed(sla: SlaSection, confidence: float) -> str:
+    return ", ".join(f"{metric}_{pct_name(p)} needs {samples_to_bound(p, confidence)}"
+                     for metric, p, _ in sla.latency_limits())
+
+
+def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch) -> dict[str, Any]:
+    """The points as a table (bounds per limit, verdict) and a chart of each limited percentile's
+    bounds against the offered rate, the limits as reference lines."""
+    limits = sla.latency_limits()
+    keys = [f"{metric}_{pct_name(p)}" for metric, p, _ in limits]
+    by_rate = sorted(result.points, key=lambda pt: pt.rate)
+    rows = [[rounded(pt.rate), rounded(pt.metrics.request_throughput), pt.metrics.completed,
+             *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
+             pt.verdict + (": " + ", ".join(pt.misses or pt.undecided) if pt.verdict != MEETS else "")]
+            for pt in by_rate]
+    series = []
+    for k in keys:
+        for side, i in (("upper", 1), ("lower", 0)):
+            series.append({"name": f"{k} {side} bound", "x": [pt.rate for pt in by_rate],
+                           "y": [rounded(pt.bounds[k][i]) for pt in by_rate]})
+    refs = [{"y": limit, "label": f"{metric} {pct_name(p)} limit"} for metric, p, limit in limits]
+    return {"table": {"columns": ["offered req/s", "achieved req/s", "completed",
+                                  *[f"{k} (ms, {result.confidence:.0%})" for k in keys], "error rate",
+                                  "client lag p90 (ms)", "verdict"], "rows": rows},
+            "charts": [{"kind": "line", "title": "Latency bounds vs offered request rate",
+                        "x_label": "offered rate (req/s)", "y_label": "ms", "x_log": True, "series": series,
+                        "reference": refs}],
+            "order": [rounded(pt.rate) for pt in result.points], "stopped": result.stopped,
+            "requests_per_point": result.requests_per_point, "confidence": result.confidence,
+            "search": search.model_dump(),
+            "definition": "docs/metrics.md, Confidence; docs/stages/latency.md, Capacity search"}
+
+
+def _interval(bounds: tuple[float | None, float | None] | None) -> str:
+    if bounds is None:
+        return "-"
+    lo, hi = bounds
+    return f"{'?' if lo is None else rounded(lo)} .. {'?' if hi is None else rounded(hi)}"

@@ -1,0 +1,167 @@
+"""The capacity search (``day0.stages.latency.search``): points judged by confidence bounds, never by
+a point estimate; bracketing and bisection find a known capacity; and, against a scripted server
+with a fixed number of slots (so TTFT climbs without bound past a known rate R*, drawn at random
+here), the whole stage reports a sustained rate within 5% of R*."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
+from day0.config.latency import CapacitySearch, LatencySection, SlaSection
+from day0.stages.latency import compute_metrics, latency_checks, run_latency
+from day0.stages.latency.search import (
+    CHECK_ID,
+    CLIENT_LAGGED,
+    MEETS,
+    MISSES,
+    UNDECIDED,
+    capacity_check,
+    judge_point,
+    requests_per_point,
+    search_capacity,
+)
+from tests.support.sse_server import Script, SSEServer, capacity, schedule, served_capacity
+
+SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})  # p90 at 95%: 29 requests bound it
+
+
+def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, failed: int = 0):
+    """Measured metrics of requests whose first token came ``ttfts_ms`` after their scheduled time,
+    each sent ``lag_ms`` late (one figure for all, or one per request)."""
+    lags = lag_ms if isinstance(lag_ms, list) else [lag_ms] * len(ttfts_ms)
+    results = []
+    for i, (ttft, lag) in enumerate(zip(ttfts_ms, lags)):
+        scheduled = 100.0 + 0.01 * i  # in the order given
+        r = RequestResult(i, "search", scheduled, scheduled + lag / 1000.0, 8, 4)
+        r.msg_t, r.msg_n, r.output_tokens, r.ok = [ttft / 1000.0, ttft / 1000.0 + 0.01], [1, 3], 4, True
+        r.finished = scheduled + r.msg_t[-1]
+        results.append(r)
+    for i in range(failed):
+        bad = RequestResult(len(results), "search", 100.0, 100.0, 8, 4)
+        bad.error, bad.reason = "http", "http_500"
+        results.append(bad)
+    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 102.0), [50, 90, 99])
+
+
+def test_a_point_is_judged_by_its_bounds_not_its_estimate():
+    assert judge_point(10.0, metrics_with([50.0] * 29), SLA, 0.95).verdict == MEETS
+    assert judge_point(10.0, metrics_with([200.0] * 29), SLA, 0.95).verdict == MISSES
+    # 28 requests cannot bound p90 from above: the estimate (50 ms) is under the limit, the verdict is not
+    few = judge_point(10.0, metrics_with([50.0] * 28), SLA, 0.95)
+    assert few.verdict == UNDECIDED and few.undecided == ["ttft_p90"] and few.bounds["ttft_p90"][1] is None
+    # the limit inside the interval: 26 fast, 4 slow of 30 (mid-point: no queue growth); p90's bounds straddle 100 ms
+    straddle = judge_point(10.0, metrics_with([50.0] * 13 + [150.0] * 4 + [50.0] * 13), SLA, 0.95)
+    assert straddle.verdict == UNDECIDED and straddle.bounds["ttft_p90"] == (50.0, 150.0)
+    # a queue that grows through a point too short for it to reach the limit: the engine cannot keep up
+    growing = judge_point(10.0, metrics_with([10.0 + 3.0 * i for i in range(29)]), SLA, 0.95)
+    assert growing.bounds["ttft_p90"][1] < 100.0 and growing.verdict == MISSES and growing.misses == ["queue_growth"]
+    steady = judge_point(10.0, metrics_with([50.0, 60.0, 40.0] * 10), SLA, 0.95)
+    assert steady.verdict == MEETS
+    errors = judge_point(10.0, metrics_with([50.0] * 29, failed=1), SLA, 0.95)
+    assert errors.verdict == MISSES and errors.misses == ["error_rate"]
+    # the client 150 ms behind its schedule at 10 req/s (one gap is 100 ms): the rate was not offered
+    lagged = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=150.0), SLA, 0.95)
+    assert lagged.verdict == CLIENT_LAGGED and lagged.lag_ms == pytest.approx(150.0, rel=1e-3)
+    # two sends of 29 150 ms late (a busy host's hiccup) are not a lagging client
+    hiccup = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=[0.0] * 27 + [150.0] * 2), SLA, 0.95)
+    assert hiccup.verdict == MEETS
+
+
+def test_requests_per_point_bound_the_highest_limited_percentile():
+    assert requests_per_point(CapacitySearch(), SLA, 32) == 29
+    assert requests_per_point(CapacitySearch(), SlaSection.from_table({"ttft_p99_ms": 1, "tpot_p90_ms": 1}), 32) == 299
+    assert requests_per_point(CapacitySearch(requests=64), SLA, 32) == 64
+    assert requests_per_point(CapacitySearch(), SlaSection(), 32) == 32  # no latency limit: the stage's count
+
+
+def modelled(capacity_rate: float):
+    """measure_at for a server that sustains ``capacity_rate``: 50 ms TTFT up to it, and past it a
+    queue that has every request wait (the scripted server below shows the real growth)."""
+    rates = []
+
+    async def measure_at(rate: float, n: int):
+        rates.append(rate)
+        return metrics_with([50.0 if rate <= capacity_rate else 50.0 + 400.0 * (i + 1) / n for i in range(n)])
+    return measure_at, rates
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bracketing_then_bisection_finds_a_known_capacity(seed):
+    r_star = random.Random(seed).uniform(0.3, 300.0)
+    measure_at, rates = modelled(r_star)
+    search = CapacitySearch(start_rate=1.0, precision=0.02, max_points=30)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
+    assert result.stopped == "precision 0.02 reached", (r_star, rates)
+    assert r_star / 1.02 <= result.sustained <= r_star < result.first_miss.rate <= r_star * 1.02 * 1.0001
+    check = capacity_check(result, SLA, search)
+    assert check.status == "pass" and check.value == pytest.approx(result.sustained, rel=1e-3)
+    assert f"{result.first_miss.rate:.4g} req/s misses ttft_p90" in check.message
+
+
+def test_a_first_rate_over_capacity_brackets_downward_and_a_target_prices_replicas():
+    measure_at, rates = modelled(3.0)
+    search = CapacitySearch(start_rate=50.0, precision=0.05, max_points=20, target_rate=100.0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
+    assert rates[:5] == [50.0, 25.0, 12.5, 6.25, 3.125] and 3.0 / 1.05 <= result.sustained <= 3.0
+    assert f"{-(-100 // result.sustained):.0f} replicas for 100 req/s" in capacity_check(result, SLA, search).message
+
+
+def test_a_search_that_cannot_decide_or_finds_nothing_is_never_a_pass():
+    # every point meets: the capacity is at least max_rate, and the check says so
+    measure_at, _ = modelled(1e9)
+    search = CapacitySearch(start_rate=10.0, max_rate=100.0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
+    assert result.sustained == 80.0 and "up to max_rate (100 req/s)" in result.stopped
+    # nothing meets: a fail naming the lowest rate and the limit it missed
+    measure_at, _ = modelled(1e-9)
+    search = CapacitySearch(start_rate=1.0, max_points=4)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
+    check = capacity_check(result, SLA, search)
+    assert check.status == "fail" and "the lowest, 0.125 req/s, misses ttft_p90" in check.message
+    # an undecided point inside the bracket is the SLA's edge: the bracket is the answer
+    async def edge(rate, n):
+        straddling = [50.0] * (n // 2 - 2) + [150.0] * 4 + [50.0] * (n - n // 2 - 2)
+        return metrics_with([50.0] * n if rate <= 4 else straddling if rate < 8 else [500.0] * n)
+    result = asyncio.run(search_capacity(edge, CapacitySearch(start_rate=1.0, precision=0.01), SLA, 30,
+                                         lambda _m: None))
+    check = capacity_check(result, SLA, CapacitySearch())
+    assert [p.rate for p in result.points] == [1.0, 2.0, 4.0, 8.0, pytest.approx(math.sqrt(32))]
+    assert check.status == "pass" and check.value == 4.0 and "the SLA's edge: 5.657 req/s is undecided" in check.message
+    # too few requests a point: an error naming how many the percentile needs
+    measure_at, rates = modelled(5.0)
+    result = asyncio.run(search_capacity(measure_at, CapacitySearch(requests=10), SLA, 10, lambda _m: None))
+    check = capacity_check(result, SLA, CapacitySearch(requests=10))
+    assert rates == [1.0] and check.status == "error" and "ttft_p90 needs 29" in check.message
+
+
+def test_the_stage_finds_the_capacity_of_a_scripted_server_within_5_percent():
+    # 2 slots, 4 tokens a request: service time S = 10 + 3 x gap ms, so R* = 2 / S (31-43 req/s).
+    # The TTFT limit, 2.5 S, lets a busy host's hiccup (a short backlog) pass, and not the queue that
+    # grows without bound past R*.
+    gap = random.Random().uniform(12.0, 20.0)
+    script = Script(ttft_ms=[10.0], gaps_ms=[gap], slots=2)
+    service_ms = schedule(script, 0, 4)[-1][0] * 1000.0
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
+                              burstiness=100.0, server_metrics=False,
+                              search=CapacitySearch(start_rate=capacity(script, 4) / 2, precision=0.02, max_points=16,
+                                                    requests=120))
+    sla = SlaSection.from_table({"ttft_p90_ms": 2.5 * service_ms})
+    for _attempt in range(3):
+        with SSEServer(script) as srv:
+            run = run_latency(srv.url, "scripted", 300, settings, sla)
+            # the capacity the server had: on a busy host its sleeps overshoot the script
+            r_star = served_capacity(script, [e for e in srv.log() if e["phase"] == "search"])
+        # a client starved by a busy host says so ("could not measure") instead of misjudging the
+        # server: that is the search working, so the same search is run again, at most twice
+        if run.search.points[-1].verdict != CLIENT_LAGGED:
+            break
+    check = next(c for c in latency_checks(run) if c.id == CHECK_ID)
+    table = check.evidence["table"]["rows"]
+    assert check.status == "pass", (gap, r_star, check.message, table)
+    assert r_star * 0.95 <= check.value <= r_star * 1.05, (gap, r_star, capacity(script, 4), check.message, table)
+    assert run.search.first_miss is not None and run.search.first_miss.rate > r_star * 0.95
