@@ -108,7 +108,7 @@ class LatencySection(_Table):
     sweep_requests: int = Field(0, ge=0, description="requests per sweep step (0 = num_requests)")
     # Speculative decoding's gain (a profile with engine.args.speculative_config): vLLM cannot turn
     # speculation off per request, so the baseline is a second engine; only where one fits beside
-    # the first (CPU targets). The speedup is TPOT p50 without / with (docs/metrics.md).
+    # the first (CPU targets). The speedup is mean TPOT without / with (docs/metrics.md).
     spec_baseline: bool = Field(False, description="the same workload at the same load on a second engine "
                                                    "without speculative_config: ITL/TPOT with vs without")
     min_spec_speedup: Optional[float] = Field(None, gt=0, description="limit on the speedup; unset: reported")

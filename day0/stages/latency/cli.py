@@ -301,9 +301,10 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
         lines.append(f"sweep {pt.rate:g} req/s: ttft p99 {percentile(pt.metrics.samples['ttft'], 99):.2f} ms, "
                      f"errors {pt.metrics.error_rate:.3f} -> {'meets' if pt.meets_sla else 'misses ' + ','.join(pt.failing)}")
     for sp in sorted(run.search.points if run.search else [], key=lambda x: x.rate):
-        lines.append(f"search {sp.rate:.4g} req/s: " + ", ".join(
-            f"{k} {lo if lo is not None else '?'}..{hi if hi is not None else '?'} ms" for k, (lo, hi) in sp.bounds.items())
-            + f" -> {sp.verdict}")
+        bounds = ", ".join(f"{k} {'?' if lo is None else f'{lo:.1f}'}..{'?' if hi is None else f'{hi:.1f}'} ms"
+                           for k, (lo, hi) in sp.bounds.items())
+        lines.append(f"search {sp.rate:.4g} req/s: {bounds} -> {sp.verdict}"
+                     + (f" ({', '.join(sp.misses)})" if sp.misses else ""))
     lines.append("")
     lines += [f"{c.status.upper():<6} {c.id:<28} {c.message}" for c in checks]
     return "\n".join(lines)

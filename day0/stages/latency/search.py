@@ -32,7 +32,7 @@ CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting th
 
 def requests_per_point(search: CapacitySearch, sla: SlaSection, fallback: int) -> int:
     """``search.requests``, else the fewest that can bound the highest limited percentile from
-    above (at least ``fallback`` when no latency limit is set)."""
+    above; ``fallback`` (the stage's own request count) when no latency limit is set."""
     if search.requests:
         return search.requests
     limits = sla.latency_limits()
@@ -46,9 +46,9 @@ def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: flo
     ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
     undecided. A point whose queue grows (:func:`queue_growth` past ``QUEUE_GROWTH``) misses too:
     a short point can end before a growing queue reaches the limit. The client's own send lag
-    decides first: when a tenth of the requests left more
-    than one mean arrival gap late (p90 of the lag), the client fell behind its schedule and the
-    rate offered was not ``rate``; a few late sends (a busy host's hiccup) are not that."""
+    decides first: when a tenth of the requests left more than one mean arrival gap late (p90 of
+    the lag), the client fell behind its schedule and the rate offered was not ``rate``; a few
+    late sends (a busy host's hiccup) are not that."""
     lag = percentile(m.samples.get("send_lag") or [0.0], 90)
     misses, undecided, bounds = [], [], {}
     for metric, p, limit in sla.latency_limits():

@@ -73,12 +73,14 @@ def _baseline(engine: Any, engines: Any, profile: Profile, vocab: Vocab, ctx: An
               progress: Callable[[str], None] | None) -> tuple[Any, str]:
     """(the measured phase's metrics on a second engine without speculation, "") or (None, why not).
 
-    The same settings and seed give the same requests at the same load; the sweep is not
-    repeated. The engine under test stays up (idle) while the baseline runs, as it would on a
-    host that fits both."""
-    if engine.view != "http" or engines is None:
-        return None, "the baseline engine is a second server; this run's engine is not one day0 started"
-    settings = profile.latency.model_copy(update={"sweep_rates": []})
+    The same settings and seed give the same request shapes at the same load (a fresh nonce in
+    front of each prompt, as every run has); the sweep and the capacity search are not repeated.
+    The engine under test stays up (idle) while the baseline runs, as it would on a host that fits
+    both. Only beside a server day0 started: an external deployment's twin is not day0's to start."""
+    if engine.view != "http" or engines is None or profile.engine.mode != "server":
+        return None, (f"the baseline engine is a second server day0 starts; engine.mode = {profile.engine.mode!r} "
+                      "(only 'server' has one)")
+    settings = profile.latency.model_copy(update={"sweep_rates": [], "search": None})
     if progress:
         progress("latency: the same workload on a second engine without speculative_config")
     try:

@@ -14,6 +14,7 @@ import pytest
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import CapacitySearch, LatencySection, SlaSection
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
+from day0.stages.latency.cli import format_report
 from day0.stages.latency.search import (
     CHECK_ID,
     CLIENT_LAGGED,
@@ -165,3 +166,7 @@ def test_the_stage_finds_the_capacity_of_a_scripted_server_within_5_percent():
     assert check.status == "pass", (gap, r_star, check.message, table)
     assert r_star * 0.95 <= check.value <= r_star * 1.05, (gap, r_star, capacity(script, 4), check.message, table)
     assert run.search.first_miss is not None and run.search.first_miss.rate > r_star * 0.95
+    # day0 latency --search prints each point, lowest rate first, with its bounds and verdict
+    printed = [line for line in format_report(run, latency_checks(run)).splitlines() if line.startswith("search ")]
+    assert len(printed) == len(run.search.points) and printed[0].endswith("-> meets") and "ttft_p90 " in printed[0]
+    assert any(line.endswith("(ttft_p90)") or "queue_growth" in line for line in printed)

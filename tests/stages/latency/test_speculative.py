@@ -141,7 +141,10 @@ def test_only_a_profile_that_speculates_gets_the_checks_with_the_parity_limits(m
     assert found[RATE_ID].limit == spec.parity.min_acceptance_rate
     assert found[LENGTH_ID].limit == spec.parity.min_mean_acceptance_length
     # no session engines to start a baseline from: an error that says so, never a pass
-    assert found[SPEEDUP_ID].status == "error" and "second server" in found[SPEEDUP_ID].message
+    assert found[SPEEDUP_ID].status == "error" and "second server day0 starts" in found[SPEEDUP_ID].message
+    external = load_profile("cpu-tiny-spec", overrides={"engine": {"mode": "external", "url": "http://x"}})
+    found = {c.id: c for c in stage_module.run_stage(engine, external, engines=Variants()) if "spec" in c.id}
+    assert found[SPEEDUP_ID].status == "error" and "engine.mode = 'external'" in found[SPEEDUP_ID].message
 
 
 # -- the speedup: TPOT without speculation over TPOT with it, at the same load --------------------------------
@@ -227,13 +230,15 @@ def test_the_baseline_is_the_same_workload_on_an_engine_without_speculative_conf
     monkeypatch.setattr(stage_module, "latency_checks", lambda run: [])
     engines = Variants()
     engine = SimpleNamespace(view="http", endpoint=SimpleNamespace(base_url="http://x", model="m", headers={}))
-    profile = load_profile("cpu-tiny-spec", overrides={"latency": {"sweep_rates": [1.0, 2.0], "min_spec_speedup": 1.2}})
+    profile = load_profile("cpu-tiny-spec", overrides={"latency": {"sweep_rates": [1.0, 2.0], "min_spec_speedup": 1.2,
+                                                                   "search": {"start_rate": 2.0}}})
     found = {c.id: c for c in stage_module.run_stage(engine, profile, engines=engines)}
     assert engines.asked == [("no-spec", {"speculative_config": None})]
     (main_url, main), (base_url, base) = seen
     assert (main_url, base_url) == ("http://x", "http://baseline")
     assert main.sweep_rates == [1.0, 2.0] and base.sweep_rates == []  # the sweep is not run twice
-    assert base.model_dump(exclude={"sweep_rates"}) == main.model_dump(exclude={"sweep_rates"})  # same load
+    assert main.search is not None and base.search is None  # nor the capacity search
+    assert base.model_dump(exclude={"sweep_rates", "search"}) == main.model_dump(exclude={"sweep_rates", "search"})
     speedup = found[SPEEDUP_ID]
     assert speedup.status == "pass" and speedup.value == pytest.approx(1.5, rel=1e-3) and speedup.limit == 1.2
     assert found[RATE_ID].status == "pass" and "not_measured" not in found[RATE_ID].evidence
