@@ -43,10 +43,13 @@ class Figure:
     unit: str | None = None
     pick: str = "worst"  # "worst" of a repeated check, or "vs_expected": furthest below its expectation
     need: bool = False  # the check's limit is what is needed (KV tokens): the note says "needs <limit>"
+    # A measurement the profile opts into (the capacity search): shown when its check is in the
+    # record, left out (never "absent") when the run did not ask for it.
+    opt_in: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "check_ids": list(self.check_ids), "scale": self.scale,
-                "unit": self.unit, "pick": self.pick, "need": self.need}
+                "unit": self.unit, "pick": self.pick, "need": self.need, "opt_in": self.opt_in}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Figure:
@@ -56,7 +59,7 @@ class Figure:
         return cls(str(data.get("key", "")), str(data.get("label", "")),
                    tuple(str(i) for i in ids) if isinstance(ids, list) else (),
                    float(data.get("scale") or 1.0), unit if isinstance(unit, str) else None,
-                   str(data.get("pick") or "worst"), data.get("need") is True)
+                   str(data.get("pick") or "worst"), data.get("need") is True, data.get("opt_in") is True)
 
 
 # What a stage's ``run`` returns: the checks it measured (a day0.core.record.Check each).

@@ -172,9 +172,10 @@ def figures(record: RunRecord) -> list[Figure]:
 
 def headlines(record: RunRecord) -> list[Headline]:
     """The declared figures, less those that do not apply to this target: a stage that is not
-    applicable (expert load on a dense model), or a figure whose checks all say they do not apply
-    (speculative acceptance with speculation not in force). A figure the run should have measured
-    and did not still shows as absent."""
+    applicable (expert load on a dense model), a figure whose checks all say they do not apply
+    (speculative acceptance with speculation not in force), or an opt-in figure the run did not
+    ask for (capacity without a search). A figure the run should have measured and did not still
+    shows as absent."""
     checks = list(record.checks())
     idle = {s.name for s in record.stages if s.verdict == NOT_APPLICABLE}
     waivers = waivers_of(record.profile)
@@ -184,7 +185,7 @@ def headlines(record: RunRecord) -> list[Headline]:
             continue
         for fig in info.figures:
             hits = _hits(fig, checks)
-            if hits and all(not_applicable(c) for c in hits):
+            if (hits and all(not_applicable(c) for c in hits)) or (fig.opt_in and not hits):
                 continue
             h = headline(fig, checks)
             picked = next((c for c in hits if c.id == h.check_id and c.status == h.status), None)

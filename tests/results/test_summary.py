@@ -77,7 +77,8 @@ def test_stage_zero_answers_whether_a_supernode_is_needed() -> None:
 def test_headlines_take_the_worst_repeat_and_the_worst_busbw_against_expected() -> None:
     heads = {h.key: h for h in S.headlines(full_record())}
     figures = S.figures(full_record())  # the stages' declarations, in stage order
-    assert [h.key for h in S.headlines(full_record())] == [f.key for f in figures] and len(figures) == 10
+    assert [h.key for h in S.headlines(full_record())] == [f.key for f in figures if not f.opt_in]
+    assert len(figures) == 11 and [f.key for f in figures if f.opt_in] == ["capacity"]
     assert [f.key for f in figures][:2] == ["busbw", "ttft_p99"]
     assert heads["ttft_p99"].value == 300.0 and heads["ttft_p99"].note == "worst of 2"
     assert heads["ttft_p99"].text == "300 ms" and heads["ttft_p99"].limit == "≤ 2,000 ms"
@@ -88,6 +89,19 @@ def test_headlines_take_the_worst_repeat_and_the_worst_busbw_against_expected() 
     assert heads["kv_tokens"].text == "262,112 tokens" and "needs 32,768 tokens" in heads["kv_tokens"].note
     assert heads["ppl_delta"].text == "0.03 %" and heads["ppl_delta"].limit == "≤ 2 %"
     assert heads["cost"].status == "absent" and heads["cost"].text == "—"
+
+
+def test_an_opt_in_figure_shows_only_when_the_run_measured_it() -> None:
+    # capacity comes from the capacity search a profile asks for: never "absent" in a run without it
+    figures = {f.key: f for f in S.figures(full_record())}
+    assert figures["capacity"].opt_in and "capacity" not in {h.key for h in S.headlines(full_record())}
+    rec = full_record()
+    latency = next(s for s in rec.stages if s.name == "latency")
+    latency.checks.append(measured("latency.capacity", "capacity", 16.7, None, unit="req/s",
+                                   direction="higher_is_better"))
+    heads = {h.key: h for h in S.headlines(rec)}
+    assert heads["capacity"].text == "16.7 req/s" and heads["capacity"].status == "pass"
+    assert ("Capacity (req/s meeting the SLA)", "16.7 req/s") in [r[:2] for r in S.headline_rows(S.summarize(rec))]
 
 
 def test_a_failed_busbw_is_the_headline_even_when_another_is_slower() -> None:

@@ -4,9 +4,10 @@ defines them, judged against the SLA, with the engine's own view as a cross-chec
 Modules: ``settings`` (the client objects the ``[latency]`` table of ``day0.config.latency``
 describes), ``metrics`` (definitions and statistics of one phase), ``measurement`` (what a run
 measured, as data), ``run`` (the measured run over HTTP), ``inprocess`` (the same on vLLM's own
-engine), ``agreement`` (client vs engine), ``sweep`` (the SLA sweep), ``checks`` (the run-record
-checks), ``speculative`` (speculative decoding's acceptance over the measured workload), ``stage``
-(the stage against the run's engine), ``cli`` (``day0 latency``), and
+engine), ``agreement`` (client vs engine), ``sweep`` (the SLA sweep), ``search`` (the capacity
+search), ``checks`` (the run-record checks), ``speculative`` (speculative decoding's acceptance
+over the measured workload and its speedup), ``stage`` (the stage against the run's engine),
+``cli`` (``day0 latency``), and
 ``importing`` with ``imported``, ``from_vllm``, ``from_guidellm`` (``day0 latency import``: a
 ``vllm bench serve`` or GuideLLM result judged by the same checks).
 """
@@ -51,6 +52,7 @@ STAGE = Stage(
     figures=(Figure("ttft_p99", "TTFT p99", ("latency.ttft_p99",)),
              Figure("tpot_p99", "TPOT p99", ("latency.tpot_p99",)),
              Figure("output_throughput", "Output throughput", ("latency.output_throughput",)),
-             Figure("goodput", "Goodput", ("latency.goodput",))),
+             Figure("goodput", "Goodput", ("latency.goodput",)),
+             Figure("capacity", "Capacity (req/s meeting the SLA)", ("latency.capacity",), opt_in=True)),
     required=("latency.ttft_p99", "latency.tpot_p99", "latency.output_throughput"),
 )
