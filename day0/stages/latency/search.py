@@ -24,9 +24,11 @@ from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
 
 MEETS, MISSES, UNDECIDED, CLIENT_LAGGED = "meets", "misses", "undecided", "client_lagged"
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
-# more than this times its first quarter's: a rate the engine cannot keep up with, whatever the
-# bounds say of a point too short for the queue to reach the limit.
-QUEUE_GROWTH = 2.0
+# more than QUEUE_GROWTH times its first quarter's, and higher by more than QUEUE_FLOOR of the
+# tightest TTFT limit: a rate the engine cannot keep up with, whatever the bounds say of a point
+# too short for the queue to reach the limit. The floor keeps a busy host's slowdown over a long
+# point at a low rate (30 ms becoming 60 ms against a 2 s limit) from reading as a queue.
+QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting the SLA (confidence-bounded)"
 
 
@@ -44,7 +46,7 @@ def requests_per_point(search: CapacitySearch, sla: SlaSection, fallback: int) -
 def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: float) -> SearchPoint:
     """Meets when every limited percentile's upper bound is within its limit and errors within
     ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
-    undecided. A point whose queue grows (:func:`queue_growth` past ``QUEUE_GROWTH``) misses too:
+    undecided. A point whose queue grows (:func:`queue_grows`) misses too:
     a short point can end before a growing queue reaches the limit. The client's own send lag
     decides first: when a tenth of the requests left more than one mean arrival gap late (p90 of
     the lag), the client fell behind its schedule and the rate offered was not ``rate``; a few
@@ -63,8 +65,7 @@ def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: flo
         misses.append("no_completed_requests")
     elif m.error_rate > sla.max_error_rate:
         misses.append("error_rate")
-    growth = queue_growth(m)
-    if growth is not None and growth > QUEUE_GROWTH:
+    if queue_grows(m, sla):
         misses.append("queue_growth")
     if lag > 1000.0 / rate:
         verdict = CLIENT_LAGGED
@@ -73,16 +74,28 @@ def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: flo
     return SearchPoint(rate, m, verdict, misses, undecided, bounds, lag)
 
 
-def queue_growth(m: LatencyMetrics) -> float | None:
-    """Median TTFT of the last quarter of the point's requests (by scheduled time) over the first
-    quarter's; None under 12 requests. About 1 where the engine keeps up; growing with the point's
-    length where it does not (every request waits behind more than the one before)."""
+def quarter_ttfts(m: LatencyMetrics) -> tuple[float, float] | None:
+    """Median TTFT (ms) of the first and of the last quarter of the point's requests, by scheduled
+    time; None under 12 requests. Alike where the engine keeps up; apart, by more the longer the
+    point, where it does not (every request waits behind more than the one before)."""
     pairs = sorted(zip(m.sample_offsets_s, m.samples.get("ttft") or []))
     quarter = len(pairs) // 4
     if quarter < 3:
         return None
     first, last = (sorted(t for _, t in part)[len(part) // 2] for part in (pairs[:quarter], pairs[-quarter:]))
-    return last / first if first > 0 else None
+    return first, last
+
+
+def queue_grows(m: LatencyMetrics, sla: SlaSection) -> bool:
+    """The last quarter's median TTFT over ``QUEUE_GROWTH`` times the first's and above it by more
+    than ``QUEUE_FLOOR`` of the tightest TTFT limit (the ratio alone without a TTFT limit)."""
+    quarters = quarter_ttfts(m)
+    if quarters is None:
+        return False
+    first, last = quarters
+    ttft_limits = [limit for metric, _, limit in sla.latency_limits() if metric == "ttft"]
+    floor = QUEUE_FLOOR * min(ttft_limits) if ttft_limits else 0.0
+    return last > QUEUE_GROWTH * first and last - first > floor
 
 
 async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], search: CapacitySearch,

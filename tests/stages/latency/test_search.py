@@ -63,6 +63,11 @@ def test_a_point_is_judged_by_its_bounds_not_its_estimate():
     assert growing.bounds["ttft_p90"][1] < 100.0 and growing.verdict == MISSES and growing.misses == ["queue_growth"]
     steady = judge_point(10.0, metrics_with([50.0, 60.0, 40.0] * 10), SLA, 0.95)
     assert steady.verdict == MEETS
+    # a host that slows from 30 to 70 ms over a long point at a low rate, against a 2 s limit: below
+    # a tenth of the limit, that is not a queue
+    slow_host = judge_point(10.0, metrics_with([30.0] * 15 + [70.0] * 15), SlaSection.from_table({"ttft_p90_ms": 2000}),
+                            0.95)
+    assert slow_host.verdict == MEETS
     errors = judge_point(10.0, metrics_with([50.0] * 29, failed=1), SLA, 0.95)
     assert errors.verdict == MISSES and errors.misses == ["error_rate"]
     # the client 150 ms behind its schedule at 10 req/s (one gap is 100 ms): the rate was not offered
