@@ -13,6 +13,7 @@ import pytest
 
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import CapacitySearch, LatencySection, SlaSection
+from day0.results.report import render
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
 from day0.stages.latency.cli import format_report
 from day0.stages.latency.search import (
@@ -26,6 +27,7 @@ from day0.stages.latency.search import (
     requests_per_point,
     search_capacity,
 )
+from tests.support import run_factory as rf
 from tests.support.sse_server import Script, SSEServer, capacity, schedule, served_capacity
 
 SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})  # p90 at 95%: 29 requests bound it
@@ -175,3 +177,14 @@ def test_the_stage_finds_the_capacity_of_a_scripted_server_within_5_percent():
     printed = [line for line in format_report(run, latency_checks(run)).splitlines() if line.startswith("search ")]
     assert len(printed) == len(run.search.points) and printed[0].endswith("-> meets") and "ttft_p90 " in printed[0]
     assert any(line.endswith("(ttft_p90)") or "queue_growth" in line for line in printed)
+
+
+def test_the_report_shows_the_capacity_headline_and_the_points(tmp_path):
+    measure_at, _ = modelled(12.0)
+    search = CapacitySearch(start_rate=2.0, precision=0.05, target_rate=100.0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
+    record = rf.make_record({"latency": [capacity_check(result, SLA, search)]})
+    html = render(rf.write(record, tmp_path / "run"), tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "Capacity (req/s meeting the SLA)" in html  # the opt-in headline, on the first screen
+    assert "Latency bounds vs offered request rate" in html and "misses: ttft_p90" in html
+    assert "9 replicas for 100 req/s" in html
