@@ -14,6 +14,12 @@ from day0.engine import group_alive
 from tests.support import REPO
 
 SUITES = REPO / "day0" / "suites"
+# cpu-tiny's SLA is a figure of a quiet 2-core box. These tests check the pipeline, so its latency
+# limits are widened here: a CI box shared with other jobs missed them (TTFT p99 9.6 s, two busy
+# processes and two engines beside it) and the run was, rightly, REJECTED. The SLA verdict itself
+# is tested without an engine (tests/stages/latency).
+WIDE_SLA = ("--day0-set", "sla.ttft_p99_ms=600000", "--day0-set", "sla.tpot_p99_ms=60000",
+            "--day0-set", "sla.e2e_p99_ms=6000000", "--day0-set", "sla.min_output_throughput_tok_s=0")
 
 
 def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 600) -> subprocess.CompletedProcess:
@@ -27,7 +33,7 @@ def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 
 def test_default_profile_runs_against_a_live_server(tmp_path):
     # with the two probes the default run leaves out (docs/stage-contract.md): a TP=2 engine against
     # TP=1, and lm-eval's task accuracy against transformers
-    proc = day0_run(tmp_path, "--day0-set", "collectives.tp_equivalence=true",
+    proc = day0_run(tmp_path, *WIDE_SLA, "--day0-set", "collectives.tp_equivalence=true",
                     "--day0-set", 'risks.accuracy.tasks=["day0_tiny_qa"]')
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -75,7 +81,7 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
 
 
 def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
-    proc = day0_run(tmp_path, "--day0-set", 'engine.mode="inprocess"', marker="day0 and (weights or latency)")
+    proc = day0_run(tmp_path, *WIDE_SLA, "--day0-set", 'engine.mode="inprocess"', marker="day0 and (weights or latency)")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     live = [c for c in rec.stage("weights").checks if c.id.startswith("weights.smoke")]
