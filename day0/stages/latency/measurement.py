@@ -3,9 +3,9 @@
 (:class:`CacheIntent`) and speculative decoding's acceptance over the measured window
 (:class:`SpecWindow`).
 
-The measuring modules (``run``, ``inprocess``, ``sweep``, ``search``) build these; the judging modules
-(``checks``, ``agreement``, ``sweep``) read them. Both import this module and it imports neither,
-so the stage's modules form no import cycle.
+The measuring modules (``run``, ``inprocess``, ``sweep``, ``search``) build these; the judging
+modules (``checks``, ``agreement``, ``sweep``, ``search``) read them. Both import this module and it
+imports neither, so the stage's modules form no import cycle.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ class SweepPoint:
     failing: list[str]
 
 
+# A capacity-search point's verdicts (:class:`SearchPoint`)
+MEETS, MISSES, UNDECIDED, CLIENT_LAGGED = "meets", "misses", "undecided", "client_lagged"
+
+
 @dataclass
 class SearchPoint:
     """One offered rate of the capacity search, judged with confidence bounds.
@@ -36,8 +40,8 @@ class SearchPoint:
     ``max_error_rate``), ``misses`` (a lower bound past its limit, too many errors, or nothing
     completed), ``undecided`` (a bound decides nothing: too few requests, or the limit inside the
     interval) or ``client_lagged`` (the load generator fell an arrival gap behind its schedule, so
-    the rate offered was not this one; ``lag_ms`` is the p90 of its send lag). ``bounds``: limit id -> (lower, upper) in ms, None where
-    the sample cannot bound that side."""
+    the rate offered was not this one; ``lag_ms`` is the p90 of its send lag). ``bounds``: limit id
+    -> (lower, upper) in ms, None where the sample cannot bound that side."""
 
     rate: float
     metrics: LatencyMetrics
@@ -60,14 +64,14 @@ class SearchResult:
     @property
     def first_miss(self) -> SearchPoint | None:
         """The lowest offered rate that missed the SLA."""
-        missed = [p for p in self.points if p.verdict == "misses"]
+        missed = [p for p in self.points if p.verdict == MISSES]
         return min(missed, key=lambda p: p.rate) if missed else None
 
     @property
     def sustained(self) -> float | None:
         """The highest rate that met the SLA below the first miss (None: none did)."""
         miss = self.first_miss
-        met = [p.rate for p in self.points if p.verdict == "meets" and (miss is None or p.rate < miss.rate)]
+        met = [p.rate for p in self.points if p.verdict == MEETS and (miss is None or p.rate < miss.rate)]
         return max(met) if met else None
 
 

@@ -19,10 +19,9 @@ from day0.client.prom import pct_name
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile, percentile_bounds, samples_to_bound
-from day0.stages.latency.measurement import SearchPoint, SearchResult
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
 from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
 
-MEETS, MISSES, UNDECIDED, CLIENT_LAGGED = "meets", "misses", "undecided", "client_lagged"
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
 # more than QUEUE_GROWTH times its first quarter's, and higher by more than QUEUE_FLOOR of the
 # tightest TTFT limit: a rate the engine cannot keep up with, whatever the bounds say of a point
@@ -82,7 +81,7 @@ def quarter_ttfts(m: LatencyMetrics) -> tuple[float, float] | None:
     quarter = len(pairs) // 4
     if quarter < 3:
         return None
-    first, last = (sorted(t for _, t in part)[len(part) // 2] for part in (pairs[:quarter], pairs[-quarter:]))
+    first, last = (percentile([t for _, t in part], 50) for part in (pairs[:quarter], pairs[-quarter:]))
     return first, last
 
 
