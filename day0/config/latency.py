@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from day0.config.errors import SettingsError, first_error
+from day0.core.stats import samples_to_bound
 
 # The latency metrics a limit may name, in the order checks and sweeps list them.
 LIMIT_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -21,6 +22,9 @@ LIMIT_METRICS = ("ttft", "tpot", "itl", "e2e")
 LIMIT_KEY = re.compile(rf"^({'|'.join(LIMIT_METRICS)})_p(\d+(?:[._]\d+)?)_ms$")
 LIMIT_FORM = "<ttft|tpot|itl|e2e>_p<NN>_ms"
 GOODPUT_METRICS = ("ttft", "tpot", "e2e")
+# The measured phase's floor when its count is chosen for it: enough for the means and the
+# server cross-checks to mean something where no limit asks for more.
+MIN_REQUESTS = 32
 DATASET_KINDS = ("sharegpt",)  # latency.dataset = "<kind>:<path>"  # per-request figures a goodput SLO may name (ITL is per gap)
 
 # A length in tokens: fixed, or [lo, hi] drawn uniformly (inclusive).
@@ -56,8 +60,7 @@ class CapacitySearch(_Table):
     max_points: int = Field(10, ge=2, le=100, description="points measured at most")
     max_rate: float = Field(10_000.0, gt=0, description="req/s the bracketing never goes past")
     requests: int = Field(0, ge=0, description="per point; 0 = the fewest that can bound the highest limited "
-                                               "percentile (299 for p99 at 95%)")
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="of each percentile bound a point is judged by")
+                                               "percentile at [sla] confidence (299 for p99 at 95%)")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed")
 
 
@@ -72,7 +75,8 @@ class LatencySection(_Table):
                                                   "in-flight cap, 0 = none")
     request_rate: float = Field(1.0, gt=0, description="req/s with load = rate; inf = all at once")
     burstiness: float = Field(1.0, gt=0, description="gamma shape of the inter-arrival gaps; 1 = Poisson")
-    num_requests: int = Field(32, ge=1, description="measured requests")
+    num_requests: int = Field(0, ge=0, description="measured requests; 0 = enough to bound every limited "
+                                                   "percentile at [sla] confidence (299 for p99 at 95%), at least 32")
     duration_s: float = Field(300.0, gt=0, description="stop scheduling new measured requests after this")
     warmup_requests: int = Field(2, ge=0, description="run to completion first, excluded from every statistic")
     input_len: Length = Field(128, description="prompt tokens (prefix included); [lo, hi] = uniform")
@@ -105,7 +109,7 @@ class LatencySection(_Table):
     agreement_rel: float = Field(0.25, ge=0, description="client vs engine means may differ by rel x client mean "
                                                          "+ 3 standard errors")
     sweep_rates: list[Annotated[float, Field(gt=0)]] = Field([], description="SLA sweep: ascending req/s")
-    sweep_requests: int = Field(0, ge=0, description="requests per sweep step (0 = num_requests)")
+    sweep_requests: int = Field(0, ge=0, description="requests per sweep step (0 = as num_requests)")
     # Speculative decoding's gain (a profile with engine.args.speculative_config): vLLM cannot turn
     # speculation off per request, so the baseline is a second engine; only where one fits beside
     # the first (CPU targets). The speedup is mean TPOT without / with (docs/metrics.md).
@@ -119,6 +123,11 @@ class LatencySection(_Table):
     def from_table(cls, table: Mapping[str, Any] | None = None) -> "LatencySection":
         """From a ``[latency]`` table (or ``day0 latency``'s flags); :class:`SettingsError` names the key."""
         return cls._from_table(table, "latency")
+
+    def measured_requests(self, sla: "SlaSection") -> int:
+        """``num_requests``, else the fewest that let every limit of ``sla`` be decided (at least
+        ``MIN_REQUESTS``): a p99 over 32 requests is their maximum, and no bound on it exists."""
+        return self.num_requests or max(MIN_REQUESTS, sla.requests_to_bound())
 
     @model_validator(mode="before")
     @classmethod
@@ -202,6 +211,8 @@ class SlaSection(_Table):
     min_request_throughput_req_s: float | None = Field(None, ge=0)
     min_goodput_req_s: float | None = Field(None, ge=0)
     max_error_rate: float = Field(0.0, ge=0, le=1, description="share of failed requests allowed")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="of the order-statistic bounds each limited "
+                                                              "percentile is judged by (docs/metrics.md, Confidence)")
     goodput_slo_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
         {}, description="per-request SLO goodput judges (ms), e.g. {ttft = 500, tpot = 50}; empty = the loosest "
                         "latency limit set for each of ttft, tpot, e2e")
@@ -260,6 +271,11 @@ class SlaSection(_Table):
                 out[(m.group(1), float(m.group(2).replace("_", ".")))] = float(val)
         order = sorted(out.items(), key=lambda kv: (LIMIT_METRICS.index(kv[0][0]), kv[0][1]))
         return [(m, p, v) for (m, p), v in order]
+
+    def requests_to_bound(self) -> int:
+        """The fewest requests whose sample can bound every limited percentile from above at
+        ``confidence`` (0 without a latency limit): below it a limit can only be ``error``."""
+        return max((samples_to_bound(p, self.confidence) for _, p, _ in self.latency_limits()), default=0)
 
     def per_request_slo(self) -> dict[str, float]:
         """The limit (ms) each metric of one request is held to for goodput: ``goodput_slo_ms`` as

@@ -217,10 +217,14 @@ def test_latency_and_sla_load_typed_with_any_percentile_limit(tmp_path):
     (tmp_path / "p.toml").write_text('extends = "cpu-tiny"\n[latency]\ninput_len = [8, 16]\nrequest_rate = inf\n'
                                      "[sla]\nttft_p90_ms = 800\nlimits = {tpot_p99_9_ms = 300}\n")
     p = load_profile(tmp_path / "p.toml")
-    assert p.latency.input_len == [8, 16] and p.latency.num_requests == 32 and p.latency.request_rate == float("inf")
-    assert p.sla.limits == {"ttft_p90_ms": 800.0, "tpot_p99_9_ms": 300.0}
-    assert p.sla.latency_limits() == [("ttft", 90.0, 800.0), ("ttft", 99.0, 2000.0), ("tpot", 99.0, 200.0),
-                                      ("tpot", 99.9, 300.0), ("e2e", 99.0, 30000.0)]
+    assert p.latency.input_len == [8, 16] and p.latency.num_requests == 0 and p.latency.request_rate == float("inf")
+    assert p.sla.limits == {"ttft_p90_ms": 800.0, "tpot_p90_ms": 200.0, "e2e_p90_ms": 30000.0,
+                            "tpot_p99_9_ms": 300.0}
+    assert p.sla.latency_limits() == [("ttft", 90.0, 800.0), ("tpot", 90.0, 200.0), ("tpot", 99.9, 300.0),
+                                      ("e2e", 90.0, 30000.0)]
+    # no request count set: the fewest that bound the highest limited percentile (p99.9 at 95%)
+    assert p.latency.measured_requests(p.sla) == 2995
+    assert load_profile("cpu-tiny").latency.measured_requests(load_profile("cpu-tiny").sla) == 32
     assert p.resolved()["latency"]["input_len"] == [8, 16]
 
 

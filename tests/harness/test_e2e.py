@@ -18,8 +18,8 @@ SUITES = REPO / "day0" / "suites"
 # limits are widened here: a CI box shared with other jobs missed them (TTFT p99 9.6 s, two busy
 # processes and two engines beside it) and the run was, rightly, REJECTED. The SLA verdict itself
 # is tested without an engine (tests/stages/latency).
-WIDE_SLA = ("--day0-set", "sla.ttft_p99_ms=600000", "--day0-set", "sla.tpot_p99_ms=60000",
-            "--day0-set", "sla.e2e_p99_ms=6000000", "--day0-set", "sla.min_output_throughput_tok_s=0")
+WIDE_SLA = ("--day0-set", "sla.ttft_p90_ms=600000", "--day0-set", "sla.tpot_p90_ms=60000",
+            "--day0-set", "sla.e2e_p90_ms=6000000", "--day0-set", "sla.min_output_throughput_tok_s=0")
 
 
 def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 600) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from day0.client.prom import pct_name
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
-from day0.core.stats import percentile
+from day0.core.stats import percentile, percentile_bounds, samples_to_bound
 from day0.stages.latency.agreement import frontend_overhead_check, server_agreement_check
 from day0.stages.latency.measurement import CacheIntent, LatencyRun
 from day0.stages.latency.metrics import DEFINITIONS, METRIC_TITLES, METRICS, SOURCE, LatencyMetrics, rounded
@@ -43,18 +43,23 @@ def latency_checks(run: LatencyRun) -> list[Check]:
 
 
 def percentile_checks(m: LatencyMetrics, sla: SlaSection) -> list[Check]:
-    """One check per ``[sla]`` latency limit, plus p99 of every metric (recorded without a limit)."""
+    """One check per ``[sla]`` latency limit, judged by confidence bounds at ``sla.confidence``,
+    plus p99 of every metric (recorded without a limit)."""
     note = ""
     if m.token_source == "content":
         note = " (per-message token counts from text fields, one per message: the server gave no per-chunk usage)"
     wanted: dict[tuple[str, float], float | None] = {(metric, p): lim for metric, p, lim in sla.latency_limits()}
     for metric in METRICS:
         wanted.setdefault((metric, 99.0), None)
-    return [_percentile_check(m, metric, p, limit, note)
+    return [_percentile_check(m, metric, p, limit, note, sla.confidence)
             for (metric, p), limit in sorted(wanted.items(), key=lambda kv: (METRICS.index(kv[0][0]), kv[0][1]))]
 
 
-def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | None, note: str) -> Check:
+def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | None, note: str,
+                      confidence: float) -> Check:
+    """A limited percentile passes only when its upper confidence bound is within the limit and
+    fails only when its lower bound is past it; between, or without a bound at all (too few
+    samples), it is ``error``: the sample cannot tell, and a point estimate would be a coin flip."""
     samples = m.samples[metric]
     value = percentile(samples, p) if samples else None
     evidence = _percentile_evidence(m, metric, p, limit)
@@ -66,14 +71,31 @@ def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | N
         return Check(id=cid, title=title, status="error" if limit is not None else "skip",
                      limit=limit, unit="ms", direction="lower_is_better",
                      message=f"{why}; nothing to measure", evidence=evidence, source=SOURCE)
-    msg = ""
     if limit is None:
-        msg = f"measured {value:.4g} ms over {len(samples)} samples (no SLA limit set){note}"
-    elif note:
-        verb = "meets" if value <= limit else "misses"
-        msg = f"{value:.4g} ms {verb} the limit (<= {limit:g} ms){note}"
-    return measured(cid, title, rounded(value), limit, unit="ms", direction="lower_is_better",
-                    message=msg, evidence=evidence, source=SOURCE, performance=True)
+        return measured(cid, title, rounded(value), None, unit="ms", direction="lower_is_better",
+                        message=f"measured {value:.4g} ms over {len(samples)} samples (no SLA limit set){note}",
+                        evidence=evidence, source=SOURCE, performance=True)
+    b = percentile_bounds(samples, p, confidence)
+    evidence["bounds"] = {"lower": rounded(b.lower), "upper": rounded(b.upper), "confidence": confidence,
+                          "samples": b.n, "needed_for_upper": samples_to_bound(p, confidence)}
+    interval = f"{confidence:.0%} interval {_bound(b.lower)} .. {_bound(b.upper)} ms over {b.n} samples"
+    meets, misses = b.upper is not None and b.upper <= limit, b.lower is not None and b.lower > limit
+    if meets or misses:
+        return Check(id=cid, title=title, status="pass" if meets else "fail", value=rounded(value), limit=limit,
+                     unit="ms", direction="lower_is_better", source=SOURCE, evidence=evidence, performance=True,
+                     message=f"{value:.4g} ms {'meets' if meets else 'misses'} the limit (<= {limit:g} ms): "
+                             f"{interval}{note}")
+    why = (f"{b.n} requests cannot bound {pct_name(p)} within {limit:g} ms at {confidence:.0%}; "
+           f"{samples_to_bound(p, confidence)} needed (latency.num_requests = 0 chooses it)" if b.upper is None else
+           f"the limit {limit:g} ms lies inside the {interval}; more requests narrow it")
+    evidence["point_estimate"] = rounded(value)
+    return Check(id=cid, title=title, status="error", limit=limit, unit="ms", direction="lower_is_better",
+                 message=f"could not measure: {why} (point estimate {value:.4g} ms){note}", evidence=evidence,
+                 source=SOURCE)
+
+
+def _bound(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4g}"
 
 
 def _percentile_evidence(m: LatencyMetrics, metric: str, p: float, limit: float | None) -> dict[str, Any]:

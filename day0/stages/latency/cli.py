@@ -68,6 +68,9 @@ def add_sla_flags(p: argparse.ArgumentParser) -> None:
                    help="MLPerf's p99 TTFT/TPOT limits for a benchmark model: " + ", ".join(SLA_PRESETS)
                         + " (--ttft-p99-ms and --tpot-p99-ms win)")
     g.add_argument("--max-error-rate", type=float, metavar="FRACTION", help="failed requests / sent allowed (default 0)")
+    g.add_argument("--confidence", type=float, metavar="C",
+                   help="of the order-statistic bounds each limited percentile is judged by (default 0.95): a limit "
+                        "passes when the upper bound is within it, fails when the lower bound is past it")
     g.add_argument("--percentiles", type=_floats, metavar="P,P,...",
                    help="percentiles reported for every metric (default 50,90,95,99,99.9; limits add theirs)")
 
@@ -76,7 +79,7 @@ def add_search_flags(g: Any) -> None:
     """``[latency.search]`` on the command line: any of these turns the capacity search on."""
     g.add_argument("--search", action="store_true",
                    help="search the highest request rate meeting every SLA limit (bracketing, then bisection; "
-                        "each point judged by 95%% confidence bounds on the limited percentiles)")
+                        "each point judged by --confidence bounds on the limited percentiles)")
     g.add_argument("--search-start-rate", type=float, metavar="REQ/S", help="the search's first rate (default 1)")
     g.add_argument("--search-requests", type=int, metavar="N",
                    help="requests a search point (default: the fewest that bound the limited percentile: 299 "
@@ -106,7 +109,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     load.add_argument("--arrivals", choices=["immediate", "vllm"],
                       help="open loop's first arrival: immediate = at t=0, no rescale (default); vllm = after one "
                            "gap, rescaled so the last lands at n/rate, as vllm bench serve does")
-    load.add_argument("--num-requests", type=int, metavar="N", help="measured requests")
+    load.add_argument("--num-requests", type=int, metavar="N",
+                      help="measured requests (default: the fewest that bound every limited percentile, at least "
+                           "32: 299 for a p99 limit at 95%%)")
     load.add_argument("--duration", type=float, metavar="S", help="stop scheduling after this many seconds")
     load.add_argument("--warmup", type=int, metavar="N", help="warm-up requests (run first, excluded)")
     load.add_argument("--input-len", type=_length_arg, metavar="N|LO:HI", help="prompt tokens")
@@ -215,7 +220,7 @@ def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
 def sla_from_args(args: argparse.Namespace) -> SlaSection:
     """The SLA flags as an ``[sla]`` table (SettingsError naming the flag or key)."""
     sla: dict[str, Any] = {"preset": args.sla_preset} if args.sla_preset else {}
-    for attr in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "max_error_rate"):
+    for attr in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "max_error_rate", "confidence"):
         if getattr(args, attr) is not None:
             sla[attr] = getattr(args, attr)
     for attr, key in (("min_output_throughput", "min_output_throughput_tok_s"),

@@ -114,8 +114,9 @@ async def measure_latency(
             warm = compute_metrics(await load.phase(model, requests(s.warmup_requests, "warmup"), load_shape(s),
                                                     "warmup"), pcts)
         before, server_error = await _scrape(session, base_url) if s.server_metrics else (None, None)
-        say(f"measure: {s.num_requests} requests, load={s.load}" + (f", {workers} load workers" if pool else ""))
-        main = requests(s.num_requests, "main")
+        count = s.measured_requests(sla)
+        say(f"measure: {count} requests, load={s.load}" + (f", {workers} load workers" if pool else ""))
+        main = requests(count, "main")
         phase = await load.phase(model, main, load_shape(s), "measure")
         metrics = compute_metrics(phase, pcts, slo)
         cache = cache_intent(main, s, ctx.block_size, dataset.counted_with if dataset else "")
@@ -152,7 +153,7 @@ async def _search(load: _Load, model: str, requests: Callable[[int, str], list[R
         sp = await load.phase(model, requests(n, f"search{points}"), load_shape(s, rate), "search")
         return compute_metrics(sp, pcts, slo)
 
-    return await search_capacity(search_at, s.search, sla, requests_per_point(s.search, sla, s.num_requests), say)
+    return await search_capacity(search_at, s.search, sla, requests_per_point(s.search, sla), say)
 
 
 def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:

@@ -16,7 +16,7 @@ import math
 from typing import Any, Awaitable, Callable
 
 from day0.client.prom import pct_name
-from day0.config.latency import CapacitySearch, SlaSection
+from day0.config.latency import MIN_REQUESTS, CapacitySearch, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile, percentile_bounds, samples_to_bound
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
@@ -31,18 +31,13 @@ QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting the SLA (confidence-bounded)"
 
 
-def requests_per_point(search: CapacitySearch, sla: SlaSection, fallback: int) -> int:
+def requests_per_point(search: CapacitySearch, sla: SlaSection) -> int:
     """``search.requests``, else the fewest that can bound the highest limited percentile from
-    above; ``fallback`` (the stage's own request count) when no latency limit is set."""
-    if search.requests:
-        return search.requests
-    limits = sla.latency_limits()
-    if not limits:
-        return fallback
-    return max(samples_to_bound(p, search.confidence) for _, p, _ in limits)
+    above (``MIN_REQUESTS`` when no latency limit is set: errors alone are judged)."""
+    return search.requests or max(MIN_REQUESTS, sla.requests_to_bound())
 
 
-def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: float) -> SearchPoint:
+def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection) -> SearchPoint:
     """Meets when every limited percentile's upper bound is within its limit and errors within
     ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
     undecided. A point whose queue grows (:func:`queue_grows`) misses too:
@@ -53,7 +48,7 @@ def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, confidence: flo
     lag = percentile(m.samples.get("send_lag") or [0.0], 90)
     misses, undecided, bounds = [], [], {}
     for metric, p, limit in sla.latency_limits():
-        b = percentile_bounds(m.samples.get(metric) or [], p, confidence)
+        b = percentile_bounds(m.samples.get(metric) or [], p, sla.confidence)
         key = f"{metric}_{pct_name(p)}"
         bounds[key] = (b.lower, b.upper)
         if b.lower is not None and b.lower > limit:
@@ -110,17 +105,17 @@ async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMe
     rate = search.start_rate
     while True:
         if len(points) >= search.max_points:
-            return SearchResult(points, requests, search.confidence, f"max_points ({search.max_points}) reached")
+            return SearchResult(points, requests, sla.confidence, f"max_points ({search.max_points}) reached")
         say(f"capacity search: {rate:.4g} req/s, {requests} requests")
-        point = judge_point(rate, await measure_at(rate, requests), sla, search.confidence)
+        point = judge_point(rate, await measure_at(rate, requests), sla)
         points.append(point)
         if point.verdict == UNDECIDED and met is not None and missed is not None:
             # inside the bracket, a point whose bounds straddle a limit is the SLA's edge itself
-            return SearchResult(points, requests, search.confidence,
+            return SearchResult(points, requests, sla.confidence,
                                 f"the SLA's edge: {rate:.4g} req/s is undecided ({', '.join(point.undecided)}) "
                                 f"between {met:.4g} (met) and {missed:.4g} (missed)")
         if point.verdict in (UNDECIDED, CLIENT_LAGGED):
-            return SearchResult(points, requests, search.confidence, f"{point.verdict} at {rate:.4g} req/s")
+            return SearchResult(points, requests, sla.confidence, f"{point.verdict} at {rate:.4g} req/s")
         if point.verdict == MEETS:
             met = rate if met is None else max(met, rate)
         else:
@@ -128,12 +123,12 @@ async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMe
         if missed is None:
             rate *= search.growth
             if rate > search.max_rate:
-                return SearchResult(points, requests, search.confidence,
+                return SearchResult(points, requests, sla.confidence,
                                     f"every point met the SLA up to max_rate ({search.max_rate:g} req/s)")
         elif met is None:
             rate /= search.growth
         elif missed / met - 1.0 <= search.precision:
-            return SearchResult(points, requests, search.confidence, f"precision {search.precision:g} reached")
+            return SearchResult(points, requests, sla.confidence, f"precision {search.precision:g} reached")
         else:
             rate = math.sqrt(met * missed)
 

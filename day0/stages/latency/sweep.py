@@ -1,5 +1,5 @@
-"""Stage 3's SLA sweep: the same workload at ascending offered rates until one misses the SLA,
-and the highest rate that met it."""
+"""Stage 3's SLA sweep: the same workload at ascending offered rates until one does not meet the
+SLA, and the highest rate that met it (the capacity search's judgement, at fixed rates)."""
 
 from __future__ import annotations
 
@@ -9,37 +9,26 @@ from day0.client.prom import pct_name
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile
-from day0.stages.latency.measurement import LatencyRun, SweepPoint
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, LatencyRun, SweepPoint
 from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
-
-
-def sla_misses(metrics: LatencyMetrics, sla: SlaSection) -> list[str]:
-    """Ids of the SLA limits a phase misses (used by the sweep)."""
-    failing = []
-    for metric, p, limit in sla.latency_limits():
-        st = metrics.stats[metric]
-        v = st.get(p) if pct_name(p) in st.percentiles else percentile(metrics.samples[metric], p)
-        if not (v <= limit):
-            failing.append(f"{metric}_{pct_name(p)}")
-    if metrics.error_rate > sla.max_error_rate:
-        failing.append("error_rate")
-    if metrics.completed == 0:
-        failing.append("no_completed_requests")
-    return failing
+from day0.stages.latency.search import judge_point
 
 
 async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], settings: LatencySection,
                     sla: SlaSection, say: Callable[[str], None]) -> list[SweepPoint]:
     """Each of ``sweep_rates`` in turn (``sweep_requests`` requests, ``measure_at(rate, n)``)
-    until one misses the SLA."""
+    until one does not meet the SLA, each judged as a capacity-search point is (confidence
+    bounds, queue growth, the client's lag)."""
     points: list[SweepPoint] = []
     for rate in settings.sweep_rates:
-        n = settings.sweep_requests or settings.num_requests
+        n = settings.sweep_requests or settings.measured_requests(sla)
         say(f"sweep: {rate:g} req/s, {n} requests")
-        sm = await measure_at(rate, n)
-        failing = sla_misses(sm, sla)
-        points.append(SweepPoint(rate, sm, not failing, failing))
-        if failing:
+        point = judge_point(rate, await measure_at(rate, n), sla)
+        failing = point.misses + [f"{key} undecided" for key in point.undecided]
+        if point.verdict == CLIENT_LAGGED:
+            failing.append(f"client lagged {point.lag_ms:.1f} ms (p90)")
+        points.append(SweepPoint(rate, point.metrics, point.verdict == MEETS, failing))
+        if point.verdict != MEETS:
             break
     return points
 
@@ -62,7 +51,7 @@ def sweep_check(run: LatencyRun) -> Check:
              "meets" if pt.meets_sla else "misses: " + ", ".join(pt.failing)] for pt in run.sweep]
     last = run.sweep[-1]
     msg = (f"highest swept rate meeting the SLA: {best:g} req/s" +
-           ("" if last.meets_sla else f"; {last.rate:g} req/s misses ({', '.join(last.failing)})")
+           ("" if last.meets_sla else f"; {last.rate:g} req/s does not meet it ({', '.join(last.failing)})")
            + ("" if lims else " (no latency limit set: only errors judged)"))
     return measured("latency.sla_sweep", "Highest request rate meeting the SLA", best, None, unit="req/s",
                     direction="higher_is_better", message=msg,

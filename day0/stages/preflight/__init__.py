@@ -16,6 +16,7 @@ from day0.model.config import ConfigUnavailable, model_config
 from day0.model.plan import Plan, plan
 from day0.model.plan_report import plan_checks
 from day0.model.sizing import plan_arguments
+from day0.stages.preflight.counts import request_count_findings
 from day0.stages.preflight.lint import Finding, lint, lint_checks
 
 __all__ = ["ConfigUnavailable", "Preflight", "engine_args_with", "model_config", "preflight"]
@@ -64,6 +65,7 @@ def preflight(profile: Profile, what_if: dict[str, Any] | None = None, rules: An
     findings = lint(engine_args_with(profile, what_if), config, device=t.device,
                     devices_per_node=fast_domain, nodes=t.nodes if fast_domain == t.devices_per_node else 1,
                     env={**profile.engine.env}, rules=rules, mode=profile.engine.mode)
+    findings += request_count_findings(profile.latency, profile.sla)
     try:
         return Preflight(source, findings, plan(config, **plan_arguments(profile, what_if)))
     except ValueError as exc:  # the lint findings already say why; keep them

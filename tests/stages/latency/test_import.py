@@ -34,7 +34,8 @@ def _checks(path: Path) -> dict[str, dict]:
 def test_a_vllm_result_becomes_the_stages_figures():
     raw = json.loads(VLLM.read_text())
     run = read_result(VLLM)
-    m, checks = import_checks(run, SlaSection.from_table({"ttft_p99_ms": 1000, "max_error_rate": 0.2}), [50, 99])
+    sla = SlaSection.from_table({"ttft_p99_ms": 1000, "ttft_p50_ms": 1000, "max_error_rate": 0.2})
+    m, checks = import_checks(run, sla, [50, 99])
     ok = [i for i, e in enumerate(raw["errors"]) if not e]
     assert (m.sent, m.completed, m.failed) == (12, len(ok), 12 - len(ok)) == (12, 10, 2)
     assert m.errors == {"http_error": 1, "dropped_stream": 1}
@@ -47,8 +48,12 @@ def test_a_vllm_result_becomes_the_stages_figures():
     assert m.duration_s == pytest.approx(raw["duration"]) and m.output_tokens == raw["total_output_tokens"]
     assert m.request_throughput == pytest.approx(raw["request_throughput"], rel=1e-9)
     by_id = {c.id: c for c in checks}
-    assert by_id["latency.import"].value == "vllm bench serve" and by_id["latency.ttft_p99"].status == "pass"
-    assert by_id["latency.ttft_p99"].value == pytest.approx(float(np.percentile(want, 99)), abs=1e-3)
+    assert by_id["latency.import"].value == "vllm bench serve" and by_id["latency.ttft_p50"].status == "pass"
+    assert by_id["latency.ttft_p50"].value == pytest.approx(float(np.percentile(want, 50)), abs=1e-3)
+    # ten requests bound a median, never a p99: the limit is not judged on a point estimate
+    p99 = by_id["latency.ttft_p99"]
+    assert p99.status == "error" and "10 requests cannot bound p99 within 1000 ms at 95%; 299 needed" in p99.message
+    assert p99.evidence["point_estimate"] == pytest.approx(float(np.percentile(want, 99)), abs=1e-3)
     assert by_id["latency.error_rate"].status == "pass" and "server_agreement" not in " ".join(by_id)
     assert {c.source for c in checks} == {"import:vllm bench serve"}
 
@@ -75,15 +80,20 @@ def test_a_guidellm_report_becomes_the_stages_figures_without_a_per_message_itl(
 
 def test_the_command_judges_by_the_same_sla_and_writes_a_run_day0_report_renders(tmp_path, capsys):
     args = ["import", str(VLLM), "--json", str(tmp_path / "c.json"), "--max-error-rate", "0.2"]
-    assert main(args + ["--ttft-p99-ms", "1000", "--goodput", "ttft:1000", "--out", str(tmp_path / "run")]) == 0
+    assert main(args + ["--limit", "ttft_p50_ms=1000", "--goodput", "ttft:1000", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    assert "PASS   latency.ttft_p99" in out and "note: TTFT and E2E here run from the scheduled send" in out
+    assert "PASS   latency.ttft_p50" in out and "note: TTFT and E2E here run from the scheduled send" in out
     checks = _checks(tmp_path / "c.json")
     assert checks["latency.goodput"]["value"] == pytest.approx(checks["latency.request_throughput"]["value"])
     record = load(tmp_path / "run")
     assert record.verdict == "accepted" and [s.name for s in record.stages] == ["latency"]
     assert record.environment["tool"] == "vllm bench serve"
-    assert main(args + ["--ttft-p99-ms", "1"]) == 1  # the same file, a tighter SLA: rejected
+    # a p99 limit the file's 10 requests cannot bound: the run is INCOMPLETE, naming the count needed
+    assert main(args + ["--ttft-p99-ms", "1000", "--out", str(tmp_path / "few")]) == 1
+    assert load(tmp_path / "few").verdict == "incomplete"
+    assert "could not measure: 10 requests cannot bound p99 within 1000 ms at 95%; 299 needed" in capsys.readouterr().out
+    assert main(args + ["--ttft-p99-ms", "1"]) == 1  # the same file, a tighter SLA: rejected (10 samples bound
+    # a p99 from below: the 9th smallest is under it at 95%, and it is past 1 ms)
     assert _checks(tmp_path / "c.json")["latency.ttft_p99"]["status"] == "fail"
     from day0.cli import main as day0
 

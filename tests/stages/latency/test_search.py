@@ -12,7 +12,7 @@ import random
 import pytest
 
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
-from day0.config.latency import CapacitySearch, LatencySection, SlaSection
+from day0.config.latency import MIN_REQUESTS, CapacitySearch, LatencySection, SlaSection
 from day0.results.report import render
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
 from day0.stages.latency.cli import format_report
@@ -52,39 +52,39 @@ def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, faile
 
 
 def test_a_point_is_judged_by_its_bounds_not_its_estimate():
-    assert judge_point(10.0, metrics_with([50.0] * 29), SLA, 0.95).verdict == MEETS
-    assert judge_point(10.0, metrics_with([200.0] * 29), SLA, 0.95).verdict == MISSES
+    assert judge_point(10.0, metrics_with([50.0] * 29), SLA).verdict == MEETS
+    assert judge_point(10.0, metrics_with([200.0] * 29), SLA).verdict == MISSES
     # 28 requests cannot bound p90 from above: the estimate (50 ms) is under the limit, the verdict is not
-    few = judge_point(10.0, metrics_with([50.0] * 28), SLA, 0.95)
+    few = judge_point(10.0, metrics_with([50.0] * 28), SLA)
     assert few.verdict == UNDECIDED and few.undecided == ["ttft_p90"] and few.bounds["ttft_p90"][1] is None
     # the limit inside the interval: 26 fast, 4 slow of 30 (mid-point: no queue growth); p90's bounds straddle 100 ms
-    straddle = judge_point(10.0, metrics_with([50.0] * 13 + [150.0] * 4 + [50.0] * 13), SLA, 0.95)
+    straddle = judge_point(10.0, metrics_with([50.0] * 13 + [150.0] * 4 + [50.0] * 13), SLA)
     assert straddle.verdict == UNDECIDED and straddle.bounds["ttft_p90"] == (50.0, 150.0)
     # a queue that grows through a point too short for it to reach the limit: the engine cannot keep up
-    growing = judge_point(10.0, metrics_with([10.0 + 3.0 * i for i in range(29)]), SLA, 0.95)
+    growing = judge_point(10.0, metrics_with([10.0 + 3.0 * i for i in range(29)]), SLA)
     assert growing.bounds["ttft_p90"][1] < 100.0 and growing.verdict == MISSES and growing.misses == ["queue_growth"]
-    steady = judge_point(10.0, metrics_with([50.0, 60.0, 40.0] * 10), SLA, 0.95)
+    steady = judge_point(10.0, metrics_with([50.0, 60.0, 40.0] * 10), SLA)
     assert steady.verdict == MEETS
     # a host that slows from 30 to 70 ms over a long point at a low rate, against a 2 s limit: below
     # a tenth of the limit, that is not a queue
-    slow_host = judge_point(10.0, metrics_with([30.0] * 15 + [70.0] * 15), SlaSection.from_table({"ttft_p90_ms": 2000}),
-                            0.95)
+    slow_host = judge_point(10.0, metrics_with([30.0] * 15 + [70.0] * 15), SlaSection.from_table({"ttft_p90_ms": 2000}))
     assert slow_host.verdict == MEETS
-    errors = judge_point(10.0, metrics_with([50.0] * 29, failed=1), SLA, 0.95)
+    errors = judge_point(10.0, metrics_with([50.0] * 29, failed=1), SLA)
     assert errors.verdict == MISSES and errors.misses == ["error_rate"]
     # the client 150 ms behind its schedule at 10 req/s (one gap is 100 ms): the rate was not offered
-    lagged = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=150.0), SLA, 0.95)
+    lagged = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=150.0), SLA)
     assert lagged.verdict == CLIENT_LAGGED and lagged.lag_ms == pytest.approx(150.0, rel=1e-3)
     # two sends of 29 150 ms late (a busy host's hiccup) are not a lagging client
-    hiccup = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=[0.0] * 27 + [150.0] * 2), SLA, 0.95)
+    hiccup = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=[0.0] * 27 + [150.0] * 2), SLA)
     assert hiccup.verdict == MEETS
 
 
 def test_requests_per_point_bound_the_highest_limited_percentile():
-    assert requests_per_point(CapacitySearch(), SLA, 32) == 29
-    assert requests_per_point(CapacitySearch(), SlaSection.from_table({"ttft_p99_ms": 1, "tpot_p90_ms": 1}), 32) == 299
-    assert requests_per_point(CapacitySearch(requests=64), SLA, 32) == 64
-    assert requests_per_point(CapacitySearch(), SlaSection(), 32) == 32  # no latency limit: the stage's count
+    assert requests_per_point(CapacitySearch(), SLA) == MIN_REQUESTS  # p90 needs 29, the floor is 32
+    assert requests_per_point(CapacitySearch(), SlaSection.from_table({"ttft_p99_ms": 1, "tpot_p90_ms": 1})) == 299
+    assert requests_per_point(CapacitySearch(), SlaSection.from_table({"ttft_p99_ms": 1, "confidence": 0.99})) == 459
+    assert requests_per_point(CapacitySearch(requests=64), SLA) == 64
+    assert requests_per_point(CapacitySearch(), SlaSection()) == MIN_REQUESTS  # no latency limit: errors alone
 
 
 def modelled(capacity_rate: float):

@@ -172,7 +172,12 @@ def test_checks_judge_limits_and_errors():
     c = by_id(latency_checks(run_of(rs, sla)))
     assert c["latency.ttft_p99"].status == "fail" and c["latency.ttft_p99"].value == pytest.approx(99.1, abs=0.01)
     assert c["latency.ttft_p50"].status == "pass"
-    assert c["latency.tpot_p99"].status == "pass" and c["latency.tpot_p99"].value == pytest.approx(4.0)
+    # 10 samples bound a p99 from below (the 9th smallest, 90 ms, is past 50: a fail at 95%), never
+    # from above: a p99 limit they all meet is not a pass but "could not measure"
+    assert c["latency.ttft_p99"].evidence["bounds"]["lower"] == pytest.approx(90.0, abs=0.01)
+    tpot = c["latency.tpot_p99"]
+    assert tpot.status == "error" and "10 requests cannot bound p99 within 10 ms at 95%; 299 needed" in tpot.message
+    assert tpot.value is None and tpot.evidence["point_estimate"] == pytest.approx(4.0)
     assert c["latency.itl_p99"].limit is None and c["latency.e2e_p99"].status == "pass"
     assert c["latency.error_rate"].status == "pass" and c["latency.error_rate"].value == pytest.approx(1 / 11, abs=1e-6)
     assert "timeout" in c["latency.error_rate"].message
@@ -239,7 +244,7 @@ def test_sweep_check_reports_the_highest_passing_rate():
     m = compute_metrics(phase_of(rs), [50, 99], sla.per_request_slo())
     sweep = [SweepPoint(1.0, m, True, []), SweepPoint(2.0, m, True, []), SweepPoint(4.0, m, False, ["ttft_p99"])]
     c = by_id(latency_checks(run_of(rs, sla, sweep=sweep)))["latency.sla_sweep"]
-    assert c.value == 2.0 and "4 req/s misses" in c.message
+    assert c.value == 2.0 and "4 req/s does not meet it (ttft_p99)" in c.message
     assert c.evidence["charts"][0]["series"][0]["x"] == [1.0, 2.0, 4.0]
 
 
