@@ -105,7 +105,8 @@ OPT_STR: Test = (lambda v: v is None or isinstance(v, str), "a string or null")
 # A stage's declaration as the record keeps it (day0.core.stages.Stage.describe).
 FIGURE: dict[str, tuple[bool, Test]] = {
     "key": (True, NAME), "label": (True, STR), "check_ids": (True, NAMES), "scale": (False, NUMBER),
-    "unit": (False, OPT_STR), "pick": (False, one_of(PICKS)), "need": (False, BOOL), "opt_in": (False, BOOL)}
+    "unit": (False, OPT_STR), "pick": (False, one_of(PICKS)), "need": (False, BOOL), "opt_in": (False, BOOL),
+    "answer_key": (False, OPT_STR)}
 STAGE_INFO: dict[str, tuple[bool, Test]] = {
     "name": (True, NAME), "title": (False, STR), "question": (False, STR), "figures": (False, LIST),
     "required": (False, NAMES), "origin": (False, STR)}

@@ -46,10 +46,15 @@ class Figure:
     # A measurement the profile opts into (the capacity search): shown when its check is in the
     # record, left out (never "absent") when the run did not ask for it.
     opt_in: bool = False
+    # An evidence key of the shown check holding the figure's answer in words (the capacity per
+    # replica, its margin and replicas; the load a cost is priced at): the first screen's note,
+    # and a line under the terminal's table.
+    answer_key: str = ""
 
     def describe(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "check_ids": list(self.check_ids), "scale": self.scale,
-                "unit": self.unit, "pick": self.pick, "need": self.need, "opt_in": self.opt_in}
+                "unit": self.unit, "pick": self.pick, "need": self.need, "opt_in": self.opt_in,
+                "answer_key": self.answer_key}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Figure:
@@ -59,7 +64,8 @@ class Figure:
         return cls(str(data.get("key", "")), str(data.get("label", "")),
                    tuple(str(i) for i in ids) if isinstance(ids, list) else (),
                    float(data.get("scale") or 1.0), unit if isinstance(unit, str) else None,
-                   str(data.get("pick") or "worst"), data.get("need") is True, data.get("opt_in") is True)
+                   str(data.get("pick") or "worst"), data.get("need") is True, data.get("opt_in") is True,
+                   str(data.get("answer_key") or ""))
 
 
 # What a stage's ``run`` returns: the checks it measured (a day0.core.record.Check each).

@@ -117,6 +117,8 @@ def markdown(record: RunRecord) -> str:
     if rows:
         lines += ["| Metric | Value | Limit | Status |", "| --- | --- | --- | --- |"]
         lines += [f"| {' | '.join(_cell(x) for x in row)} |" for row in rows]
+        answers = summary.answer_lines(s)
+        lines += [""] + [f"- {_cell(a)}" for a in answers] if answers else []
     else:
         lines.append("No headline figure was measured in this run.")
     if s.failed:

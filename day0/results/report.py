@@ -422,13 +422,15 @@ def _render(
 def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[Path | str]) -> list[str]:
     """Lines for the terminal at the end of a run: verdict, what failed, where the files are.
     Record text is escaped (:func:`term_safe`): a message cannot forge or hide a line."""
-    rows = summary.headline_rows(summary.summarize(record))
+    first = summary.summarize(record)
+    rows = summary.headline_rows(first)
     if rows:  # like vLLM bench's result block: metric, value, limit, status
         w = max(len(r[0]) for r in rows)
         lines = [f"{'metric':<{w}}  {'value':>16}  {'limit':>16}  status"]
         lines += [f"{m:<{w}}  {v:>16}  {lim:>16}  {st}" for m, v, lim, st in rows]
     else:
         lines = []
+    lines += summary.answer_lines(first)
     lines.append(f"day0 verdict: {summary.verdict_line(record)}: {record.reason}")
     failed = [(s.name, c) for s in record.stages for c in s.checks if c.failed]
     waivers = waivers_of(record.profile)

@@ -88,6 +88,7 @@ class Headline:
     trend: list[tuple[str, float]] = field(default_factory=list)  # (run id, value), oldest first
     baseline_index: int | None = None  # which trend point the regression baseline is
     waived: bool = False  # a fail the profile's [report] waivers accept: shown as such
+    answer: str = ""  # the figure's answer in words (Figure.answer_key), under the terminal's table
 
 
 def _worst(checks: Sequence[Check]) -> Check:
@@ -150,8 +151,12 @@ def headline(fig: Figure, checks: list[Check]) -> Headline:
         note = (note + "; " if note else "") + f"needs {fmt(c.limit)} {c.unit}".strip()
     if c.status in NOT_VERIFIED:
         note = (note + "; " if note else "") + c.message
+    told = ev.get(fig.answer_key) if fig.answer_key else None
+    answer = told if isinstance(told, str) else ""
+    if answer:
+        note = (note + "; " if note else "") + answer
     return Headline(fig.key, fig.label, None if v is None else v * fig.scale, text, _limit(c, fig.scale, fig.unit),
-                    c.status, c.id, note, c.direction)
+                    c.status, c.id, note, c.direction, answer=answer)
 
 
 def stage_infos(record: RunRecord) -> dict[str, StageInfo]:
@@ -297,6 +302,11 @@ def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id
         h.trend = [(rid, vals[h.key]) for rid, vals in per_run if vals.get(h.key) is not None]  # type: ignore[misc]
         ids = [rid for rid, _ in h.trend]
         h.baseline_index = ids.index(baseline_run_id) if baseline_run_id in ids else None
+
+
+def answer_lines(s: Summary) -> list[str]:
+    """The figures' answers in words, one line each, for under the terminal's table."""
+    return [f"{h.label}: {h.answer}" for h in s.headlines if h.answer and h.status != "absent"]
 
 
 def headline_rows(s: Summary) -> list[tuple[str, str, str, str]]:

@@ -25,17 +25,19 @@ def test_tenant_isolation(endpoint, day0_profile, day0_checks):
 
 
 def test_cost_within_budget(day0_context, day0_checks):
-    """Cost per 1M output tokens and per hour from this run's measured throughput and the
-    profile's price per device-hour, against the budget."""
+    """Cost per 1M output tokens and per hour from this run's measured throughput (at the
+    sustained load when the capacity search ran) and the profile's price per device-hour,
+    against the budget."""
     settings = day0_context.section.cost
     if not settings.enabled:
         pytest.skip("[risks.cost].enabled = false")
     if settings.price_per_device_hour is None:
         day0_checks.extend(cost.unpriced_checks(settings))
         return
-    throughput = _stage3_throughput(day0_context)
+    sustained = cost.sustained_throughput(day0_context.record.checks())
     topo = day0_context.profile.topology
-    day0_checks.extend(cost.budget_checks(throughput, settings, topo.nodes, topo.devices_per_node))
+    day0_checks.extend(cost.priced_checks(_stage3_throughput(day0_context), sustained, settings, topo.nodes,
+                                          topo.devices_per_node))
 
 
 def _stage3_throughput(ctx) -> cost.Throughput:

@@ -11,9 +11,9 @@ from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile, percentile_bounds, samples_to_bound
 from day0.stages.latency.agreement import frontend_overhead_check, server_agreement_check
+from day0.stages.latency.capacity import capacity_check
 from day0.stages.latency.measurement import CacheIntent, LatencyRun
 from day0.stages.latency.metrics import DEFINITIONS, METRIC_TITLES, METRICS, SOURCE, LatencyMetrics, rounded
-from day0.stages.latency.search import capacity_check
 from day0.stages.latency.sweep import sweep_check
 
 MAX_POOLED_SAMPLES = 20_000  # pooled ITL samples kept in evidence (stride-downsampled beyond)
@@ -38,7 +38,7 @@ def latency_checks(run: LatencyRun) -> list[Check]:
     if run.sweep:
         checks.append(sweep_check(run))
     if run.search is not None and run.settings.search is not None:  # a search measures one point at least
-        checks.append(capacity_check(run.search, sla, run.settings.search))
+        checks.append(capacity_check(run.search, sla, run.settings.search, run.devices))
     return checks
 
 

@@ -28,6 +28,7 @@ from day0.core.inputs import refusal, term_safe
 from day0.core.record import Check
 from day0.core.stats import percentile
 from day0.engine import Endpoint, EngineError
+from day0.stages.latency.capacity import CHECK_ID as CAPACITY
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
 from day0.stages.latency.measurement import LatencyRun
@@ -81,6 +82,8 @@ def add_search_flags(g: Any) -> None:
                    help="search the highest request rate meeting every SLA limit (bracketing, then bisection; "
                         "each point judged by --confidence bounds on the limited percentiles)")
     g.add_argument("--search-start-rate", type=float, metavar="REQ/S", help="the search's first rate (default 1)")
+    g.add_argument("--devices", type=int, default=1, metavar="N",
+                   help="devices serving --url (the capacity answer's output tok/s per device; default 1)")
     g.add_argument("--search-requests", type=int, metavar="N",
                    help="requests a search point (default: the fewest that bound the limited percentile: 299 "
                         "for p99)")
@@ -310,6 +313,9 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
                            for k, (lo, hi) in sp.bounds.items())
         lines.append(f"search {sp.rate:.4g} req/s: {bounds} -> {sp.verdict}"
                      + (f" ({', '.join(sp.misses)})" if sp.misses else ""))
+    told = next((c.evidence.get("answer") for c in checks if c.id == CAPACITY and c.status == "pass"), "")
+    if told:
+        lines.append(f"capacity: {told}")
     lines.append("")
     lines += [f"{c.status.upper():<6} {c.id:<28} {c.message}" for c in checks]
     return "\n".join(lines)
@@ -335,7 +341,8 @@ def cli_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"day0 latency: {exc}", file=sys.stderr)
         return 2
-    for flag, value in (("--max-model-len", args.max_model_len), ("--block-size", args.block_size)):
+    for flag, value in (("--max-model-len", args.max_model_len), ("--block-size", args.block_size),
+                        ("--devices", args.devices)):
         if value is not None and value < 1:
             print(f"day0 latency: {flag} {value}: must be at least 1", file=sys.stderr)
             return 2
@@ -346,6 +353,7 @@ def cli_main(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as exc:  # InputError (an unusable dataset), SettingsError
         print(f"day0 latency: {exc}", file=sys.stderr)
         return 2
+    run.devices = args.devices
     checks = latency_checks(run)
     print(format_report(run, checks))
     if args.json:

@@ -125,3 +125,4 @@ class LatencyRun:
     cache: CacheIntent | None = None
     spec: SpecWindow | None = None  # None: a view without /metrics (in-process)
     search: SearchResult | None = None  # the capacity search ([latency.search]), when run
+    devices: int = 1  # what serves the engine (the profile's topology): throughput per device

@@ -13,14 +13,13 @@ coin flip decides whether it lands under a limit.
 from __future__ import annotations
 
 import math
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from day0.client.prom import pct_name
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, SlaSection
-from day0.core.record import Check, measured
-from day0.core.stats import percentile, percentile_bounds, samples_to_bound
+from day0.core.stats import percentile, percentile_bounds
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
-from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
+from day0.stages.latency.metrics import LatencyMetrics
 
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
 # more than QUEUE_GROWTH times its first quarter's, and higher by more than QUEUE_FLOOR of the
@@ -28,7 +27,6 @@ from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
 # too short for the queue to reach the limit. The floor keeps a busy host's slowdown over a long
 # point at a low rate (30 ms becoming 60 ms against a 2 s limit) from reading as a queue.
 QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
-CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting the SLA (confidence-bounded)"
 
 
 def requests_per_point(search: CapacitySearch, sla: SlaSection) -> int:
@@ -131,70 +129,3 @@ async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMe
             return SearchResult(points, requests, sla.confidence, f"precision {search.precision:g} reached")
         else:
             rate = math.sqrt(met * missed)
-
-
-def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch) -> Check:
-    """``latency.capacity``: the sustained rate (pass), no rate meeting the SLA (fail), or a search
-    that could not decide (error, naming the point and what to change)."""
-    best, miss, last = result.sustained, result.first_miss, result.points[-1]
-    evidence = _evidence(result, sla, search)
-    if last.verdict == CLIENT_LAGGED or (last.verdict == UNDECIDED and (best is None or miss is None)):
-        why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {last.rate:.4g} req/s "
-               "(more than one arrival gap): add latency.workers" if last.verdict == CLIENT_LAGGED else
-               f"{result.requests_per_point} requests at {last.rate:.4g} req/s cannot decide "
-               f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
-               f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
-        return Check(CHECK_ID, TITLE, "error", unit="req/s", direction="higher_is_better", source=SOURCE,
-                     evidence=evidence, message=f"could not measure: {why}")
-    if best is None:
-        return Check(CHECK_ID, TITLE, "fail", value=0.0, unit="req/s", direction="higher_is_better", source=SOURCE,
-                     evidence=evidence,
-                     message=(f"no rate tried meets the SLA: the lowest, {miss.rate:.4g} req/s, misses "
-                              f"{', '.join(miss.misses)}" if miss else "no rate tried meets the SLA"))
-    told = f"sustains {best:.4g} req/s within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
-           "requests a point)"
-    told += (f"; {miss.rate:.4g} req/s misses {', '.join(miss.misses)}" if miss else "") + f"; {result.stopped}"
-    if search.target_rate:
-        told += f"; {math.ceil(search.target_rate / best)} replicas for {search.target_rate:g} req/s"
-    return measured(CHECK_ID, TITLE, round(best, 4), None, unit="req/s", direction="higher_is_better",
-                    source=SOURCE, evidence=evidence, message=told)
-
-
-def _needed(sla: SlaSection, confidence: float) -> str:
-    return ", ".join(f"{metric}_{pct_name(p)} needs {samples_to_bound(p, confidence)}"
-                     for metric, p, _ in sla.latency_limits())
-
-
-def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch) -> dict[str, Any]:
-    """The points as a table (bounds per limit, verdict) and a chart of each limited percentile's
-    bounds against the offered rate, the limits as reference lines."""
-    limits = sla.latency_limits()
-    keys = [f"{metric}_{pct_name(p)}" for metric, p, _ in limits]
-    by_rate = sorted(result.points, key=lambda pt: pt.rate)
-    rows = [[rounded(pt.rate), rounded(pt.metrics.request_throughput), pt.metrics.completed,
-             *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
-             pt.verdict + (": " + ", ".join(pt.misses or pt.undecided) if pt.verdict != MEETS else "")]
-            for pt in by_rate]
-    series = []
-    for k in keys:
-        for side, i in (("upper", 1), ("lower", 0)):
-            series.append({"name": f"{k} {side} bound", "x": [pt.rate for pt in by_rate],
-                           "y": [rounded(pt.bounds[k][i]) for pt in by_rate]})
-    refs = [{"y": limit, "label": f"{metric} {pct_name(p)} limit"} for metric, p, limit in limits]
-    return {"table": {"columns": ["offered req/s", "achieved req/s", "completed",
-                                  *[f"{k} (ms, {result.confidence:.0%})" for k in keys], "error rate",
-                                  "client lag p90 (ms)", "verdict"], "rows": rows},
-            "charts": [{"kind": "line", "title": "Latency bounds vs offered request rate",
-                        "x_label": "offered rate (req/s)", "y_label": "ms", "x_log": True, "series": series,
-                        "reference": refs}],
-            "order": [rounded(pt.rate) for pt in result.points], "stopped": result.stopped,
-            "requests_per_point": result.requests_per_point, "confidence": result.confidence,
-            "search": search.model_dump(),
-            "definition": "docs/metrics.md, Confidence; docs/stages/latency.md, Capacity search"}
-
-
-def _interval(bounds: tuple[float | None, float | None] | None) -> str:
-    if bounds is None:
-        return "-"
-    lo, hi = bounds
-    return f"{'?' if lo is None else rounded(lo)} .. {'?' if hi is None else rounded(hi)}"

@@ -58,6 +58,7 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
         endpoint = engine.endpoint
         run = run_latency(endpoint.base_url, endpoint.model, vocab, settings, sla, progress=progress,
                           headers=endpoint.headers, ctx=ctx)
+        run.devices = profile.topology.world_size
         checks = latency_checks(run)
     if not speculating(profile.engine.args):
         return checks

@@ -4,7 +4,9 @@
     output tokens per hour   = throughput (tok/s) x 3600 x utilization
     cost per 1M output tokens = cost per hour / output tokens per hour x 1e6
 
-Throughput is stage 3's ``latency.output_throughput`` as this run recorded it (the record so far,
+Throughput is the capacity search's sustained point (``latency.capacity``: the highest load
+meeting the SLA, what a replica is bought for) when the run searched; otherwise stage 3's
+``latency.output_throughput`` as this run recorded it (the record so far,
 :class:`day0.stages.context.RecordSoFar`; the load the profile's ``[latency]`` table describes), or, when stage 3 did not run, a short run of stage 3's
 workload that the risks suite measures (``day0.stages.latency.measure_throughput``) and hands
 over. Prices and utilization are the profile's assumptions and are shown beside the result,
@@ -22,6 +24,7 @@ from day0.config.risks import CostSettings
 from day0.core.record import Check, measured
 
 THROUGHPUT_CHECK = "latency.output_throughput"
+SUSTAINED_CHECK = "latency.capacity"  # the capacity search's answer: its sustained point's throughput
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,21 @@ def recorded_throughput(checks: Iterable[Check], check_id: str = THROUGHPUT_CHEC
                 and c.status in ("pass", "fail"):
             found = Throughput(float(v), f"stage {c.stage}: {check_id}",
                                {"check": check_id, "status": c.status, "at": c.finished_at, "unit": c.unit})
+    return found
+
+
+def sustained_throughput(checks: Iterable[Check]) -> Throughput | None:
+    """Output throughput at the highest load meeting the SLA (``latency.capacity``'s sustained
+    point), or None when no capacity search found one: the load a replica is priced at."""
+    found: Throughput | None = None
+    for c in checks:
+        point = c.evidence.get("sustained") if c.id == SUSTAINED_CHECK and c.status == "pass" else None
+        tok_s = point.get("output_tok_s") if isinstance(point, dict) else None
+        if isinstance(tok_s, (int, float)) and not isinstance(tok_s, bool) and tok_s > 0:
+            rate = point.get("offered_req_s")
+            found = Throughput(float(tok_s), f"stage {c.stage}: {SUSTAINED_CHECK}, the sustained load ({rate} req/s "
+                                             "within the SLA)", {"check": SUSTAINED_CHECK, "offered_req_s": rate,
+                                                                 "at": c.finished_at, "unit": "tok/s"})
     return found
 
 
@@ -133,6 +151,26 @@ def budget_checks(throughput: Throughput, settings: CostSettings, nodes: int, de
                    settings.price_per_device_hour, settings.utilization, settings.currency)
     checks = cost_checks(est, settings, throughput.source, devices_from)
     checks[0].evidence["throughput_detail"] = throughput.detail
+    return checks
+
+
+def priced_checks(at_stage_load: Throughput, sustained: Throughput | None, settings: CostSettings, nodes: int,
+                  devices_per_node: int) -> list[Check]:
+    """The budget judged at the sustained load when a capacity search found one (what a replica
+    serves at the SLA), else at the latency stage's load; with both, the stage-load figure is kept
+    beside it, reported (``...per_million_output_tokens.latency_load``)."""
+    checks = budget_checks(sustained or at_stage_load, settings, nodes, devices_per_node)
+    if settings.price_per_device_hour is None:
+        return checks
+    checks[0].evidence["load"] = (f"priced at the sustained load, {sustained.detail['offered_req_s']} req/s "
+                                  f"({SUSTAINED_CHECK})" if sustained else "priced at the latency stage's load")
+    if sustained is not None:
+        stage = budget_checks(at_stage_load, settings, nodes, devices_per_node)[0]
+        checks.insert(1, Check(f"{stage.id}.latency_load", "Cost per million output tokens at the latency stage's "
+                               "load", "pass", value=stage.value, unit=stage.unit, direction=stage.direction,
+                               source=stage.source, evidence=stage.evidence, performance=True,
+                               message=f"{stage.message.split(' (budget')[0]}: at the latency stage's load, "
+                                       "reported (the budget is judged at the sustained load)"))
     return checks
 
 

@@ -15,14 +15,13 @@ from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, LatencySection, SlaSection
 from day0.results.report import render
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
+from day0.stages.latency.capacity import CHECK_ID, capacity_check
 from day0.stages.latency.cli import format_report
 from day0.stages.latency.search import (
-    CHECK_ID,
     CLIENT_LAGGED,
     MEETS,
     MISSES,
     UNDECIDED,
-    capacity_check,
     judge_point,
     requests_per_point,
     search_capacity,

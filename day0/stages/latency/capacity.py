@@ -1,0 +1,174 @@
+"""Stage 3's capacity answer, from a capacity search (``search``): the sustained rate per replica,
+its margin to the SLA, the replicas a target load needs, and the Pareto view of the points.
+
+A team quotes "one replica sustains X req/s (Y output tok/s per device) within the SLA, so the
+launch needs N replicas", not "p99 TTFT at 4 req/s passed"; this module turns the points into
+that sentence (the check ``latency.capacity`` and its ``answer``, which the first screen and the
+terminal show) and into the data behind it (docs/metrics.md, Capacity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from day0.client.prom import pct_name
+from day0.config.latency import CapacitySearch, SlaSection
+from day0.core.record import Check, measured
+from day0.core.stats import samples_to_bound
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, UNDECIDED, SearchPoint, SearchResult
+from day0.stages.latency.metrics import SOURCE, rounded
+
+CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting the SLA (confidence-bounded)"
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far a met point's upper bound sits under one limit: ``share`` = (limit - upper) / limit."""
+
+    key: str
+    upper: float
+    limit: float
+
+    @property
+    def share(self) -> float:
+        return (self.limit - self.upper) / self.limit
+
+
+def margins(point: SearchPoint, sla: SlaSection) -> list[Margin]:
+    """Every limited percentile's margin at ``point``, tightest first (upper bounds only: a met
+    point has them all)."""
+    out = []
+    for metric, p, limit in sla.latency_limits():
+        key = f"{metric}_{pct_name(p)}"
+        upper = point.bounds.get(key, (None, None))[1]
+        if upper is not None:
+            out.append(Margin(key, upper, limit))
+    return sorted(out, key=lambda m: m.share)
+
+
+def interactivity(point: SearchPoint) -> float | None:
+    """Output tok/s one user sees: 1000 / mean TPOT (ms); None without a TPOT sample."""
+    tpot = point.metrics.stats.get("tpot")
+    return 1000.0 / tpot.mean if tpot is not None and tpot.count and tpot.mean > 0 else None
+
+
+def pareto_rows(result: SearchResult, devices: int) -> list[dict[str, Any]]:
+    """Per point, by rate: throughput per device against interactivity (InferenceX's axes)."""
+    return [{"offered_req_s": rounded(pt.rate), "output_tok_s": rounded(pt.metrics.output_throughput),
+             "output_tok_s_per_device": rounded(pt.metrics.output_throughput / devices),
+             "tok_s_per_user": rounded(interactivity(pt)), "verdict": pt.verdict}
+            for pt in sorted(result.points, key=lambda pt: pt.rate)]
+
+
+def answer(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int) -> str:
+    """The first screen's sentence: per replica, margin, replicas for the target."""
+    best = result.sustained
+    point = next((pt for pt in result.points if pt.rate == best and pt.verdict == MEETS), None)
+    if best is None or point is None:
+        return ""
+    text = (f"{best:.4g} req/s per replica ({point.metrics.output_throughput / devices:.4g} output tok/s per "
+            f"device, {devices} device(s))")
+    tight = margins(point, sla)
+    if tight:
+        m = tight[0]
+        text += f"; margin {m.share:.0%} on {m.key} ({m.upper:.4g} of {m.limit:g} ms, upper bound)"
+    if search.target_rate:
+        text += f"; {math.ceil(search.target_rate / best)} replicas for {search.target_rate:g} req/s"
+    return text
+
+
+def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int = 1) -> Check:
+    """``latency.capacity``: the sustained rate (pass), no rate meeting the SLA (fail), or a search
+    that could not decide (error, naming the point and what to change)."""
+    best, miss, last = result.sustained, result.first_miss, result.points[-1]
+    evidence = _evidence(result, sla, search, devices)
+    if last.verdict == CLIENT_LAGGED or (last.verdict == UNDECIDED and (best is None or miss is None)):
+        why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {last.rate:.4g} req/s "
+               "(more than one arrival gap): add latency.workers" if last.verdict == CLIENT_LAGGED else
+               f"{result.requests_per_point} requests at {last.rate:.4g} req/s cannot decide "
+               f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
+               f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
+        return Check(CHECK_ID, TITLE, "error", unit="req/s", direction="higher_is_better", source=SOURCE,
+                     evidence=evidence, message=f"could not measure: {why}")
+    if best is None:
+        return Check(CHECK_ID, TITLE, "fail", value=0.0, unit="req/s", direction="higher_is_better", source=SOURCE,
+                     evidence=evidence,
+                     message=(f"no rate tried meets the SLA: the lowest, {miss.rate:.4g} req/s, misses "
+                              f"{', '.join(miss.misses)}" if miss else "no rate tried meets the SLA"))
+    told = f"sustains {best:.4g} req/s within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
+           "requests a point)"
+    told += (f"; {miss.rate:.4g} req/s misses {', '.join(miss.misses)}" if miss else "") + f"; {result.stopped}"
+    told += f"; {evidence['answer']}"
+    return measured(CHECK_ID, TITLE, round(best, 4), None, unit="req/s", direction="higher_is_better",
+                    source=SOURCE, evidence=evidence, message=told)
+
+
+def _needed(sla: SlaSection, confidence: float) -> str:
+    return ", ".join(f"{metric}_{pct_name(p)} needs {samples_to_bound(p, confidence)}"
+                     for metric, p, _ in sla.latency_limits())
+
+
+def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int) -> dict[str, Any]:
+    """The points as a table, the bounds chart, the Pareto data and chart, and at the sustained
+    point what the cost stage prices (its output throughput) and the answer."""
+    keys = [f"{metric}_{pct_name(p)}" for metric, p, _ in sla.latency_limits()]
+    by_rate = sorted(result.points, key=lambda pt: pt.rate)
+    rows = [[rounded(pt.rate), rounded(pt.metrics.request_throughput), pt.metrics.completed,
+             *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
+             pt.verdict + (": " + ", ".join(pt.misses or pt.undecided) if pt.verdict != MEETS else "")]
+            for pt in by_rate]
+    pareto = pareto_rows(result, devices)
+    evidence: dict[str, Any] = {
+        "table": {"columns": ["offered req/s", "achieved req/s", "completed",
+                              *[f"{k} (ms, {result.confidence:.0%})" for k in keys], "error rate",
+                              "client lag p90 (ms)", "verdict"], "rows": rows},
+        "charts": [_bounds_chart(by_rate, sla), _pareto_chart(pareto, sla)],
+        "pareto": pareto, "devices": devices,
+        "order": [rounded(pt.rate) for pt in result.points], "stopped": result.stopped,
+        "requests_per_point": result.requests_per_point, "confidence": result.confidence,
+        "search": search.model_dump(), "answer": answer(result, sla, search, devices),
+        "definition": "docs/metrics.md, Confidence and Capacity; docs/stages/latency.md, Capacity search"}
+    best = next((pt for pt in by_rate if pt.rate == result.sustained and pt.verdict == MEETS), None)
+    if best is not None:
+        evidence["sustained"] = {"offered_req_s": rounded(best.rate), "output_tok_s": rounded(best.metrics.output_throughput),
+                                 "margins": [{"limit": m.key, "upper_ms": rounded(m.upper), "limit_ms": m.limit,
+                                              "share": rounded(m.share)} for m in margins(best, sla)]}
+    return evidence
+
+
+def _bounds_chart(by_rate: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:
+    """Each limited percentile's bounds against the offered rate, the limits as reference lines."""
+    series = []
+    for metric, p, _ in sla.latency_limits():
+        k = f"{metric}_{pct_name(p)}"
+        for side, i in (("upper", 1), ("lower", 0)):
+            series.append({"name": f"{k} {side} bound", "x": [pt.rate for pt in by_rate],
+                           "y": [rounded(pt.bounds[k][i]) for pt in by_rate]})
+    refs = [{"y": limit, "label": f"{metric} {pct_name(p)} limit"} for metric, p, limit in sla.latency_limits()]
+    return {"kind": "line", "title": "Latency bounds vs offered request rate", "x_label": "offered rate (req/s)",
+            "y_label": "ms", "x_log": True, "series": series, "reference": refs}
+
+
+def _pareto_chart(pareto: list[dict[str, Any]], sla: SlaSection) -> dict[str, Any]:
+    """Interactivity against throughput per device, the points that meet the SLA apart from those
+    that do not; the tightest TPOT limit as the interactivity it allows (1000 / limit)."""
+    series = []
+    for name, keep in (("meets the SLA", lambda v: v == MEETS), ("does not", lambda v: v != MEETS)):
+        pts = [r for r in pareto if keep(r["verdict"]) and r["tok_s_per_user"] is not None]
+        if pts:
+            series.append({"name": name, "x": [r["output_tok_s_per_device"] for r in pts],
+                           "y": [r["tok_s_per_user"] for r in pts]})
+    tpot = [(p, limit) for metric, p, limit in sla.latency_limits() if metric == "tpot"]
+    refs = [{"y": round(1000.0 / limit, 4), "label": f"tpot {pct_name(p)} limit {limit:g} ms"} for p, limit in tpot[:1]]
+    return {"kind": "scatter", "title": "Interactivity vs throughput per device (one point per offered rate)",
+            "x_label": "output tok/s per device", "y_label": "tok/s per user (1000 / mean TPOT)", "x_log": False,
+            "series": series, "reference": refs}
+
+
+def _interval(bounds: tuple[float | None, float | None] | None) -> str:
+    if bounds is None:
+        return "-"
+    lo, hi = bounds
+    return f"{'?' if lo is None else rounded(lo)} .. {'?' if hi is None else rounded(hi)}"
