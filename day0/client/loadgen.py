@@ -16,7 +16,7 @@ import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import aiohttp
 
@@ -97,7 +97,7 @@ class PhaseResult:
     results: list[RequestResult]
     started: float  # perf_counter at the phase's t=0
     ended: float  # perf_counter when the last request finished (succeeded or failed)
-    not_sent: int = 0
+    not_sent: int = 0  # kept back by the duration bound, or by a stop rule (those cancelled in flight too)
     target_offsets: list[float] = field(default_factory=list)
     workers: int = 1  # processes that drove it (day0.client.workers)
 
@@ -149,15 +149,24 @@ def request_id(phase: str, tag: str, index: int) -> str:
     return f"day0-{phase}-{tag}-{index}"
 
 
+# A stop rule: called with each finished request; True ends the phase (nothing more is sent, and
+# the requests in flight are cancelled: their connections close, so the server aborts them).
+Until = Callable[[RequestResult], bool]
+
+
 async def drive(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions, *,
-                t0: float, phase: str, tag: str) -> tuple[list[RequestResult], int]:
+                t0: float, phase: str, tag: str, until: Until | None = None) -> tuple[list[RequestResult], int]:
     """Drive ``part`` from the perf_counter instant ``t0``; (results in send order, requests not sent).
 
-    Requests scheduled at or after ``t0 + duration_s`` are not sent (kept back, not failed)."""
+    Requests scheduled at or after ``t0 + duration_s`` are not sent (kept back, not failed).
+    ``until`` (open loop only) may end the phase early: requests it kept back or cancelled count
+    as not sent."""
     deadline = t0 + part.duration_s if part.duration_s else float("inf")
     if part.offsets is None:
+        if until is not None:
+            raise ValueError("a stop rule needs an open loop (offsets): a closed loop has no schedule to cut")
         return await _closed_loop(session, url, model, part, opts, deadline, phase, tag)
-    return await _open_loop(session, url, model, part, opts, t0, deadline, phase, tag)
+    return await _open_loop(session, url, model, part, opts, t0, deadline, phase, tag, until)
 
 
 async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
@@ -183,25 +192,53 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, par
 
 
 async def _open_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
-                     t0: float, deadline: float, phase: str, tag: str) -> tuple[list[RequestResult], int]:
+                     t0: float, deadline: float, phase: str, tag: str,
+                     until: Until | None = None) -> tuple[list[RequestResult], int]:
     """Each request at ``t0 + offset``, whatever is in flight; a cap makes it wait (inside its latency)."""
     cap = asyncio.Semaphore(part.concurrency) if part.concurrency > 0 else None
     tasks: list[asyncio.Task[RequestResult]] = []
+    stop = asyncio.Event()
 
     async def capped(r: Request, scheduled: float) -> RequestResult:
         rid = request_id(phase, tag, r.index)
         if cap is None:
-            return await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
-        async with cap:
-            return await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
+            result = await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
+        else:
+            async with cap:
+                result = await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase,
+                                          request_id=rid)
+        if until is not None and until(result):
+            stop.set()
+        return result
 
     for r, off in zip(part.requests, part.offsets or []):
         target = t0 + off
-        if target >= deadline:
+        if target >= deadline or stop.is_set():
             break
         await sleep_until(target, part.precise)
+        if stop.is_set():
+            break
         tasks.append(asyncio.create_task(capped(r, target)))
-    return list(await asyncio.gather(*tasks)), len(part.requests) - len(tasks)
+    if until is None:
+        return list(await asyncio.gather(*tasks)), len(part.requests) - len(tasks)
+    done = await _until_stopped(tasks, stop)
+    return done, len(part.requests) - len(done)
+
+
+async def _until_stopped(tasks: list[asyncio.Task[RequestResult]], stop: asyncio.Event) -> list[RequestResult]:
+    """Every task's result, or, once ``stop`` is set, those finished by then (the rest cancelled)."""
+    waiter = asyncio.ensure_future(stop.wait())
+    pending: set[asyncio.Future[Any]] = set(tasks)
+    try:
+        while pending and not stop.is_set():
+            _, pending = await asyncio.wait(pending | {waiter}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(waiter)
+    finally:
+        waiter.cancel()
+    for t in tasks:
+        t.cancel()  # a no-op on the finished ones
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
 
 
 async def run_phase(
@@ -213,14 +250,16 @@ async def run_phase(
     opts: ClientOptions,
     *,
     phase: str = "measure",
+    until: Until | None = None,
 ) -> PhaseResult:
-    """Drive one phase of load from this process and return every request's result (none raise)."""
+    """Drive one phase of load from this process and return every request's result (none raise);
+    ``until`` may end it early (:data:`Until`)."""
     shape.validate()
     url = endpoint_url(base_url, opts.endpoint)
     offsets = shape.offsets(len(requests))
     part = Part(requests, offsets, shape.concurrency, shape.duration_s, shape.precise_timing)
     t0 = time.perf_counter()
-    results, not_sent = await drive(session, url, model, part, opts, t0=t0, phase=phase, tag=new_tag())
+    results, not_sent = await drive(session, url, model, part, opts, t0=t0, phase=phase, tag=new_tag(), until=until)
     ended = max((r.finished for r in results), default=time.perf_counter())
     results.sort(key=lambda r: r.scheduled)
     return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [])

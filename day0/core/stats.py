@@ -80,30 +80,36 @@ def binomial_cdf(k: int, n: int, q: float) -> float:
     return cdf[k - lo] if k - lo < len(cdf) else 1.0
 
 
-def percentile_bounds(values: Sequence[float], p: float, confidence: float = 0.95, *,
-                      presorted: bool = False) -> PercentileBounds:
-    """The order statistics X(u), X(l) with P(X(u) >= true p-th percentile) >= confidence and
-    P(X(l) <= it) >= confidence: u the smallest rank with P(B <= u - 1) >= c, l the largest with
-    P(B >= l) >= c, B ~ Binomial(n, p / 100)."""
+def bound_ranks(n: int, p: float, confidence: float = 0.95) -> tuple[int | None, int | None]:
+    """(l, u): the 1-based ranks of the order statistics :func:`percentile_bounds` returns, u the
+    smallest rank with P(B <= u - 1) >= c, l the largest with P(B >= l) >= c, B ~ Binomial(n,
+    p / 100); None where no rank bounds that side. Ranks alone, so a stop rule knows before the
+    sample is complete how many values past a limit already decide it (n - l + 1)."""
     if not 0 < p < 100:
         raise ValueError(f"percentile {p} is not inside (0, 100)")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence {confidence} is not inside (0, 1)")
-    v = values if presorted else sorted(values)
-    n, q = len(v), p / 100.0
-    if n == 0:
-        return PercentileBounds(p, confidence, 0, None, None)
-    first, cdf = _cumulative(n, q)
+    if n <= 0:
+        return None, None
+    first, cdf = _cumulative(n, p / 100.0)
 
     def at_most(k: int) -> float:  # P(B <= k)
         return 0.0 if k < first else 1.0 if k - first >= len(cdf) else cdf[k - first]
 
-    # ranks are 1-based, X(r) = v[r - 1]; P(X(u) >= quantile) = P(B <= u - 1)
-    upper = next((float(v[u - 1]) for u in range(max(1, first), n + 1) if at_most(u - 1) >= confidence), None)
-    # P(X(l) <= quantile) = P(B >= l) = 1 - P(B <= l - 1)
-    lower = next((float(v[r - 1]) for r in range(min(n, first + len(cdf)), 0, -1)
-                  if 1.0 - at_most(r - 1) >= confidence), None)
-    return PercentileBounds(p, confidence, n, lower, upper)
+    # P(X(u) >= quantile) = P(B <= u - 1); P(X(l) <= quantile) = P(B >= l) = 1 - P(B <= l - 1)
+    upper = next((u for u in range(max(1, first), n + 1) if at_most(u - 1) >= confidence), None)
+    lower = next((r for r in range(min(n, first + len(cdf)), 0, -1) if 1.0 - at_most(r - 1) >= confidence), None)
+    return lower, upper
+
+
+def percentile_bounds(values: Sequence[float], p: float, confidence: float = 0.95, *,
+                      presorted: bool = False) -> PercentileBounds:
+    """The order statistics X(u), X(l) with P(X(u) >= true p-th percentile) >= confidence and
+    P(X(l) <= it) >= confidence (:func:`bound_ranks`)."""
+    v = values if presorted else sorted(values)
+    lower, upper = bound_ranks(len(v), p, confidence)
+    return PercentileBounds(p, confidence, len(v), None if lower is None else float(v[lower - 1]),
+                            None if upper is None else float(v[upper - 1]))
 
 
 def samples_to_bound(p: float, confidence: float = 0.95) -> int:

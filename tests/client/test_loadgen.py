@@ -297,11 +297,12 @@ def test_run_latency_end_to_end_with_server_agreement(server):
     server.set_script(Script(ttft_ms=[20, 30], gaps_ms=[4], tokens_per_message=[1, 2]))
     s = LatencySection(num_requests=12, warmup_requests=2, output_len=6, input_len=16, concurrency=3,
                        agreement_rel=0.25)
-    run = run_latency(server.url, None, VOCAB, s, SlaSection(ttft_p99_ms=500, tpot_p99_ms=50))
+    # 12 requests bound a median at 95% (5 would), not a p99 (299): the limits here are p50
+    run = run_latency(server.url, None, VOCAB, s, SlaSection(limits={"ttft_p50_ms": 500, "tpot_p50_ms": 50}))
     assert run.model == "scripted" and run.warmup is not None and run.warmup.sent == 2
     assert sum(1 for e in server.log() if e["phase"] == "warmup") == 2
     checks = {c.id: c for c in latency_checks(run)}
-    assert checks["latency.ttft_p99"].status == "pass"
+    assert checks["latency.ttft_p50"].status == "pass" and checks["latency.tpot_p50"].status == "pass"
     assert checks["latency.server_agreement"].status == "pass", checks["latency.server_agreement"].message
     assert run.server["ttft"].count == 12  # warm-up excluded from the engine view too
     assert checks["latency.token_accounting"].value == "continuous_usage"
@@ -318,11 +319,12 @@ def test_run_latency_end_to_end_with_server_agreement(server):
 def test_sweep_finds_the_last_rate_meeting_the_sla(server):
     server.set_script(Script(ttft_ms=[10], gaps_ms=[2], errors={"sweep:2": "http500"}))
     s = LatencySection(num_requests=4, warmup_requests=0, output_len=3, input_len=8, load="rate",
-                       request_rate=20.0, concurrency=0, sweep_rates=[10.0, 20.0], sweep_requests=4,
+                       request_rate=20.0, concurrency=0, sweep_rates=[10.0, 20.0], sweep_requests=6,
                        server_metrics=False)
-    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(ttft_p99_ms=1000.0, max_error_rate=0.3))
-    assert [p.meets_sla for p in run.sweep] == [True, True]
-    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(ttft_p99_ms=1000.0, max_error_rate=0.0))
+    # a step of 6 with one failure: 5 TTFTs, the fewest that bound a median at 95%
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(limits={"ttft_p50_ms": 1000.0}, max_error_rate=0.3))
+    assert [p.meets_sla for p in run.sweep] == [True, True], [p.failing for p in run.sweep]
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(limits={"ttft_p50_ms": 1000.0}, max_error_rate=0.0))
     assert [p.meets_sla for p in run.sweep] == [False] and run.sweep[0].failing == ["error_rate"]
     c = {c.id: c for c in latency_checks(run)}["latency.sla_sweep"]
     assert c.value == 0.0
@@ -340,13 +342,15 @@ def test_measure_throughput_is_a_short_run_of_the_profiles_workload(server):
 
 def test_cli_prints_a_table_and_exits_on_the_sla(server, capsys):
     server.set_script(Script(ttft_ms=[15], gaps_ms=[3]))
-    args = ["--url", server.url, "--vocab-size", str(VOCAB), "--num-requests", "4", "--warmup", "0",
+    args = ["--url", server.url, "--vocab-size", str(VOCAB), "--num-requests", "5", "--warmup", "0",
             "--output-len", "3", "--input-len", "4:8", "--concurrency", "2"]
-    assert main(args + ["--ttft-p99-ms", "1000"]) == 0
+    assert main(args + ["--limit", "ttft_p50_ms=1000"]) == 0
     out = capsys.readouterr().out
-    assert "Time to first token" in out and "PASS   latency.ttft_p99" in out
-    assert main(args + ["--ttft-p99-ms", "1"]) == 1
-    assert "FAIL   latency.ttft_p99" in capsys.readouterr().out
+    assert "Time to first token" in out and "PASS   latency.ttft_p50" in out
+    assert main(args + ["--limit", "ttft_p50_ms=1"]) == 1
+    assert "FAIL   latency.ttft_p50" in capsys.readouterr().out
+    assert main(args + ["--ttft-p99-ms", "1000"]) == 1  # 5 requests cannot bound a p99: not a pass
+    assert "ERROR  latency.ttft_p99" in capsys.readouterr().out
     assert main(["--url", server.url]) == 2  # no vocabulary: refused before any request
 
 

@@ -50,6 +50,7 @@ class SearchPoint:
     undecided: list[str]
     bounds: dict[str, tuple[float | None, float | None]]
     lag_ms: float
+    early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
 
 
 @dataclass

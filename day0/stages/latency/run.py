@@ -10,7 +10,15 @@ from typing import Any, Callable, Sequence
 
 import aiohttp
 
-from day0.client.loadgen import ClientOptions, LoadShape, PhaseResult, fetch_models, make_session, run_phase
+from day0.client.loadgen import (
+    ClientOptions,
+    LoadShape,
+    PhaseResult,
+    Until,
+    fetch_models,
+    make_session,
+    run_phase,
+)
 from day0.client.prom import PrefixCacheWindow, PromError, prefix_cache_window, scrape, server_view
 from day0.client.spec_decode import acceptance
 from day0.client.workers import WorkerPool
@@ -52,9 +60,12 @@ class _Load:
                  opts: ClientOptions) -> None:
         self.session, self.pool, self.base_url, self.opts = session, pool, base_url, opts
 
-    async def phase(self, model: str, reqs: Sequence[Request], shape: LoadShape, name: str) -> PhaseResult:
+    async def phase(self, model: str, reqs: Sequence[Request], shape: LoadShape, name: str,
+                    until: Until | None = None) -> PhaseResult:
+        """``until`` (a stop rule) is honoured in this process only: a pool's workers run their
+        shards to the end (a stop would have to cross processes mid-phase)."""
         if self.pool is None:
-            return await run_phase(self.session, self.base_url, model, reqs, shape, self.opts, phase=name)
+            return await run_phase(self.session, self.base_url, model, reqs, shape, self.opts, phase=name, until=until)
         return await self.pool.run_phase(self.base_url, model, reqs, shape, self.opts, phase=name)
 
 
@@ -147,10 +158,10 @@ async def _search(load: _Load, model: str, requests: Callable[[int, str], list[R
     assert s.search is not None
     points = 0
 
-    async def search_at(rate: float, n: int) -> LatencyMetrics:
+    async def search_at(rate: float, n: int, until: Until | None = None) -> LatencyMetrics:
         nonlocal points
         points += 1  # each point its own prompts: a fresh stream name
-        sp = await load.phase(model, requests(n, f"search{points}"), load_shape(s, rate), "search")
+        sp = await load.phase(model, requests(n, f"search{points}"), load_shape(s, rate), "search", until)
         return compute_metrics(sp, pcts, slo)
 
     return await search_capacity(search_at, s.search, sla, requests_per_point(s.search, sla), say)

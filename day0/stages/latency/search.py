@@ -7,19 +7,22 @@ then bisection at geometric midpoints narrows the bracket until the first missed
 the prefix-cache rule of the measured phase holds) of enough requests to bound the highest
 limited percentile (``day0.core.stats.samples_to_bound``: 299 for p99 at 95%), judged by
 order-statistic bounds, never by a point estimate: a p99 over 32 requests is their maximum, and a
-coin flip decides whether it lands under a limit.
+coin flip decides whether it lands under a limit. A point stops early once it has missed whatever
+its remaining requests do (:class:`ClearMiss`): an overloaded point costs a handful of requests,
+not hundreds, and frees the engine for the next.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from day0.client.prom import pct_name
+from day0.client.stream import RequestResult
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, SlaSection
-from day0.core.stats import percentile, percentile_bounds
+from day0.core.stats import bound_ranks, percentile, percentile_bounds
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
-from day0.stages.latency.metrics import LatencyMetrics
+from day0.stages.latency.metrics import LatencyMetrics, tpot_of
 
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
 # more than QUEUE_GROWTH times its first quarter's, and higher by more than QUEUE_FLOOR of the
@@ -35,7 +38,50 @@ def requests_per_point(search: CapacitySearch, sla: SlaSection) -> int:
     return search.requests or max(MIN_REQUESTS, sla.requests_to_bound())
 
 
-def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection) -> SearchPoint:
+class ClearMiss:
+    """A point's stop rule (``day0.client.loadgen.Until``), fed each finished request: it fires
+    once the point misses the SLA whatever the rest of its ``n`` requests do. For a limited
+    percentile that is n - l + 1 values past the limit, l the rank of the lower bound over n
+    samples (``bound_ranks``): then at most l - 1 of any final sample lie within the limit, so its
+    lower bound is past it (failures only shrink the sample, and n - l(n) never grows as n
+    shrinks). For errors it is more failures than ``max_error_rate`` of n. ``key`` names the limit
+    that decided, ``why`` says it in words."""
+
+    METRICS = {"ttft": lambda r: r.ttft, "tpot": tpot_of, "e2e": lambda r: r.e2e}  # per request, seconds
+
+    def __init__(self, sla: SlaSection, n: int) -> None:
+        self.n, self.failed, self.key, self.why = n, 0, "", ""
+        self.failures_allowed = sla.max_error_rate * n
+        self.rules: list[list[Any]] = []  # [key, metric, limit (ms), values past it needed, seen]
+        for metric, p, limit in sla.latency_limits():
+            lower, _ = bound_ranks(n, p, sla.confidence)
+            if metric in self.METRICS and lower is not None:
+                self.rules.append([f"{metric}_{pct_name(p)}", metric, limit, n - lower + 1, 0])
+
+    def __call__(self, r: RequestResult) -> bool:
+        if self.why:
+            return True
+        if not r.ok:
+            self.failed += 1
+            if self.failed > self.failures_allowed:
+                self.key = "error_rate"
+                self.why = (f"{self.failed} of {self.n} requests failed: the error rate is past max_error_rate "
+                            "whatever the rest do")
+            return bool(self.why)
+        for rule in self.rules:
+            key, metric, limit, needed, _ = rule
+            value = self.METRICS[metric](r)
+            if value is not None and value * 1000.0 > limit:
+                rule[4] += 1
+                if rule[4] >= needed:
+                    self.key = key
+                    self.why = (f"{rule[4]} {key} values past {limit:g} ms: the lower bound over {self.n} requests "
+                                "is past the limit whatever the rest do")
+                    break
+        return bool(self.why)
+
+
+def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, early: ClearMiss | None = None) -> SearchPoint:
     """Meets when every limited percentile's upper bound is within its limit and errors within
     ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
     undecided. A point whose queue grows (:func:`queue_grows`) misses too:
@@ -59,11 +105,14 @@ def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection) -> SearchPoint:
         misses.append("error_rate")
     if queue_grows(m, sla):
         misses.append("queue_growth")
+    if early is not None and early.why:  # decided before the point ended: its partial sample may not show it
+        undecided = [k for k in undecided if k != early.key]
+        misses += [] if early.key in misses else [early.key]
     if lag > 1000.0 / rate:
         verdict = CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
-    return SearchPoint(rate, m, verdict, misses, undecided, bounds, lag)
+    return SearchPoint(rate, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "")
 
 
 def quarter_ttfts(m: LatencyMetrics) -> tuple[float, float] | None:
@@ -90,9 +139,10 @@ def queue_grows(m: LatencyMetrics, sla: SlaSection) -> bool:
     return last > QUEUE_GROWTH * first and last - first > floor
 
 
-async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], search: CapacitySearch,
+async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], search: CapacitySearch,
                           sla: SlaSection, requests: int, say: Callable[[str], None]) -> SearchResult:
-    """Bracket, then bisect, ``measure_at(rate, n)`` giving each point's metrics. Stops at the
+    """Bracket, then bisect, ``measure_at(rate, n, until=stop_rule)`` giving each point's metrics
+    (a :class:`ClearMiss` per point; a measurer that cannot stop early may ignore it). Stops at the
     set precision, at ``max_points``, past ``max_rate`` with every point meeting, at an undecided
     point inside the bracket (the SLA's edge: the bracket is the answer), or at a point that
     decides nothing before there is a bracket, or where the client lagged (more points would not
@@ -105,8 +155,11 @@ async def search_capacity(measure_at: Callable[[float, int], Awaitable[LatencyMe
         if len(points) >= search.max_points:
             return SearchResult(points, requests, sla.confidence, f"max_points ({search.max_points}) reached")
         say(f"capacity search: {rate:.4g} req/s, {requests} requests")
-        point = judge_point(rate, await measure_at(rate, requests), sla)
+        rule = ClearMiss(sla, requests)
+        point = judge_point(rate, await measure_at(rate, requests, until=rule), sla, rule)
         points.append(point)
+        if point.early:
+            say(f"capacity search: {rate:.4g} req/s stopped early after {point.metrics.sent} requests: {point.early}")
         if point.verdict == UNDECIDED and met is not None and missed is not None:
             # inside the bracket, a point whose bounds straddle a limit is the SLA's edge itself
             return SearchResult(points, requests, sla.confidence,

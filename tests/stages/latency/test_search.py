@@ -91,7 +91,7 @@ def modelled(capacity_rate: float):
     queue that has every request wait (the scripted server below shows the real growth)."""
     rates = []
 
-    async def measure_at(rate: float, n: int):
+    async def measure_at(rate: float, n: int, until=None):
         rates.append(rate)
         return metrics_with([50.0 if rate <= capacity_rate else 50.0 + 400.0 * (i + 1) / n for i in range(n)])
     return measure_at, rates
@@ -131,7 +131,7 @@ def test_a_search_that_cannot_decide_or_finds_nothing_is_never_a_pass():
     check = capacity_check(result, SLA, search)
     assert check.status == "fail" and "the lowest, 0.125 req/s, misses ttft_p90" in check.message
     # an undecided point inside the bracket is the SLA's edge: the bracket is the answer
-    async def edge(rate, n):
+    async def edge(rate, n, until=None):
         straddling = [50.0] * (n // 2 - 2) + [150.0] * 4 + [50.0] * (n - n // 2 - 2)
         return metrics_with([50.0] * n if rate <= 4 else straddling if rate < 8 else [500.0] * n)
     result = asyncio.run(search_capacity(edge, CapacitySearch(start_rate=1.0, precision=0.01), SLA, 30,

@@ -1,0 +1,102 @@
+"""A capacity-search point stops once it has missed whatever its remaining requests do
+(``day0.stages.latency.search.ClearMiss``), and the load generator honours the stop
+(``day0.client.loadgen`` ``until``): fewer requests sent, those in flight cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase
+from day0.client.stream import RequestResult
+from day0.client.workload import WorkloadSpec, build_requests
+from day0.config.latency import CapacitySearch, SlaSection
+from day0.core.stats import bound_ranks, percentile_bounds
+from day0.stages.latency.measurement import MISSES
+from day0.stages.latency.search import ClearMiss, search_capacity
+from tests.stages.latency.test_search import metrics_with
+from tests.support.sse_server import Script, SSEServer
+
+SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})
+
+
+def done(ttft_ms: float, ok: bool = True) -> RequestResult:
+    r = RequestResult(0, "search", 0.0, 0.0, 8, 4)
+    r.msg_t, r.msg_n, r.output_tokens, r.ok = [ttft_ms / 1000.0, ttft_ms / 1000.0 + 0.01], [1, 3], 4, ok
+    if not ok:
+        r.error, r.reason = "http", "http_500"
+    return r
+
+
+def test_the_rule_fires_at_exactly_the_count_that_decides():
+    lower, _ = bound_ranks(32, 90.0, 0.95)
+    needed = 32 - lower + 1
+    rule = ClearMiss(SLA, 32)
+    fired = [rule(done(250.0 if i % 2 else 20.0)) for i in range(2 * needed)]
+    assert fired.index(True) == 2 * needed - 1 and rule.key == "ttft_p90"  # the needed-th slow one
+    assert f"{needed} ttft_p90 values past 100 ms" in rule.why
+    errors = ClearMiss(SlaSection.from_table({"ttft_p90_ms": 100.0, "max_error_rate": 0.1}), 30)
+    assert [errors(done(20.0, ok=False)) for _ in range(4)] == [False, False, False, True]  # 4 > 0.1 x 30
+    assert errors.key == "error_rate"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_whenever_the_rule_fires_the_whole_point_would_have_missed(seed):
+    # soundness: from the first request at which the rule fires, any continuation (here: random),
+    # failures included, gives a full sample whose lower bound is past the limit
+    rng = random.Random(seed)
+    n = rng.choice([29, 32, 60, 120, 299])
+    ttfts = [rng.choice([rng.uniform(10, 99), rng.uniform(101, 400)]) for _ in range(n)]
+    rule = ClearMiss(SLA, n)
+    stop = next((i for i, t in enumerate(ttfts) if rule(done(t))), None)
+    if stop is None:
+        return
+    rest = [t if rng.random() > 0.2 else None for t in ttfts[stop + 1:]]  # some of the rest fail
+    sample = ttfts[:stop + 1] + [t for t in rest if t is not None]
+    assert percentile_bounds(sample, 90.0, 0.95).lower > 100.0, (n, stop)
+
+
+def test_a_stopped_point_misses_and_says_why_and_the_search_goes_on():
+    asked = []
+
+    async def measure_at(rate: float, n: int, until=None):
+        ttfts = [50.0 if rate <= 8 else 400.0] * n
+        sent = []
+        for t in ttfts:  # a measurer that honours the rule: stop feeding once it fires
+            sent.append(t)
+            if until is not None and until(done(t)):
+                break
+        asked.append((rate, len(sent)))
+        return metrics_with(sent)
+
+    result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=2.0, precision=0.05), SLA, 32,
+                                         lambda _m: None))
+    over = [pt for pt in result.points if pt.rate > 8]
+    assert over and all(pt.verdict == MISSES and "ttft_p90" in pt.misses and pt.early for pt in over)
+    assert all(n < 32 for rate, n in asked if rate > 8)  # 7 requests each, not 32
+    assert 8 / 1.05 <= result.sustained <= 8
+
+
+def test_the_load_generator_stops_sending_and_cancels_what_is_in_flight():
+    script = Script(ttft_ms=[300.0], gaps_ms=[5.0])
+    reqs = build_requests(WorkloadSpec(16, 4), 300, 60)
+    seen: list[RequestResult] = []
+
+    def until(r: RequestResult) -> bool:
+        seen.append(r)
+        return len(seen) >= 3
+
+    async def go(url: str):
+        async with make_session(ClientOptions(), limit=0) as session:
+            return await run_phase(session, url, "scripted", reqs, LoadShape(mode="rate", request_rate=40.0, seed=0),
+                                   ClientOptions(), phase="search", until=until)
+
+    with SSEServer(script) as srv:
+        phase = asyncio.run(go(srv.url))
+        received = len([e for e in srv.log() if e["phase"] == "search"])
+    # 40 req/s, 300 ms to a first token: ~12 sent before the first result, none after the third
+    assert len(phase.results) < 60 and phase.not_sent == 60 - len(phase.results)
+    assert received < 40, received  # the rest of the schedule never left the client
+    assert len(phase.results) >= 3 and all(r.ok for r in phase.results)
