@@ -15,7 +15,8 @@ not hundreds, and frees the engine for the next.
 from __future__ import annotations
 
 import math
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from day0.client.prom import pct_name
 from day0.client.stream import RequestResult
@@ -38,6 +39,18 @@ def requests_per_point(search: CapacitySearch, sla: SlaSection) -> int:
     return search.requests or max(MIN_REQUESTS, sla.requests_to_bound())
 
 
+@dataclass
+class _Tally:
+    """One limited percentile in a :class:`ClearMiss`: values past ``limit`` (ms) seen so far, and
+    how many decide the point."""
+
+    key: str
+    metric: str
+    limit: float
+    needed: int
+    seen: int = 0
+
+
 class ClearMiss:
     """A point's stop rule (``day0.client.loadgen.Until``), fed each finished request: it fires
     once the point misses the SLA whatever the rest of its ``n`` requests do. For a limited
@@ -52,11 +65,11 @@ class ClearMiss:
     def __init__(self, sla: SlaSection, n: int) -> None:
         self.n, self.failed, self.key, self.why = n, 0, "", ""
         self.failures_allowed = sla.max_error_rate * n
-        self.rules: list[list[Any]] = []  # [key, metric, limit (ms), values past it needed, seen]
+        self.tallies: list[_Tally] = []
         for metric, p, limit in sla.latency_limits():
             lower, _ = bound_ranks(n, p, sla.confidence)
             if metric in self.METRICS and lower is not None:
-                self.rules.append([f"{metric}_{pct_name(p)}", metric, limit, n - lower + 1, 0])
+                self.tallies.append(_Tally(f"{metric}_{pct_name(p)}", metric, limit, n - lower + 1))
 
     def __call__(self, r: RequestResult) -> bool:
         if self.why:
@@ -68,15 +81,14 @@ class ClearMiss:
                 self.why = (f"{self.failed} of {self.n} requests failed: the error rate is past max_error_rate "
                             "whatever the rest do")
             return bool(self.why)
-        for rule in self.rules:
-            key, metric, limit, needed, _ = rule
-            value = self.METRICS[metric](r)
-            if value is not None and value * 1000.0 > limit:
-                rule[4] += 1
-                if rule[4] >= needed:
-                    self.key = key
-                    self.why = (f"{rule[4]} {key} values past {limit:g} ms: the lower bound over {self.n} requests "
-                                "is past the limit whatever the rest do")
+        for t in self.tallies:
+            value = self.METRICS[t.metric](r)
+            if value is not None and value * 1000.0 > t.limit:
+                t.seen += 1
+                if t.seen >= t.needed:
+                    self.key = t.key
+                    self.why = (f"{t.seen} {t.key} values past {t.limit:g} ms: the lower bound over {self.n} "
+                                "requests is past the limit whatever the rest do")
                     break
         return bool(self.why)
 
