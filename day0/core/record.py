@@ -216,6 +216,10 @@ class EventLog:
 
     # The event's own fields (not payload): a note's ``key`` is the note's name, never a secret.
     _ENVELOPE = frozenset({"at", "type", "stage", "key", "run_id", "schema_version", "stages", "exit_status"})
+    # day0's own declarations (Stage.describe): a figure's ``key`` is its name. Their strings still
+    # pass the value and shape redaction; no field is blanked for its name (it would blank every
+    # figure's key, and with them the headline trends that match figures across runs by key).
+    _DECLARED = frozenset({"stage_info"})
 
     def __init__(self, path: Path, redactor: Redactor | None = None) -> None:
         self.path = Path(path)
@@ -224,8 +228,8 @@ class EventLog:
 
     def append(self, event: dict[str, Any]) -> None:
         event = jsonable({"at": utcnow(), **event})
-        event = {k: (self.redactor.text(v) if isinstance(v, str) else v) if k in self._ENVELOPE else self.redactor(v)
-                 for k, v in event.items()}
+        event = {k: (self.redactor.text(v) if isinstance(v, str) else v) if k in self._ENVELOPE else
+                 self.redactor.strings(v) if k in self._DECLARED else self.redactor(v) for k, v in event.items()}
         line = json.dumps(event, sort_keys=False)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")

@@ -87,6 +87,15 @@ class Redactor:
             return self.text(data)
         return data
 
+    def strings(self, data: Any) -> Any:
+        """Every string through :meth:`text` (known values, secret shapes), no field blanked for
+        its name: for day0's own declarations, where ``key`` names a figure, not a credential."""
+        if isinstance(data, dict):
+            return {k: self.strings(v) for k, v in data.items()}
+        if isinstance(data, (list, tuple)):
+            return [self.strings(v) for v in data]
+        return self.text(data) if isinstance(data, str) else data
+
     def text(self, text: str) -> str:
         # Longest first, so a secret that contains another is replaced whole.
         for value in sorted(self.values, key=len, reverse=True):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from day0.core.record import EventLog, load
+from day0.core.record import EventLog, load, rebuild
 from day0.core.redact import REDACTED, Redactor, is_secret_key
 from day0.engine.process import die_with_parent, stop_process_group
 from day0.engine.server import free_port, scrub_log
@@ -95,6 +95,23 @@ def test_event_log_redacts_every_event(tmp_path):
     event = json.loads(text)
     assert event["key"] == "engine.http"  # the note's own name is not a secret
     assert event["value"]["env"]["OTHER"] == f"prefix {REDACTED} suffix"
+
+
+def test_stage_declarations_keep_their_figure_keys_and_lose_secret_values(tmp_path):
+    # a figure's `key` is its name: blanking it for its field name made every headline's key
+    # "<redacted>" in real records, so trends matched every figure to every other
+    from day0.results import summary
+    from day0.stages.registry import builtin
+
+    infos = [st.info.describe() for st in builtin()]
+    infos[0]["question"] = f"leaks {HF}?"
+    log = EventLog(tmp_path / "events.jsonl", redactor=Redactor(frozenset({HF})))
+    log.run_started("r1", {}, {}, [i["name"] for i in infos], infos)
+    log.run_finished(0)
+    text = (tmp_path / "events.jsonl").read_text()
+    assert HF not in text and REDACTED in text
+    keys = [f.key for info in summary.stage_infos(rebuild(tmp_path)).values() for f in info.figures]
+    assert "ttft_p99" in keys and "capacity" in keys and REDACTED not in keys
 
 
 def test_engine_log_scrub_is_line_by_line(tmp_path):
