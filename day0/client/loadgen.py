@@ -159,36 +159,36 @@ async def drive(session: aiohttp.ClientSession, url: str, model: str, part: Part
     """Drive ``part`` from the perf_counter instant ``t0``; (results in send order, requests not sent).
 
     Requests scheduled at or after ``t0 + duration_s`` are not sent (kept back, not failed).
-    ``until`` (open loop only) may end the phase early: requests it kept back or cancelled count
-    as not sent."""
+    ``until`` may end the phase early: requests it kept back or cancelled count as not sent."""
     deadline = t0 + part.duration_s if part.duration_s else float("inf")
     if part.offsets is None:
-        if until is not None:
-            raise ValueError("a stop rule needs an open loop (offsets): a closed loop has no schedule to cut")
-        return await _closed_loop(session, url, model, part, opts, deadline, phase, tag)
+        return await _closed_loop(session, url, model, part, opts, deadline, phase, tag, until)
     return await _open_loop(session, url, model, part, opts, t0, deadline, phase, tag, until)
 
 
 async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
-                       deadline: float, phase: str, tag: str) -> tuple[list[RequestResult], int]:
+                       deadline: float, phase: str, tag: str,
+                       until: Until | None = None) -> tuple[list[RequestResult], int]:
     """``concurrency`` loops, each sending the next request when its previous one ends (scheduled = sent)."""
     perf = time.perf_counter
     queue = iter(part.requests)
     results: list[RequestResult] = []
-    sent = 0
+    stop = asyncio.Event()
 
     async def worker() -> None:
-        nonlocal sent
         for r in queue:
             now = perf()
-            if now >= deadline:
+            if now >= deadline or stop.is_set():
                 return
-            sent += 1
-            results.append(await stream_one(session, url, r, model, opts, scheduled=now, phase=phase,
-                                            request_id=request_id(phase, tag, r.index)))
+            result = await stream_one(session, url, r, model, opts, scheduled=now, phase=phase,
+                                      request_id=request_id(phase, tag, r.index))
+            results.append(result)
+            if until is not None and until(result):
+                stop.set()
 
-    await asyncio.gather(*(worker() for _ in range(min(part.concurrency, max(len(part.requests), 1)))))
-    return results, len(part.requests) - sent
+    workers = [asyncio.create_task(worker()) for _ in range(min(part.concurrency, max(len(part.requests), 1)))]
+    await _until_stopped(workers, stop)
+    return results, len(part.requests) - len(results)
 
 
 async def _open_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
@@ -219,26 +219,23 @@ async def _open_loop(session: aiohttp.ClientSession, url: str, model: str, part:
         if stop.is_set():
             break
         tasks.append(asyncio.create_task(capped(r, target)))
-    if until is None:
-        return list(await asyncio.gather(*tasks)), len(part.requests) - len(tasks)
     done = await _until_stopped(tasks, stop)
     return done, len(part.requests) - len(done)
 
 
-async def _until_stopped(tasks: list[asyncio.Task[RequestResult]], stop: asyncio.Event) -> list[RequestResult]:
-    """Every task's result, or, once ``stop`` is set, those finished by then (the rest cancelled)."""
+async def _until_stopped(tasks: list[asyncio.Task[Any]], stop: asyncio.Event) -> list[Any]:
+    """Every task's result, or, once ``stop`` is set, those finished by then (the rest cancelled:
+    a request in flight closes its connection, so the server aborts it)."""
+    everything = asyncio.gather(*tasks, return_exceptions=True)  # one waiter for all: O(n), not O(n^2)
     waiter = asyncio.ensure_future(stop.wait())
-    pending: set[asyncio.Future[Any]] = set(tasks)
     try:
-        while pending and not stop.is_set():
-            _, pending = await asyncio.wait(pending | {waiter}, return_when=asyncio.FIRST_COMPLETED)
-            pending.discard(waiter)
+        await asyncio.wait({everything, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
     for t in tasks:
         t.cancel()  # a no-op on the finished ones
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
+    await everything
+    return [t.result() for t in tasks if not t.cancelled()]  # a task's own error propagates, as gather's did
 
 
 async def run_phase(

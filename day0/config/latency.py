@@ -53,7 +53,12 @@ class CapacitySearch(_Table):
     bracketing then bisection, each point judged with confidence bounds (docs/stages/latency.md,
     "Capacity search"). The table's presence turns the search on."""
 
-    start_rate: float = Field(1.0, gt=0, description="req/s of the first point")
+    over: Literal["rate", "concurrency"] = Field(
+        "rate", description="what the search varies: the open loop's request rate (Poisson, or the profile's "
+                            "burstiness and arrivals) or the closed loop's concurrency")
+    start_rate: float = Field(1.0, gt=0, description="req/s of the first point (over = rate)")
+    start_concurrency: int = Field(1, ge=1, description="requests in flight at the first point (over = concurrency)")
+    max_concurrency: int = Field(1024, ge=1, description="concurrency the bracketing never goes past")
     growth: float = Field(2.0, gt=1, description="factor between points while bracketing")
     precision: float = Field(0.05, gt=0, lt=1, description="stop once the first missed rate is within this "
                                                           "fraction above the sustained one")
@@ -61,7 +66,8 @@ class CapacitySearch(_Table):
     max_rate: float = Field(10_000.0, gt=0, description="req/s the bracketing never goes past")
     requests: int = Field(0, ge=0, description="per point; 0 = the fewest that can bound the highest limited "
                                                "percentile at [sla] confidence (299 for p99 at 95%)")
-    target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed")
+    target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
+                                                                 "the sustained point's achieved req/s)")
 
 
 class LatencySection(_Table):

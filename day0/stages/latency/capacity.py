@@ -1,4 +1,4 @@
-"""Stage 3's capacity answer, from a capacity search (``search``): the sustained rate per replica,
+"""Stage 3's capacity answer, from a capacity search (``search``): the sustained load per replica,
 its margin to the SLA, the replicas a target load needs, and the Pareto view of the points.
 
 A team quotes "one replica sustains X req/s (Y output tok/s per device) within the SLA, so the
@@ -20,7 +20,12 @@ from day0.core.stats import samples_to_bound
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, UNDECIDED, SearchPoint, SearchResult
 from day0.stages.latency.metrics import SOURCE, rounded
 
-CHECK_ID, TITLE = "latency.capacity", "Capacity: highest request rate meeting the SLA (confidence-bounded)"
+CHECK_ID, TITLE = "latency.capacity", "Capacity: highest load meeting the SLA (confidence-bounded)"
+
+
+def point_load(result: SearchResult, x: float) -> str:
+    """A load on the search's axis in words: "12.5 req/s" or "concurrency 12"."""
+    return f"concurrency {x:g}" if result.axis == "concurrency" else f"{x:.4g} {result.unit}"
 
 
 @dataclass(frozen=True)
@@ -55,53 +60,57 @@ def interactivity(point: SearchPoint) -> float | None:
 
 
 def pareto_rows(result: SearchResult, devices: int) -> list[dict[str, Any]]:
-    """Per point, by rate: throughput per device against interactivity (InferenceX's axes)."""
-    return [{"offered_req_s": rounded(pt.rate), "output_tok_s": rounded(pt.metrics.output_throughput),
+    """Per point, by load: throughput per device against interactivity (InferenceX's axes)."""
+    return [{"offered": rounded(pt.load), "achieved_req_s": rounded(pt.metrics.request_throughput),
+             "output_tok_s": rounded(pt.metrics.output_throughput),
              "output_tok_s_per_device": rounded(pt.metrics.output_throughput / devices),
              "tok_s_per_user": rounded(interactivity(pt)), "verdict": pt.verdict}
-            for pt in sorted(result.points, key=lambda pt: pt.rate)]
+            for pt in sorted(result.points, key=lambda pt: pt.load)]
 
 
 def answer(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int) -> str:
     """The first screen's sentence: per replica, margin, replicas for the target."""
     best = result.sustained
-    point = next((pt for pt in result.points if pt.rate == best and pt.verdict == MEETS), None)
+    point = next((pt for pt in result.points if pt.load == best and pt.verdict == MEETS), None)
     if best is None or point is None:
         return ""
-    text = (f"{best:.4g} req/s per replica ({point.metrics.output_throughput / devices:.4g} output tok/s per "
-            f"device, {devices} device(s))")
+    achieved = point.metrics.request_throughput
+    text = (f"{point_load(result, best)} per replica ("
+            + (f"{achieved:.4g} req/s, " if result.axis != "rate" else "")
+            + f"{point.metrics.output_throughput / devices:.4g} output tok/s per device, {devices} device(s))")
     tight = margins(point, sla)
     if tight:
         m = tight[0]
         text += f"; margin {m.share:.0%} on {m.key} ({m.upper:.4g} of {m.limit:g} ms, upper bound)"
-    if search.target_rate:
-        text += f"; {math.ceil(search.target_rate / best)} replicas for {search.target_rate:g} req/s"
+    per_replica = best if result.axis == "rate" else achieved
+    if search.target_rate and per_replica > 0:
+        text += f"; {math.ceil(search.target_rate / per_replica)} replicas for {search.target_rate:g} req/s"
     return text
 
 
 def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int = 1) -> Check:
-    """``latency.capacity``: the sustained rate (pass), no rate meeting the SLA (fail), or a search
+    """``latency.capacity``: the sustained load (pass), no load meeting the SLA (fail), or a search
     that could not decide (error, naming the point and what to change)."""
     best, miss, last = result.sustained, result.first_miss, result.points[-1]
     evidence = _evidence(result, sla, search, devices)
     if last.verdict == CLIENT_LAGGED or (last.verdict == UNDECIDED and (best is None or miss is None)):
-        why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {last.rate:.4g} req/s "
+        why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {point_load(result, last.load)} "
                "(more than one arrival gap): add latency.workers" if last.verdict == CLIENT_LAGGED else
-               f"{result.requests_per_point} requests at {last.rate:.4g} req/s cannot decide "
+               f"{result.requests_per_point} requests at {point_load(result, last.load)} cannot decide "
                f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
                f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
-        return Check(CHECK_ID, TITLE, "error", unit="req/s", direction="higher_is_better", source=SOURCE,
+        return Check(CHECK_ID, TITLE, "error", unit=result.unit, direction="higher_is_better", source=SOURCE,
                      evidence=evidence, message=f"could not measure: {why}")
     if best is None:
-        return Check(CHECK_ID, TITLE, "fail", value=0.0, unit="req/s", direction="higher_is_better", source=SOURCE,
+        return Check(CHECK_ID, TITLE, "fail", value=0.0, unit=result.unit, direction="higher_is_better", source=SOURCE,
                      evidence=evidence,
-                     message=(f"no rate tried meets the SLA: the lowest, {miss.rate:.4g} req/s, misses "
-                              f"{', '.join(miss.misses)}" if miss else "no rate tried meets the SLA"))
-    told = f"sustains {best:.4g} req/s within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
+                     message=(f"no load tried meets the SLA: the lowest, {point_load(result, miss.load)}, misses "
+                              f"{', '.join(miss.misses)}" if miss else "no load tried meets the SLA"))
+    told = f"sustains {point_load(result, best)} within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
            "requests a point)"
-    told += (f"; {miss.rate:.4g} req/s misses {', '.join(miss.misses)}" if miss else "") + f"; {result.stopped}"
+    told += (f"; {point_load(result, miss.load)} misses {', '.join(miss.misses)}" if miss else "") + f"; {result.stopped}"
     told += f"; {evidence['answer']}"
-    return measured(CHECK_ID, TITLE, round(best, 4), None, unit="req/s", direction="higher_is_better",
+    return measured(CHECK_ID, TITLE, round(best, 4), None, unit=result.unit, direction="higher_is_better",
                     source=SOURCE, evidence=evidence, message=told)
 
 
@@ -114,40 +123,43 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
     """The points as a table, the bounds chart, the Pareto data and chart, and at the sustained
     point what the cost stage prices (its output throughput) and the answer."""
     keys = [f"{metric}_{pct_name(p)}" for metric, p, _ in sla.latency_limits()]
-    by_rate = sorted(result.points, key=lambda pt: pt.rate)
-    rows = [[rounded(pt.rate), rounded(pt.metrics.request_throughput), pt.metrics.completed,
+    by_load = sorted(result.points, key=lambda pt: pt.load)
+    rows = [[rounded(pt.load), rounded(pt.metrics.request_throughput), pt.metrics.completed,
              *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
              pt.verdict + (": " + ", ".join(pt.misses or pt.undecided) if pt.verdict != MEETS else "")]
-            for pt in by_rate]
+            for pt in by_load]
     pareto = pareto_rows(result, devices)
     evidence: dict[str, Any] = {
-        "table": {"columns": ["offered req/s", "achieved req/s", "completed",
+        "table": {"columns": [f"offered ({result.unit})", "achieved req/s", "completed",
                               *[f"{k} (ms, {result.confidence:.0%})" for k in keys], "error rate",
                               "client lag p90 (ms)", "verdict"], "rows": rows},
-        "charts": [_bounds_chart(by_rate, sla), _pareto_chart(pareto, sla)],
+        "charts": [_bounds_chart(result, by_load, sla), _pareto_chart(pareto, sla)],
         "pareto": pareto, "devices": devices,
-        "order": [rounded(pt.rate) for pt in result.points], "stopped": result.stopped,
+        "axis": result.axis, "unit": result.unit,
+        "order": [rounded(pt.load) for pt in result.points], "stopped": result.stopped,
         "requests_per_point": result.requests_per_point, "confidence": result.confidence,
         "search": search.model_dump(), "answer": answer(result, sla, search, devices),
         "definition": "docs/metrics.md, Confidence and Capacity; docs/stages/latency.md, Capacity search"}
-    best = next((pt for pt in by_rate if pt.rate == result.sustained and pt.verdict == MEETS), None)
+    best = next((pt for pt in by_load if pt.load == result.sustained and pt.verdict == MEETS), None)
     if best is not None:
-        evidence["sustained"] = {"offered_req_s": rounded(best.rate), "output_tok_s": rounded(best.metrics.output_throughput),
+        evidence["sustained"] = {"offered": rounded(best.load), "load": point_load(result, best.load),
+                                 "achieved_req_s": rounded(best.metrics.request_throughput),
+                                 "output_tok_s": rounded(best.metrics.output_throughput),
                                  "margins": [{"limit": m.key, "upper_ms": rounded(m.upper), "limit_ms": m.limit,
                                               "share": rounded(m.share)} for m in margins(best, sla)]}
     return evidence
 
 
-def _bounds_chart(by_rate: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:
-    """Each limited percentile's bounds against the offered rate, the limits as reference lines."""
+def _bounds_chart(result: SearchResult, by_load: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:
+    """Each limited percentile's bounds against the offered load, the limits as reference lines."""
     series = []
     for metric, p, _ in sla.latency_limits():
         k = f"{metric}_{pct_name(p)}"
         for side, i in (("upper", 1), ("lower", 0)):
-            series.append({"name": f"{k} {side} bound", "x": [pt.rate for pt in by_rate],
-                           "y": [rounded(pt.bounds[k][i]) for pt in by_rate]})
+            series.append({"name": f"{k} {side} bound", "x": [pt.load for pt in by_load],
+                           "y": [rounded(pt.bounds[k][i]) for pt in by_load]})
     refs = [{"y": limit, "label": f"{metric} {pct_name(p)} limit"} for metric, p, limit in sla.latency_limits()]
-    return {"kind": "line", "title": "Latency bounds vs offered request rate", "x_label": "offered rate (req/s)",
+    return {"kind": "line", "title": f"Latency bounds vs offered {result.axis}", "x_label": f"offered ({result.unit})",
             "y_label": "ms", "x_log": True, "series": series, "reference": refs}
 
 
@@ -162,7 +174,7 @@ def _pareto_chart(pareto: list[dict[str, Any]], sla: SlaSection) -> dict[str, An
                            "y": [r["tok_s_per_user"] for r in pts]})
     tpot = [(p, limit) for metric, p, limit in sla.latency_limits() if metric == "tpot"]
     refs = [{"y": round(1000.0 / limit, 4), "label": f"tpot {pct_name(p)} limit {limit:g} ms"} for p, limit in tpot[:1]]
-    return {"kind": "scatter", "title": "Interactivity vs throughput per device (one point per offered rate)",
+    return {"kind": "scatter", "title": "Interactivity vs throughput per device (one point per offered load)",
             "x_label": "output tok/s per device", "y_label": "tok/s per user (1000 / mean TPOT)", "x_log": False,
             "series": series, "reference": refs}
 

@@ -29,6 +29,7 @@ from day0.core.record import Check
 from day0.core.stats import percentile
 from day0.engine import Endpoint, EngineError
 from day0.stages.latency.capacity import CHECK_ID as CAPACITY
+from day0.stages.latency.capacity import point_load
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
 from day0.stages.latency.measurement import LatencyRun
@@ -81,7 +82,11 @@ def add_search_flags(g: Any) -> None:
     g.add_argument("--search", action="store_true",
                    help="search the highest request rate meeting every SLA limit (bracketing, then bisection; "
                         "each point judged by --confidence bounds on the limited percentiles)")
+    g.add_argument("--search-over", choices=["rate", "concurrency"],
+                   help="what the search varies: open-loop request rate (default) or closed-loop concurrency")
     g.add_argument("--search-start-rate", type=float, metavar="REQ/S", help="the search's first rate (default 1)")
+    g.add_argument("--search-start-concurrency", type=int, metavar="N",
+                   help="the first concurrency of a --search-over concurrency (default 1)")
     g.add_argument("--devices", type=int, default=1, metavar="N",
                    help="devices serving --url (the capacity answer's output tok/s per device; default 1)")
     g.add_argument("--search-requests", type=int, metavar="N",
@@ -197,7 +202,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
         lat["fresh_prompts"] = False
     if args.sweep_rates:
         lat["sweep_rates"] = _floats(args.sweep_rates)
-    search = {key: getattr(args, attr) for attr, key in (("search_start_rate", "start_rate"),
+    search = {key: getattr(args, attr) for attr, key in (("search_start_rate", "start_rate"), ("search_over", "over"),
+                                                         ("search_start_concurrency", "start_concurrency"),
                                                          ("search_requests", "requests"), ("target_rate", "target_rate"))
               if getattr(args, attr, None) is not None}
     if args.search or search:
@@ -308,10 +314,10 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
     for pt in run.sweep:
         lines.append(f"sweep {pt.rate:g} req/s: ttft p99 {percentile(pt.metrics.samples['ttft'], 99):.2f} ms, "
                      f"errors {pt.metrics.error_rate:.3f} -> {'meets' if pt.meets_sla else 'misses ' + ','.join(pt.failing)}")
-    for sp in sorted(run.search.points if run.search else [], key=lambda x: x.rate):
+    for sp in sorted(run.search.points if run.search else [], key=lambda x: x.load):
         bounds = ", ".join(f"{k} {'?' if lo is None else f'{lo:.1f}'}..{'?' if hi is None else f'{hi:.1f}'} ms"
                            for k, (lo, hi) in sp.bounds.items())
-        lines.append(f"search {sp.rate:.4g} req/s: {bounds} -> {sp.verdict}"
+        lines.append(f"search {point_load(run.search, sp.load)}: {bounds} -> {sp.verdict}"
                      + (f" ({', '.join(sp.misses)})" if sp.misses else ""))
     told = next((c.evidence.get("answer") for c in checks if c.id == CAPACITY and c.status == "pass"), "")
     if told:

@@ -43,7 +43,7 @@ class SearchPoint:
     the rate offered was not this one; ``lag_ms`` is the p90 of its send lag). ``bounds``: limit id
     -> (lower, upper) in ms, None where the sample cannot bound that side."""
 
-    rate: float
+    load: float  # the offered load: req/s, or (a concurrency search) requests in flight
     metrics: LatencyMetrics
     verdict: str
     misses: list[str]
@@ -61,18 +61,20 @@ class SearchResult:
     requests_per_point: int
     confidence: float
     stopped: str  # why the search ended, in words
+    axis: str = "rate"  # what it varied: "rate" (open loop) or "concurrency" (closed loop)
+    unit: str = "req/s"
 
     @property
     def first_miss(self) -> SearchPoint | None:
-        """The lowest offered rate that missed the SLA."""
+        """The lowest offered load that missed the SLA."""
         missed = [p for p in self.points if p.verdict == MISSES]
-        return min(missed, key=lambda p: p.rate) if missed else None
+        return min(missed, key=lambda p: p.load) if missed else None
 
     @property
     def sustained(self) -> float | None:
-        """The highest rate that met the SLA below the first miss (None: none did)."""
+        """The highest load that met the SLA below the first miss (None: none did)."""
         miss = self.first_miss
-        met = [p.rate for p in self.points if p.verdict == MEETS and (miss is None or p.rate < miss.rate)]
+        met = [p.load for p in self.points if p.verdict == MEETS and (miss is None or p.load < miss.load)]
         return max(met) if met else None
 
 

@@ -34,6 +34,7 @@ from day0.stages.latency.settings import (
     dataset_lengths,
     load_shape,
     load_workers,
+    search_shape,
     workload_spec,
 )
 from day0.stages.latency.sweep import run_sweep
@@ -158,10 +159,10 @@ async def _search(load: _Load, model: str, requests: Callable[[int, str], list[R
     assert s.search is not None
     points = 0
 
-    async def search_at(rate: float, n: int, until: Until | None = None) -> LatencyMetrics:
+    async def search_at(x: float, n: int, until: Until | None = None) -> LatencyMetrics:
         nonlocal points
         points += 1  # each point its own prompts: a fresh stream name
-        sp = await load.phase(model, requests(n, f"search{points}"), load_shape(s, rate), "search", until)
+        sp = await load.phase(model, requests(n, f"search{points}"), search_shape(s, x), "search", until)
         return compute_metrics(sp, pcts, slo)
 
     return await search_capacity(search_at, s.search, sla, requests_per_point(s.search, sla), say)

@@ -93,14 +93,16 @@ class ClearMiss:
         return bool(self.why)
 
 
-def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, early: ClearMiss | None = None) -> SearchPoint:
+def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMiss | None = None, *,
+                gap_ms: float | None = None) -> SearchPoint:
     """Meets when every limited percentile's upper bound is within its limit and errors within
     ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
     undecided. A point whose queue grows (:func:`queue_grows`) misses too:
     a short point can end before a growing queue reaches the limit. The client's own send lag
     decides first: when a tenth of the requests left more than one mean arrival gap late (p90 of
-    the lag), the client fell behind its schedule and the rate offered was not ``rate``; a few
-    late sends (a busy host's hiccup) are not that."""
+    the lag), the client fell behind its schedule and the rate offered was not ``load``; a few
+    late sends (a busy host's hiccup) are not that. ``gap_ms`` is that mean gap (1000 / rate);
+    None for a closed loop, which has no schedule to fall behind."""
     lag = percentile(m.samples.get("send_lag") or [0.0], 90)
     misses, undecided, bounds = [], [], {}
     for metric, p, limit in sla.latency_limits():
@@ -120,11 +122,11 @@ def judge_point(rate: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
     if early is not None and early.why:  # decided before the point ended: its partial sample may not show it
         undecided = [k for k in undecided if k != early.key]
         misses += [] if early.key in misses else [early.key]
-    if lag > 1000.0 / rate:
+    if gap_ms is not None and lag > gap_ms:
         verdict = CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
-    return SearchPoint(rate, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "")
+    return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "")
 
 
 def quarter_ttfts(m: LatencyMetrics) -> tuple[float, float] | None:
@@ -151,46 +153,89 @@ def queue_grows(m: LatencyMetrics, sla: SlaSection) -> bool:
     return last > QUEUE_GROWTH * first and last - first > floor
 
 
+@dataclass(frozen=True)
+class Axis:
+    """What a search varies: the open loop's request rate, or the closed loop's concurrency (whole
+    requests in flight, so its steps round up and its bisection stops at adjacent integers)."""
+
+    name: str  # "rate" or "concurrency"
+    unit: str
+    start: float
+    limit: float
+    limit_key: str  # the [latency.search] key the limit comes from
+    integer: bool
+
+    def text(self, x: float) -> str:
+        return f"{x:.4g} {self.unit}" if not self.integer else f"concurrency {x:g}"
+
+    def up(self, x: float, growth: float) -> float:
+        return float(max(math.ceil(x * growth), x + 1)) if self.integer else x * growth
+
+    def down(self, x: float, growth: float) -> float | None:
+        """The next point below ``x``; None where there is none (concurrency 1)."""
+        if not self.integer:
+            return x / growth
+        return float(min(math.floor(x / growth), x - 1)) if x > 1 else None
+
+    def between(self, met: float, missed: float) -> float:
+        return float((met + missed) // 2) if self.integer else math.sqrt(met * missed)
+
+    def narrow(self, met: float, missed: float, precision: float) -> bool:
+        return missed / met - 1.0 <= precision or (self.integer and missed - met <= 1)
+
+
+def axis_of(search: CapacitySearch) -> Axis:
+    if search.over == "concurrency":
+        return Axis("concurrency", "concurrent requests", float(search.start_concurrency),
+                    float(search.max_concurrency), "max_concurrency", True)
+    return Axis("rate", "req/s", search.start_rate, search.max_rate, "max_rate", False)
+
+
 async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], search: CapacitySearch,
                           sla: SlaSection, requests: int, say: Callable[[str], None]) -> SearchResult:
-    """Bracket, then bisect, ``measure_at(rate, n, until=stop_rule)`` giving each point's metrics
-    (a :class:`ClearMiss` per point; a measurer that cannot stop early may ignore it). Stops at the
-    set precision, at ``max_points``, past ``max_rate`` with every point meeting, at an undecided
-    point inside the bracket (the SLA's edge: the bracket is the answer), or at a point that
-    decides nothing before there is a bracket, or where the client lagged (more points would not
-    help: more requests, or more load workers, would)."""
+    """Bracket, then bisect, ``measure_at(x, n, until=stop_rule)`` giving each point's metrics
+    (``x`` on :func:`axis_of`'s axis; a :class:`ClearMiss` per point, which a measurer that cannot
+    stop early may ignore). Stops at the set precision, at ``max_points``, past the axis' limit
+    with every point meeting, at an undecided point inside the bracket (the SLA's edge: the
+    bracket is the answer), or at a point that decides nothing before there is a bracket, or where
+    the client lagged (more points would not help: more requests, or more load workers, would)."""
+    axis = axis_of(search)
     points: list[SearchPoint] = []
-    met: float | None = None  # highest rate that met
-    missed: float | None = None  # lowest rate that missed
-    rate = search.start_rate
-    while True:
+    met: float | None = None  # highest load that met
+    missed: float | None = None  # lowest load that missed
+
+    def result(stopped: str) -> SearchResult:
+        return SearchResult(points, requests, sla.confidence, stopped, axis.name, axis.unit)
+
+    x: float | None = axis.start
+    while x is not None:
         if len(points) >= search.max_points:
-            return SearchResult(points, requests, sla.confidence, f"max_points ({search.max_points}) reached")
-        say(f"capacity search: {rate:.4g} req/s, {requests} requests")
+            return result(f"max_points ({search.max_points}) reached")
+        say(f"capacity search: {axis.text(x)}, {requests} requests")
         rule = ClearMiss(sla, requests)
-        point = judge_point(rate, await measure_at(rate, requests, until=rule), sla, rule)
+        point = judge_point(x, await measure_at(x, requests, until=rule), sla, rule,
+                            gap_ms=None if axis.integer else 1000.0 / x)
         points.append(point)
         if point.early:
-            say(f"capacity search: {rate:.4g} req/s stopped early after {point.metrics.sent} requests: {point.early}")
+            say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
         if point.verdict == UNDECIDED and met is not None and missed is not None:
             # inside the bracket, a point whose bounds straddle a limit is the SLA's edge itself
-            return SearchResult(points, requests, sla.confidence,
-                                f"the SLA's edge: {rate:.4g} req/s is undecided ({', '.join(point.undecided)}) "
-                                f"between {met:.4g} (met) and {missed:.4g} (missed)")
+            return result(f"the SLA's edge: {axis.text(x)} is undecided ({', '.join(point.undecided)}) "
+                          f"between {axis.text(met)} (met) and {axis.text(missed)} (missed)")
         if point.verdict in (UNDECIDED, CLIENT_LAGGED):
-            return SearchResult(points, requests, sla.confidence, f"{point.verdict} at {rate:.4g} req/s")
+            return result(f"{point.verdict} at {axis.text(x)}")
         if point.verdict == MEETS:
-            met = rate if met is None else max(met, rate)
+            met = x if met is None else max(met, x)
         else:
-            missed = rate if missed is None else min(missed, rate)
+            missed = x if missed is None else min(missed, x)
         if missed is None:
-            rate *= search.growth
-            if rate > search.max_rate:
-                return SearchResult(points, requests, sla.confidence,
-                                    f"every point met the SLA up to max_rate ({search.max_rate:g} req/s)")
+            x = axis.up(x, search.growth)
+            if x > axis.limit:
+                return result(f"every point met the SLA up to {axis.limit_key} ({axis.text(axis.limit)})")
         elif met is None:
-            rate /= search.growth
-        elif missed / met - 1.0 <= search.precision:
-            return SearchResult(points, requests, sla.confidence, f"precision {search.precision:g} reached")
+            x = axis.down(x, search.growth)
+        elif axis.narrow(met, missed, search.precision):
+            return result(f"precision {search.precision:g} reached")
         else:
-            rate = math.sqrt(met * missed)
+            x = axis.between(met, missed)
+    return result(f"no load meets the SLA: {axis.text(axis.start)} and every point below it missed")

@@ -72,6 +72,14 @@ def load_shape(s: LatencySection, rate: float | None = None) -> LoadShape:
                      seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals)
 
 
+def search_shape(s: LatencySection, x: float) -> LoadShape:
+    """A capacity-search point at ``x`` on its axis: a request rate (as a sweep step), or a closed
+    loop of ``x`` requests in flight."""
+    if s.search is not None and s.search.over == "concurrency":
+        return LoadShape(mode="concurrency", concurrency=int(x), seed=s.seed, duration_s=s.duration_s)
+    return load_shape(s, x)
+
+
 def load_workers(s: LatencySection) -> int:
     """Load-generator processes for the run: ``workers`` as set, or (0) enough for the heaviest
     phase it will offer (the measured load or the highest sweep rate), at most the usable cores."""

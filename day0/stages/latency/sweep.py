@@ -23,7 +23,7 @@ async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]
     for rate in settings.sweep_rates:
         n = settings.sweep_requests or settings.measured_requests(sla)
         say(f"sweep: {rate:g} req/s, {n} requests")
-        point = judge_point(rate, await measure_at(rate, n), sla)
+        point = judge_point(rate, await measure_at(rate, n), sla, gap_ms=1000.0 / rate)
         failing = point.misses + [f"{key} undecided" for key in point.undecided]
         if point.verdict == CLIENT_LAGGED:
             failing.append(f"client lagged {point.lag_ms:.1f} ms (p90)")

@@ -55,9 +55,9 @@ def sustained_throughput(checks: Iterable[Check]) -> Throughput | None:
         point = c.evidence.get("sustained") if c.id == SUSTAINED_CHECK and c.status == "pass" else None
         tok_s = point.get("output_tok_s") if isinstance(point, dict) else None
         if isinstance(tok_s, (int, float)) and not isinstance(tok_s, bool) and tok_s > 0:
-            rate = point.get("offered_req_s")
-            found = Throughput(float(tok_s), f"stage {c.stage}: {SUSTAINED_CHECK}, the sustained load ({rate} req/s "
-                                             "within the SLA)", {"check": SUSTAINED_CHECK, "offered_req_s": rate,
+            load = point.get("load")
+            found = Throughput(float(tok_s), f"stage {c.stage}: {SUSTAINED_CHECK}, the sustained load ({load} "
+                                             "within the SLA)", {"check": SUSTAINED_CHECK, "load": load,
                                                                  "at": c.finished_at, "unit": "tok/s"})
     return found
 
@@ -162,8 +162,8 @@ def priced_checks(at_stage_load: Throughput, sustained: Throughput | None, setti
     checks = budget_checks(sustained or at_stage_load, settings, nodes, devices_per_node)
     if settings.price_per_device_hour is None:
         return checks
-    checks[0].evidence["load"] = (f"priced at the sustained load, {sustained.detail['offered_req_s']} req/s "
-                                  f"({SUSTAINED_CHECK})" if sustained else "priced at the latency stage's load")
+    checks[0].evidence["load"] = (f"priced at the sustained load, {sustained.detail['load']} ({SUSTAINED_CHECK})"
+                                  if sustained else "priced at the latency stage's load")
     if sustained is not None:
         stage = budget_checks(at_stage_load, settings, nodes, devices_per_node)[0]
         checks.insert(1, Check(f"{stage.id}.latency_load", "Cost per million output tokens at the latency stage's "

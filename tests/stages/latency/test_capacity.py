@@ -30,7 +30,7 @@ def searched(capacity_rate: float, target: float | None = None):
 def test_the_answer_names_rate_per_replica_throughput_per_device_margin_and_replicas():
     result, search = searched(12.0, target=100.0)
     check = capacity_check(result, SLA, search, devices=4)
-    best = next(pt for pt in result.points if pt.rate == result.sustained)
+    best = next(pt for pt in result.points if pt.load == result.sustained)
     # metrics_with: TTFT 50 ms at or under capacity (limit 100: upper bound 50, margin 50%), TPOT 3.33 ms
     tight = margins(best, SLA)
     assert [m.key for m in tight] == ["ttft_p90", "tpot_p90"] and tight[0].share == pytest.approx(0.5)
@@ -46,8 +46,8 @@ def test_the_pareto_view_has_every_point_by_rate_and_marks_the_sla():
     result, search = searched(12.0)
     ev = capacity_check(result, SLA, search, devices=2).evidence
     rows = ev["pareto"]
-    points = sorted(result.points, key=lambda pt: pt.rate)
-    assert [r["offered_req_s"] for r in rows] == pytest.approx([pt.rate for pt in points], rel=1e-4)
+    points = sorted(result.points, key=lambda pt: pt.load)
+    assert [r["offered"] for r in rows] == pytest.approx([pt.load for pt in points], rel=1e-4)
     for r, pt in zip(rows, points):
         assert r["output_tok_s_per_device"] == pytest.approx(pt.metrics.output_throughput / 2, rel=1e-3)
         assert r["tok_s_per_user"] == pytest.approx(1000.0 / pt.metrics.stats["tpot"].mean, rel=1e-3)

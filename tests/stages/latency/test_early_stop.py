@@ -73,7 +73,7 @@ def test_a_stopped_point_misses_and_says_why_and_the_search_goes_on():
 
     result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=2.0, precision=0.05), SLA, 32,
                                          lambda _m: None))
-    over = [pt for pt in result.points if pt.rate > 8]
+    over = [pt for pt in result.points if pt.load > 8]
     assert over and all(pt.verdict == MISSES and "ttft_p90" in pt.misses and pt.early for pt in over)
     assert all(n < 32 for rate, n in asked if rate > 8)  # 7 requests each, not 32
     assert 8 / 1.05 <= result.sustained <= 8
@@ -100,3 +100,23 @@ def test_the_load_generator_stops_sending_and_cancels_what_is_in_flight():
     assert len(phase.results) < 60 and phase.not_sent == 60 - len(phase.results)
     assert received < 40, received  # the rest of the schedule never left the client
     assert len(phase.results) >= 3 and all(r.ok for r in phase.results)
+
+
+def test_a_closed_loop_stops_too():
+    reqs = build_requests(WorkloadSpec(16, 4), 300, 40)
+    seen: list[RequestResult] = []
+
+    def until(r: RequestResult) -> bool:
+        seen.append(r)
+        return len(seen) >= 5
+
+    async def go(url: str):
+        async with make_session(ClientOptions(), limit=0) as session:
+            return await run_phase(session, url, "scripted", reqs, LoadShape(mode="concurrency", concurrency=2),
+                                   ClientOptions(), phase="search", until=until)
+
+    with SSEServer(Script(ttft_ms=[20.0], gaps_ms=[5.0])) as srv:
+        phase = asyncio.run(go(srv.url))
+        received = len([e for e in srv.log() if e["phase"] == "search"])
+    # two loops: the fifth result stops both; at most the other loop's request was in flight
+    assert 5 <= len(phase.results) <= 6 and received <= 7 and phase.not_sent == 40 - len(phase.results)

@@ -71,10 +71,10 @@ def test_a_point_is_judged_by_its_bounds_not_its_estimate():
     errors = judge_point(10.0, metrics_with([50.0] * 29, failed=1), SLA)
     assert errors.verdict == MISSES and errors.misses == ["error_rate"]
     # the client 150 ms behind its schedule at 10 req/s (one gap is 100 ms): the rate was not offered
-    lagged = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=150.0), SLA)
+    lagged = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=150.0), SLA, gap_ms=100.0)
     assert lagged.verdict == CLIENT_LAGGED and lagged.lag_ms == pytest.approx(150.0, rel=1e-3)
     # two sends of 29 150 ms late (a busy host's hiccup) are not a lagging client
-    hiccup = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=[0.0] * 27 + [150.0] * 2), SLA)
+    hiccup = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=[0.0] * 27 + [150.0] * 2), SLA, gap_ms=100.0)
     assert hiccup.verdict == MEETS
 
 
@@ -104,10 +104,10 @@ def test_bracketing_then_bisection_finds_a_known_capacity(seed):
     search = CapacitySearch(start_rate=1.0, precision=0.02, max_points=30)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
     assert result.stopped == "precision 0.02 reached", (r_star, rates)
-    assert r_star / 1.02 <= result.sustained <= r_star < result.first_miss.rate <= r_star * 1.02 * 1.0001
+    assert r_star / 1.02 <= result.sustained <= r_star < result.first_miss.load <= r_star * 1.02 * 1.0001
     check = capacity_check(result, SLA, search)
     assert check.status == "pass" and check.value == pytest.approx(result.sustained, rel=1e-3)
-    assert f"{result.first_miss.rate:.4g} req/s misses ttft_p90" in check.message
+    assert f"{result.first_miss.load:.4g} req/s misses ttft_p90" in check.message
 
 
 def test_a_first_rate_over_capacity_brackets_downward_and_a_target_prices_replicas():
@@ -137,7 +137,7 @@ def test_a_search_that_cannot_decide_or_finds_nothing_is_never_a_pass():
     result = asyncio.run(search_capacity(edge, CapacitySearch(start_rate=1.0, precision=0.01), SLA, 30,
                                          lambda _m: None))
     check = capacity_check(result, SLA, CapacitySearch())
-    assert [p.rate for p in result.points] == [1.0, 2.0, 4.0, 8.0, pytest.approx(math.sqrt(32))]
+    assert [p.load for p in result.points] == [1.0, 2.0, 4.0, 8.0, pytest.approx(math.sqrt(32))]
     assert check.status == "pass" and check.value == 4.0 and "the SLA's edge: 5.657 req/s is undecided" in check.message
     # too few requests a point: an error naming how many the percentile needs
     measure_at, rates = modelled(5.0)
@@ -171,7 +171,7 @@ def test_the_stage_finds_the_capacity_of_a_scripted_server_within_5_percent():
     table = check.evidence["table"]["rows"]
     assert check.status == "pass", (gap, r_star, check.message, table)
     assert r_star * 0.95 <= check.value <= r_star * 1.05, (gap, r_star, capacity(script, 4), check.message, table)
-    assert run.search.first_miss is not None and run.search.first_miss.rate > r_star * 0.95
+    assert run.search.first_miss is not None and run.search.first_miss.load > r_star * 0.95
     # day0 latency --search prints each point, lowest rate first, with its bounds and verdict
     printed = [line for line in format_report(run, latency_checks(run)).splitlines() if line.startswith("search ")]
     assert len(printed) == len(run.search.points) and printed[0].endswith("-> meets") and "ttft_p90 " in printed[0]
@@ -185,5 +185,5 @@ def test_the_report_shows_the_capacity_headline_and_the_points(tmp_path):
     record = rf.make_record({"latency": [capacity_check(result, SLA, search)]})
     html = render(rf.write(record, tmp_path / "run"), tmp_path / "report.html").read_text(encoding="utf-8")
     assert "Capacity (req/s meeting the SLA)" in html  # the opt-in headline, on the first screen
-    assert "Latency bounds vs offered request rate" in html and "misses: ttft_p90" in html
+    assert "Latency bounds vs offered rate" in html and "misses: ttft_p90" in html
     assert "9 replicas for 100 req/s" in html

@@ -1,0 +1,63 @@
+"""The capacity search over closed-loop concurrency (``[latency.search] over = "concurrency"``):
+whole requests in flight, integer steps, the answer in concurrency with the req/s it achieved."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from day0.config.latency import CapacitySearch, LatencySection, SlaSection
+from day0.stages.latency import latency_checks, run_latency
+from day0.stages.latency.capacity import CHECK_ID, capacity_check
+from day0.stages.latency.measurement import MEETS
+from day0.stages.latency.search import search_capacity
+from tests.stages.latency.test_search import metrics_with
+from tests.support.sse_server import Script, SSEServer, schedule
+
+SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_integer_bracketing_and_bisection_find_a_known_concurrency(seed):
+    c_star = random.Random(seed).randint(1, 200)
+    asked = []
+
+    async def measure_at(x: float, n: int, until=None):
+        asked.append(x)
+        assert x == int(x) and x >= 1  # whole requests in flight
+        return metrics_with([50.0 if x <= c_star else 50.0 + 400.0 * (i + 1) / n for i in range(n)])
+
+    search = CapacitySearch(over="concurrency", start_concurrency=4, precision=0.01, max_points=30,
+                            target_rate=1000.0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 32, lambda _m: None))
+    assert result.sustained == c_star and result.first_miss.load == c_star + 1, (c_star, asked)
+    assert result.axis == "concurrency" and result.unit == "concurrent requests"
+    check = capacity_check(result, SLA, search)
+    assert check.status == "pass" and check.value == c_star and check.unit == "concurrent requests"
+    best = next(pt for pt in result.points if pt.load == c_star)
+    told = check.evidence["answer"]
+    # replicas from the req/s the sustained concurrency achieved, not from the concurrency itself
+    achieved = best.metrics.request_throughput
+    assert told.startswith(f"concurrency {c_star} per replica ({achieved:.4g} req/s, ")
+    assert f"{-(-1000 // achieved):.0f} replicas for 1000 req/s" in told
+
+
+def test_the_stage_finds_the_concurrency_of_a_scripted_server():
+    # 2 slots: up to 2 in flight nobody waits; a third waits a whole service time S for a slot,
+    # past a TTFT limit of S / 2, for a third of the requests (p90's lower bound is past it)
+    script = Script(ttft_ms=[10.0], gaps_ms=[15.0], slots=2)
+    service_ms = schedule(script, 0, 4)[-1][0] * 1000.0
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
+                              server_metrics=False,
+                              search=CapacitySearch(over="concurrency", start_concurrency=1, requests=40))
+    sla = SlaSection.from_table({"ttft_p90_ms": 10.0 + service_ms / 2})
+    with SSEServer(script) as srv:
+        run = run_latency(srv.url, "scripted", 300, settings, sla)
+        loops = {e["phase"] for e in srv.log()}
+    check = next(c for c in latency_checks(run) if c.id == CHECK_ID)
+    assert check.status == "pass" and check.value == 2, (check.message, check.evidence["table"]["rows"])
+    assert [pt.verdict for pt in sorted(run.search.points, key=lambda pt: pt.load)][:2] == [MEETS, MEETS]
+    assert run.search.first_miss is not None and run.search.first_miss.load == 3
+    assert "search" in loops
