@@ -172,8 +172,8 @@ def _pareto_chart(pareto: list[dict[str, Any]], sla: SlaSection) -> dict[str, An
         if pts:
             series.append({"name": name, "x": [r["output_tok_s_per_device"] for r in pts],
                            "y": [r["tok_s_per_user"] for r in pts]})
-    tpot = [(p, limit) for metric, p, limit in sla.latency_limits() if metric == "tpot"]
-    refs = [{"y": round(1000.0 / limit, 4), "label": f"tpot {pct_name(p)} limit {limit:g} ms"} for p, limit in tpot[:1]]
+    tpot = sorted((limit, p) for metric, p, limit in sla.latency_limits() if metric == "tpot")
+    refs = [{"y": round(1000.0 / limit, 4), "label": f"tpot {pct_name(p)} limit {limit:g} ms"} for limit, p in tpot[:1]]
     return {"kind": "scatter", "title": "Interactivity vs throughput per device (one point per offered load)",
             "x_label": "output tok/s per device", "y_label": "tok/s per user (1000 / mean TPOT)", "x_log": False,
             "series": series, "reference": refs}
