@@ -17,7 +17,7 @@ from day0.client.prom import pct_name
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import samples_to_bound
-from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, UNDECIDED, SearchPoint, SearchResult
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
 from day0.stages.latency.metrics import SOURCE, rounded
 
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest load meeting the SLA (confidence-bounded)"
@@ -91,11 +91,12 @@ def answer(result: SearchResult, sla: SlaSection, search: CapacitySearch, device
 def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int = 1) -> Check:
     """``latency.capacity``: the sustained load (pass), no load meeting the SLA (fail), or a search
     that could not decide (error, naming the point and what to change)."""
-    best, miss, last = result.sustained, result.first_miss, result.points[-1]
+    best, miss, top, last = result.sustained, result.first_miss, result.ceiling, result.points[-1]
     evidence = _evidence(result, sla, search, devices)
-    if last.verdict == CLIENT_LAGGED or (last.verdict == UNDECIDED and (best is None or miss is None)):
+    unbounded = last.verdict == UNDECIDED and any(last.bounds.get(k, (None, None))[1] is None for k in last.undecided)
+    if last.verdict == CLIENT_LAGGED or unbounded or (best is None and miss is None):
         why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {point_load(result, last.load)} "
-               "(more than one arrival gap): add latency.workers" if last.verdict == CLIENT_LAGGED else
+               "(more than one arrival gap): add latency.workers, or run day0 on a host the engine does not share" if last.verdict == CLIENT_LAGGED else
                f"{result.requests_per_point} requests at {point_load(result, last.load)} cannot decide "
                f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
                f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
@@ -108,7 +109,11 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
                               f"{', '.join(miss.misses)}" if miss else "no load tried meets the SLA"))
     told = f"sustains {point_load(result, best)} within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
            "requests a point)"
-    told += (f"; {point_load(result, miss.load)} misses {', '.join(miss.misses)}" if miss else "") + f"; {result.stopped}"
+    if top is not None:
+        told += (f"; {point_load(result, top.load)} misses {', '.join(top.misses)}" if top.verdict == MISSES else
+                 f"; {point_load(result, top.load)} is the SLA's edge ({', '.join(top.undecided)}: the limit inside "
+                 "the interval)")
+    told += f"; {result.stopped}"
     told += f"; {evidence['answer']}"
     return measured(CHECK_ID, TITLE, round(best, 4), None, unit=result.unit, direction="higher_is_better",
                     source=SOURCE, evidence=evidence, message=told)

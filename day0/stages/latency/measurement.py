@@ -71,10 +71,17 @@ class SearchResult:
         return min(missed, key=lambda p: p.load) if missed else None
 
     @property
+    def ceiling(self) -> SearchPoint | None:
+        """The lowest offered load that did not meet the SLA: a miss, or a point whose bounds
+        straddle a limit (the SLA's edge lies at or below it)."""
+        over = [p for p in self.points if p.verdict in (MISSES, UNDECIDED)]
+        return min(over, key=lambda p: p.load) if over else None
+
+    @property
     def sustained(self) -> float | None:
-        """The highest load that met the SLA below the first miss (None: none did)."""
-        miss = self.first_miss
-        met = [p.load for p in self.points if p.verdict == MEETS and (miss is None or p.load < miss.load)]
+        """The highest load that met the SLA below the ceiling (None: none did)."""
+        top = self.ceiling
+        met = [p.load for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
         return max(met) if met else None
 
 

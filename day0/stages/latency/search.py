@@ -123,10 +123,30 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
         undecided = [k for k in undecided if k != early.key]
         misses += [] if early.key in misses else [early.key]
     if gap_ms is not None and lag > gap_ms:
-        verdict = CLIENT_LAGGED
+        # the load offered was below ``load``, so a miss that is not the client's own lag is still a
+        # miss (less load than stated, and the engine missed anyway); anything else concludes nothing
+        misses = lag_free(misses, m, sla)
+        verdict = MISSES if misses else CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
     return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "")
+
+
+def lag_free(misses: list[str], m: LatencyMetrics, sla: SlaSection) -> list[str]:
+    """The misses that stand with the client's send lag taken out: errors, TPOT and ITL (their
+    clocks start after the send), and a TTFT limit whose lower bound from the actual send
+    (``ttft_from_send``) is still past it. E2E and queue growth include the lag: not conclusive."""
+    limits = {f"{metric}_{pct_name(p)}": (metric, p, limit) for metric, p, limit in sla.latency_limits()}
+    kept = []
+    for key in misses:
+        metric, p, limit = limits.get(key, (key, 0.0, 0.0))
+        if key in ("error_rate", "no_completed_requests") or metric in ("tpot", "itl"):
+            kept.append(key)
+        elif metric == "ttft":
+            lower = percentile_bounds(m.samples.get("ttft_from_send") or [], p, sla.confidence).lower
+            if lower is not None and lower > limit:
+                kept.append(key)
+    return kept
 
 
 def quarter_ttfts(m: LatencyMetrics) -> tuple[float, float] | None:
@@ -196,9 +216,10 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
     """Bracket, then bisect, ``measure_at(x, n, until=stop_rule)`` giving each point's metrics
     (``x`` on :func:`axis_of`'s axis; a :class:`ClearMiss` per point, which a measurer that cannot
     stop early may ignore). Stops at the set precision, at ``max_points``, past the axis' limit
-    with every point meeting, at an undecided point inside the bracket (the SLA's edge: the
-    bracket is the answer), or at a point that decides nothing before there is a bracket, or where
-    the client lagged (more points would not help: more requests, or more load workers, would)."""
+    with every point meeting, at a point too short to bound a limit at all, or where the client
+    lagged (more points would not help: more requests, or more load workers, would). A point whose
+    bounds straddle a limit is the SLA's edge: it bounds the bracket from above, as a miss does,
+    and the bisection goes on below it (a sustained load always met, with confidence)."""
     axis = axis_of(search)
     points: list[SearchPoint] = []
     met: float | None = None  # highest load that met
@@ -218,15 +239,14 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         points.append(point)
         if point.early:
             say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
-        if point.verdict == UNDECIDED and met is not None and missed is not None:
-            # inside the bracket, a point whose bounds straddle a limit is the SLA's edge itself
-            return result(f"the SLA's edge: {axis.text(x)} is undecided ({', '.join(point.undecided)}) "
-                          f"between {axis.text(met)} (met) and {axis.text(missed)} (missed)")
-        if point.verdict in (UNDECIDED, CLIENT_LAGGED):
-            return result(f"{point.verdict} at {axis.text(x)}")
+        unbounded = [k for k in point.undecided if point.bounds.get(k, (None, None))[1] is None]
+        if point.verdict == CLIENT_LAGGED or (point.verdict == UNDECIDED and unbounded):
+            # more points would not help: more load workers would, or more requests a point
+            return result(f"{point.verdict} at {axis.text(x)}"
+                          + (f": {requests} requests cannot bound {', '.join(unbounded)}" if unbounded else ""))
         if point.verdict == MEETS:
             met = x if met is None else max(met, x)
-        else:
+        else:  # a miss, or bounds straddling a limit: the SLA's edge is at or below it either way
             missed = x if missed is None else min(missed, x)
         if missed is None:
             x = axis.up(x, search.growth)

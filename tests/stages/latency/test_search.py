@@ -76,6 +76,12 @@ def test_a_point_is_judged_by_its_bounds_not_its_estimate():
     # two sends of 29 150 ms late (a busy host's hiccup) are not a lagging client
     hiccup = judge_point(10.0, metrics_with([50.0] * 29, lag_ms=[0.0] * 27 + [150.0] * 2), SLA, gap_ms=100.0)
     assert hiccup.verdict == MEETS
+    # a lagging client offered less than the rate: a miss the lag cannot explain (TTFT from the
+    # actual send still past the limit) stands; one the lag made (TTFT from the send 30 ms) does not
+    overloaded = judge_point(10.0, metrics_with([500.0] * 29, lag_ms=150.0), SLA, gap_ms=100.0)
+    assert overloaded.verdict == MISSES and overloaded.misses == ["ttft_p90"]
+    client_made = judge_point(10.0, metrics_with([180.0] * 29, lag_ms=150.0), SLA, gap_ms=100.0)
+    assert client_made.verdict == CLIENT_LAGGED
 
 
 def test_requests_per_point_bound_the_highest_limited_percentile():
@@ -130,15 +136,20 @@ def test_a_search_that_cannot_decide_or_finds_nothing_is_never_a_pass():
     result = asyncio.run(search_capacity(measure_at, search, SLA, 29, lambda _m: None))
     check = capacity_check(result, SLA, search)
     assert check.status == "fail" and "the lowest, 0.125 req/s, misses ttft_p90" in check.message
-    # an undecided point inside the bracket is the SLA's edge: the bracket is the answer
+    # a point whose bounds straddle the limit is the SLA's edge ...
     async def edge(rate, n, until=None):
         straddling = [50.0] * (n // 2 - 2) + [150.0] * 4 + [50.0] * (n - n // 2 - 2)
         return metrics_with([50.0] * n if rate <= 4 else straddling if rate < 8 else [500.0] * n)
-    result = asyncio.run(search_capacity(edge, CapacitySearch(start_rate=1.0, precision=0.01), SLA, 30,
+    result = asyncio.run(search_capacity(edge, CapacitySearch(start_rate=1.0, precision=0.01, max_points=20), SLA, 30,
                                          lambda _m: None))
     check = capacity_check(result, SLA, CapacitySearch())
-    assert [p.load for p in result.points] == [1.0, 2.0, 4.0, 8.0, pytest.approx(math.sqrt(32))]
-    assert check.status == "pass" and check.value == 4.0 and "the SLA's edge: 5.657 req/s is undecided" in check.message
+    # ... and bounds the bracket from above as a miss does: the bisection narrows down to the last
+    # load that met with confidence, never settling on a point that only might
+    assert [p.load for p in result.points][:5] == [1.0, 2.0, 4.0, 8.0, pytest.approx(math.sqrt(32))]
+    assert all(p.verdict == UNDECIDED for p in result.points[4:]) and result.stopped == "precision 0.01 reached"
+    assert 4.0 < result.ceiling.load <= 4.0 * 1.01 and result.first_miss.load == 8.0
+    assert check.status == "pass" and check.value == 4.0
+    assert f"{result.ceiling.load:.4g} req/s is the SLA's edge (ttft_p90: the limit inside the interval)" in check.message
     # too few requests a point: an error naming how many the percentile needs
     measure_at, rates = modelled(5.0)
     result = asyncio.run(search_capacity(measure_at, CapacitySearch(requests=10), SLA, 10, lambda _m: None))
