@@ -1,0 +1,427 @@
+"""Capacity, side by side: day0's search vs a dense ``vllm bench serve`` rate list vs GuideLLM's sweep.
+
+The question a team asks on Day 0 is "what request rate does one replica sustain within the SLA".
+This script asks it of three tools in one run, against the same server (the cpu-tiny vLLM server,
+started here, or ``--url``), with the same SLA (p99 TTFT and TPOT limits, ``--percentile`` for
+another) and the same workload (``--input-len`` random tokens, ``--output-len`` tokens with EOS
+ignored, open-loop Poisson arrivals), and prints what each answered and what the answer cost. The
+server is run in first (``--server-warmup``): a fresh CPU server is several times slower for its
+first few hundred requests, and the first tool would measure that.
+
+- day0: ``day0 latency --search`` (bracketing by 2x, then bisection to 5%; each point the fewest
+  requests whose order statistics bound the percentile, 299 for p99 at 95%, judged by those
+  bounds, never by the point estimate; a point that has missed stops early). Its measured phase
+  (``--day0-measure-requests``) and warm-up are counted in what it spent.
+- vLLM: vLLM 0.32 has ``vllm bench sweep serve`` and ``serve_workload`` but no ``serve_sla``, and
+  ``sweep`` only benchmarks servers it launches itself; so, a dense ``vllm bench serve`` rate list:
+  from ``--start-rate`` (where day0 starts; ``--dense-start`` for another) up by ``--dense-step``
+  (10%, the agreement this answers) until the first rate whose p99 point estimates miss a limit
+  (down, when the first rate misses, until one meets), ``--dense-requests`` prompts a rate
+  (default: day0's per point). What it costs depends on how far its start is from the answer, as
+  day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
+  Poisson arrivals and figures), all in one fresh process: a ``vllm bench serve`` process per rate
+  would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed (no prefix-cache
+  hits across rates), and ``vllm bench serve``'s ready-check request is counted.
+- GuideLLM (``--guidellm-path DIR``, where it was ``pip install --no-deps --target``-ed, see
+  README.md; with guidellm==0.8.1 the missing dependencies here were: "culsans~=0.10.0" aiologic
+  wrapt eval_type_backport faker ftfy wcwidth h2 hpack hyperframe msgpack sanic sanic-routing
+  html5tagger tracerite aiofiles; skipped without): its ``sweep`` profile (a synchronous run, a
+  throughput run, then Poisson rates spaced evenly between the two), ``--guidellm-requests`` a
+  benchmark, ``--guidellm-workers`` processes (its default, 10, swamps a small box); sustained is
+  its highest Poisson rate whose p99 TTFT and ITL (GuideLLM's ITL is day0's TPOT) meet the limits.
+
+Prints every tool's points, then a table (tool, sustained req/s, first missed req/s, requests
+spent, wall seconds) and the ratios day0/other of the sustained rate and of the requests spent;
+``--json`` writes the same. The issue's targets: sustained rates within 10%, day0's requests at
+most half the dense sweep's. Starts a vLLM engine: on a shared box take the engine lock. The
+figures move with whatever else the box runs (the server and every client share its cores).
+
+    flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_capacity.py [--start-rate 16] \\
+        [--ttft-limit-ms 300 --tpot-limit-ms 40] [--guidellm-path /tmp/guidellm-site] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOOLS = ("day0", "vllm", "guidellm")
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@contextlib.contextmanager
+def serving(a: argparse.Namespace) -> Iterator[tuple[str, Path]]:
+    """(base URL, tokenizer folder): ``--url`` as given, else the cpu-tiny server started here and
+    stopped at the end. The tokenizer is the cpu-tiny model's unless ``--tokenizer`` says."""
+    from day0.config.profile import load_profile
+    from day0.model.tiny import cached_model
+
+    profile = load_profile("cpu-tiny")
+    tok = a.tokenizer or cached_model(profile.model.tiny)
+    if a.url:
+        yield a.url.rstrip("/"), tok
+        return
+    from day0.engine.server import ServerEngine
+
+    with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
+        engine = ServerEngine(profile, Path(tmp), lambda msg: print(f"  {msg}", flush=True), name="capacity")
+        try:
+            yield engine.start().base_url, tok
+        finally:
+            engine.stop()
+
+
+def warm_server(url: str, tok: Path, a: argparse.Namespace) -> None:
+    """Run the server in before any tool measures it: a fresh cpu-tiny server answered its first
+    few hundred requests far slower (measured here, 299 at 20 req/s: TTFT p99 1.3 s, then 0.15 s
+    and 0.11 s over the next two batches of 299), so whichever tool ran first would measure that.
+    ``--server-warmup`` requests at ``--start-rate`` (day0's load generator), counted for no tool."""
+    if not a.server_warmup:
+        return
+    cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
+           "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(a.seed + 1000),
+           "--rate", f"{a.start_rate:g}", "--num-requests", str(a.server_warmup), "--warmup", "0",
+           "--percentiles", f"50,{a.percentile:g}", "--no-server-metrics"]
+    out, why, wall = run_child(cmd, a, ok=(0, 1))
+    ttft = next((" ".join(line.split()) for line in out.splitlines() if line.startswith("Time to first token")), "")
+    print(f"server warm-up: {a.server_warmup} requests at {a.start_rate:g} req/s in {wall:.0f} s, not counted"
+          + (f"; {why}" if why else f"; {ttft} (n, mean, std, p50, p{a.percentile:g} ms)"), flush=True)
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def limits(a: argparse.Namespace) -> dict[str, float]:
+    """The SLA every tool is judged by: metric -> limit (ms) at ``a.percentile``."""
+    return {"ttft": a.ttft_limit_ms, "tpot": a.tpot_limit_ms}
+
+
+def meets(ttft: float | None, tpot: float | None, ok: bool, a: argparse.Namespace) -> bool:
+    """A point estimate within every limit and no failed request (how vLLM and GuideLLM are judged)."""
+    return ok and ttft is not None and tpot is not None and ttft <= a.ttft_limit_ms and tpot <= a.tpot_limit_ms
+
+
+def summary(tool: str, points: list[dict[str, Any]], requests: int, wall: float, note: str = "",
+            **extra: Any) -> dict[str, Any]:
+    """A tool's answer from its points: the highest meeting rate below its lowest missing one."""
+    missed = [p["rate"] for p in points if p["verdict"] == "misses"]
+    first_miss = min(missed) if missed else None
+    met = [p["rate"] for p in points if p["verdict"] == "meets" and (first_miss is None or p["rate"] < first_miss)]
+    return {"tool": tool, "sustained": max(met) if met else None, "first_miss": first_miss, "requests": requests,
+            "wall_s": round(wall, 1), "points": points, "note": note, **extra}
+
+
+def run_child(cmd: list[str], a: argparse.Namespace, env: dict[str, str] | None = None,
+              ok: tuple[int, ...] = (0,), live: bool = False) -> tuple[str, str, float]:
+    """Run a tool's process; (stdout, what went wrong or "", wall seconds). Past ``--tool-timeout-s``
+    its whole process group is killed (GuideLLM's workers outlive a killed parent) and what it
+    printed so far is kept; an exit code outside ``ok`` is a failure. ``live``: its stderr
+    (progress lines) goes straight to this process's."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None if live else subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=a.tool_timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return out or "", f"stopped at --tool-timeout-s {a.tool_timeout_s:g}", time.monotonic() - t0
+    told = "its output above" if live else " ".join((err or "").split())[-600:]
+    why = f"failed (rc {proc.returncode}): {told}" if proc.returncode not in ok else ""
+    return out or "", why, time.monotonic() - t0
+
+
+def per_point(a: argparse.Namespace, day0: dict[str, Any] | None) -> int:
+    """The requests a point of the other tools: day0's per search point, as its run reported it
+    (``--requests``, else the fewest that bound the percentile: 299 for p99), or that count
+    computed here when day0 did not run."""
+    from day0.core.stats import samples_to_bound
+
+    told = day0.get("requests_per_point") if day0 else None
+    return told or a.requests or samples_to_bound(a.percentile, 0.95)
+
+
+# --------------------------------------------------------------------------- day0
+
+
+def day0_command(url: str, tok: Path, a: argparse.Namespace, out: Path) -> list[str]:
+    p = f"p{a.percentile:g}".replace(".", "_")
+    cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
+           "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(a.seed),
+           "--rate", f"{a.start_rate:g}", "--num-requests", str(a.day0_measure_requests), "--warmup", str(a.warmup),
+           "--search", "--search-start-rate", f"{a.start_rate:g}", "--percentiles", f"50,{a.percentile:g}",
+           "--json", str(out)]
+    cmd += [arg for m, limit in limits(a).items() for arg in ("--limit", f"{m}_{p}_ms={limit:g}")]
+    return cmd + (["--search-requests", str(a.requests)] if a.requests else [])
+
+
+def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """``day0 latency --search`` in its own process (exit 1 = a check failed, still an answer); its
+    points from the capacity check's evidence."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "day0.json"
+        _, why, wall = run_child(day0_command(url, tok, a, out), a, ok=(0, 1), live=True)
+        checks = json.loads(out.read_text()) if out.exists() else []
+    cap = next((c for c in checks if c["id"] == "latency.capacity"), None)
+    if cap is None:
+        return summary("day0", [], 0, wall, why or "no latency.capacity check in its output")
+    ev = cap["evidence"]
+    cols, n = ev["table"]["columns"], ev["requests_per_point"]
+    col = {c.split(" ")[0]: i for i, c in enumerate(cols)}
+    points = []
+    for row in ev["table"]["rows"]:
+        err = row[col["error"]] if "error" in col and isinstance(row[col["error"]], (int, float)) else 0.0
+        ran = round(row[2] / (1.0 - err)) if err < 1 else n  # completed + failed: an early-stopped point ran fewer
+        bounds = {k: row[i] for k, i in col.items() if k.startswith(("ttft_", "tpot_"))}
+        points.append({"rate": row[0], "n": ran, "completed": row[2], "verdict": str(row[-1]).split(":")[0],
+                       "bounds_ms": bounds, "why": str(row[-1])})
+    spent = a.warmup + a.day0_measure_requests + sum(p["n"] for p in points)
+    note = (f"{len(points)} search points of up to {n} requests (a point that has missed stops early; its cancelled "
+            f"in-flight requests not counted) + {a.warmup} warm-up + {a.day0_measure_requests} measured; "
+            f"latency.capacity {cap['status']}: {cap['message']}")
+    return summary("day0", points, spent, wall, note, requests_per_point=n, check=cap["status"])
+
+
+# --------------------------------------------------------------------------- vLLM (the child process)
+
+
+def vllm_argv(url: str, a: argparse.Namespace, rate: float, seed: int) -> list[str]:
+    """``vllm bench serve``'s arguments for one rate of the dense list."""
+    return ["--backend", "vllm", "--base-url", url, "--model", a.model, "--tokenizer", str(a.tokenizer),
+            "--dataset-name", "random", "--random-input-len", str(a.input_len), "--random-output-len",
+            str(a.output_len), "--random-range-ratio", "0", "--ignore-eos", "--num-prompts", str(a.dense_requests),
+            "--request-rate", f"{rate:g}", "--seed", str(seed), "--percentile-metrics", "ttft,tpot",
+            "--metric-percentiles", f"{a.percentile:g}", "--disable-tqdm"]
+
+
+async def vllm_dense(url: str, a: argparse.Namespace) -> None:
+    """The dense rate list, one JSON line a rate: up by ``dense_step`` from ``start_rate`` until a
+    rate misses (down until one meets when the first misses), at most ``dense_max_points``."""
+    from vllm.benchmarks.serve import add_cli_args, main_async
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    word = f"{a.percentile:g}"
+    rate, first = a.dense_start or a.start_rate, None
+    for i in range(a.dense_max_points):
+        args = parser.parse_args(vllm_argv(url, a, rate, a.seed + i))
+        with contextlib.redirect_stdout(sys.stderr):  # vLLM's own report: stdout is this process's answer
+            res = await main_async(args)
+        ttft, tpot = res.get(f"p{word}_ttft_ms"), res.get(f"p{word}_tpot_ms")
+        ok = res["completed"] == a.dense_requests and not res.get("failed")
+        verdict = "meets" if meets(ttft, tpot, ok, a) else "misses"
+        print(json.dumps({"rate": round(rate, 4), "n": a.dense_requests + 1 + args.num_warmups,
+                          "completed": res["completed"], "verdict": verdict, "ttft_ms": ttft, "tpot_ms": tpot,
+                          "achieved": res["request_throughput"]}), flush=True)
+        first = first or verdict
+        if verdict != first:
+            return
+        rate = rate * a.dense_step if first == "meets" else rate / a.dense_step
+
+
+def run_vllm(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """The dense list in a fresh process (this script with ``--tool vllm``)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--tool", "vllm", "--url", url,
+           "--tokenizer", str(tok), "--dense-requests", str(a.dense_requests)]
+    out, why, wall = run_child(cmd, a)
+    points = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    told = f"{len(points)} rates of {points[0]['n']} requests (the ready check included)" if points else "no rate"
+    return summary("vllm", points, sum(p["n"] for p in points), wall, f"{why}; {told}" if why else told)
+
+
+# --------------------------------------------------------------------------- GuideLLM
+
+
+def guidellm_command(url: str, tok: Path, a: argparse.Namespace, out: Path) -> list[str]:
+    return [sys.executable, "-m", "guidellm", "run", "--backend", f"kind=openai_http,target={url},model={a.model}",
+            "--profile", f"kind=sweep,sweep_size={a.guidellm_sweep_size},strategy_type=poisson",
+            "--constraint", f"kind=max_requests,count={a.guidellm_requests}",
+            "--tokenizer", f"kind=huggingface_auto,model={tok}", "--seed", f"kind=static,value={a.seed}",
+            "--data", f"kind=synthetic_text,prompt_tokens={a.input_len},output_tokens={a.output_len}",
+            "--output", f"kind=json,path={out}", "--disable-console"]
+
+
+def guidellm_points(report: dict[str, Any], a: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    """Every benchmark of the sweep as a point (only the Poisson ones judged), and the requests sent."""
+    key = f"p{a.percentile:g}".replace(".", "")
+    points, spent = [], 0
+    for b in report["benchmarks"]:
+        strat, reqs, m = b["config"]["strategy"], b["requests"], b["metrics"]
+        n = sum(len(reqs.get(g) or []) for g in ("successful", "errored", "incomplete"))
+        spent += n
+        ttft = m["time_to_first_token_ms"]["successful"]["percentiles"].get(key)
+        tpot = m["inter_token_latency_ms"]["successful"]["percentiles"].get(key)
+        ok = not reqs.get("errored") and not reqs.get("incomplete")
+        poisson = strat.get("type_") == "poisson"
+        verdict = ("meets" if meets(ttft, tpot, ok, a) else "misses") if poisson else "not judged"
+        rate = strat.get("rate") if poisson else m["requests_per_second"]["successful"]["mean"]
+        points.append({"rate": round(rate, 4), "n": n, "strategy": strat.get("type_"), "verdict": verdict,
+                       "ttft_ms": ttft, "tpot_ms": tpot})
+    return points, spent
+
+
+def run_guidellm(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """GuideLLM's sweep in its own process, from the folder it was installed into."""
+    if not a.guidellm_path or not Path(a.guidellm_path, "guidellm").is_dir():
+        why = "no --guidellm-path" if not a.guidellm_path else f"no guidellm package under {a.guidellm_path}"
+        return summary("guidellm", [], 0, 0.0, f"skipped ({why}; benchmarks/README.md says how to install it)")
+    env = {**os.environ, "PYTHONPATH": str(a.guidellm_path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "GUIDELLM__MAX_WORKER_PROCESSES": str(a.guidellm_workers)}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "g.json"
+        _, why, wall = run_child(guidellm_command(url, tok, a, out), a, env)
+        if not out.exists():
+            return summary("guidellm", [], 0, wall, why or "no report written")
+        points, spent = guidellm_points(json.loads(out.read_text()), a)
+    return summary("guidellm", points, spent, wall, f"sweep of {len(points)} benchmarks of {a.guidellm_requests} "
+                                                   "requests (synchronous and throughput not judged)")
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt(x: float | None, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """day0 / each other tool, of the sustained rate and of the requests spent."""
+    d0 = results.get("day0")
+    out: dict[str, dict[str, float | None]] = {}
+    for tool, r in results.items():
+        if tool == "day0" or d0 is None or not r["points"]:
+            continue
+        out[tool] = {"sustained": d0["sustained"] / r["sustained"] if d0["sustained"] and r["sustained"] else None,
+                     "requests": d0["requests"] / r["requests"] if r["requests"] else None}
+    return out
+
+
+def point_line(p: dict[str, Any]) -> str:
+    if "bounds_ms" in p:
+        figures = ", ".join(f"{k} {v} ms" for k, v in p["bounds_ms"].items())
+        return f"    {p['rate']:>8.4g} req/s  {p['n']:>4} req  {figures}  -> {p['why']}"
+    label = f" {p['strategy']}" if p.get("strategy") not in (None, "poisson") else ""
+    return (f"    {p['rate']:>8.4g} req/s{label}  {p['n']:>4} req  ttft {fmt(p['ttft_ms'], '.1f')} ms, "
+            f"tpot {fmt(p['tpot_ms'], '.1f')} ms  -> {p['verdict']}")
+
+
+def show(r: dict[str, Any]) -> None:
+    """One tool's points and answer, printed as soon as it has run."""
+    print(f"{r['tool']}: {r['note']}")
+    for p in sorted(r["points"], key=lambda p: p["rate"]):
+        print(point_line(p))
+    print(f"  -> sustained {fmt(r['sustained'])} req/s, first missed {fmt(r['first_miss'])} req/s, "
+          f"{r['requests']} requests, {r['wall_s']:.1f} s", flush=True)
+
+
+def report(results: dict[str, dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
+    """The table and the ratios; returns them with every point as one object."""
+    head = f"{'tool':<10} {'sustained req/s':>16} {'first missed req/s':>19} {'requests spent':>15} {'wall s':>8}"
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in results.values():
+        own = f"  (from its points; latency.capacity: {r['check']})" if r.get("check", "pass") != "pass" else ""
+        print(f"{r['tool']:<10} {fmt(r['sustained']):>16} {fmt(r['first_miss']):>19} {r['requests']:>15} "
+              f"{r['wall_s']:>8.1f}{own}")
+    rat = ratios(results)
+    for tool, q in rat.items():
+        print(f"day0 / {tool}: sustained {fmt(q['sustained'], '.3f')}, requests spent {fmt(q['requests'], '.3f')}")
+    return {"sla": {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
+            "workload": {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson",
+                         "ignore_eos": True},
+            "tools": results, "ratios_day0_over": rat}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    from day0.client.workers import usable_cores
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--url", help="a running server's base URL (default: start the cpu-tiny server here)")
+    ap.add_argument("--model", default="day0-tiny", help="served model name")
+    ap.add_argument("--tokenizer", type=Path, help="model folder (default: the cpu-tiny model day0 builds)")
+    ap.add_argument("--input-len", type=int, default=128, help="prompt tokens, every tool")
+    ap.add_argument("--output-len", type=int, default=32, help="output tokens (EOS ignored), every tool")
+    ap.add_argument("--percentile", type=float, default=99.0, help="the SLA's percentile")
+    ap.add_argument("--ttft-limit-ms", type=float, default=300.0, help="TTFT limit at --percentile")
+    ap.add_argument("--tpot-limit-ms", type=float, default=40.0, help="TPOT limit at --percentile")
+    ap.add_argument("--start-rate", type=float, default=16.0,
+                    help="req/s where day0's search and the dense list start (default: a little below the cpu-tiny "
+                         "server's capacity for the default SLA on a 2-core box, so the run stays short)")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="day0's requests a search point (default: the fewest bounding the percentile, 299 for p99)")
+    ap.add_argument("--day0-measure-requests", type=int, default=10,
+                    help="day0 latency's measured phase before its search (at --start-rate)")
+    ap.add_argument("--warmup", type=int, default=2, help="day0's warm-up requests")
+    ap.add_argument("--server-warmup", type=int, default=300,
+                    help="requests run into the server at --start-rate before any tool measures it (0: none)")
+    ap.add_argument("--dense-start", type=float, default=0.0,
+                    help="req/s where the dense list starts (default: --start-rate, where day0 starts too)")
+    ap.add_argument("--dense-step", type=float, default=1.1, help="factor between the dense list's rates")
+    ap.add_argument("--dense-requests", type=int, default=0,
+                    help="prompts a dense rate (default: as many as day0's search points had)")
+    ap.add_argument("--dense-max-points", type=int, default=20)
+    ap.add_argument("--guidellm-path", type=Path, default=os.environ.get("GUIDELLM_PATH"),
+                    help="folder GuideLLM was pip-installed into with --target (skipped without)")
+    ap.add_argument("--guidellm-sweep-size", type=int, default=10, help="benchmarks in GuideLLM's sweep")
+    ap.add_argument("--guidellm-requests", type=int, default=0,
+                    help="requests a GuideLLM benchmark (default: as many as day0's search points had)")
+    ap.add_argument("--guidellm-workers", type=int, default=usable_cores(),
+                    help="GuideLLM's worker processes (its default, 10, swamps a small box; default: the usable cores)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", default="", help=f"comma-separated, of: {', '.join(TOOLS)}")
+    ap.add_argument("--tool-timeout-s", type=float, default=400.0)
+    ap.add_argument("--json", type=Path, help="write the table, the points and the ratios here")
+    ap.add_argument("--tool", help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def main() -> int:
+    a = parse_args()
+    if a.tool == "vllm":
+        asyncio.run(vllm_dense(a.url, a))
+        return 0
+    skip = set(a.skip.split(","))
+    p = f"p{a.percentile:g}"
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; SLA: TTFT {p} <= "
+          f"{a.ttft_limit_ms:g} ms, TPOT {p} <= {a.tpot_limit_ms:g} ms, no failed request; workload: {a.input_len} "
+          f"random prompt tokens, {a.output_len} output tokens (EOS ignored), Poisson arrivals", flush=True)
+    runners = {"day0": run_day0, "vllm": run_vllm, "guidellm": run_guidellm}
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    with serving(a) as (url, tok):
+        warm_server(url, tok, a)
+        for tool in (t for t in TOOLS if t not in skip):
+            if tool != "day0":  # the others measure each rate with as many requests as day0 did
+                a.dense_requests = a.dense_requests or per_point(a, results.get("day0"))
+                a.guidellm_requests = a.guidellm_requests or per_point(a, results.get("day0"))
+            print(f"\n{tool}: running against {url} ...", flush=True)
+            results[tool] = runners[tool](url, tok, a)
+            show(results[tool])
+    out = report(results, a)
+    print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
+          f"{os.getloadavg()[0]:.2f} at the end")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
