@@ -70,11 +70,10 @@ def pareto_rows(result: SearchResult, devices: int) -> list[dict[str, Any]]:
 
 def answer(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int) -> str:
     """The first screen's sentence: per replica, margin, replicas for the target."""
-    best = result.sustained
-    point = next((pt for pt in result.points if pt.load == best and pt.verdict == MEETS), None)
-    if best is None or point is None:
+    point = result.sustained_point
+    if point is None:
         return ""
-    achieved = point.metrics.request_throughput
+    best, achieved = point.load, point.metrics.request_throughput
     text = (f"{point_load(result, best)} per replica ("
             + (f"{achieved:.4g} req/s, " if result.axis != "rate" else "")
             + f"{point.metrics.output_throughput / devices:.4g} output tok/s per device, {devices} device(s))")
@@ -93,7 +92,7 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
     that could not decide (error, naming the point and what to change)."""
     best, miss, top, last = result.sustained, result.first_miss, result.ceiling, result.points[-1]
     evidence = _evidence(result, sla, search, devices)
-    unbounded = last.verdict == UNDECIDED and any(last.bounds.get(k, (None, None))[1] is None for k in last.undecided)
+    unbounded = last.verdict == UNDECIDED and bool(last.unbounded)
     if last.verdict == CLIENT_LAGGED or unbounded or (best is None and miss is None):
         why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {point_load(result, last.load)} "
                "(more than one arrival gap): add latency.workers, or run day0 on a host the engine does not share" if last.verdict == CLIENT_LAGGED else
@@ -145,7 +144,7 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
         "requests_per_point": result.requests_per_point, "confidence": result.confidence,
         "search": search.model_dump(), "answer": answer(result, sla, search, devices),
         "definition": "docs/metrics.md, Confidence and Capacity; docs/stages/latency.md, Capacity search"}
-    best = next((pt for pt in by_load if pt.load == result.sustained and pt.verdict == MEETS), None)
+    best = result.sustained_point
     if best is not None:
         evidence["sustained"] = {"offered": rounded(best.load), "load": point_load(result, best.load),
                                  "achieved_req_s": rounded(best.metrics.request_throughput),

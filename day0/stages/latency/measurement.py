@@ -52,6 +52,12 @@ class SearchPoint:
     lag_ms: float
     early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
 
+    @property
+    def unbounded(self) -> list[str]:
+        """The undecided limits the point's sample cannot bound from above at all (too few
+        requests): more points would not decide them, only more requests a point."""
+        return [k for k in self.undecided if self.bounds.get(k, (None, None))[1] is None]
+
 
 @dataclass
 class SearchResult:
@@ -78,11 +84,17 @@ class SearchResult:
         return min(over, key=lambda p: p.load) if over else None
 
     @property
-    def sustained(self) -> float | None:
-        """The highest load that met the SLA below the ceiling (None: none did)."""
+    def sustained_point(self) -> SearchPoint | None:
+        """The highest-load point that met the SLA below the ceiling (None: none did)."""
         top = self.ceiling
-        met = [p.load for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
-        return max(met) if met else None
+        met = [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
+        return max(met, key=lambda p: p.load) if met else None
+
+    @property
+    def sustained(self) -> float | None:
+        """The sustained load itself (:attr:`sustained_point`'s)."""
+        point = self.sustained_point
+        return point.load if point is not None else None
 
 
 @dataclass

@@ -239,8 +239,8 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         points.append(point)
         if point.early:
             say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
-        unbounded = [k for k in point.undecided if point.bounds.get(k, (None, None))[1] is None]
-        if point.verdict == CLIENT_LAGGED or (point.verdict == UNDECIDED and unbounded):
+        unbounded = point.unbounded if point.verdict == UNDECIDED else []
+        if point.verdict == CLIENT_LAGGED or unbounded:
             # more points would not help: more load workers would, or more requests a point
             return result(f"{point.verdict} at {axis.text(x)}"
                           + (f": {requests} requests cannot bound {', '.join(unbounded)}" if unbounded else ""))
