@@ -79,23 +79,28 @@ def test_a_stopped_point_misses_and_says_why_and_the_search_goes_on():
     assert 8 / 1.05 <= result.sustained <= 8
 
 
-def test_the_load_generator_stops_sending_and_cancels_what_is_in_flight():
-    script = Script(ttft_ms=[300.0], gaps_ms=[5.0])
-    reqs = build_requests(WorkloadSpec(16, 4), 300, 60)
+def stopped_phase(script: Script, shape: LoadShape, n: int, stop_after: int):
+    """(phase, requests the server received): ``n`` requests at ``shape`` against ``script``, a
+    stop rule that fires at the ``stop_after``-th finished request."""
+    reqs = build_requests(WorkloadSpec(16, 4), 300, n)
     seen: list[RequestResult] = []
 
     def until(r: RequestResult) -> bool:
         seen.append(r)
-        return len(seen) >= 3
+        return len(seen) >= stop_after
 
     async def go(url: str):
         async with make_session(ClientOptions(), limit=0) as session:
-            return await run_phase(session, url, "scripted", reqs, LoadShape(mode="rate", request_rate=40.0, seed=0),
-                                   ClientOptions(), phase="search", until=until)
+            return await run_phase(session, url, "scripted", reqs, shape, ClientOptions(), phase="search", until=until)
 
     with SSEServer(script) as srv:
         phase = asyncio.run(go(srv.url))
-        received = len([e for e in srv.log() if e["phase"] == "search"])
+        return phase, len([e for e in srv.log() if e["phase"] == "search"])
+
+
+def test_the_load_generator_stops_sending_and_cancels_what_is_in_flight():
+    phase, received = stopped_phase(Script(ttft_ms=[300.0], gaps_ms=[5.0]),
+                                    LoadShape(mode="rate", request_rate=40.0, seed=0), 60, 3)
     # 40 req/s, 300 ms to a first token: ~12 sent before the first result, none after the third
     assert len(phase.results) < 60 and phase.not_sent == 60 - len(phase.results)
     assert received < 40, received  # the rest of the schedule never left the client
@@ -103,20 +108,7 @@ def test_the_load_generator_stops_sending_and_cancels_what_is_in_flight():
 
 
 def test_a_closed_loop_stops_too():
-    reqs = build_requests(WorkloadSpec(16, 4), 300, 40)
-    seen: list[RequestResult] = []
-
-    def until(r: RequestResult) -> bool:
-        seen.append(r)
-        return len(seen) >= 5
-
-    async def go(url: str):
-        async with make_session(ClientOptions(), limit=0) as session:
-            return await run_phase(session, url, "scripted", reqs, LoadShape(mode="concurrency", concurrency=2),
-                                   ClientOptions(), phase="search", until=until)
-
-    with SSEServer(Script(ttft_ms=[20.0], gaps_ms=[5.0])) as srv:
-        phase = asyncio.run(go(srv.url))
-        received = len([e for e in srv.log() if e["phase"] == "search"])
+    phase, received = stopped_phase(Script(ttft_ms=[20.0], gaps_ms=[5.0]),
+                                    LoadShape(mode="concurrency", concurrency=2), 40, 5)
     # two loops: the fifth result stops both; at most the other loop's request was in flight
     assert 5 <= len(phase.results) <= 6 and received <= 7 and phase.not_sent == 40 - len(phase.results)
