@@ -238,13 +238,20 @@ def test_a_failure_at_the_end_stretches_the_window_throughput_is_over(server):
 
 def test_open_loop_latency_includes_client_queueing(server):
     """Rate mode with a 1-request cap: requests wait for the slot, and that wait is in TTFT."""
-    server.set_script(Script(ttft_ms=[40], gaps_ms=[2], tokens_per_message=[1]))
+    script = Script(ttft_ms=[40], gaps_ms=[2], tokens_per_message=[1])
+    server.set_script(script)
     phase = drive(server, 8, 3, LoadShape(mode="rate", request_rate=200.0, concurrency=1, seed=3))
     lags = [r.send_lag for r in phase.results]
     assert max(lags) > 0.15  # the 8th request waited for ~7 x 44 ms of service
-    tr = truth(phase.results, server.log())
+    log = server.log()
+    tr = truth(phase.results, log)
+    # TTFT runs from the scheduled instant, so it covers the wait for the slot: never before the server's
+    # write of the first token (a TTFT from the send would be early by the wait, up to ~300 ms here), and
+    # the least-late request within 1 ms of it plus the server's lateness measured in this run
+    late_ms = [(r.ttft - tr[r.index][0][0]) * 1e3 for r in phase.results]
+    noise = server_noise_ms(log, script, 3)
+    assert -0.1 <= min(late_ms) <= TOL_MS + noise, (late_ms, noise)
     for r in phase.results:
-        assert abs(r.ttft - tr[r.index][0][0]) < 0.005
         assert r.ttft >= r.send_lag + 0.039  # scheduled -> first token covers the wait
     assert phase.target_offsets == sorted(phase.target_offsets) and phase.target_offsets[0] == 0.0
     for r, off in zip(phase.results, phase.target_offsets):
