@@ -1,0 +1,1 @@
+"""Deployment recipes (deploy/) checked offline: the Kubernetes manifests against their published schemas."""
