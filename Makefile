@@ -17,7 +17,7 @@ demo: install
 	$(VENV)/bin/python -m pytest day0/suites -m day0 --day0-profile $(PROFILE) -v $(PYTEST_ARGS)
 
 test: install
-	@bash scripts/install-system.sh net browser
+	@bash scripts/install-system.sh net browser slurm
 	$(VENV)/bin/ruff check day0 tests scripts benchmarks conftest.py
 	$(VENV)/bin/python -m pytest tests -v --durations=15 $(PYTEST_ARGS)
 

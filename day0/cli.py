@@ -330,22 +330,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Subcommands that live beside their module (each module exposes ``add_cli``)."""
-    from day0 import device_check
+    from day0 import device_check, slurm_cli
     from day0.engine.cluster import cli as cluster
     from day0.results import compare, report
     from day0.stages import collectives, latency
 
     return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli, device_check.add_cli,
-            cluster.add_cli]
+            cluster.add_cli, slurm_cli.add_cli]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest:
-        if args.command != "run":
+    if rest:  # pytest's own options (run) and sbatch's (slurm submit) pass through, in their order
+        dest = "pytest_args" if args.command == "run" else getattr(args, "passthrough", None)
+        if not dest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        args.pytest_args = [*rest, *args.pytest_args]  # pytest's own options pass through
+        setattr(args, dest, [*rest, *getattr(args, dest)])
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away (`| head`) is found here, not at interpreter exit

@@ -2,6 +2,7 @@
 # The Debian packages day0 uses beside Python, installed when missing and this user may (root):
 #   net       iproute2 (ip, tc): the emulated multi-node cluster (network namespaces, tbf shaping)
 #   browser   chromium: the report's browser test
+#   slurm     slurmctld, slurmd, slurm-client, munge: a real Slurm on the emulated nodes
 # Otherwise it says why, and the tests decide (the browser test fails under CI=true, the
 # emulated-cluster tests skip with the reason where there is no root).
 set -euo pipefail
@@ -10,7 +11,10 @@ for group in "$@"; do
   case $group in
     net) command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || want+=(iproute2) ;;
     browser) command -v chromium >/dev/null 2>&1 || [[ -n "${DAY0_CHROMIUM:-}" ]] || want+=(chromium) ;;
-    *) echo "[install] unknown package group: $group (net, browser)" >&2; exit 2 ;;
+    slurm) for b in slurmctld slurmd sbatch munged; do
+             command -v $b >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || { want+=(slurmctld slurmd slurm-client munge); break; }
+           done ;;
+    *) echo "[install] unknown package group: $group (net, browser, slurm)" >&2; exit 2 ;;
   esac
 done
 [[ ${#want[@]} -eq 0 ]] && exit 0

@@ -51,6 +51,9 @@ class EmulateSection(Section):
     degrade: dict[str, str] = Field({}, description="node name -> tbf rate for that node's link, e.g. {node2 = '20mbit'}")
     burst: str = Field("64kb", description="tbf burst (bucket size); small buckets cap the rate below `rate`")
     latency_ms: int = Field(400, ge=1, le=60_000, description="tbf latency: how long a packet may queue")
+    scheduler: Literal["none", "slurm"] = Field(
+        "none", description="slurm: a real Slurm on the nodes (slurmctld on the bridge, one slurmd per node) "
+                            "and day0 starts its processes with srun")
 
     @field_validator("link_rate")
     @classmethod
@@ -117,8 +120,10 @@ class TopologySection(Section):
                 raise ValueError("emulate: an emulated cluster is for CPU profiles (device = \"cpu\")")
             if self.nodes > MAX_EMULATED_NODES:
                 raise ValueError(f"emulate: at most {MAX_EMULATED_NODES} emulated nodes, got nodes = {self.nodes}")
-            if self.launcher not in ("auto", "netns"):
-                raise ValueError(f"launcher: {self.launcher!r} with [topology.emulate]; emulated nodes use netns")
+            allowed = ("auto", "srun") if self.emulate.scheduler == "slurm" else ("auto", "netns")
+            if self.launcher not in allowed:
+                raise ValueError(f"launcher: {self.launcher!r} with [topology.emulate] scheduler = "
+                                 f"{self.emulate.scheduler!r}; use {' or '.join(allowed)}")
             for node in self.emulate.degrade:
                 if int(NODE_NAME.match(node).group(1)) >= self.nodes:  # type: ignore[union-attr]
                     raise ValueError(f"emulate.degrade.{node}: there are only {self.nodes} nodes (node0..node{self.nodes - 1})")
@@ -129,12 +134,12 @@ class TopologySection(Section):
         return self
 
     def launcher_kind(self, environ: Any = None) -> str:
-        """The launcher ``auto`` stands for here: netns when emulating, srun inside a multi-node
-        Slurm allocation, else local."""
+        """The launcher ``auto`` stands for here: netns when emulating (srun when the emulated nodes run
+        a Slurm), srun inside a multi-node Slurm allocation, else local."""
         if self.launcher != "auto":
             return self.launcher
         if self.emulate is not None:
-            return "netns"
+            return "srun" if self.emulate.scheduler == "slurm" else "netns"
         env = environ or {}
         if self.nodes > 1 and (env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")):
             return "srun"

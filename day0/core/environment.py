@@ -259,6 +259,15 @@ def gpu_topology(gpus: list[dict[str, Any]]) -> str | None:
     return out.stdout.rstrip() if out.returncode == 0 and out.stdout.strip() else None
 
 
+SLURM_FIELDS = {"job_id": "SLURM_JOB_ID", "nodelist": "SLURM_JOB_NODELIST", "cluster": "SLURM_CLUSTER_NAME"}
+
+
+def slurm_job() -> dict[str, str]:
+    """The Slurm job the run is part of: ``day0 slurm submit`` finds the run's record by its job id,
+    and a reader of the record can ask the scheduler about it (``sacct -j``)."""
+    return {key: os.environ[var][:200] for key, var in SLURM_FIELDS.items() if os.environ.get(var)}
+
+
 def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -> dict[str, Any]:
     """The run's environment. With ``run_dir`` (a Day0 run), vLLM's collect_env is added and its
     text kept in the run folder, unless DAY0_COLLECT_ENV=0."""
@@ -278,6 +287,9 @@ def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -
     topo = gpu_topology(gpus)
     if topo:
         env["gpu_topology"] = topo
+    slurm = slurm_job()
+    if slurm:
+        env["slurm"] = slurm
     if run_dir is not None and collect_env_wanted():
         env["collect_env"] = collect_env(run_dir, redactor)
     return env

@@ -55,6 +55,7 @@ STAGE_INFO_SKIPPED_NOTE = "stage_info_skipped"  # declarations in run_started th
 # rebuild files it under the record's environment, where a run that waited for it had it.
 COLLECT_ENV_NOTE = "collect_env"
 SKIPPED_NOTE = "events_skipped"  # rebuild's note naming each unreadable event-log line it passed over
+SCHEDULER_NOTE = "scheduler"  # day0 slurm submit's note: the Slurm job ended other than COMPLETED (state, reason)
 MAX_SKIPPED_SHOWN = 50
 
 
@@ -466,6 +467,9 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
         if verdict == "accepted":
             verdict, reason = "incomplete", (f"{skipped.count} unreadable event-log line(s) skipped, and one may "
                                              f"have held a failed check: {skipped.summary()}")
+    ended = notes.get(SCHEDULER_NOTE)
+    if verdict != "accepted" and isinstance(ended, dict) and ended.get("state") not in (None, "COMPLETED"):
+        reason = f"the scheduler ended it: Slurm job {ended.get('job_id')} {ended.get('state')}; {reason}"
     started = fold.started
     environment = started.get("environment", {})
     if COLLECT_ENV_NOTE in notes and isinstance(environment, dict):

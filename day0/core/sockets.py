@@ -8,6 +8,7 @@ show that vLLM's TP ranks talked across nodes.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import re
@@ -67,3 +68,33 @@ def namespace_connections(pid: int | str, inodes: set[str] | None = None) -> lis
         except OSError:
             continue
     return conns
+
+
+def interface_address(ifname: str) -> str | None:
+    """The IPv4 address of interface ``ifname`` in this network namespace (SIOCGIFADDR), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            return None
+    return socket.inet_ntoa(raw[20:24])
+
+
+def node_ip(address: str | None, ifname: str | None) -> str | None:
+    """The address this node's traffic leaves from, as an IP: the interface gloo/NCCL bind to when one
+    is named (a hostname may resolve to a management network the ranks do not use), else the node's
+    address itself, resolved when it is a name (Slurm's node lists are names). None when unknown."""
+    if ifname:
+        ip = interface_address(ifname)
+        if ip:
+            return ip
+    if not address:
+        return None
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        return None

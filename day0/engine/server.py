@@ -70,7 +70,9 @@ class LogTail:
 
 
 def cli_args(args: dict[str, Any]) -> list[str]:
-    """vLLM engine args as its CLI takes them: ``max_num_seqs=8`` -> ``--max-num-seqs 8``."""
+    """vLLM engine args as its CLI takes them: ``max_num_seqs=8`` -> ``--max-num-seqs 8``. A table is
+    compact JSON, without spaces, so the list also survives a shell's word splitting (the Slurm
+    recipe reads ``DAY0_VLLM_ARGS`` that way)."""
     out: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
@@ -81,7 +83,7 @@ def cli_args(args: dict[str, Any]) -> list[str]:
         elif value is None:
             continue
         elif isinstance(value, (dict, list)):
-            out += [flag, json.dumps(value)]
+            out += [flag, json.dumps(value, separators=(",", ":"))]
         else:
             out += [flag, str(value)]
     return out

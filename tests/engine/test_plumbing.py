@@ -1,5 +1,6 @@
 """Engine plumbing that needs no vLLM: root-cause extraction, CLI args, process-group shutdown."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -60,7 +61,13 @@ def test_cli_args_match_vllm_flag_spelling():
     assert cli_args({"max_num_seqs": 8, "enforce_eager": True, "enable_prefix_caching": False,
                      "speculative_config": {"method": "ngram"}, "seed": None}) == [
         "--max-num-seqs", "8", "--enforce-eager", "--no-enable-prefix-caching",
-        "--speculative-config", '{"method": "ngram"}']
+        "--speculative-config", '{"method":"ngram"}']
+
+
+def test_a_table_is_one_word_for_a_shell():
+    """The Slurm recipe splits DAY0_VLLM_ARGS on whitespace: a table must stay one word."""
+    out = cli_args({"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}})
+    assert " ".join(out).split() == out and json.loads(out[1])["disable_any_whitespace"] is True
 
 
 @given(st.dictionaries(st.from_regex(r"[a-z]{1,6}(_[a-z]{1,6}){0,2}", fullmatch=True), st.integers(), max_size=5))

@@ -5,7 +5,9 @@ whose ``pytest_runtest_setup`` calls :func:`require` before any fixture is set u
 
 * ``"root"``: network namespaces, veths and tc qdiscs (CAP_NET_ADMIN and iproute2), exactly what
   :func:`day0.engine.cluster.netns.blocked_reason` asks of a host before it emulates nodes;
-* ``"browser"``: headless Chromium (``$DAY0_CHROMIUM``, or chromium/google-chrome on PATH).
+* ``"browser"``: headless Chromium (``$DAY0_CHROMIUM``, or chromium/google-chrome on PATH);
+* ``"slurm"``: a real Slurm on emulated nodes: root as above, and munge, slurmctld, slurmd and the
+  clients (``scripts/install-system.sh slurm``).
 
 Missing, the test is skipped with the reason, except under ``CI=true``, where it fails with that
 reason: CI runs as root with the browser installed (``make test``), so a skip there would be a test
@@ -43,8 +45,14 @@ def _browser() -> str | None:
     return None
 
 
+def _slurm() -> str | None:
+    from day0.engine.cluster.scheduler import slurm_missing
+
+    return _root() or slurm_missing()
+
+
 #: need -> why this host lacks it (None: it has it)
-NEEDS: dict[str, Callable[[], str | None]] = {"root": _root, "browser": _browser}
+NEEDS: dict[str, Callable[[], str | None]] = {"root": _root, "browser": _browser, "slurm": _slurm}
 
 
 def under_ci() -> bool:

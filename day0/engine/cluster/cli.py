@@ -34,6 +34,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--profile", default="cpu-2node", help="a preset name or TOML path with [topology.emulate]")
     q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile key, e.g. topology.emulate.degrade.node1=20mbit")
+    q.add_argument("--slurm", action="store_true", help="run a real Slurm on the nodes (topology.emulate.scheduler "
+                                                       "= \"slurm\"): SLURM_CONF is printed to export")
     q.add_argument("--json", action="store_true", help="print the cluster as JSON")
     q.set_defaults(func=cmd_up)
     q = sub.add_parser("status", help="every day0 cluster on this host: nodes, addresses, links, processes")
@@ -48,6 +50,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     try:
+        if args.slurm:
+            overrides = parse_override('topology.emulate.scheduler="slurm"')
         for item in args.overrides:
             overrides = deep_merge(overrides, parse_override(item))
         profile = load_profile(args.profile, overrides=overrides or None)
@@ -73,6 +77,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     _print(cluster.status())
     first = cluster.nodes[0]
     print(f"\nrun a command on a node:  ip netns exec {first.netns} python -m ...   (node0 = {first.address})")
+    if cluster.slurm_conf:
+        print(f"use its Slurm:            export SLURM_CONF={cluster.slurm_conf}; sbatch --nodes={len(cluster.nodes)} ...")
     print(f"take it down:             day0 cluster down {cluster.cid}")
     return 0
 
@@ -126,3 +132,6 @@ def _print(status: dict[str, Any]) -> None:
         state = "up" if nd["up"] else "MISSING"
         pids = f", {len(nd['pids'])} processes" if nd["pids"] else ""
         print(f"  {nd['name']:<7} {nd['address']:<15} {nd['netns']:<22} link {nd['rate']:<10} {state}{pids}")
+    if status.get("slurm_conf"):
+        print(f"  Slurm: SLURM_CONF={status['slurm_conf']}")
+        print("\n".join(f"    {line}" for line in (status.get("sinfo") or "sinfo did not answer").splitlines()))

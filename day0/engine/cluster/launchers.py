@@ -86,12 +86,18 @@ class NetnsLauncher:
 
 class SrunLauncher:
     """Inside a Slurm allocation: one task on the named host. ``--overlap`` because the engine's step
-    already holds the node when the collectives' step starts; ``--export=ALL`` carries the environment."""
+    already holds the node when the collectives' step starts; ``--export=ALL`` carries the environment.
+    ``conf``: the slurm.conf of a Slurm day0 runs itself (an emulated cluster's), named on the command
+    line so the log shows which scheduler started the process."""
 
     kind = "srun"
 
+    def __init__(self, conf: str = "") -> None:
+        self.conf = conf
+
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        return ["srun", "--nodes=1", "--ntasks=1", "-w", node.host or node.address, "--overlap",
+        prefix = ["env", f"SLURM_CONF={self.conf}"] if self.conf else []
+        return [*prefix, "srun", "--nodes=1", "--ntasks=1", "-w", node.host or node.address, "--overlap",
                 "--export=ALL", "--kill-on-bad-exit=1", *cmd]
 
     def carries_env(self) -> bool:

@@ -11,6 +11,9 @@ and deletes them (the veths go with them) and the bridge. A harness that is SIGK
 it, so a reaper process (:mod:`day0.engine.cluster.reaper`) holds a pipe from the harness and
 tears down when it reads EOF; and a later run sweeps what a dead owner left (:func:`sweep_stale`),
 found by the ``day0-``/``d0`` name prefixes and the owner pid in the cluster id.
+
+With ``scheduler = "slurm"`` the nodes also run a real Slurm (:mod:`day0.engine.cluster.scheduler`);
+its daemons live in the cluster's folder (``/run/day0-clusters/<cid>/``) and go with the rest.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from day0.config.topology import EmulateSection
+from day0.core.commands import run_command
+from day0.engine.cluster.scheduler import SchedulerError, SlurmCluster, SlurmNode, slurm_missing, slurm_up, stop_daemons
 
 NETNS_PREFIX = "day0-"
 STATE_DIR = Path("/run/day0-clusters")
@@ -50,16 +55,8 @@ Log = Callable[[str], None]
 
 
 def _ip(*args: str, check: bool = True, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise EmulationBlocked(f"{args[0]} not found: install iproute2 (apt-get install iproute2)") from None
-    except subprocess.TimeoutExpired:
-        raise EmulationError(f"`{' '.join(args)}` did not finish within {timeout:g} s") from None
-    if check and proc.returncode != 0:
-        err = (proc.stderr or proc.stdout).strip().splitlines()
-        raise EmulationError(f"`{' '.join(args)}` failed: {err[-1] if err else f'exit {proc.returncode}'}")
-    return proc
+    return run_command(args, EmulationError, missing="install iproute2 (apt-get install iproute2)",
+                       missing_error=EmulationBlocked, check=check, timeout=timeout)
 
 
 def blocked_reason() -> str | None:
@@ -106,13 +103,30 @@ class EmulatedCluster:
     nodes: list[EmulatedNode]
     owner_pid: int | None  # None for a cluster a person brought up by hand (`day0 cluster up`)
     created: float = field(default_factory=time.time)
+    slurm_conf: str = ""  # the generated slurm.conf when the nodes run a real Slurm
+
+    @property
+    def folder(self) -> Path:
+        """The cluster's own files (a scheduler's configuration, state, logs, pid files)."""
+        return cluster_folder(self.cid)
+
+    @property
+    def slurm(self) -> SlurmCluster | None:
+        if not self.slurm_conf:
+            return None
+        return SlurmCluster(folder=Path(self.slurm_conf).parent, nodes=tuple(self._slurm_nodes()),
+                            controller=self.gateway, port=0)
+
+    def _slurm_nodes(self) -> list[SlurmNode]:
+        cores = os.cpu_count() or 1
+        return [SlurmNode(nd.name, nd.address, nd.netns, nd.ifname, nd.index % cores) for nd in self.nodes]
 
     # ------------------------------------------------------------------ building
 
     @classmethod
     def up(cls, n: int, spec: EmulateSection, *, owner_pid: int | None, log: Log = lambda m: None) -> "EmulatedCluster":
         """Build n nodes (sweeping what dead runs left first); anything half-built is removed on failure."""
-        why = blocked_reason()
+        why = blocked_reason() or (slurm_missing() if spec.scheduler == "slurm" else None)
         if why:
             raise EmulationBlocked(why)
         with _host_lock():  # two runs starting at once must not pick the same subnet
@@ -122,6 +136,8 @@ class EmulatedCluster:
             try:
                 cluster._save()
                 cluster._build(spec)
+                if spec.scheduler == "slurm":
+                    cluster._start_slurm(log)
             except BaseException:
                 cluster.down()
                 raise
@@ -150,6 +166,14 @@ class EmulatedCluster:
             _ip("ip", "-n", nd.netns, "link", "set", "lo", "up")
             if nd.rate:
                 self._shape(nd, spec)
+
+    def _start_slurm(self, log: Log) -> None:
+        try:
+            slurm = slurm_up(self.folder / "slurm", self._slurm_nodes(), self.gateway, log)
+        except SchedulerError as exc:
+            raise EmulationError(f"Slurm: {exc}") from None
+        self.slurm_conf = str(slurm.conf)
+        self._save()
 
     def _shape(self, nd: EmulatedNode, spec: EmulateSection) -> None:
         """tbf on both ends of the node's veth: what leaves the node and what reaches it."""
@@ -186,8 +210,10 @@ class EmulatedCluster:
         """What a person rehearsing by hand wants to see: nodes, addresses, shaping, processes."""
         existing = set(list_netns())
         pids = self.pids()
+        slurm = self.slurm
         return {"cid": self.cid, "subnet": self.subnet, "bridge": self.bridge, "gateway": self.gateway,
-                "owner_pid": self.owner_pid,
+                "owner_pid": self.owner_pid, "slurm_conf": self.slurm_conf,
+                "sinfo": slurm.sinfo() if slurm else "",
                 "nodes": [{"name": nd.name, "netns": nd.netns, "address": nd.address, "ifname": nd.ifname,
                            "rate": nd.rate or "unshaped", "up": nd.netns in existing, "pids": pids.get(nd.name, [])}
                           for nd in self.nodes]}
@@ -197,8 +223,15 @@ class EmulatedCluster:
         teardown(self.cid, [nd.netns for nd in self.nodes], [self.bridge, *(nd.host_if for nd in self.nodes)])
 
 
+def cluster_folder(cid: str) -> Path:
+    return STATE_DIR / cid
+
+
 def teardown(cid: str, namespaces: Sequence[str], links: Sequence[str]) -> None:
-    """Idempotent removal: a namespace only goes away once no process lives in it."""
+    """Idempotent removal: a namespace only goes away once no process lives in it; the daemons the
+    cluster started on the host (a scheduler's) stop by their pid files, then its folder goes."""
+    with contextlib.suppress(SchedulerError, OSError):
+        stop_daemons(cluster_folder(cid) / "slurm")
     existing = set(list_netns())
     for ns in namespaces:
         if ns in existing:
@@ -210,6 +243,7 @@ def teardown(cid: str, namespaces: Sequence[str], links: Sequence[str]) -> None:
             _ip("ip", "link", "del", link, check=False)
     with contextlib.suppress(OSError):
         (STATE_DIR / f"{cid}.json").unlink()
+    shutil.rmtree(cluster_folder(cid), ignore_errors=True)
 
 
 def kill_netns_processes(ns: str, timeout_s: float = 5.0) -> None:
@@ -273,8 +307,9 @@ def teardown_cid(cid: str) -> bool:
     namespaces, links = day0_leftovers()
     ns = [n for n in namespaces if _NETNS.match(n)["cid"] == cid]  # type: ignore[index]
     ln = [x for x in links if _link_cid(x) == cid]
+    had_files = cluster_folder(cid).exists()
     teardown(cid, ns, ln)
-    return bool(ns or ln)
+    return bool(ns or ln or had_files)
 
 
 def _link_cid(name: str) -> str:
@@ -288,6 +323,7 @@ def cluster_ids() -> set[str]:
     cids = {_NETNS.match(ns)["cid"] for ns in namespaces} | {_link_cid(ln) for ln in links}  # type: ignore[index]
     if STATE_DIR.is_dir():
         cids |= {p.stem for p in STATE_DIR.glob("*.json")}
+        cids |= {p.name for p in STATE_DIR.iterdir() if p.is_dir() and re.fullmatch(r"[0-9a-z]{1,8}", p.name)}
     return cids
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from day0.config.topology import TopologySection
-from day0.engine.cluster.launchers import Launcher, LocalLauncher, Node, launcher_for
+from day0.engine.cluster.launchers import Launcher, LocalLauncher, Node, SrunLauncher, launcher_for
 from day0.engine.cluster.netns import EmulatedCluster, EmulationBlocked, EmulationError
 from day0.engine.cluster.reaper import start_reaper
 from day0.engine.cluster.slurm import SlurmError, SlurmJob
@@ -78,7 +78,7 @@ def open_cluster(topology: TopologySection, log: Log = lambda m: None,
     kind = topology.launcher_kind(env)
     if kind == "local":
         return Cluster([Node("node0", 0, "127.0.0.1")], LocalLauncher())
-    if kind == "netns":
+    if kind == "netns" or (kind == "srun" and topology.emulate is not None):
         return _emulated(topology, log)
     if kind == "srun":
         return Cluster(_slurm_nodes(topology, env), launcher_for("srun"))
@@ -95,6 +95,10 @@ def _emulated(topology: TopologySection, log: Log) -> Cluster:
     except EmulationError as exc:
         raise ClusterError(f"emulated cluster: {exc}") from None
     fd = start_reaper(emu.cid)
+    if emu.slurm_conf:  # the nodes run a real Slurm: every process starts as a job step on its node
+        nodes = [Node(nd.name, nd.index, nd.address, host=nd.name, netns=nd.netns, ifname=nd.ifname)
+                 for nd in emu.nodes]
+        return Cluster(nodes, SrunLauncher(conf=emu.slurm_conf), emulated=emu, _reaper_fd=fd)
     nodes = [Node(nd.name, nd.index, nd.address, netns=nd.netns, ifname=nd.ifname) for nd in emu.nodes]
     return Cluster(nodes, launcher_for("netns"), emulated=emu, _reaper_fd=fd)
 

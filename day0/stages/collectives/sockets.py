@@ -3,8 +3,9 @@
 gloo logs no transport, but each rank can read its own TCP connections: ``/proc/self/fd`` gives
 its socket inodes, ``/proc/self/net/tcp{,6}`` (the rank's network namespace) the established
 connections holding them. Rank 0 gathers every rank's table after the sweep. The check passes when
-every pair of ranks on different nodes is connected between their node addresses
-(``DAY0_NODE_ADDR``) and no inter-node pair talked over loopback.
+every pair of ranks on different nodes is connected between their node addresses (the IP of
+``GLOO_SOCKET_IFNAME``, else ``DAY0_NODE_ADDR`` resolved: a Slurm node is a name) and no
+inter-node pair talked over loopback.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from typing import Any, Iterable
 
 from day0.core.record import Check
-from day0.core.sockets import Conn, own_tcp_connections
+from day0.core.sockets import Conn, node_ip, own_tcp_connections
 from day0.stages.collectives.result import CollectivesResult
 from day0.stages.collectives.transport import _TITLE_INTER, transport_checks
 
@@ -23,7 +24,8 @@ INTER_ID = "collectives.transport.inter_node"
 
 def gather_sockets(dist: Any, rank: int, hosts: list[str]) -> list[dict[str, Any]]:
     """Every rank's node, node address and connections, on every rank (the process group still up)."""
-    mine = {"rank": rank, "node": hosts[rank], "addr": os.environ.get("DAY0_NODE_ADDR") or None,
+    addr = node_ip(os.environ.get("DAY0_NODE_ADDR"), os.environ.get("GLOO_SOCKET_IFNAME"))
+    mine = {"rank": rank, "node": hosts[rank], "addr": addr,
             "conns": [list(c) for c in own_tcp_connections()]}
     everyone: list[Any] = [None] * len(hosts)
     dist.all_gather_object(everyone, mine)

@@ -321,3 +321,16 @@ def test_a_worker_under_a_multi_node_srun_meets_on_the_first_host_not_loopback()
     assert rendezvous_addr(s, job) == "gpu07"
     assert rendezvous_addr(s, {"SLURM_JOB_NODELIST": "gpu07", "SLURM_JOB_NUM_NODES": "1"}) == "127.0.0.1"
     assert rendezvous_addr(s, {}) == "127.0.0.1"
+
+
+def test_a_rank_names_its_node_by_the_ip_its_traffic_leaves_from():
+    """Slurm names nodes (node0, gpu017): the socket check compares IPs, so a name is resolved, and the
+    interface gloo binds to wins over the name (a hostname may resolve to a management network)."""
+    from day0.core.sockets import node_ip
+
+    assert node_ip("127.0.0.1", None) == "127.0.0.1"
+    assert node_ip("localhost", None) == "127.0.0.1"
+    assert node_ip("10.9.9.9", "lo") == "127.0.0.1"
+    assert node_ip("10.9.9.9", "no-such-if0") == "10.9.9.9"
+    assert node_ip("no-such-host.invalid", None) is None
+    assert node_ip(None, None) is None
