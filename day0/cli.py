@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 from day0.config import profile as profiles
 from day0.config.tiny import ARCHS as TINY_ARCHS
 from day0.core.inputs import refusal
+from day0.core.numbers import whole_number
 from day0.core.record import RecordError
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"  # shipped in the package (day0.suites)
@@ -258,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=profiles.DEFAULT_PROFILE,
                    help=f"preset name or TOML file (default: {profiles.DEFAULT_PROFILE})")
     p.add_argument("-m", "--marker", default="day0", help="pytest marker expression (default: day0)")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
+    p.add_argument("--repeat", type=whole_number(1), default=1, metavar="N",
                    help="measure the collectives, latency and kvcache stages N times on the same engine; the "
                         "report shows each check's spread and names any verdict that flipped (--day0-repeat)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments")

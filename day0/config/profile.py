@@ -224,7 +224,10 @@ def _locate(ref: str, base: Path) -> Path:
     if "\0" in ref:
         raise ProfileError(f"{ref!r}: not a profile name or path (it holds a NUL byte)")
     candidate = Path(ref)
-    if candidate.suffix == ".toml" or "/" in ref or os.path.lexists(candidate):
+    # A bare name that names a preset is the preset: a file of that name in the current folder (or
+    # beside the profile) must not shadow it. A path says so with a "/" or ".toml" (./h200x8).
+    bare_preset = candidate.suffix != ".toml" and "/" not in ref and preset_path(ref).is_file()
+    if not bare_preset and (candidate.suffix == ".toml" or "/" in ref or os.path.lexists(base / candidate)):
         path = candidate if candidate.is_absolute() else (base / candidate)
         why = path_problem(path)
         if why:
@@ -332,13 +335,44 @@ def redact_secrets(data: Any) -> Any:
     return Redactor()(data)
 
 
+def _split_assignment(text: str) -> tuple[str, str] | None:
+    """KEY=VALUE at the first ``=`` outside a quoted key part (``engine.env."A=B"=1``); None without one."""
+    quote = ""
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "=":
+            return text[:i], text[i + 1:]
+    return None
+
+
+def _key_parts(key: str, shown: str) -> list[str]:
+    """The key path as TOML reads a dotted key, so a quoted part keeps its dots
+    (``compare.tolerances."collectives.*.busbw"``); an unquoted path splits on every dot, as before."""
+    key = key.strip()
+    if '"' not in key and "'" not in key:
+        return key.split(".")
+    try:
+        cur: Any = tomllib.loads(f"{key} = 0")
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+        raise ProfileError(f"override {shown!r}: the key path is not a TOML dotted key") from None
+    parts: list[str] = []
+    while isinstance(cur, dict) and len(cur) == 1:
+        (name, cur), = cur.items()
+        parts.append(name)
+    return parts
+
+
 def parse_override(text: str) -> dict[str, Any]:
     """``engine.args.max_num_seqs=8`` -> nested dict; the value is parsed as TOML (falls back to a string)."""
     shown = text if len(text) <= 80 else text[:77] + "..."
-    if "=" not in text:
+    split = _split_assignment(text)
+    if split is None:
         raise ProfileError(f"override {shown!r}: expected KEY.PATH=VALUE")
-    key, raw = text.split("=", 1)
-    parts = key.strip().split(".")
+    key, raw = split
+    parts = _key_parts(key, shown)
     if not all(p.strip() for p in parts):
         raise ProfileError(f"override {shown!r}: the key path has an empty part")
     if len(parts) > MAX_NESTING:

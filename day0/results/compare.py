@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from day0.core.inputs import InputError, refusal, term_safe
+from day0.core.numbers import whole_number
 from day0.core.record import RUN_FILE, Check, RecordError, RunRecord, load, one_line
 from day0.core.stages import REGRESSION_STAGE
 from day0.results import history
@@ -294,7 +295,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "compare.history_runs (accepted) runs in the history")
     p.add_argument("--history", help="history folder (default: the profile's compare.history_dir beside the run)")
     p.add_argument("--machine", help="history machine folder (default: derived from the recorded devices)")
-    p.add_argument("--runs", type=int, help="history runs to judge against (default: the profile's "
+    p.add_argument("--runs", type=whole_number(1), help="history runs to judge against (default: the profile's "
                                             "compare.history_runs, 5); fewer: gross changes only")
     p.add_argument("--tolerance", action="append", metavar="PATTERN=TOL",
                    help="tolerance for checks matching PATTERN, e.g. ttft_p99=5%% or 'collectives.*.busbw=20%%' "

@@ -30,6 +30,7 @@ from typing import Any
 
 from day0.config.compare import CompareSection
 from day0.core.inputs import InputError, refusal, term_safe
+from day0.core.numbers import whole_number
 from day0.core.record import RUN_FILE, RecordError, RunRecord, load, load_with_bytes
 
 _DEFAULTS = CompareSection()  # the [compare] defaults, for records made before a key existed
@@ -287,7 +288,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--history", help="history folder (default: reports/history)")
     q.add_argument("--profile", help="only this profile")
     q.add_argument("--machine", help="only this machine folder")
-    q.add_argument("--last", type=int, default=20, help="show the last N runs per folder (0: all; default 20)")
+    q.add_argument("--last", type=whole_number(0), default=20, help="show the last N runs per folder (0: all; default 20)")
     q.set_defaults(func=_guard("list", _cmd_list))
     q = sub.add_parser("add", help="store a run in the history (the pytest plugin does this at the end of each run)")
     q.add_argument("run", help="run folder or run.json")

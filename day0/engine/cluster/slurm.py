@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-__all__ = ["MAX_HOSTS", "SlurmError", "SlurmJob", "expand_nodelist", "hostnames"]
+__all__ = ["MAX_HOSTS", "SlurmError", "SlurmJob", "env_int", "expand_nodelist", "hostnames"]
 
 # Slurm's own ceiling on a single range is 64k hosts; no allocation day0 tests comes near it.
 MAX_HOSTS = 65_536
@@ -210,20 +210,25 @@ def hostnames(nodelist: str, run: Runner = subprocess.run) -> list[str]:
     return hosts
 
 
+def env_int(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    """A launcher's integer variable (SLURM_PROCID, RANK, ...): ASCII digits only, or SlurmError naming
+    the variable, since a misread rank would silently make two processes claim the same one (and
+    ``int()`` takes Arabic-Indic digits and says nothing of where the text came from)."""
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise SlurmError(f"{name}={raw[:40]!r} is not a non-negative integer")
+    return int(text)
+
+
 def _env_int(environ: Mapping[str, str], *names: str) -> tuple[str, int] | None:
-    """(variable, value) of the first of ``names`` that is set; a non-integer is an error,
-    since a misread node id would silently make two nodes claim the same rank."""
+    """(variable, value) of the first of ``names`` that is set."""
     for name in names:
-        raw = environ.get(name)
-        if raw is None:
-            continue
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise SlurmError(f"{name}={raw[:40]!r} is not an integer") from None
-        if value < 0:
-            raise SlurmError(f"{name}={value} is negative")
-        return name, value
+        value = env_int(environ, name)
+        if value is not None:
+            return name, value
     return None
 
 

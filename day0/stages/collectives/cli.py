@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
+from day0.core.numbers import whole_number
 from day0.core.record import Check
 from day0.engine.cluster.slurm import SlurmError, SlurmJob
 from day0.stages.collectives.checks import result_checks
@@ -146,7 +147,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (SettingsError, OSError, ValueError) as exc:
         return _refuse(exc)
     out_dir = Path(args.out_dir)
-    rank_env = RankEnv.from_environ()
+    try:
+        rank_env = RankEnv.from_environ()
+    except SlurmError as exc:
+        return _refuse(exc)
     if args.worker or (rank_env is not None and not args.local_ranks):
         if rank_env is None:
             print("day0 collectives run --worker: no RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS (srun) "
@@ -226,7 +230,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the sweep: local ranks, or one rank under torchrun/srun")
     common(run)
     run.add_argument("--out-dir", default="reports/collectives", help="where rank 0 writes collectives.json")
-    run.add_argument("--local-ranks", type=int, default=None, help="spawn N ranks on this host (default: settings.world_size or 2)")
+    run.add_argument("--local-ranks", type=whole_number(1), default=None, help="spawn N ranks on this host (default: settings.world_size or 2)")
     run.add_argument("--worker", action="store_true", help="be one rank (what torchrun/srun start); read RANK etc. from env")
     run.set_defaults(func=_cmd_run)
     imp = sub.add_parser("import", help="read nccl-tests output (text or -J JSON) and apply the same checks")
@@ -241,8 +245,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     tr.add_argument("logs", nargs="+", metavar="LOG", help="NCCL_DEBUG=INFO output: every node's NCCL_DEBUG_FILE")
     tr.add_argument("--intra-node", default="any", help=f"promised inside a node: {', '.join(INTRA_LINKS)}")
     tr.add_argument("--inter-node", default="any", help=f"promised between nodes: {', '.join(INTER_LINKS)}")
-    tr.add_argument("--nodes", type=int, default=None, help="nodes in the job (topology.nodes)")
-    tr.add_argument("--devices-per-node", type=int, default=None,
+    tr.add_argument("--nodes", type=whole_number(1), default=None, help="nodes in the job (topology.nodes)")
+    tr.add_argument("--devices-per-node", type=whole_number(1), default=None,
                     help="places ranks that logged nothing (a log from some nodes only)")
     tr.add_argument("--json", metavar="FILE", help="write the checks as JSON here")
     tr.set_defaults(func=_cmd_transport)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from day0.engine.cluster.slurm import env_int
 from day0.stages.collectives.result import RANKS_DIR
 
 __all__ = ["RankEnv", "RankProgress", "node_name"]
@@ -34,18 +35,16 @@ class RankEnv:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv | None":
-        """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; Slurm's srun sets SLURM_PROCID/NTASKS/LOCALID."""
+        """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; Slurm's srun sets SLURM_PROCID/NTASKS/LOCALID. A malformed
+        one is a SlurmError naming the variable."""
         env = os.environ if environ is None else environ
         if "RANK" in env and "WORLD_SIZE" in env:
-            r, w = int(env["RANK"]), int(env["WORLD_SIZE"])
-            lr = int(env.get("LOCAL_RANK", r))
-            lw = int(env.get("LOCAL_WORLD_SIZE", w))
-            return cls(r, w, lr, lw)
+            r, w = env_int(env, "RANK"), env_int(env, "WORLD_SIZE")
+            return cls(r, w, env_int(env, "LOCAL_RANK", r), env_int(env, "LOCAL_WORLD_SIZE", w))  # type: ignore[arg-type]
         if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-            r, w = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
-            lr = int(env.get("SLURM_LOCALID", 0))
-            lw = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
-            return cls(r, w, lr, lw)
+            r, w = env_int(env, "SLURM_PROCID"), env_int(env, "SLURM_NTASKS")
+            per_node = {"SLURM_NTASKS_PER_NODE": env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or "1"}
+            return cls(r, w, env_int(env, "SLURM_LOCALID", 0), env_int(per_node, "SLURM_NTASKS_PER_NODE"))  # type: ignore[arg-type]
         return None
 
 

@@ -25,6 +25,7 @@ from day0.config.errors import SettingsError
 from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, SLA_PRESETS, LatencySection, SlaSection
 from day0.config.profile import Profile
 from day0.core.inputs import refusal, term_safe
+from day0.core.numbers import whole_number
 from day0.core.record import Check
 from day0.core.stats import percentile
 from day0.engine import Endpoint, EngineError
@@ -85,11 +86,11 @@ def add_search_flags(g: Any) -> None:
     g.add_argument("--search-over", choices=["rate", "concurrency"],
                    help="what the search varies: open-loop request rate (default) or closed-loop concurrency")
     g.add_argument("--search-start-rate", type=float, metavar="REQ/S", help="the search's first rate (default 1)")
-    g.add_argument("--search-start-concurrency", type=int, metavar="N",
+    g.add_argument("--search-start-concurrency", type=whole_number(1), metavar="N",
                    help="the first concurrency of a --search-over concurrency (default 1)")
-    g.add_argument("--devices", type=int, default=1, metavar="N",
+    g.add_argument("--devices", type=whole_number(1), default=1, metavar="N",
                    help="devices serving --url (the capacity answer's output tok/s per device; default 1)")
-    g.add_argument("--search-requests", type=int, metavar="N",
+    g.add_argument("--search-requests", type=whole_number(1), metavar="N",
                    help="requests a search point (default: the fewest that bound the limited percentile: 299 "
                         "for p99)")
     g.add_argument("--target-rate", type=float, metavar="REQ/S",
@@ -105,28 +106,28 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                                           "'day0 latency import FILE' judges another tool's result instead.")
     p.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000 (required to measure)")
     p.add_argument("--model", help="served model name (default: first of /v1/models)")
-    p.add_argument("--vocab-size", type=int, metavar="N", help="tokenizer vocabulary size (token ids stay below it)")
+    p.add_argument("--vocab-size", type=whole_number(2), metavar="N", help="tokenizer vocabulary size (token ids stay below it)")
     p.add_argument("--tokenizer", type=Path, metavar="DIR", help="model folder to read vocab size and special ids from")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="OpenAI API to stream from (default: completions)")
     load = p.add_argument_group("load")
-    load.add_argument("--concurrency", type=int, metavar="N", help="closed-loop requests in flight (or the "
+    load.add_argument("--concurrency", type=whole_number(0), metavar="N", help="closed-loop requests in flight (or the "
                                                                    "in-flight cap with --rate; 0 = none)")
     load.add_argument("--rate", type=float, metavar="REQ/S", help="open-loop request rate; switches to load=rate")
     load.add_argument("--burstiness", type=float, metavar="SHAPE", help="gamma shape of the gaps (1 = Poisson)")
     load.add_argument("--arrivals", choices=["immediate", "vllm"],
                       help="open loop's first arrival: immediate = at t=0, no rescale (default); vllm = after one "
                            "gap, rescaled so the last lands at n/rate, as vllm bench serve does")
-    load.add_argument("--num-requests", type=int, metavar="N",
+    load.add_argument("--num-requests", type=whole_number(1), metavar="N",
                       help="measured requests (default: the fewest that bound every limited percentile, at least "
                            "32: 299 for a p99 limit at 95%%)")
     load.add_argument("--duration", type=float, metavar="S", help="stop scheduling after this many seconds")
-    load.add_argument("--warmup", type=int, metavar="N", help="warm-up requests (run first, excluded)")
+    load.add_argument("--warmup", type=whole_number(0), metavar="N", help="warm-up requests (run first, excluded)")
     load.add_argument("--input-len", type=_length_arg, metavar="N|LO:HI", help="prompt tokens")
     load.add_argument("--output-len", type=_length_arg, metavar="N|LO:HI", help="generated tokens")
-    load.add_argument("--prefix-len", type=int, metavar="TOKENS", help="shared-prefix tokens")
-    load.add_argument("--num-prefixes", type=int, metavar="N", help="distinct shared prefixes (round robin)")
-    load.add_argument("--seed", type=int, help="seed of prompts and arrival times")
+    load.add_argument("--prefix-len", type=whole_number(0), metavar="TOKENS", help="shared-prefix tokens")
+    load.add_argument("--num-prefixes", type=whole_number(1), metavar="N", help="distinct shared prefixes (round robin)")
+    load.add_argument("--seed", type=whole_number(0), help="seed of prompts and arrival times")
     load.add_argument("--sweep-rates", metavar="REQ/S,...", help="comma-separated ascending rates for the SLA sweep")
     add_search_flags(load)
     load.add_argument("--no-fresh-prompts", action="store_true",
@@ -136,12 +137,12 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                       help="prompt and output lengths (tokens) from a local ShareGPT JSON file")
     load.add_argument("--length-mix", choices=["long_context"],
                       help="prompt lengths log-uniform from 4096 tokens to --max-model-len minus the output")
-    load.add_argument("--max-model-len", type=int, metavar="TOKENS",
+    load.add_argument("--max-model-len", type=whole_number(1), metavar="TOKENS",
                       help="the engine's context length (long-context mix, dataset filter)")
-    load.add_argument("--block-size", type=int, metavar="TOKENS",
+    load.add_argument("--block-size", type=whole_number(1), metavar="TOKENS",
                       help="the engine's KV block: the prefix-cache share's allowance per request (default 16)")
     client = p.add_argument_group("client")
-    client.add_argument("--workers", type=int, metavar="N",
+    client.add_argument("--workers", type=whole_number(0), metavar="N",
                         help="load-generator processes, each with its own event loop, splitting one schedule "
                              f"(default 0 = one per {AUTO_MESSAGES_PER_WORKER:g} offered streamed messages/s, at "
                              f"most the usable cores: {usable_cores()} here)")
@@ -167,7 +168,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                                      "cannot be used.")
     imp.add_argument("file", type=Path, help="vllm bench serve result JSON, or GuideLLM's benchmarks JSON")
     imp.add_argument("--format", choices=FORMATS, default="auto", help="what wrote the file (default: detected)")
-    imp.add_argument("--benchmark", type=int, metavar="N",
+    imp.add_argument("--benchmark", type=whole_number(0), metavar="N",
                      help="which run, when the file holds several (GuideLLM's benchmarks, appended vLLM results)")
     add_sla_flags(imp)
     imp.add_argument("--json", type=Path, metavar="FILE", help="write the checks (run-record form) to this file")

@@ -32,16 +32,26 @@ def shard_names(model_dir: Path) -> tuple[list[str], dict[str, str] | None]:
             doc = read_json(index_path, limit=MAX_INDEX_BYTES, label=INDEX_NAME, what="an index")
             weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
             if isinstance(weight_map, dict):
-                names = sorted({v for v in weight_map.values() if isinstance(v, str) and inside_folder(v)})
+                names = sorted({v for v in weight_map.values() if isinstance(v, str) and inside_folder(v, model_dir)})
                 return names, weight_map
         except InputError:
             pass
     return sorted(p.name for p in model_dir.glob("*.safetensors")), None
 
 
-def inside_folder(name: str) -> bool:
-    """A shard name the index may use: relative, inside the model folder, a usable path."""
-    return bool(name) and "\0" not in name and not (Path(name).is_absolute() or ".." in Path(name).parts)
+def inside_folder(name: str, folder: Path) -> bool:
+    """A shard name the index may use: relative, inside the model folder, a usable path, and reached
+    without leaving the folder through a directory symlink (``sub -> /etc``). The shard file itself may
+    be a symlink: a Hugging Face cache links every snapshot file to its blob outside the folder."""
+    if not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return False
+    parent = (folder / name).parent
+    if parent == folder:
+        return True
+    try:
+        return parent.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a symlink loop on the way
+        return False
 
 
 # --------------------------------------------------------------------------- the index
@@ -95,7 +105,7 @@ def _usable_entries(a: AuditRun, weight_map: dict[Any, Any]) -> dict[str, str]:
         try:
             fine = verdicts[shard]
         except (KeyError, TypeError):
-            fine = isinstance(shard, str) and inside_folder(shard)
+            fine = isinstance(shard, str) and inside_folder(shard, a.dir)
             if isinstance(shard, str):
                 verdicts[shard] = fine
         if fine:

@@ -1,0 +1,28 @@
+"""Whole numbers typed by a person (command-line counts): one parser, so every count refuses alike.
+
+``int()`` takes more than a count should: ``-5``, ``+3``, ``1_000``, `` 7 `` and Arabic-Indic or
+full-width digits all parse. A count on day0's command line is ASCII digits within stated bounds, or
+argparse's one-line usage error naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+MAX_DIGITS = 12
+
+
+def whole_number(minimum: int = 0, maximum: int = 10**12) -> Callable[[str], int]:
+    """An argparse ``type`` for a count in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or len(text) > MAX_DIGITS:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number (ASCII digits, >= {minimum})")
+        value = int(text)
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} is outside {minimum}..{maximum}")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type in its message
+    return parse
