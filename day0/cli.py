@@ -120,6 +120,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from day0.model.plan import format_table, parse_what_if
     from day0.model.sizing import plan_arguments
     from day0.stages.preflight import ConfigUnavailable, model_config, preflight
+    from day0.stages.registry import load
 
     what_if = parse_what_if(args.what_if) if args.what_if else None
     profile = profiles.load_profile(args.profile)
@@ -131,7 +132,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         config, source = model_config(profile)
         archs.check_config(config)  # every key the plan needs: unusable input, not "no plan" (exit 1)
-        result = preflight(profile, what_if)
+        result = preflight(profile, what_if, stages=load().stages)
     except (ConfigUnavailable, ConfigInvalid) as exc:
         print(f"day0: {exc}", file=sys.stderr)
         return 2

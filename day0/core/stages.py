@@ -73,6 +73,18 @@ RunFn = Callable[[Any], Iterable[Any]]
 
 
 @dataclass(frozen=True)
+class ViewNeed:
+    """A check only one of the engine's views can measure (``scheduler``: the exact block pool and the
+    worker RPC), and what a profile can require instead. Where that view cannot exist (an external
+    deployment, an engine across nodes, a GPU server), preflight says so before any engine work when
+    the profile requires the check, rather than the run spending its minutes to end INCOMPLETE."""
+
+    check: str
+    view: str
+    alternative: str
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage's declaration.
 
@@ -93,6 +105,7 @@ class Stage:
     settings: type | None = None  # a pydantic model for a site stage's [stages.<name>] table
     figures: tuple[Figure, ...] = ()
     required: tuple[str, ...] = ()  # check globs the verdict rests on by default (with [report] required)
+    view_needs: tuple[ViewNeed, ...] = ()  # checks only one engine view can measure
     # Its figures come from timing a live system: --day0-repeat N measures it N times on the same
     # engine to show their spread (static audits and one-off correctness probes are not repeated).
     repeatable: bool = False

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 from day0.config.profile import Profile
 from day0.engine.cluster.nodes import Cluster, open_cluster
 from day0.engine.external import ExternalEngine
-from day0.engine.handle import EngineError, EngineInfo, Log, ViewUnavailable
+from day0.engine.handle import EngineError, EngineInfo, Log, ViewUnavailable, scheduler_unavailable
 from day0.engine.inprocess import InprocessEngine
 from day0.engine.server import ServerEngine
 
@@ -62,15 +62,9 @@ class Engines:
         return self._get("http", lambda: ServerEngine(self.profile, self.run_dir, self.log, cluster=self.cluster()))
 
     def scheduler(self) -> InprocessEngine:
-        mode = self.profile.engine.mode
-        if mode == "external":
-            raise ViewUnavailable("an external engine's scheduler is not reachable; numbers come from /metrics")
-        if self.cluster().multi_node:
-            raise ViewUnavailable("the scheduler view is one process on this host; an engine across nodes is "
-                                  "measured through its HTTP API and /metrics")
-        if mode == "server" and self.profile.topology.device != "cpu":
-            raise ViewUnavailable("the scheduler view beside a server engine is only started on CPU targets "
-                                  "(a second engine would not fit on the GPUs); use engine.mode = \"inprocess\"")
+        why = scheduler_unavailable(self.profile, multi_node=self.cluster().multi_node)
+        if why:
+            raise ViewUnavailable(why)
         return self._get("scheduler", lambda: InprocessEngine(self.profile, self.log))
 
     def launch_early(self) -> None:

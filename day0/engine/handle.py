@@ -69,3 +69,20 @@ def served_name(profile: Profile) -> str:
     return profile.model.served_model_name or (
         "day0-tiny" if profile.model.source == "tiny" else str(profile.model.path)
     )
+
+
+def scheduler_unavailable(profile: Profile, multi_node: bool | None = None) -> str | None:
+    """Why this profile's run can have no scheduler view (None: it can). The one answer, asked by the
+    run (:meth:`Engines.scheduler`) and by preflight before any engine work (``multi_node`` defaults
+    to the topology's node count)."""
+    mode = profile.engine.mode
+    if mode == "external":
+        return "an external engine's scheduler is not reachable; numbers come from /metrics"
+    across_nodes = profile.topology.nodes > 1 if multi_node is None else multi_node
+    if across_nodes:
+        return ("the scheduler view is one process on this host; an engine across nodes is "
+                "measured through its HTTP API and /metrics")
+    if mode == "server" and profile.topology.device != "cpu":
+        return ("the scheduler view beside a server engine is only started on CPU targets "
+                "(a second engine would not fit on the GPUs); use engine.mode = \"inprocess\"")
+    return None

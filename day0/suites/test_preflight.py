@@ -8,9 +8,9 @@ pytestmark = [pytest.mark.day0, pytest.mark.preflight]
 
 
 @pytest.fixture(scope="module")
-def result(day0_profile):
+def result(day0_profile, day0_session):
     try:
-        return preflight(day0_profile)
+        return preflight(day0_profile, stages=day0_session.registry.stages)
     except ConfigUnavailable as exc:
         pytest.skip(f"no config.json to plan from: {exc}")
 

@@ -10,7 +10,7 @@ step (``exact``), the **black box** estimates it from ``/metrics`` and the clien
 testable without pytest; the suite (``day0/suites/test_kvcache.py``) records what they return.
 """
 
-from day0.core.stages import Figure, Stage
+from day0.core.stages import Figure, Stage, ViewNeed
 from day0.stages.kvcache.blackbox import BlackBoxRun, BlackBoxSample, Flight, blackbox_sample, run_blackbox
 from day0.stages.kvcache.capacity import Capacity, config_kv_bytes_per_token, live_capacity
 from day0.stages.kvcache.checks import (
@@ -58,4 +58,6 @@ STAGE = Stage(
              Figure("frag_peak", "KV fragmentation, peak", ("kvcache.fragmentation_peak",)),
              Figure("kv_tokens", "KV tokens held vs needed", ("kvcache.capacity",), need=True)),
     required=("kvcache.capacity", "kvcache.fragmentation"),
+    view_needs=(ViewNeed("kvcache.fragmentation", "scheduler",
+                         "require kvcache.blackbox_fragmentation (the estimate from /metrics) instead"),),
 )

@@ -7,7 +7,7 @@ shell and the checks in run.json come from one computation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from day0.config.profile import Profile
 from day0.core.record import Check
@@ -18,6 +18,7 @@ from day0.model.plan_report import plan_checks
 from day0.model.sizing import plan_arguments
 from day0.stages.preflight.counts import request_count_findings
 from day0.stages.preflight.lint import Finding, lint, lint_checks
+from day0.stages.preflight.views import unmeasurable_findings
 
 __all__ = ["ConfigUnavailable", "Preflight", "engine_args_with", "model_config", "preflight"]
 
@@ -57,7 +58,10 @@ def engine_args_with(profile: Profile, what_if: dict[str, Any] | None) -> dict[s
     return args
 
 
-def preflight(profile: Profile, what_if: dict[str, Any] | None = None, rules: Any = None) -> Preflight:
+def preflight(profile: Profile, what_if: dict[str, Any] | None = None, rules: Any = None,
+              stages: Sequence[Stage] = ()) -> Preflight:
+    """The lint, the memory plan, and (given the run's ``stages``) the required checks this deployment
+    cannot measure."""
     config, source = model_config(profile)
     t = profile.topology
     # An NVLink fabric across nodes (NVL72) is one fast domain: TP may span its trays.
@@ -66,6 +70,7 @@ def preflight(profile: Profile, what_if: dict[str, Any] | None = None, rules: An
                     devices_per_node=fast_domain, nodes=t.nodes if fast_domain == t.devices_per_node else 1,
                     env={**profile.engine.env}, rules=rules, mode=profile.engine.mode)
     findings += request_count_findings(profile.latency, profile.sla)
+    findings += unmeasurable_findings(profile, stages)
     try:
         return Preflight(source, findings, plan(config, **plan_arguments(profile, what_if)))
     except ValueError as exc:  # the lint findings already say why; keep them

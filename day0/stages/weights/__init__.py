@@ -10,7 +10,7 @@ running engine loaded it right.
   rank to the plan (:mod:`.memory`).
 """
 
-from day0.core.stages import Stage
+from day0.core.stages import Stage, ViewNeed
 from day0.stages.weights.audit import audit
 from day0.stages.weights.findings import CATEGORIES
 from day0.stages.weights.golden import golden_tokens_check
@@ -37,4 +37,7 @@ STAGE = Stage(
     question="are the shards complete and loaded right, within memory?",
     required=("weights.shards_present", "weights.smoke.*", "weights.manifest", "weights.golden_tokens",
               "weights.memory_per_rank"),
+    view_needs=(ViewNeed("weights.memory_per_rank", "scheduler",
+                         "require weights.smoke.* and weights.golden_tokens (through the HTTP API) instead, or run "
+                         "day0 beside the engine with engine.mode = \"inprocess\""),),
 )
