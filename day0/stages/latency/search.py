@@ -184,6 +184,8 @@ class Axis:
     limit: float
     limit_key: str  # the [latency.search] key the limit comes from
     integer: bool
+    floor: float = 1.0  # the lowest load tried: below it every point would only take longer to miss
+
 
     def text(self, x: float) -> str:
         return f"{x:.4g} {self.unit}" if not self.integer else f"concurrency {x:g}"
@@ -193,8 +195,8 @@ class Axis:
 
     def down(self, x: float, growth: float) -> float | None:
         """The next point below ``x``; None where there is none (concurrency 1)."""
-        if not self.integer:
-            return x / growth
+        if not self.integer:  # each point below takes longer (its requests at a lower rate): bounded
+            return x / growth if x / growth >= self.floor * (1 - 1e-9) else None
         return float(min(math.floor(x / growth), x - 1)) if x > 1 else None
 
     def between(self, met: float, missed: float) -> float:
@@ -204,11 +206,20 @@ class Axis:
         return missed / met - 1.0 <= precision or (self.integer and missed - met <= 1)
 
 
+def _all_failed(points: list[SearchPoint], k: int) -> bool:
+    """The last ``k`` points sent requests and every one failed: a broken server, not a load too high
+    (descending further would only wait longer for the same errors)."""
+    return len(points) == k and all(pt.metrics.sent > 0 and pt.metrics.failed == pt.metrics.sent for pt in points)
+
+
 def axis_of(search: CapacitySearch) -> Axis:
     if search.over == "concurrency":
         return Axis("concurrency", "concurrent requests", float(search.start_concurrency),
                     float(search.max_concurrency), "max_concurrency", True)
-    return Axis("rate", "req/s", search.start_rate, search.max_rate, "max_rate", False)
+    # a start far over capacity descends (50 -> 3 req/s is 4 steps), but not without end: each point
+    # below takes twice as long, so 1/64 of the start is the lowest load a search tries
+    return Axis("rate", "req/s", search.start_rate, search.max_rate, "max_rate", False,
+                floor=search.start_rate / 64.0)
 
 
 async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], search: CapacitySearch,
@@ -244,6 +255,10 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
             # more points would not help: more load workers would, or more requests a point
             return result(f"{point.verdict} at {axis.text(x)}"
                           + (f": {requests} requests cannot bound {', '.join(unbounded)}" if unbounded else ""))
+        if met is None and _all_failed(points[-2:], 2):
+            return result(f"every request failed at {axis.text(points[-2].load)} and at {axis.text(x)}: a lower "
+                          "load will not help (first error: "
+                          f"{next(iter(point.metrics.errors), 'unknown')}); no load meets the SLA")
         if point.verdict == MEETS:
             met = x if met is None else max(met, x)
         else:  # a miss, or bounds straddling a limit: the SLA's edge is at or below it either way
@@ -258,4 +273,6 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
             return result(f"precision {search.precision:g} reached")
         else:
             x = axis.between(met, missed)
-    return result(f"no load meets the SLA: {axis.text(axis.start)} and every point below it missed")
+    lowest = min(pt.load for pt in points) if points else axis.start
+    return result(f"no load meets the SLA: {axis.text(axis.start)} and every point below it, down to "
+                  f"{axis.text(lowest)}, missed")

@@ -198,3 +198,15 @@ def test_the_report_shows_the_capacity_headline_and_the_points(tmp_path):
     assert "Capacity (req/s meeting the SLA)" in html  # the opt-in headline, on the first screen
     assert "Latency bounds vs offered rate" in html and "misses: ttft_p90" in html
     assert "9 replicas for 100 req/s" in html
+
+
+def test_a_server_failing_every_request_ends_the_search_instead_of_descending_without_end():
+    """Every request refused (a 500 at every load): two points in, a lower load would only wait longer
+    for the same errors, so the search says no load meets the SLA and why (it used to halve the rate,
+    each point twice as long, without end)."""
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
+                              server_metrics=False, search=CapacitySearch(start_rate=8.0, requests=40))
+    with SSEServer(Script(ttft_ms=[5.0], gaps_ms=[5.0], reject_status=500, reject_body='{"error": "down"}')) as srv:
+        run = run_latency(srv.url, "scripted", 300, settings, SlaSection.from_table({"ttft_p90_ms": 1000.0}))
+    assert [pt.load for pt in run.search.points] == [8.0, 4.0], run.search.stopped
+    assert run.search.stopped.startswith("every request failed at 8 req/s and at 4 req/s") and run.search.sustained is None

@@ -46,13 +46,14 @@ def test_integer_bracketing_and_bisection_find_a_known_concurrency(seed):
 
 def test_the_stage_finds_the_concurrency_of_a_scripted_server():
     # 2 slots: up to 2 in flight nobody waits; a third waits a whole service time S for a slot,
-    # past a TTFT limit of S / 2, for a third of the requests (p90's lower bound is past it)
-    script = Script(ttft_ms=[10.0], gaps_ms=[15.0], slots=2)
+    # past a TTFT limit of S / 2, for a third of the requests (p90's lower bound is past it). S is
+    # 150 ms, so a busy box has 75 ms of scheduling noise to spend before a met point could miss.
+    script = Script(ttft_ms=[30.0], gaps_ms=[40.0], slots=2)
     service_ms = schedule(script, 0, 4)[-1][0] * 1000.0
     settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
                               server_metrics=False,
                               search=CapacitySearch(over="concurrency", start_concurrency=1, requests=40))
-    sla = SlaSection.from_table({"ttft_p90_ms": 10.0 + service_ms / 2})
+    sla = SlaSection.from_table({"ttft_p90_ms": 30.0 + service_ms / 2})
     with SSEServer(script) as srv:
         run = run_latency(srv.url, "scripted", 300, settings, sla)
         loops = {e["phase"] for e in srv.log()}
