@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from day0.config import profile as profiles
 from day0.config.tiny import ARCHS as TINY_ARCHS
-from day0.core.inputs import refusal
+from day0.core.inputs import refusal, term_safe
 from day0.core.numbers import whole_number
 from day0.core.record import RecordError
+from day0.core.terminal import Terminal
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"  # shipped in the package (day0.suites)
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
@@ -30,8 +33,12 @@ def _cmd_profile_show(args: argparse.Namespace) -> int:
     for text in args.set:
         overrides = profiles.deep_merge(overrides, profiles.parse_override(text))
     p = profiles.load_profile(args.name, overrides=overrides or None)
+    term = Terminal(p.redactor())  # a profile's values (a URL's password) and its keys are untrusted
     data = p.resolved(redact=True)
-    print(json.dumps(data, indent=2) if args.json else _toml(data).rstrip("\n"))
+    if args.json:
+        print(term.json(data))
+    else:
+        term.block(_toml(data).rstrip("\n"))
     return 0
 
 
@@ -43,6 +50,13 @@ def _cmd_profile_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _toml_key(key: object) -> str:
+    """A bare TOML key, or a quoted one (escaped as JSON, which TOML reads): a key holding a newline
+    or ``=`` stays one key on one line instead of forging another."""
+    text = str(key)
+    return text if _BARE_KEY.fullmatch(text) else json.dumps(text)
+
+
 def _toml(data: dict, prefix: str = "") -> str:
     """A readable TOML rendering of the resolved profile (scalars first, then tables)."""
     out: list[str] = []
@@ -52,13 +66,13 @@ def _toml(data: dict, prefix: str = "") -> str:
         out.append(f"[{prefix}]")
     for k, v in scalars.items():
         if v is None:
-            out.append(f"# {k} is not set")
+            out.append(f"# {_toml_key(k)} is not set")
         else:
-            out.append(f"{k} = {json.dumps(v)}")
+            out.append(f"{_toml_key(k)} = {json.dumps(v)}")
     if out:
         out.append("")
     for k, v in tables.items():
-        out.append(_toml(v, f"{prefix}.{k}" if prefix else k))
+        out.append(_toml(v, f"{prefix}.{_toml_key(k)}" if prefix else _toml_key(k)))
     return "\n".join(out)
 
 
@@ -97,19 +111,18 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
 def _cmd_record_rebuild(args: argparse.Namespace) -> int:
     """Exit 2 with one line when nothing can be rebuilt; a log with unreadable lines is rebuilt
     from the rest, with one warning line naming them (the record names each in its notes)."""
-    from day0.core.inputs import refusal, term_safe
     from day0.core.record import RUN_FILE, SKIPPED_NOTE, Skipped, rebuild
 
-    skipped = Skipped()
+    skipped, term = Skipped(), Terminal()
     try:
         record = rebuild(Path(args.dir), skipped)
     except (RecordError, OSError) as exc:
-        print(refusal(exc), file=sys.stderr)
+        print(refusal(exc, term.redactor), file=sys.stderr)
         return 2
     if skipped.count:
-        print(term_safe(f"day0: warning: {skipped.summary()}; rebuilt from the rest (notes.{SKIPPED_NOTE} in "
-                        f"run.json names each), so the verdict is at best incomplete"), file=sys.stderr)
-    print(term_safe(f"{Path(args.dir) / RUN_FILE}: verdict {record.verdict} ({record.reason})"))
+        term.print(f"day0: warning: {skipped.summary()}; rebuilt from the rest (notes.{SKIPPED_NOTE} in "
+                   f"run.json names each), so the verdict is at best incomplete", err=True)
+    term.print(f"{Path(args.dir) / RUN_FILE}: verdict {record.verdict} ({record.reason})")
     return 0
 
 
@@ -124,51 +137,48 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     what_if = parse_what_if(args.what_if) if args.what_if else None
     profile = profiles.load_profile(args.profile)
+    term = Terminal(profile.redactor())  # engine-arg names and values, config paths: the profile's text
     try:
         plan_arguments(profile, what_if)  # the engine args the plan reads: typed and in range
     except ValueError as exc:
-        print(f"day0: {profile.origin}: {exc}", file=sys.stderr)
+        term.print(f"day0: {profile.origin}: {exc}", err=True)
         return 2
     try:
         config, source = model_config(profile)
         archs.check_config(config)  # every key the plan needs: unusable input, not "no plan" (exit 1)
         result = preflight(profile, what_if, stages=load().stages)
     except (ConfigUnavailable, ConfigInvalid) as exc:
-        print(f"day0: {exc}", file=sys.stderr)
+        term.print(f"day0: {exc}", err=True)
         return 2
     except archs.ConfigError as exc:
-        print(f"day0: {source}: {exc.key}: {exc.problem}", file=sys.stderr)
+        term.print(f"day0: {source}: {exc.key}: {exc.problem}", err=True)
         return 2
-    print(f"config: {result.config_source}")
-    if result.findings:
-        print("\nfindings:")
-        for f in result.findings:
-            print(f"  {f.severity.upper():<8} {f.key} = {f.value!r}: {f.why}")
-            print(f"  {'':<8} fix: {f.fix}")
-    else:
-        print("\nfindings: none")
-    print()
+    term.print(f"config: {result.config_source}", "")
+    term.print("findings:" if result.findings else "findings: none")
+    for f in result.findings:
+        term.print(f"  {f.severity.upper():<8} {f.key} = {f.value!r}: {f.why}", f"  {'':<8} fix: {f.fix}")
+    term.print()
     if result.plan is None:
-        print(f"no plan: {result.plan_error}")
+        term.print(f"no plan: {result.plan_error}")
         return 1
-    print(format_table(result.plan))
+    term.block(format_table(result.plan))  # each line escaped where the table is formatted
     return 1 if result.errors or not result.plan.fits else 0
 
 
 def _cmd_weights_audit(args: argparse.Namespace) -> int:
     """Exit 0: every check passed or was skipped; 1: a finding (a failed check); 2: DIR is not a folder."""
     from day0.config.errors import path_problem
-    from day0.core.inputs import term_safe
     from day0.stages.weights import audit
 
     folder = Path(args.dir)
+    term = Terminal()
     why = path_problem(folder)
     if why != "is a directory, not a file":
-        print(term_safe(f"day0: {folder}: {why or 'is a file, not a checkpoint folder'}"), file=sys.stderr)
+        term.print(f"day0: {folder}: {why or 'is a file, not a checkpoint folder'}", err=True)
         return 2
     checks = audit(folder, verify_manifest=not args.no_manifest, progress=sys.stderr.isatty())
     for c in checks:  # one line per check, whatever a file or tensor name holds
-        print(term_safe(f"{c.status.upper():<5} {c.id}: {c.message}"))
+        term.print(f"{c.status.upper():<5} {c.id}: {c.message}")
     return 1 if any(c.failed for c in checks) else 0
 
 
@@ -176,12 +186,13 @@ def _cmd_weights_manifest(args: argparse.Namespace) -> int:
     from day0.stages.weights import write_manifest
     from day0.stages.weights.manifest import ManifestError
 
+    term = Terminal()
     try:
         path = write_manifest(Path(args.dir), progress=sys.stderr.isatty())
     except ManifestError as exc:
-        print(f"day0: {exc}", file=sys.stderr)
+        term.print(f"day0: {exc}", err=True)
         return 2
-    print(f"wrote {path}")
+    term.print(f"wrote {path}")
     return 0
 
 
@@ -190,20 +201,21 @@ def _cmd_weights_golden(args: argparse.Namespace) -> int:
     from day0.engine.loaded import write_golden, write_reference_golden
 
     profile = profiles.load_profile(args.profile)
+    term = Terminal(profile.redactor())
     if args.reference == "transformers":  # no engine: an independent implementation reads the same shards
         model_dir = local_model_dir(profile)
         if model_dir is None:
             raise ValueError(f"{args.profile}: model: not a folder on this machine; --reference transformers "
                              "reads the checkpoint locally")
         path = write_reference_golden(model_dir, Path(args.out), model=served_name(profile))
-        print(f"wrote {path}")
+        term.print(f"wrote {path}")
         return 0
-    engines = Engines(profile, Path(args.out).resolve().parent, lambda m: print(f"[day0] {m}", file=sys.stderr))
+    engines = Engines(profile, Path(args.out).resolve().parent, lambda m: term.print(f"[day0] {m}", err=True))
     try:
         path = write_golden(engines.primary(), Path(args.out), model=served_name(profile))
     finally:
         engines.stop()
-    print(f"wrote {path}")
+    term.print(f"wrote {path}")
     return 0
 
 
@@ -250,9 +262,17 @@ def _version() -> str:
         return "day0 (not installed)"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line naming the command and the flag, exit 2, as every other unusable input
+    is (argparse prints the whole usage first); ``--help`` still shows the usage. Subcommands inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, term_safe(f"{self.prog}: {message} (--help for usage)") + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="day0", description="Day0 acceptance harness for vLLM deployments",
-                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="day0", description="Day0 acceptance harness for vLLM deployments",
+                           epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

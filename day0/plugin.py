@@ -19,6 +19,7 @@ import pytest
 
 from day0.config.profile import DEFAULT_PROFILE, Profile, ProfileError, deep_merge, load_profile, parse_override
 from day0.core.record import Check, measured, one_line
+from day0.core.terminal import Terminal
 from day0.core.verdict import NOT_APPLICABLE
 from day0.engine import EngineError, ViewUnavailable
 from day0.session import Day0Session
@@ -316,18 +317,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     assert stage is not None
     rec = item.stash.get(RECORDER_KEY, None)
     recorded = rec.checks if rec else []
+    # pytest prints these and writes them to its own --junitxml: check text, redacted and escaped
+    # like every line day0 prints (the checks in memory are not yet through the event log's redactor)
+    term = Terminal(day0.events.redactor)
     if call.when == "call" and rep.passed and rec and rec.failed:
         if all(day0.waived(c) for c in rec.failed):  # known failures the profile waives: pytest's xfail
             rep.outcome = "skipped"
-            rep.wasxfail = "waived by the profile: " + "; ".join(f"{c.id}: {c.message}" for c in rec.failed)
+            rep.wasxfail = term.line("waived by the profile: " + "; ".join(f"{c.id}: {c.message}" for c in rec.failed))
             return rep
         rep.outcome = "failed"
-        rep.longrepr = "\n".join(f"{c.id}: {c.message}" for c in rec.failed)
+        rep.longrepr = "\n".join(term.line(f"{c.id}: {c.message}") for c in rec.failed)
         return rep
     if call.when == "call" and rep.passed and rec and rec.checks and all(c.status == "skip" for c in rec.checks):
         # a test that only recorded skips (a feature not in force) is a skip, never shown as a pass
         rep.outcome = "skipped"
-        rep.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {rec.checks[0].message}")
+        rep.longrepr = (str(item.path), (item.location[1] or 0) + 1, term.line(f"Skipped: {rec.checks[0].message}"))
         return rep
     if call.excinfo is None:
         return rep
@@ -344,7 +348,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         exc = day0.engines.dead() or exc  # a request that failed because the engine died
     if isinstance(exc, EngineError):
         message = f"engine failed: {exc}"
-        rep.longrepr = f"day0: {message}" + (f"\n(engine log: {exc.log_path})" if exc.log_path else "")
+        rep.longrepr = term.line(f"day0: {message}") + (f"\n(engine log: {exc.log_path})" if exc.log_path else "")
         evidence = {"log_excerpt": exc.log_excerpt, "log_path": exc.log_path, "engine_pgid": exc.pgid}
     else:
         message = one_line(f"{type(exc).__name__}: {exc}")
@@ -399,8 +403,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.write_line(lines[0], bold=True, **colour)
     for line in lines[1:]:
         tr.write_line(line)
-    if day0.report_error:
-        tr.write_line(day0.report_error, red=True)
+    if day0.report_error:  # an exception's text: redacted and escaped like every printed line
+        tr.write_line(Terminal(day0.events.redactor).line(day0.report_error), red=True)
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Callable
 
 from day0.config.profile import Profile
 from day0.core import environment
+from day0.core.names import MAX_COMPONENT, file_name
 from day0.core.record import COLLECT_ENV_NOTE, RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild, utcnow
+from day0.core.terminal import Terminal
 from day0.core.verdict import Waiver, waiver_for
 from day0.engine import EngineInfo, Engines
 from day0.engine.cluster.nodes import ClusterError
@@ -30,8 +32,11 @@ if TYPE_CHECKING:
 
 
 def new_run_id(profile_name: str, now: datetime | None = None) -> str:
+    """``<UTC start>-<profile name as a file name>-<6 hex>``: the run folder's name, so the profile
+    name passes the one sanitiser here, where the id is minted (``team/llama70b`` -> ``team-llama70b``;
+    the name as given stays in the record's profile). Always an id the record accepts back."""
     now = now or datetime.now(timezone.utc)
-    return f"{now:%Y%m%dT%H%M%SZ}-{profile_name}-{secrets.token_hex(3)}"
+    return f"{now:%Y%m%dT%H%M%SZ}-{file_name(profile_name)}-{secrets.token_hex(3)}"
 
 
 def point_latest(out_dir: Path, run_dir: Path) -> Path:
@@ -74,12 +79,12 @@ class Day0Session:
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
-        self.run_id = self.run_id or new_run_id(self.profile.name)
+        self.run_id = file_name(self.run_id, MAX_COMPONENT) if self.run_id else new_run_id(self.profile.name)
         self.run_dir = self.out_dir / self.run_id
         redactor = self.profile.redactor()
         self.events = EventLog(self.run_dir / "events.jsonl", redactor=redactor)
-        say = self.log
-        self.log = lambda msg: say(redactor.text(msg))  # progress lines end up in CI logs too
+        say, term = self.log, Terminal(redactor)
+        self.log = lambda msg: say(term.line(msg))  # progress lines (vLLM's own among them) end up in CI logs too
         self.engines = Engines(self.profile, self.run_dir, self.log)
         self.engines.on_start = self._engine_started
 
@@ -228,27 +233,29 @@ class Day0Session:
 
             self.add_check(REPEAT_STAGE.name, stability_check(self.record, self.repeats))
             self.record = rebuild(self.run_dir)
+        local = self.profile.resolved()  # where files go and come from: this run's profile, never a record's copy
         try:
             from day0.results import compare, history
 
             if self.baseline:  # judged against earlier runs before the report, as the regression stage's checks
-                checks, note = compare.nightly_checks(self.record, self.out_dir, self.baseline, self.log)
+                checks, note = compare.nightly_checks(self.record, self.out_dir, self.baseline, self.log, local)
                 for c in checks:
                     self.add_check("regression", c)
                 if note:
                     self.events.note("regression", note)
                 self.record = rebuild(self.run_dir)
-            history.keep(self.record, self.run_dir, self.out_dir, self.log)  # the next night's history
+            history.keep(self.record, self.run_dir, self.out_dir, self.log, local)  # the next night's history
         except Exception as exc:  # the measured record is already on disk; say why the comparison is missing
             self.report_error = f"baseline comparison/history failed: {type(exc).__name__}: {exc}"
             self.log(self.report_error)
         try:
+            from day0.results.history import history_root
             from day0.results.report import publish
 
             template_dir = self.template_dir or (
                 Path(self.profile.report.template_dir) if self.profile.report.template_dir else None)
-            self.outputs = publish(self.run_json, template_dir=template_dir,
-                                   signatories=self.profile.report.signatories)
+            self.outputs = publish(self.run_json, template_dir=template_dir, signatories=self.profile.report.signatories,
+                                   history=history_root(local, self.out_dir))
         except Exception as exc:  # a broken site template must not cost the measurements
             self.report_error = "; ".join(filter(None, [self.report_error,
                                                         f"report not rendered: {type(exc).__name__}: {exc}"]))

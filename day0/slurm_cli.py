@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
+from day0.core.terminal import Terminal
 from day0.engine.cluster.sbatch import SubmitError, submit
 from day0.results.report import publish
 
@@ -29,13 +29,14 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    term = Terminal()  # sbatch's and squeue's answers, quoted in progress and errors
     if not args.sbatch_args:
-        print("day0: slurm submit: name the batch script (e.g. scripts/slurm/day0.sbatch)", file=sys.stderr)
+        term.print("day0: slurm submit: name the batch script (e.g. scripts/slurm/day0.sbatch)", err=True)
         return 2
     out = args.out or Path(os.environ.get("DAY0_OUT") or "reports")
     try:
         return submit(args.sbatch_args, out.resolve(), args.unavailable_timeout, args.timeout, publish,
-                      lambda m: print(f"[day0] {m}", file=sys.stderr, flush=True))
+                      lambda m: term.print(f"[day0] {m}", err=True))
     except SubmitError as exc:
-        print(f"day0: {exc}", file=sys.stderr)
+        term.print(f"day0: {exc}", err=True)
         return 2

@@ -160,6 +160,15 @@ class Profile(Section):
     # Where the profile came from (file path or preset name); not a TOML key.
     origin: str = Field("", exclude=True)
 
+    @model_validator(mode="after")
+    def _name_is_text(self) -> "Profile":
+        """Any name is kept as data (the run folder gets it through day0.core.names.file_name), but
+        it must be text the record can be read back with: a lone surrogate (command-line or file-name
+        bytes that are not UTF-8) would make run.json unreadable and lose the run."""
+        if any("\ud800" <= c <= "\udfff" for c in self.name):
+            raise ValueError(f"name: {self.name!r} is not Unicode text (bytes that are not UTF-8)")
+        return self
+
     def resolved(self, *, redact: bool = True) -> dict[str, Any]:
         """The profile as it will be used, for run.json; secret-looking values are removed."""
         data = self.model_dump(mode="json")

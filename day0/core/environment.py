@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from day0.core.outputs import write_file
+
 COLLECT_ENV_FILE = "collect_env.txt"
 COLLECT_ENV_TIMEOUT_S = 90.0  # a few seconds normally; a wedged driver query must not hold the run
 # DAY0_COLLECT_ENV=0 leaves vLLM's collect_env out (the harness's own tests start many short runs).
@@ -226,7 +228,7 @@ class CollectEnv:
             if self.run_dir is not None:
                 safe = self.redactor.text(text) if self.redactor is not None else text
                 Path(self.run_dir).mkdir(parents=True, exist_ok=True)
-                (Path(self.run_dir) / COLLECT_ENV_FILE).write_text(safe, encoding="utf-8")
+                write_file(Path(self.run_dir) / COLLECT_ENV_FILE, safe)
                 out["file"] = COLLECT_ENV_FILE
         return out
 

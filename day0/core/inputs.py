@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from day0.core.redact import Redactor
+
 MAX_DEPTH = 64  # a real record nests ~7 deep (evidence.charts[0].series[0].y); the report recurses per level
 # Characters a terminal acts on instead of showing: C0 and C1 controls, DEL, bidi overrides and
 # isolates (they reorder what follows), invisible direction marks, line/paragraph separators
@@ -94,7 +96,8 @@ def _why(exc: OSError, path: Path, what: str | None) -> str:
     }.get(exc.errno or 0, f"cannot be read ({exc.strerror or type(exc).__name__})")
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What is at a path that is not a regular file, for a refusal ("a directory", "a FIFO (named pipe)")."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device")):
@@ -122,7 +125,7 @@ def path_problem(path: Path | str) -> str:
         st = os.stat(path)
     except OSError as exc:
         return _why(exc, Path(path), None)
-    return "" if stat.S_ISREG(st.st_mode) else f"is {_kind(st.st_mode)}, not a file"
+    return "" if stat.S_ISREG(st.st_mode) else f"is {file_kind(st.st_mode)}, not a file"
 
 
 def open_regular(path: Path | str, what: str | None = None, error: type[InputError] = InputError, *,
@@ -144,7 +147,7 @@ def open_regular(path: Path | str, what: str | None = None, error: type[InputErr
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(label, f"is {_kind(st.st_mode)}, not {_file(what)}")
+            raise error(label, f"is {file_kind(st.st_mode)}, not {_file(what)}")
         if cap is not None and st.st_size > cap:
             raise error(label, f"{_mib(st.st_size)}, {_over(cap, what)}")
         os.set_blocking(fd, True)
@@ -353,39 +356,15 @@ def _walk(obj: Any, where: str, error: type[InputError], max_depth: int) -> None
                 raise error(where, f"{key_path((*path, k))}: lone surrogate in text (not valid Unicode)")
 
 
-def refusal(exc: BaseException) -> str:
+def refusal(exc: BaseException, redactor: Redactor | None = None) -> str:
     """The one stderr line for input day0 cannot use: ``day0: <file>[:line]: <key path>: <problem>``
-    (an OSError's own text names the file only as an afterthought, so it is reordered)."""
+    (an OSError's own text names the file only as an afterthought, so it is reordered). The line
+    quotes the input, so it is redacted (``redactor``, else this environment's secrets and every
+    secret shape: a refused ``engine.url`` may hold a password) before it is escaped."""
     if isinstance(exc, OSError) and exc.strerror:
         problem = exc.strerror.lower()
         text = f"{exc.filename}: {problem}" if exc.filename else problem
     else:
         text = str(exc) or type(exc).__name__
-    return "day0: " + term_safe(text)
+    return "day0: " + term_safe((redactor or Redactor.from_sources()).text(text))
 
-
-def replace_file(path: Path, data: bytes, mode: int | None = None) -> Path:
-    """Write ``data`` to ``path`` atomically through a new temporary file beside it. The temporary
-    is created exclusively and never through a symlink, so a FIFO or link left under its name
-    (by a crash, or by someone) is removed instead of written into (a FIFO would block forever)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                 0o666 if mode is None else mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path

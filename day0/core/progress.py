@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from day0.core.inputs import term_safe
+
 EVERY_S = 10.0
 
 
@@ -61,6 +63,7 @@ class Progress:
 
     def _advance(self, done: int, note: str) -> None:
         step, self.done = done - self.done, done
+        note = term_safe(note) if note else note  # a shard's or file's name: whatever is on disk
         self.note = note or self.note
         if self._bar is not None:
             if note:

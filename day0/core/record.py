@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 from day0.core import record_shape as shape
-from day0.core.inputs import MAX_DEPTH, lines, open_regular, read_regular, replace_file, strict_json
+from day0.core.inputs import MAX_DEPTH, lines, open_regular, read_regular, strict_json
+from day0.core.outputs import open_output, write_file
 from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's contract lives in one place)
     DIRECTIONS,
     SCHEMA_VERSION,
@@ -28,6 +29,7 @@ from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's c
 from day0.core.redact import Redactor
 from day0.core.stages import DERIVED_STAGES, StageInfo
 from day0.core.verdict import (  # noqa: F401
+    judge,
     required_checks,
     run_verdict,
     stage_verdict,
@@ -68,7 +70,9 @@ class Check:
     """One measured (or refused) acceptance criterion.
 
     ``status`` is derived from value/limit/direction by :func:`judge` in the common case;
-    callers that know better (an exception, a skip with a reason) set it explicitly.
+    callers that know better (an exception, a skip with a reason) set it explicitly. A ``pass`` or
+    ``fail`` with a limit must agree with :func:`judge` (``day0.core.verdict.misjudged``): every
+    reader re-judges it, and a record that contradicts its own figures is refused.
     """
 
     id: str
@@ -117,19 +121,6 @@ def one_line(text: str, limit: int = 500) -> str:
     """Collapse a message to a single line a person can act on (tracebacks stay in evidence)."""
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def judge(value: Any, limit: Any, direction: Direction) -> bool:
-    """Whether ``value`` meets ``limit``. No limit means nothing to meet (a recorded figure)."""
-    if limit is None:
-        return True
-    if direction == "exact":
-        return value == limit
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return False
-    if direction == "lower_is_better":
-        return value <= limit
-    return value >= limit
 
 
 def measured(
@@ -232,8 +223,8 @@ class EventLog:
         event = {k: (self.redactor.text(v) if isinstance(v, str) else v) if k in self._ENVELOPE else
                  self.redactor.strings(v) if k in self._DECLARED else self.redactor(v) for k, v in event.items()}
         line = json.dumps(event, sort_keys=False)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        with open_output(self.path, append=True) as fh:  # never through a link or into a FIFO
+            fh.write((line + "\n").encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
 
@@ -383,7 +374,7 @@ class RunRecord:
         }
 
     def write(self, path: Path) -> Path:
-        return replace_file(Path(path), (json.dumps(self.to_dict(), indent=2) + "\n").encode("utf-8"))
+        return write_file(path, json.dumps(self.to_dict(), indent=2) + "\n", error=RecordError)
 
 
 class _Fold:

@@ -10,13 +10,15 @@ may add optional fields); a wrong type is never coerced.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from day0.core.inputs import InputError, key_path
+from day0.core.names import MAX_COMPONENT, is_component
 from day0.core.stages import PICKS
+from day0.core.verdict import misjudged
 
 SCHEMA_VERSION = 1
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "blocked")
@@ -24,8 +26,7 @@ DIRECTIONS: tuple[str, ...] = ("lower_is_better", "higher_is_better", "exact")
 VERDICTS: tuple[str, ...] = ("accepted", "rejected", "incomplete")
 STAGE_VERDICTS: tuple[str, ...] = ("pass", "fail", "error", "blocked", "skip", "not_run", "not_applicable",
                                    "waived")
-MAX_RUN_ID = 200
-_RUN_ID_BAD = re.compile(r"[/\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+MAX_RUN_ID = MAX_COMPONENT  # a run id names the run folder: names.is_component is the one rule
 
 
 class RecordError(InputError):
@@ -82,8 +83,7 @@ OBJECT: Test = (lambda v: isinstance(v, dict), "an object")
 LIST: Test = (lambda v: isinstance(v, list), "a list")
 BOOL: Test = (lambda v: isinstance(v, bool), "true or false")
 REPEAT: Test = (lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null")
-RUN_ID: Test = (lambda v: isinstance(v, str) and 0 < len(v) <= MAX_RUN_ID and v not in (".", "..")
-                and not _RUN_ID_BAD.search(v),
+RUN_ID: Test = (lambda v: is_component(v, MAX_RUN_ID),
                 f"a run id (1-{MAX_RUN_ID} characters, no slash or control character)")
 SECONDS: Test = (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
                                          and v == v and 0 <= v < float("inf")),
@@ -165,6 +165,13 @@ def stage_info(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def check_fields(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
-    """A check's fields, only those of the contract (a newer day0's extras are passed over)."""
+    """A check's fields, only those of the contract (a newer day0's extras are passed over), its
+    status re-judged from its value, limit and direction (``day0.core.verdict.misjudged``): a status
+    its own figures contradict is refused, so no reader takes an edited ``pass`` for one."""
     fields(data, CHECK, where, path)
+    claim = SimpleNamespace(**{k: data.get(k) for k in ("id", "status", "value", "limit", "evidence")},
+                            direction=data.get("direction", "exact"))
+    wrong = misjudged(claim)
+    if wrong:
+        raise RecordError(f"{where}: {key_path((*path, 'status'))}: {wrong}; the record contradicts itself")
     return {k: v for k, v in data.items() if k in CHECK}

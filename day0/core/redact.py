@@ -1,47 +1,88 @@
-"""Secrets never reach a file the run writes: one redactor, applied where files are written.
+"""Secrets never reach what day0 writes or prints: one redactor, applied on every output channel.
 
 A secret reaches day0 in three ways: as a value under a key that names it (``api_key``,
 ``hf-token``, ``HF_TOKEN``), as the value of an environment variable (``engine.api_key_env``, or any
-variable named like a token, key or password), or inside free text (a command line, an exception
-message quoting a URL or a header). Callers cannot be trusted to remember all three, so the event
-log, the engine log and the run record run everything they write through :class:`Redactor`: keys
-by name, known values wherever they appear in a string, and ``--api-key X`` / ``Bearer X`` shapes in
-text.
+variable named like a token, key or password), or inside a value or free text under any key at
+all (a proxy URL's password, an error body quoting an Authorization header, a signed query
+string, a shell-quoted flag in a command line, a cookie in a check's evidence). Callers cannot be
+trusted to remember all three, so the event log, the engine log and the run record run everything
+they write through :class:`Redactor`, and so does everything a command prints or exports
+(:class:`day0.core.terminal.Terminal`): keys by name, known values wherever they appear in a
+string (also escaped, line by line, or wrapped), and secret shapes in text (``_SHAPES``, listed in
+docs/profiles.md, "Secrets"). Why shapes as well as names: a value has no name to go by.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from functools import cached_property
+from typing import Any, Iterable, Iterator, Mapping
 
 REDACTED = "<redacted>"
 
 # A key that names a secret, matched on the whole key (or its last ``_``/``-`` separated words), so
 # `num_key_value_heads` or `max_num_batched_tokens` are not mistaken for secrets, `hf-token` is.
+# Names that end like a secret and are not one: tokenizer words, figures, cache and sort keys.
+_NOT_SECRET = (r"(?:eos|bos|pad|unk|sep|cls|mask|decoded|itl|first|last|stop|special|added|profile|cache"
+               r"|sort|prefix|metrics_by)[_\-](?:token|key)$")
 SECRET_KEY = re.compile(
-    r"^(?!(?:.*[_\-.])?(?:eos|bos|pad|unk|sep|cls|mask|decoded|itl|first|last|stop|special|added|profile|cache"
-    r"|sort|prefix|metrics_by)[_\-](?:token|key)$)"
+    r"^(?!(?:.*[_\-.])?" + _NOT_SECRET + ")"
     r"(?:.*[_\-.])?(?:api[_\-]?key|access[_\-]?key|secret[_\-]?key|private[_\-]?key|key|token|secret|password"
-    r"|passwd|credentials?|authorization|bearer)$",
+    r"|passwd|credentials?|authorization|bearer|cookies?)$",
     re.IGNORECASE,
 )
 # An environment variable named like a secret: HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD.
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTH)(?:_|$)", re.IGNORECASE)
-# Shapes of secrets in free text: `--api-key X`, `--hf-token=X`, `Authorization: Bearer X`, `api_key=X`.
-# A flag starts a word: in `a 4096-token prefix` the dash is a hyphen, not a flag.
-_FLAG_VALUE = re.compile(
-    r"(?<![\w\-])(?P<flag>--?[\w\-]*(?:api[_\-]?key|token|secret|password|passwd|credentials?))(?P<sep>=| +)"
-    r"(?P<value>(?!<redacted>)[^\s'\",-][^\s'\",]*)",
-    re.IGNORECASE,
-)
-_BEARER = re.compile(r"(?P<flag>\bBearer)(?P<sep>\s+)(?P<value>[^\s'\",]+)", re.IGNORECASE)
-_ASSIGN = re.compile(
-    r"(?P<flag>[\"']?\b[\w\-]*(?:api[_\-]?key|token|secret|password|passwd)[\"']?)(?P<sep>\s*[:=]\s*[\"']?)"
-    r"(?P<value>(?!<redacted>)(?=[^\s'\",}]*[A-Za-z])[^\s'\",}]{8,})",
-    re.IGNORECASE,
-)
+# Shapes of secrets in free text: each pattern's ``value`` group is the secret; the rest (the flag,
+# the header's name, the quotes) stays, so a reader still sees what was there. Why shapes and not
+# only names: a secret arrives inside values too (a proxy URL, an error body quoting a header, a
+# command line in a message), where no key names it. Every repeat is bounded or possessive, so a
+# 100 MB log line is one linear scan (unbounded ``[\w\-]*`` before a word took 70 s on 40 KB).
+_FRESH = r"(?!<redacted>)"  # redacting twice changes nothing
+_QUOTE = r"(?:\\?[\"'])?"  # a name or value in quotes, or in JSON-escaped quotes
+# Between a flag or header and its value: blanks, a line break (continued with \ or not), the same
+# break JSON- or repr-escaped (``\n``, ``\\\n``), so a value on the next line still goes.
+_GAP = r"(?:[ \t]|\\{0,3}\r?\n|\\{1,3}[nrt]|\\{1,2}(?=[ \t\r\n]))"
+# A name (of a flag, a key) ending in a secret word: the whole name is taken at once (possessive) and
+# its end looked at, so a long run of name characters is read once, not once per start.
+_ENDS_SECRET = "(?:" + "|".join(f"(?<={w})" for w in ("apikey", "api_key", "api-key", "token", "secret", "password",
+                                                       "passwd")) + ")"
+_ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
+_SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
+    # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
+    r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
+    # URL userinfo: scheme://user:PASSWORD@host, scheme://TOKEN@host (engine.url, HTTPS_PROXY, a model path)
+    r"(?<![a-z0-9+.\-])[a-z][a-z0-9+.\-]{0,31}+://(?:(?P<user>[^\s/?#@:'\"<>\\]{0,256}):)?(?P<value>" + _FRESH
+    + r"[^\s/?#'\"<>\\]{1,256})(?=@)",
+    # an Authorization header, any scheme (Basic, Bearer, Digest, a bare key), also as a quoted dict key
+    r"\b(?:proxy-)?authorization" + _QUOTE + r"\s{0,16}[:=]" + _GAP + "{0,16}+" + _QUOTE
+    + r"(?>(?:[a-z][\w\-]{0,31}" + _GAP + r"{1,16}+)?)(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
+    # a cookie header, to the end of its line: Cookie: a=1; sid=X / Set-Cookie: sid=X; Path=/
+    r"\b(?:set-)?cookie2?" + _QUOTE + r"[ \t]{0,16}[:=][ \t]{0,16}+" + _QUOTE
+    + r"(?P<value>" + _FRESH + r"[^\r\n'\"\\]++)",
+    # a flag whose name ends in a secret word, then its value: --api-key X, --hf-token=X, --api-key 'X Y',
+    # --api-key="X", or the value on the next line of a continued (\) command. A flag starts a word:
+    # in `a 4096-token prefix` the dash is a hyphen, not a flag.
+    r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + r"(?:=|" + _GAP + r"{1,64}+)"
+    r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)[^\"'\r\n\\]++|[^\s'\",\-\\][^\s'\",]*+))",
+    # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
+    r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
+    # a query parameter named like a secret: ?key=X, &X-Amz-Signature=X, &sig=X, &access_token=X
+    r"[?&;](?:[\w.\-]{0,64}[_.\-])?(?:api_?key|key|token|sig|signature|secret|password|passwd|pwd|credential"
+    r"|auth|session(?:id)?|jwt|code)=(?P<value>" + _FRESH + r"[^\s&#'\"<>\\]++)",
+    # name = value, "name": "value" with a secret name (api_key=X, "password": "X"): 8+ characters
+    # with a letter, so `token: 142` (a count) stays
+    r"(?<![\w\-])(?P<name>[\w\-]{1,64}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]\s{0,16}" + _QUOTE
+    + r"(?P<value>" + _FRESH + r"(?=[^\s'\",}\\]{0,4096}[a-z])[^\s'\",}\\]{8,}+)",
+))
+_USERINFO = _SHAPES[1]
+_NOT_SECRET_NAME = re.compile(r"(?:^|[_\-.])" + _NOT_SECRET, re.IGNORECASE)  # `--eos-token X` is a tokenizer word
+# Between the characters of a known value in text: a line break (a wrapped line, a continued command).
+_WRAP = r"(?:\\?\r?\n[ \t]{0,64})?"
+_MAX_WRAPPED = 256  # longer known values (a key file) are matched whole and line by line, not wrapped
 # Shorter values are not redacted by value: "1" or "true" would blank half a report. Such a value is
 # still redacted by its key; a real credential is never this short.
 MIN_SECRET_LEN = 6
@@ -61,11 +102,30 @@ class Redactor:
 
     values: frozenset[str] = field(default_factory=frozenset)
 
+    def __post_init__(self) -> None:
+        # Every form a known value takes in text: itself, JSON- or repr-escaped, and each line of a
+        # multi-line one (an engine log is scrubbed line by line, so the whole never meets one line).
+        object.__setattr__(self, "values", frozenset(_forms(self.values)))
+
+    @cached_property
+    def _longest_first(self) -> tuple[str, ...]:
+        return tuple(sorted(self.values, key=len, reverse=True))
+
+    @cached_property
+    def _wrapped(self) -> re.Pattern[str] | None:
+        """The known values with a line break allowed between any two characters: a secret that a
+        log or a message wrapped still goes. Compiled once per redactor; used only on text with an
+        inner line break, so a one-line string costs nothing more."""
+        alts = [_WRAP.join(map(re.escape, v)) for v in self._longest_first if len(v) <= _MAX_WRAPPED and "\n" not in v]
+        return re.compile("|".join(alts)) if alts else None
+
     @classmethod
     def from_sources(cls, *, environ: Mapping[str, str] | None = None, env_names: Iterable[str] = (),
                      data: Any = None) -> "Redactor":
         """Secrets named by ``env_names`` (e.g. ``engine.api_key_env``), every variable of ``environ``
-        named like a secret, and every value under a secret key in ``data`` (the raw profile)."""
+        named like a secret, every value under a secret key in ``data`` (the raw profile), and the
+        password of every URL in a variable or a profile value (``HTTPS_PROXY``, ``engine.url``), so
+        it goes wherever it is quoted, not only inside its URL."""
         environ = os.environ if environ is None else environ
         found: set[str] = set()
         for name in env_names:
@@ -73,10 +133,11 @@ class Redactor:
                 found.add(environ[name])
         found.update(v for k, v in environ.items() if is_secret_env_name(k) and v)
         found.update(_values_under_secret_keys(data))
-        return cls(frozenset(v for v in found if len(v) >= MIN_SECRET_LEN))
+        found.update(_url_passwords([*environ.values(), *_strings(data)]))
+        return cls(frozenset(found))
 
     def with_values(self, values: Iterable[str]) -> "Redactor":
-        return Redactor(self.values | {v for v in values if v and len(v) >= MIN_SECRET_LEN})
+        return Redactor(self.values | {v for v in values if v})
 
     def __call__(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -97,12 +158,14 @@ class Redactor:
         return self.text(data) if isinstance(data, str) else data
 
     def text(self, text: str) -> str:
-        # Longest first, so a secret that contains another is replaced whole.
-        for value in sorted(self.values, key=len, reverse=True):
+        """Known values, then secret shapes, replaced; linear in ``len(text)``."""
+        for value in self._longest_first:  # longest first: a secret that contains another goes whole
             if value in text:
                 text = text.replace(value, REDACTED)
-        for pattern in (_FLAG_VALUE, _BEARER, _ASSIGN):
-            text = pattern.sub(_keep_flag, text)
+        if self._wrapped is not None and "\n" in text.rstrip("\r\n"):
+            text = self._wrapped.sub(REDACTED, text)
+        for pattern in _SHAPES:
+            text = pattern.sub(_redact_value, text)
         return text
 
     def argv(self, argv: Iterable[str]) -> list[str]:
@@ -126,8 +189,41 @@ class Redactor:
         return out
 
 
-def _keep_flag(m: re.Match[str]) -> str:
-    return f"{m.group('flag')}{m.group('sep')}{REDACTED}"
+def _redact_value(m: re.Match[str]) -> str:
+    """The match with its ``value`` group replaced: the flag, header name and quotes stay."""
+    name = m.groupdict().get("name")
+    if name is not None and _NOT_SECRET_NAME.search(name):
+        return m.group()
+    start, end = m.span("value")
+    return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
+
+
+def _forms(values: Iterable[str]) -> Iterator[str]:
+    for v in values:
+        if len(v) < MIN_SECRET_LEN:
+            continue
+        yield v
+        yield from {json.dumps(v)[1:-1], json.dumps(v, ensure_ascii=False)[1:-1], repr(v)[1:-1]} - {v}
+        if "\n" in v or "\r" in v:
+            yield from (line.strip() for line in v.splitlines() if len(line.strip()) >= MIN_SECRET_LEN)
+
+
+def _url_passwords(texts: Iterable[str]) -> Iterator[str]:
+    """``PW`` of every ``scheme://user:PW@host`` (a user alone is not a secret worth blanking everywhere)."""
+    for text in texts:
+        if "://" in text:
+            yield from (m.group("value") for m in _USERINFO.finditer(text) if m.group("user") is not None)
+
+
+def _strings(data: Any) -> Iterator[str]:
+    if isinstance(data, str):
+        yield data
+    elif isinstance(data, dict):
+        for v in data.values():
+            yield from _strings(v)
+    elif isinstance(data, (list, tuple)):
+        for v in data:
+            yield from _strings(v)
 
 
 def _is_scalar_secret(v: Any) -> bool:

@@ -10,6 +10,7 @@ types (duck-typed below) so that rule reads on one page.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,6 +34,86 @@ class _Stage(Protocol):
 
     @property
     def checks(self) -> Sequence[_Check]: ...
+
+
+# How far a recorded figure may sit on the wrong side of its limit and still stand as a ``fail``: the
+# record rounds figures (latency ms and bounds to 3 decimals, shares to 4) after judging them, so a
+# value a hair past its limit can be written equal to it, or just inside. Half the 3rd decimal.
+# Only a ``fail`` gets it: a pass claimed past its limit is never excused.
+ROUNDING = 5e-4
+
+
+def judge(value: Any, limit: Any, direction: str) -> bool:
+    """Whether ``value`` meets ``limit``. No limit means nothing to meet (a recorded figure)."""
+    if limit is None:
+        return True
+    if direction == "exact":
+        return value == limit
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    if direction == "lower_is_better":
+        return value <= limit
+    return value >= limit
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bounds(evidence: Any) -> tuple[Any, Any] | None:
+    """(lower, upper) confidence bounds a percentile check was judged by (``evidence.bounds``), if any."""
+    b = evidence.get("bounds") if isinstance(evidence, dict) else None
+    return (b.get("lower"), b.get("upper")) if isinstance(b, dict) and ("lower" in b or "upper" in b) else None
+
+
+def _claim_holds(status: str, value: Any, limit: Any, direction: str, evidence: Any) -> bool:
+    """Whether a ``pass``/``fail`` with a limit follows from the check's own figures, by :func:`judge`.
+
+    A check judged by confidence bounds (a latency percentile) passes only when the bound on the bad
+    side is within the limit (:func:`judge` of that bound) and fails only when the bound on the good
+    side is past it; its value, the point estimate, lies between them. A ``fail`` within
+    :data:`ROUNDING` of its limit stands (the figure was rounded after it was judged)."""
+    if direction == "exact":  # a count equals its limit; a description (a string, a list) is not judged
+        if not (_number(value) and _number(limit)):
+            return True
+        return judge(value, limit, direction) == (status == "pass")
+    if not _number(limit):
+        return status == "fail"  # an ordered limit that is not a number cannot be met, only missed
+    bounds = _bounds(evidence)
+    worse, better = (1, 0) if direction == "lower_is_better" else (0, 1)  # which bound is on which side
+    if status == "pass":
+        figures = [value] + ([bounds[worse]] if bounds else [])
+        return all(_number(x) and judge(x, limit, direction) for x in figures)
+    slack = ROUNDING + 1e-9 * abs(limit)
+    edge = limit - slack if direction == "lower_is_better" else limit + slack
+    figure = bounds[better] if bounds else value
+    return not _number(figure) or not judge(figure, edge, direction) or figure == edge
+
+
+def misjudged(check: _Check) -> str | None:
+    """Why the check's status contradicts its own value, limit and direction, or None when it holds.
+
+    Only ``pass`` and ``fail`` with a limit are re-judged; ``error``, ``skip`` and ``blocked`` say the
+    check did not judge, and a check without a limit records a figure. A waived failure stays ``fail``
+    and is re-judged like any other. Every reader applies this to a record it loads, so a record whose
+    statuses were edited (a ``pass`` past its limit) cannot report ACCEPTED or be signed."""
+    status, limit = check.status, getattr(check, "limit", None)
+    if status not in ("pass", "fail") or limit is None:
+        return None
+    value, direction = getattr(check, "value", None), getattr(check, "direction", "exact")
+    if _claim_holds(status, value, limit, direction, getattr(check, "evidence", None)):
+        return None
+    rel = {"lower_is_better": "<=", "higher_is_better": ">=", "exact": "=="}.get(direction, direction)
+    bounds = _bounds(getattr(check, "evidence", None))
+    judged = f" (confidence bounds {_short(bounds[0])} .. {_short(bounds[1])})" if bounds else ""
+    cid = str(check.id) if len(str(check.id)) <= 120 else str(check.id)[:119] + "…"
+    return (f"{cid} claims {status!r}, but its value {_short(value)}{judged} against its limit "
+            f"{rel} {_short(limit)} ({direction}) says otherwise")
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def not_applicable(check: _Check) -> bool:

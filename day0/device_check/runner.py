@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
+from day0.core.outputs import open_output, write_file
 from day0.core.record import EVENTS_FILE, RUN_FILE, Check, EventLog, jsonable, rebuild
 
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
@@ -137,11 +138,11 @@ class DeviceRun:
         data = text.encode("utf-8", errors="replace")
         if self._log_bytes + len(data) > MAX_FILE_BYTES:
             if self._log_bytes < MAX_FILE_BYTES:
-                with (self.out / LOG_FILE).open("ab") as fh:
+                with open_output(self.out / LOG_FILE, append=True) as fh:
                     fh.write(b"\n[device-check] log capped here; later text is on stderr only\n")
                 self._log_bytes = MAX_FILE_BYTES
             return
-        with (self.out / LOG_FILE).open("ab") as fh:
+        with open_output(self.out / LOG_FILE, append=True) as fh:
             fh.write(data)
         self._log_bytes += len(data)
 
@@ -149,9 +150,7 @@ class DeviceRun:
         """One of :data:`OUTPUT_FILES`, cut in the middle when it is over the cap (head and tail kept)."""
         if name not in OUTPUT_FILES:
             raise ValueError(f"{name}: not one of the device check's files {OUTPUT_FILES}")
-        path = self.out / name
-        path.write_bytes(capped(text, MAX_FILE_BYTES))
-        return path
+        return write_file(self.out / name, capped(text, MAX_FILE_BYTES))
 
     def write_json(self, name: str, data: Any) -> Path:
         return self.write_file(name, json.dumps(jsonable(data), indent=1) + "\n")

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from day0.core.outputs import write_file
 from day0.engine.handle import Completion, ViewUnavailable
 from day0.model.reference import greedy_reference
 
@@ -71,9 +72,7 @@ def write_golden(engine: Any, path: Path, *, model: str) -> Path:
     outs = engine.greedy(GOLDEN_PROMPTS, GOLDEN_TOKENS)
     data = {"model": model, "max_tokens": GOLDEN_TOKENS,
             "prompts": [{"prompt": p, "token_ids": o.token_ids, "text": o.text} for p, o in zip(GOLDEN_PROMPTS, outs)]}
-    path = Path(path)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_file(path, json.dumps(data, indent=2) + "\n")
 
 
 def greedy_logprobs(engine: Any, prompts: list[str], max_tokens: int, top_k: int) -> list[Completion]:
@@ -102,9 +101,7 @@ def write_reference_golden(model_dir: Path, path: Path, *, model: str, top_k: in
     data = {"model": model, "max_tokens": GOLDEN_TOKENS, "reference": "transformers cpu/float32", "top_k": top_k,
             "prompts": [{"prompt": r.prompt, "token_ids": r.tokens, "text": r.text, "sequence": r.to_dict()}
                         for r in refs]}
-    path = Path(path)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_file(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_golden(path: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from day0.config.profile import Profile
+from day0.core.outputs import open_output, replacing
 from day0.core.redact import Redactor
 from day0.engine.cluster.launchers import spawn
 from day0.engine.cluster.nodes import Cluster
@@ -193,7 +194,7 @@ class ServerEngine:
     def _start_local(self, model: str, port: int) -> None:
         cmd = self.command(model, port)
         self.log(f"starting vLLM server on 127.0.0.1:{port} (log: {self.log_path})")
-        with self.log_path.open("wb") as fh:
+        with open_output(self.log_path) as fh:
             fh.write(("$ " + " ".join(self.redactor.argv(cmd)) + "\n").encode())
             fh.flush()
             proc = subprocess.Popen(
@@ -336,8 +337,6 @@ def scrub_log(path: Path, redactor: Redactor) -> None:
     """
     if not path.is_file():
         return
-    tmp = path.with_name(path.name + ".scrub")
-    with path.open("r", encoding="utf-8", errors="replace") as src, tmp.open("w", encoding="utf-8") as dst:
+    with path.open("r", encoding="utf-8", errors="replace") as src, replacing(path) as dst:
         for line in src:
-            dst.write(redactor.text(line))
-    tmp.replace(path)
+            dst.write(redactor.text(line).encode("utf-8"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from day0.core.inputs import term_safe
 from day0.core.record import Check, measured
 from day0.model.plan_model import Plan
 from day0.model.ranks import GIB
@@ -115,7 +116,7 @@ def format_table(p: Plan) -> str:
     lines.append("")
     for row in cells:
         lines.append("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
-    return "\n".join(lines)
+    return "\n".join(term_safe(line) for line in lines)  # config.json's architecture, notes: untrusted text
 
 
 def plan_checks(p: Plan) -> list[Check]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from day0.config.tiny import TinySpec
+from day0.core.outputs import write_file
 from day0.model.tiny_archs import model_config, weights
 
 BUILDER_VERSION = 3  # 3: a chat template with tool and reasoning sections; <think> and </think> tokens
@@ -99,7 +100,7 @@ def build(spec: TinySpec, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(spec)
     vocab = tokenizer.get_vocab_size()
-    tokenizer.save(str(out_dir / "tokenizer.json"))
+    write_file(out_dir / "tokenizer.json", tokenizer.to_str(pretty=True))  # what tokenizer.save writes
     bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
     _write_json(out_dir / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -138,12 +139,7 @@ def write_manifest(model_dir: Path) -> Path:
         files[name] = {"size": (model_dir / name).stat().st_size, "sha256": digest.hexdigest()}
     doc = {"format": "day0-manifest", "version": 1, "algorithm": "sha256", "created_by": "day0.model.tiny",
            "files": files}
-    path = model_dir / MANIFEST_NAME
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=model_dir)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_file(model_dir / MANIFEST_NAME, json.dumps(doc, indent=1) + "\n")
 
 
 def _corpus(seed: int, sentences: int = 3000) -> list[str]:
@@ -170,7 +166,7 @@ def _train_tokenizer(spec: TinySpec):
 
 def _write_shards(tensors: dict[str, Any], out_dir: Path, num_shards: int) -> None:
     """Split in insertion order into shards of roughly equal bytes, as HF's sharding does."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     names = list(tensors)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -188,7 +184,7 @@ def _write_shards(tensors: dict[str, Any], out_dir: Path, num_shards: int) -> No
     weight_map: dict[str, str] = {}
     for k, group in enumerate(groups, 1):
         fname = f"model-{k:05d}-of-{num_shards:05d}.safetensors"
-        save_file({n: tensors[n] for n in group}, str(out_dir / fname), metadata={"format": "pt"})
+        write_file(out_dir / fname, save({n: tensors[n] for n in group}, metadata={"format": "pt"}))  # save_file's bytes
         weight_map.update({n: fname for n in group})
     _write_json(out_dir / "model.safetensors.index.json", {
         "metadata": {"total_size": total},
@@ -197,4 +193,4 @@ def _write_shards(tensors: dict[str, Any], out_dir: Path, num_shards: int) -> No
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

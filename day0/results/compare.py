@@ -15,18 +15,19 @@ failed check there rejects the run like any other.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from day0.core.inputs import InputError, refusal, term_safe
 from day0.core.numbers import whole_number
+from day0.core.outputs import write_file
 from day0.core.record import RUN_FILE, Check, RecordError, RunRecord, load, one_line
 from day0.core.stages import REGRESSION_STAGE
+from day0.core.terminal import Terminal
 from day0.results import history
 from day0.results.regression import (
     CompareError,
@@ -209,14 +210,18 @@ def _error_check(message: str, evidence: dict[str, Any] | None = None) -> Check:
 
 def nightly_checks(
     record: RunRecord, out_dir: Path, spec: str | Sequence[str], log: Callable[[str], None],
+    profile: Mapping[str, Any] | None = None,
 ) -> tuple[list[Check], str | None]:
     """The regression stage's checks for a finished run, and a note for the run record (what
-    limits the verdict, or why nothing was compared). Never raises: a comparison that cannot
-    be made is an ``error`` check (the job asked for it), a bug in it too."""
+    limits the verdict, or why nothing was compared). The history is the one ``profile`` (the
+    run's local profile, resolved; the defaults when None) names, never the record's copy.
+    Never raises: a comparison that cannot be made is an ``error`` check (the job asked for
+    it), a bug in it too."""
     specs = [spec] if isinstance(spec, str) else list(spec)
     try:
         settings = settings_for(record)
-        folder = history.folder_for(history.history_root(record.profile, Path(out_dir)), record)
+        folder = history.folder_for(history.history_root(profile, Path(out_dir)), record,
+                                    str(history.compare_section(profile).get("machine") or ""))
         found = resolve_baselines(specs, record, folder, settings.history_runs)
         if found is None:
             msg = f"no {specs[0]} run in {folder} yet; nothing compared (this run starts the history)"
@@ -260,17 +265,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"history_runs": args.runs})
     folder = Path(".")
     if any(b in history.BASELINE_KEYWORDS for b in args.baseline):
-        run_file = run_path / RUN_FILE if run_path.is_dir() else run_path
-        root = Path(args.history) if args.history else history.history_root(run.profile, run_file.parent.parent)
+        root = Path(args.history) if args.history else history.default_root(run_path)  # never the record's
         folder = history.folder_for(root, run, args.machine or "")
     found = resolve_baselines(args.baseline, run, folder, settings.history_runs)
     if found is None:
         raise CompareError(f"no {args.baseline[0]} run in {folder}; give --baseline PATH, or store a run first")
     result = judge_history(found.runs, run, settings, found.label)
     result.notes += found.skipped
-    print(format_table(result, show_all=args.all))
+    term = Terminal()  # records may come from anywhere (an older day0, another site): redacted again
+    term.block(format_table(result, show_all=args.all))
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
+        write_file(args.json, term.json(result.to_dict(), indent=1, by_key=False) + "\n")
     return result.exit_code
 
 
@@ -293,7 +298,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", required=True, action="append", metavar="PATH|latest-accepted|latest",
                    help="earlier run folder or run.json (repeatable: a history of that many runs), or the last "
                         "compare.history_runs (accepted) runs in the history")
-    p.add_argument("--history", help="history folder (default: the profile's compare.history_dir beside the run)")
+    p.add_argument("--history", help="history folder (default: history/ beside the run's folder; never the "
+                                     "folder the record names)")
     p.add_argument("--machine", help="history machine folder (default: derived from the recorded devices)")
     p.add_argument("--runs", type=whole_number(1), help="history runs to judge against (default: the profile's "
                                             "compare.history_runs, 5); fewer: gross changes only")

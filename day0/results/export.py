@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from day0.core.outputs import open_output
 from day0.core.record import RunRecord
 from day0.core.record_shape import STATUSES, VERDICTS
 from day0.results import summary
@@ -129,8 +130,8 @@ def markdown(record: RunRecord) -> str:
 def append_step_summary(record: RunRecord, path: Path) -> Path:
     """Append (the job summary file is shared by every step of the job, never replaced)."""
     path = Path(path)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(markdown(record))
+    with open_output(path, append=True) as f:  # a regular file: never through a link, never a FIFO
+        f.write(markdown(record).encode("utf-8"))
     return path
 
 

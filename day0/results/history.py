@@ -18,11 +18,9 @@ CI runners get a fresh host name every night.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +28,9 @@ from typing import Any
 
 from day0.config.compare import CompareSection
 from day0.core.inputs import InputError, refusal, term_safe
+from day0.core.names import file_name
 from day0.core.numbers import whole_number
+from day0.core.outputs import write_new
 from day0.core.record import RUN_FILE, RecordError, RunRecord, load, load_with_bytes
 
 _DEFAULTS = CompareSection()  # the [compare] defaults, for records made before a key existed
@@ -41,7 +41,9 @@ BASELINE_KEYWORDS = (LATEST_ACCEPTED, LATEST)
 NAME = re.compile(
     r"^(?P<number>\d{4,})_(?P<stamp>\d{8}T\d{6}Z)_(?P<commit>[0-9a-z]+(?:-dirty)?)_(?P<verdict>[a-z_]+)\.json$"
 )
-_SLUG = re.compile(r"[^a-z0-9.]+")
+# ASCII punctuation groups (folder names as they always were); other text is left to file_name,
+# which keeps two non-ASCII names apart with a hash.
+_SLUG = re.compile(r"[^a-z0-9.\x80-\U0010ffff]+")
 
 
 class HistoryError(InputError):
@@ -67,8 +69,11 @@ class Entry:
 
 
 def slug(text: str, limit: int = 80) -> str:
-    s = _SLUG.sub("-", str(text).lower()).strip("-.")
-    return (s[:limit].rstrip("-.") or "unknown")
+    """A history folder's name for ``text``: grouped without case or ASCII punctuation ("My Site"
+    and "my-site" share a folder, as they always have), made a file name by the one sanitiser
+    (:func:`day0.core.names.file_name`: one component, never ``..``, bounded; a name cut for
+    length or holding non-ASCII text keeps a hash of itself, so two such names stay apart)."""
+    return file_name(_SLUG.sub("-", str(text).lower()), limit)
 
 
 def machine_id(record: RunRecord, override: str = "") -> str:
@@ -113,10 +118,21 @@ def compare_section(profile: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def history_root(profile: Mapping[str, Any] | None, out_dir: Path) -> Path:
-    """``compare.history_dir`` from the resolved profile: absolute, or relative to the run folders' parent."""
+    """``compare.history_dir`` of the *local* profile (the one this run or command was started
+    with, resolved; ``{}`` or None for the default): absolute, or relative to the run folders'
+    parent. Never a stored record's profile: a record is data, and the folder it names would be
+    where a received run.json gets written (docs/record.md, "Names and paths")."""
     raw = compare_section(profile).get("history_dir") or DEFAULT_HISTORY_DIR
     p = Path(str(raw)).expanduser()
     return p if p.is_absolute() else Path(out_dir) / p
+
+
+def default_root(run_path: Path) -> Path:
+    """The history of a run named on a command line without ``--history``: ``history/`` in the
+    folder holding its run folder (where a run with the default profile keeps it), whatever the
+    record says."""
+    run_file = Path(run_path) / RUN_FILE if Path(run_path).is_dir() else Path(run_path)
+    return history_root(None, run_file.resolve().parent.parent)
 
 
 def folder_for(root: Path, record: RunRecord, machine: str = "") -> Path:
@@ -167,27 +183,17 @@ def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
     record, data = load_with_bytes(src)  # one read: what is stored is the record that was checked
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".incoming-{os.getpid()}-{slug(record.run_id[-16:])}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # a stale one; created anew below, never written through (a FIFO would block)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)), "wb") as fh:
-        fh.write(data)
-    try:
+    def names() -> Iterator[str]:  # listed afresh each try: another job may take a number in between
         for _ in range(attempts):
             existing = entries(folder)
-            number = (existing[-1].number + 1) if existing else 1
-            target = folder / entry_name(number, record)
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                continue  # another job took this number between listing and linking
-            m = NAME.match(target.name)
-            assert m is not None
-            return Entry(target, number, m["stamp"], m["commit"], m["verdict"])
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    raise HistoryError(f"{folder}: could not claim a history number after {attempts} attempts")
+            yield entry_name((existing[-1].number + 1) if existing else 1, record)
+
+    target = write_new(folder, names(), data, error=HistoryError)  # claimed whole, never replacing a file
+    if target is None:
+        raise HistoryError(f"{folder}: could not claim a history number after {attempts} attempts")
+    m = NAME.match(target.name)
+    assert m is not None
+    return Entry(target, int(m["number"]), m["stamp"], m["commit"], m["verdict"])
 
 
 def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
@@ -213,14 +219,18 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
     return list(reversed(out))
 
 
-def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], None]) -> Entry | None:
-    """End of a run: append its run.json to the history, unless the profile says
-    ``compare.history = false``. Never raises: a run that cannot be stored is a log line, not a
-    lost report."""
-    if not compare_section(record.profile).get("history", _DEFAULTS.history):
+def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], None],
+         profile: Mapping[str, Any] | None = None) -> Entry | None:
+    """End of a run: append its run.json to the history ``profile`` names (the run's own local
+    profile, resolved; the defaults when None), unless it says ``compare.history = false``. The
+    record's copy of the profile is not asked: where files go is never read from a record.
+    Never raises: a run that cannot be stored is a log line, not a lost report."""
+    local = compare_section(profile)
+    if not local.get("history", _DEFAULTS.history):
         return None
     try:
-        entry = store(Path(run_dir) / RUN_FILE, folder_for(history_root(record.profile, Path(out_dir)), record))
+        folder = folder_for(history_root(profile, Path(out_dir)), record, str(local.get("machine") or ""))
+        entry = store(Path(run_dir) / RUN_FILE, folder)
     except (OSError, RecordError, HistoryError) as exc:
         log(f"history: run not stored: {exc}")
         return None
@@ -231,21 +241,19 @@ def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], N
 # --------------------------------------------------------------------------- CLI
 
 
-def _root_for(args: argparse.Namespace, record: RunRecord | None, run_path: Path | None) -> Path:
-    if getattr(args, "history", None):
-        return Path(args.history)
-    if record is not None and run_path is not None:
-        run_file = run_path / RUN_FILE if run_path.is_dir() else run_path
-        return history_root(record.profile, run_file.parent.parent)
-    return Path("reports") / DEFAULT_HISTORY_DIR
-
-
 def _cmd_add(args: argparse.Namespace) -> int:
+    """Stores a run made elsewhere under ``--history`` (default :func:`default_root`), never where
+    the received record's ``compare.history_dir`` points (absolute, or ``../..``): it is said,
+    not followed. Its profile and machine become folder names only through :func:`slug`."""
     run = Path(args.run)
     record = load(run)
-    folder = folder_for(_root_for(args, record, run), record, args.machine or "")
-    e = store(run, folder)
+    root = Path(args.history) if args.history else default_root(run)
+    e = store(run, folder_for(root, record, args.machine or ""))
     print(term_safe(f"stored {run} as {e.path}"))
+    named = compare_section(record.profile).get("history_dir")
+    if named and not args.history and history_root(record.profile, root.parent) != root:
+        print(term_safe(f"note: the record names compare.history_dir {str(named)!r}; not used (a record "
+                        "names no paths): give --history to store elsewhere"))
     return 0
 
 
@@ -265,7 +273,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         es = entries(f)
         print(term_safe(f"{f.relative_to(root)}: {len(es)} runs"))
         for e in es[-args.last:] if args.last else es:
-            print(f"  {e.label:>6}  {e.stamp}  {e.commit:<18} {e.verdict:<11} {e.path.name}")
+            print(term_safe(f"  {e.label:>6}  {e.stamp}  {e.commit:<18} {e.verdict:<11} {e.path.name}"))  # record text
     return 0
 
 
@@ -292,6 +300,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     q.set_defaults(func=_guard("list", _cmd_list))
     q = sub.add_parser("add", help="store a run in the history (the pytest plugin does this at the end of each run)")
     q.add_argument("run", help="run folder or run.json")
-    q.add_argument("--history", help="history folder (default: the profile's compare.history_dir beside the run)")
+    q.add_argument("--history", help="history folder (default: history/ beside the run's folder; never the "
+                                     "folder the record names)")
     q.add_argument("--machine", help="machine folder name (default: derived from the recorded devices)")
     q.set_defaults(func=_guard("add", _cmd_add))

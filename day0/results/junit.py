@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from day0.core.inputs import replace_file
+from day0.core.outputs import write_file
 from day0.core.record import Check, RunRecord
 
 # XML 1.0 forbids most control characters; an engine log excerpt may well contain them.
@@ -127,4 +127,4 @@ def write_junit(record: RunRecord, path: Path) -> Path:
     ET.indent(tree)
     buf = io.BytesIO()
     tree.write(buf, encoding="utf-8", xml_declaration=True)
-    return replace_file(path, buf.getvalue())
+    return write_file(path, buf.getvalue())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,14 +23,17 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
+from jinja2.loaders import split_template_path
 from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
-from day0.core.inputs import InputError, refusal, replace_file, term_safe
+from day0.core.inputs import InputError, decode_utf8, read_regular, refusal, term_safe
+from day0.core.outputs import write_file
 from day0.core.record import Check, RunRecord, load_with_bytes, record_file
 from day0.core.stages import REGRESSION_STAGE, StageInfo
 from day0.core.verdict import waiver_for, waivers_of
 from day0.results import charts, summary, trends
+from day0.results.anchors import Anchors
 from day0.results.compare import SUMMARY_ID
 from day0.results.junit import write_junit
 from day0.results.signoff import (
@@ -55,6 +59,7 @@ KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
 MAX_TABLE_ROWS = 500
 MAX_LOG_CHARS = 20_000
 MAX_JSON_CHARS = 16_000
+MAX_TEMPLATE_BYTES = 4 << 20  # a site template is a few KB; a file past this is not one
 DIRECTION_SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
 
 
@@ -199,17 +204,13 @@ def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
 
 def stage_views(record: RunRecord) -> list[StageView]:
     infos = summary.stage_infos(record)
-    seen: set[str] = set()
+    anchors = Anchors()
     waivers = waivers_of(record.profile)
     out = []
     for s in record.stages:
         views = []
         for c in s.checks:
-            anchor = "check-" + _slug(c.id)
-            while anchor in seen:
-                anchor += "-x"
-            seen.add(anchor)
-            view = check_view(s.name, c, anchor)
+            view = check_view(s.name, c, anchors.claim("check-" + _slug(c.id)))
             waiver = waiver_for(c, waivers, record.started_at)
             view.waiver = waiver.reason if waiver else None
             views.append(view)
@@ -292,11 +293,12 @@ FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Signatory], title: str | None,
-                  run_file: Path | None = None) -> dict:
+                  run_file: Path | None = None, history: Path | None = None) -> dict:
     """Everything the templates may use; templates hold no logic beyond loops and blocks. With
-    ``run_file``, earlier runs in the history beside it give the headline figures their trends."""
-    first = summary.summarize(record, trends.history_runs(record, run_file) if run_file else (),
-                              trends.baseline_run_id(record))
+    ``run_file``, earlier runs in the history (``history``, else the default beside it) give the
+    headline figures their trends."""
+    past = trends.history_runs(record, run_file, root=history) if run_file else ()
+    first = summary.summarize(record, past, trends.baseline_run_id(record))
     both = {"environment": record.environment or {}, "profile": record.profile or {}}
     facts = [(label, _summary(v) if (v := lookup(both, *paths)) is not None else "—") for label, paths in FACTS]
     model = lookup(both, *dict(FACTS)["Model"])
@@ -344,13 +346,37 @@ def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Sig
     }
 
 
+class FolderLoader(jinja2.BaseLoader):
+    """Templates from one folder, read only inside it. The sandbox stops a template running code,
+    not reading files: ``{% include %}`` of a symlink to ``/etc/shadow`` or a private key would put
+    that file in the page. A template whose real path leaves the folder (a link, of the file or of
+    a folder on the way) is refused naming both, and only a regular file is read (a FIFO would
+    hang the render)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.root = self.folder.resolve()
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Callable[[], bool]]:
+        path = self.folder.joinpath(*split_template_path(template))
+        if not os.path.lexists(path):
+            raise jinja2.TemplateNotFound(template)
+        real = path.resolve()
+        if not real.is_relative_to(self.root):
+            raise ReportError(f"{path}: template leaves its folder {self.folder} (it resolves to {real}); not read")
+        data = read_regular(real, "template", MAX_TEMPLATE_BYTES, ReportError, label=str(path))
+        return decode_utf8(data, str(path), ReportError), str(path), lambda: True
+
+
 def _environment(template_dir: Path | None) -> jinja2.Environment:
-    builtin = jinja2.FileSystemLoader(str(TEMPLATES))
+    """Site templates come only from ``template_dir`` as the caller got it (a command line or the
+    local profile), never from the record being rendered (docs/report.md, "Site templates")."""
+    builtin = FolderLoader(TEMPLATES)
     loaders: list[jinja2.BaseLoader] = []
     if template_dir is not None:
         if not Path(template_dir).is_dir():
             raise ReportError(f"{template_dir}: template directory not found")
-        loaders.append(jinja2.FileSystemLoader(str(template_dir)))
+        loaders.append(FolderLoader(Path(template_dir)))
     loaders += [builtin, jinja2.PrefixLoader({"day0": builtin})]
     env = SandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
@@ -377,8 +403,9 @@ def render(
 ) -> Path:
     """Render run.json (file or run folder) to ``out`` (a file, or a folder that gets report.html).
 
-    ``signatories`` default to the profile's ``[report] signatories``; ``template_dir`` to its
-    ``[report] template_dir``. Returns the path written.
+    ``signatories`` default to the profile's ``[report] signatories``; ``template_dir`` to the
+    built-in templates only (a record's ``[report] template_dir`` names no files). Returns the
+    path written.
     """
     src = _record_file(record_path)
     record, run_bytes = load_with_bytes(src)  # one read: the digest is of the record rendered
@@ -388,12 +415,10 @@ def render(
 def _render(
     record: RunRecord, run_bytes: bytes, src: Path, out: Path, template_dir: Path | None,
     signatories: Iterable[Signatory | str | Mapping[str, str]] | None, *, title: str | None = None,
+    history: Path | None = None,
 ) -> Path:
-    rep = record.profile.get("report") if isinstance(record.profile, dict) else None
-    if template_dir is None and isinstance(rep, dict) and rep.get("template_dir"):
-        template_dir = Path(str(rep["template_dir"]))
     env = _environment(Path(template_dir) if template_dir is not None else None)
-    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title, src)
+    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title, src, history)
     try:
         html = env.get_template(DEFAULT_TEMPLATE).render(ctx)
     except jinja2.TemplateError as exc:
@@ -413,7 +438,7 @@ def _render(
     if parsed.run_bytes != run_bytes:
         raise ReportError(f"{src}: embedded run record does not round-trip; report not written")
     out.parent.mkdir(parents=True, exist_ok=True)
-    return replace_file(out, html.encode("utf-8"))
+    return write_file(out, html)
 
 
 # --------------------------------------------------------------------------- summary / publish
@@ -455,13 +480,15 @@ def publish(
     out_dir: Path | None = None,
     template_dir: Path | None = None,
     signatories: Iterable[Any] | None = None,
+    history: Path | None = None,
 ) -> dict[str, Path]:
-    """report.html and junit.xml next to run.json (or in ``out_dir``); returns the three paths."""
+    """report.html and junit.xml next to run.json (or in ``out_dir``); returns the three paths.
+    ``template_dir`` and ``history`` are the caller's (its local profile's), never the record's."""
     src = _record_file(record_path)
     record, run_bytes = load_with_bytes(src)  # the page and junit.xml are views of the same bytes
     out_dir = Path(out_dir) if out_dir is not None else src.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    html = _render(record, run_bytes, src, out_dir / REPORT_FILE, template_dir, signatories)
+    html = _render(record, run_bytes, src, out_dir / REPORT_FILE, template_dir, signatories, history=history)
     junit = write_junit(record, out_dir / JUNIT_FILE)
     return {"run record": src, "report": html, "junit": junit}
 
@@ -478,6 +505,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     junit = write_junit(record, Path(args.junit) if args.junit else html.parent / JUNIT_FILE)
     for line in summary_lines(record, {"run record": src, "report": html, "junit": junit}):
         print(line)
+    rep = record.profile.get("report") if isinstance(record.profile, dict) else None
+    named = rep.get("template_dir") if isinstance(rep, dict) else None
+    if named and not args.template_dir:  # said, not followed: the record is data
+        print(term_safe(f"note: the record names [report] template_dir {str(named)!r}; not used (a record "
+                        "names no paths): give --template-dir to use site templates"))
     return 0
 
 

@@ -33,7 +33,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from day0.core.inputs import InputError, open_regular, read_regular, replace_file, strict_json, term_safe
+from day0.core.inputs import InputError, open_regular, read_regular, strict_json, term_safe
+from day0.core.outputs import write_file, write_new
 from day0.core.record import MAX_RECORD_BYTES, RecordError, RunRecord, parse_record, utcnow
 from day0.results.summary import verdict_line
 
@@ -47,6 +48,7 @@ SIGS_ID = "day0-signatures-data"
 PASSPHRASE_ENV = "DAY0_SIGNING_KEY_PASSPHRASE"
 EMBED_TEXT_MAX = 1 << 20  # larger records are embedded gzip+base64 (run.json's indentation compresses ~5x)
 DECODE_MAX = MAX_RECORD_BYTES  # a forged report cannot make verify inflate more than a record may hold
+INFLATE_PIECE = 4 << 20  # inflated per step, so a bomb is stopped at the cap, not after it
 MAX_REPORT_BYTES = MAX_RECORD_BYTES  # a record over 1 MiB is embedded gzip'd (~1/5), plus the page
 MAX_KEY_BYTES = 64 << 10  # an Ed25519 PEM is ~120 bytes; an encrypted one a few hundred
 
@@ -151,19 +153,34 @@ def decode_run(encoding: str, payload: str) -> bytes:
             raw = base64.b64decode(payload.encode("ascii"), validate=True)
         except (binascii.Error, UnicodeEncodeError) as exc:
             raise SignoffError(f"embedded run record: bad base64 ({exc})") from None
-        if encoding == "base64":
-            return raw
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = inflater.decompress(raw, DECODE_MAX)
-        except zlib.error as exc:
-            raise SignoffError(f"embedded run record: bad gzip data ({exc})") from None
-        if inflater.unconsumed_tail:
-            raise SignoffError(f"embedded run record: inflates beyond {DECODE_MAX} bytes")
+        return raw if encoding == "base64" else _inflate(raw, DECODE_MAX)
+    raise SignoffError(f"embedded run record: unknown encoding {encoding!r}")
+
+
+def _inflate(raw: bytes, cap: int) -> bytes:
+    """gzip data inflated a piece at a time, to at most ``cap`` bytes. Why in pieces: a forged
+    report of under a megabyte can claim a gigabyte, and asking zlib for it at once fails (or the
+    machine does) before the cap is ever compared; here the cap, or the memory running out, is
+    one line."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out, data = bytearray(), raw
+    try:
+        while not inflater.eof:
+            piece = inflater.decompress(data, min(INFLATE_PIECE, cap + 1 - len(out)))
+            data = inflater.unconsumed_tail
+            if not piece and not data:
+                break  # the input ran out before the gzip stream ended
+            out += piece
+            if len(out) > cap:
+                raise SignoffError(f"embedded run record: inflates beyond {cap} bytes")
         if not inflater.eof:
             raise SignoffError("embedded run record: gzip data is truncated")
-        return out
-    raise SignoffError(f"embedded run record: unknown encoding {encoding!r}")
+        return bytes(out)
+    except zlib.error as exc:
+        raise SignoffError(f"embedded run record: bad gzip data ({exc})") from None
+    except MemoryError:
+        raise SignoffError(f"embedded run record: inflates beyond the memory available "
+                           f"({len(out) >> 20} MiB inflated when it ran out)") from None
 
 
 def _script_json(obj: Any) -> str:
@@ -285,7 +302,10 @@ def parse_report(path: Path, html: str | None = None) -> ParsedReport:
         raise SignoffError(f"{path}: sign-off block: format: expected {FORMAT!r}")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise SignoffError(f"{path}: signature list: expected a list of objects")
-    run_bytes = decode_run(run_m.group(1), run_m.group(2))
+    try:
+        run_bytes = decode_run(run_m.group(1), run_m.group(2))
+    except SignoffError as exc:  # name the report: a bad record inside it is the report's problem
+        raise SignoffError(f"{path}: {exc}") from None
     return ParsedReport(path, html, run_bytes, run_m.group(1), signoff, entries, (a, b))
 
 
@@ -303,7 +323,7 @@ def keygen(directory: Path, name: str = "day0_ed25519") -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     priv_path, pub_path = directory / f"{name}.pem", directory / f"{name}.pub.pem"
     for p in (priv_path, pub_path):
-        if p.exists():
+        if os.path.lexists(p):  # a dangling link too: neither key is written when either name is taken
             raise SignoffError(f"{p}: already exists; refusing to overwrite a key")
     key = Ed25519PrivateKey.generate()
     priv_pem = key.private_bytes(
@@ -312,13 +332,11 @@ def keygen(directory: Path, name: str = "day0_ed25519") -> tuple[Path, Path]:
     pub_pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, priv_pem)
-    finally:
-        os.close(fd)
-    pub_path.write_bytes(pub_pem)
+    # Claimed whole (mode 0600 from its first byte) or not at all: an existing key is never replaced.
+    if write_new(directory, [priv_path.name], priv_pem, mode=0o600, error=SignoffError) is None:
+        raise SignoffError(f"{priv_path}: already exists; refusing to overwrite a key")
+    if write_new(directory, [pub_path.name], pub_pem, error=SignoffError) is None:
+        raise SignoffError(f"{pub_path}: already exists; refusing to overwrite a key")
     return priv_path, pub_path
 
 
@@ -451,7 +469,7 @@ def sign_report(report: Path, key_path: Path, signer: Signatory, *, allow_reject
         entry["despite_verdict"] = verdict
     entry["signature"] = base64.b64encode(key.sign(signed_message(entry))).decode("ascii")
     html = rep.with_entries([*rep.entries, entry])
-    replace_file(Path(report), html.encode("utf-8"), mode=stat.S_IMODE(Path(report).stat().st_mode))
+    write_file(report, html, error=SignoffError)  # keeps the report's mode
     return entry
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from day0.core.record import RunRecord
 from day0.results.compare import SUMMARY_ID
-from day0.results.history import HistoryError, folder_for, history_root, recent
+from day0.results.history import HistoryError, default_root, folder_for, recent
 from day0.results.summary import Headline, fmt
 
 TREND_RUNS = 10
@@ -34,11 +34,12 @@ def baseline_run_id(record: RunRecord) -> str:
     return ""
 
 
-def history_runs(record: RunRecord, run_file: Path, n: int = TREND_RUNS) -> list[RunRecord]:
-    """Earlier stored runs of this profile and machine, oldest first (this run excluded). The
-    history lives beside the run folders (``compare.history_dir``); none there means no trend."""
+def history_runs(record: RunRecord, run_file: Path, n: int = TREND_RUNS, root: Path | None = None) -> list[RunRecord]:
+    """Earlier stored runs of this profile and machine, oldest first (this run excluded), from
+    ``root`` (the local profile's history, which the run passes) or else the default beside the
+    run folders; never a folder the record names. None there means no trend."""
     try:
-        root = history_root(record.profile, Path(run_file).resolve().parent.parent)
+        root = root if root is not None else default_root(run_file)
         return [r for _, r in recent(folder_for(root, record), n - 1, exclude_run_id=record.run_id)]
     except (OSError, HistoryError):
         return []

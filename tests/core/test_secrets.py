@@ -23,6 +23,7 @@ from day0.core.redact import REDACTED, Redactor, is_secret_key
 from day0.engine.process import die_with_parent, stop_process_group
 from day0.engine.server import free_port, scrub_log
 from tests.support import REPO
+from tests.support.hostile import leaks
 
 SUITES = REPO / "day0" / "suites"
 
@@ -31,16 +32,6 @@ KEY = "sk-day0canary-KEYf00d"  # the deployment's API key, in the variable api_k
 HF = "hf_day0canaryTOKENbeef"  # engine.env.HF_TOKEN
 ARG = "sk-day0canary-ARGcafe"  # engine.args.api_key through --day0-set
 DASHED = "day0canary-DASHED-7e7e"  # a dashed key name in a profile table ("hf-token")
-
-
-def leaks(root: Path, canaries: list[str]) -> list[str]:
-    """Every (file, canary) pair where a file under ``root`` holds a canary, symlinks not followed."""
-    found = []
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            data = path.read_bytes()
-            found += [f"{path.relative_to(root)}: {c}" for c in canaries if c.encode() in data]
-    return found
 
 
 # --------------------------------------------------------------------------- the redactor itself

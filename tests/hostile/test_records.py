@@ -194,6 +194,7 @@ SHAPE_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], tuple[str, ...]]] 
     "schema-true": (_set(("schema_version",), True), ("schema_version",)),
     "duplicate-stage": (lambda d: d["stages"].append(dict(d["stages"][0])), ("stages[4].name", "again")),
     "accepted-but-a-check-failed": (lambda d: (_set(("stages", 2, "checks", 0, "status"), "fail")(d),
+                                               _set(("stages", 2, "checks", 0, "value"), 2500.0)(d),  # a real miss
                                                _set(("stages", 2, "verdict"), "fail")(d)),
                                     ("verdict: 'accepted', but its checks give 'rejected'", "contradicts")),
     "stage-pass-but-errored": (_set(("stages", 0, "checks", 1, "status"), "error"), ("stages[0].verdict: 'pass'",)),
@@ -250,12 +251,14 @@ def test_every_command_that_reads_a_record_refuses_the_same_way(tmp_path: Path, 
     hostile.refused(out, bad, problem="stages: expected a list")
 
 
-def test_report_outputs_that_are_fifos_are_replaced_not_written_into(tmp_path: Path) -> None:
+def test_report_outputs_that_are_fifos_are_refused_not_written_into(tmp_path: Path) -> None:
+    """Neither written into (a FIFO nobody reads blocks for ever) nor silently replaced: one line
+    naming it (day0/core/outputs.py: a write replaces only a regular file)."""
     run = rf.write(rf.accepted(), tmp_path / "run")
     html, junit = _fifo(tmp_path / "out" / "r.html"), _fifo(tmp_path / "out" / "j.xml")
-    out = hostile.day0("report", run, "--out", html, "--junit", junit)
-    assert out.code == 0, out.explain()
-    assert html.is_file() and junit.is_file() and not list(html.parent.glob(".*.tmp"))
+    hostile.refused(hostile.day0("report", run, "--out", html, "--junit", junit), html, problem="FIFO")
+    assert not list(html.parent.glob(".*.tmp"))
+    hostile.refused(hostile.day0("report", run, "--junit", junit), junit, problem="FIFO")
 
 
 def test_a_baseline_that_is_a_report_not_a_run_record_is_refused(tmp_path: Path) -> None:
@@ -269,18 +272,16 @@ def test_a_baseline_that_is_the_run_itself_is_unusable_not_a_regression(tmp_path
     hostile.refused(hostile.day0("compare", run, "--baseline", run), "run-baseline", problem="this run itself")
 
 
-def test_a_record_cannot_make_report_run_code_through_its_template_dir(tmp_path: Path) -> None:
-    """``[report] template_dir`` is honoured from the record's profile; templates are sandboxed,
-    so a hostile run.json pointing at a hostile template cannot reach Python."""
+def test_a_site_template_cannot_run_code(tmp_path: Path) -> None:
+    """Templates are sandboxed, so a hostile template in a ``--template-dir`` cannot reach Python
+    (a record's own ``[report] template_dir`` is not used at all: tests/hostile/test_record_paths.py)."""
     site = tmp_path / "site"
     site.mkdir()
     pwned = tmp_path / "pwned"
     (site / "report.html.j2").write_text(
         "{{ cycler.__init__.__globals__.os.system('touch " + str(pwned) + "') }}", encoding="utf-8")
-    record = rf.accepted()
-    record.profile["report"] = {"template_dir": str(site)}
-    run = rf.write(record, tmp_path / "run")
-    hostile.refused(hostile.day0("report", run), "report.html.j2", problem="template error")
+    run = rf.write(rf.accepted(), tmp_path / "run")
+    hostile.refused(hostile.day0("report", run, "--template-dir", site), "report.html.j2", problem="template error")
     assert not pwned.exists()
 
 
@@ -425,7 +426,7 @@ REBUILD_CASES: dict[str, tuple[Callable[[Path], None], str, tuple[str, ...]]] = 
     "events-newer-schema": (_events_newer, "events.jsonl:1", ("schema_version 99 is newer", "(1)")),
     "events-without-start": (_events_no_start, "events.jsonl", ("no run_started",)),
     "events-missing": (_events_missing, "events.jsonl", ("not found",)),
-    "run-json-a-folder": (_events_run_json_a_folder, "run.json", ("cannot be written",)),
+    "run-json-a-folder": (_events_run_json_a_folder, "run.json", ("is a directory", "nothing written")),
     "run-dir-a-file": (_events_run_dir_a_file, "events.jsonl", ("not a directory",)),
 }
 

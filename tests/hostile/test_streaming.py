@@ -191,7 +191,7 @@ def test_the_api_key_is_sent_and_never_printed(server, tmp_path):
 
 
 @pytest.mark.parametrize("flag,value,problem", [
-    ("--num-requests", "-1", "num_requests"),
+    ("--num-requests", "-1", "--num-requests"),
     ("--concurrency", "-1", "concurrency"),
     ("--rate", "0", "request_rate"),
     ("--input-len", "9:3", "input_len"),

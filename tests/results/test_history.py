@@ -42,7 +42,7 @@ def test_store_appends_numbered_byte_identical_copies(tmp_path):
     for src, e in stored:
         assert e.path.read_bytes() == src.read_bytes()  # the signed report's digest still matches
     assert [e.verdict for e in history.entries(folder)] == ["accepted", "rejected", "accepted"]
-    assert not list(folder.glob(".incoming-*"))  # no temporary file left behind
+    assert not list(folder.glob(".*.tmp"))  # no temporary file left behind
 
 
 def test_store_never_replaces_a_number_taken_meanwhile(tmp_path):
@@ -170,9 +170,10 @@ def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
     entry = history.keep(rec, run_dir, out, logged.append)
     assert entry is not None and entry.path.parent == history.folder_for(out / "history", rec)
     assert entry.path.read_bytes() == (run_dir / "run.json").read_bytes() and "stored as" in logged[-1]
+    local = {"compare": {"history": False}}  # the run's own profile decides, never the record's copy
+    assert history.keep(rec, run_dir, out, logged.append, local) is None and len(history.entries(entry.path.parent)) == 1
     rec.profile = {**rec.profile, "compare": {"history": False}}
-    assert history.keep(rec, run_dir, out, logged.append) is None and len(history.entries(entry.path.parent)) == 1
-    rec.profile = {**rec.profile, "compare": {"history": True}}
+    assert history.keep(rec, run_dir, out, logged.append) is not None  # what the record says is data
     assert history.keep(rec, tmp_path / "no-such-run", out, logged.append) is None  # a log line, not a crash
     assert "run not stored" in logged[-1]
 

@@ -19,7 +19,9 @@ def plan_check(verdict: str = "fits_one_node", tp: int = 2, pp: int = 1, smalles
 
 
 def busbw(op: str, value: float, expected: float, status: str = "pass") -> Check:
-    c = measured(f"collectives.{op}.busbw", f"{op} busbw", value, 0.8 * expected, unit="GB/s",
+    # a pass line of half the expected busbw, so the statuses these records carry follow from their figures
+    # (a record re-judges every status when it is loaded: docs/record.md)
+    c = measured(f"collectives.{op}.busbw", f"{op} busbw", value, 0.5 * expected, unit="GB/s",
                  direction="higher_is_better", evidence={"expected_gbps": expected})
     c.status = status
     return c

@@ -12,6 +12,7 @@ names the input and the problem (no traceback, no second line to scroll for).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 # "Did not run away" ceilings. torch is never imported by a refusal path; 1 GiB of address space
 # is ~25x what `day0` needs to refuse, and far below what an unbounded loop reaches.
@@ -47,22 +48,38 @@ class Outcome:
                 f"--- stderr ---\n{self.stderr[-3000:]}\n--- stdout ---\n{self.stdout[-2000:]}")
 
 
-def _limit(mem_mb: int):
+def _limit(mem_mb: int, then: Callable[[], None] | None = None):
     def apply() -> None:
         cap = mem_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if then is not None:
+            then()
     return apply
 
 
+def read_only_as_root() -> None:
+    """For ``preexec``: a root child loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from
+    its bounding set, so the exec'd interpreter never has them), and permission bits stop it as they
+    stop anyone: how a case tests a read-only folder when the suite runs as root. No-op otherwise."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
 def run(argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-        mem_mb: int = MEM_MB, timeout_s: float = TIMEOUT_S, stdin: str | None = None) -> Outcome:
-    """Run ``argv`` under the bounds; a timeout is a test failure naming the case, never a hang."""
+        mem_mb: int = MEM_MB, timeout_s: float = TIMEOUT_S, stdin: str | None = None,
+        preexec: Callable[[], None] | None = None) -> Outcome:
+    """Run ``argv`` under the bounds; a timeout is a test failure naming the case, never a hang.
+    ``preexec`` runs in the child before the exec, after the bounds (a case that drops a privilege)."""
     full_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "NO_COLOR": "1", **(env or {})}
     started = time.monotonic()
     try:
         proc = subprocess.run(list(argv), cwd=cwd, env=full_env, capture_output=True, text=True,
-                              errors="replace", timeout=timeout_s, preexec_fn=_limit(mem_mb),
+                              errors="replace", timeout=timeout_s, preexec_fn=_limit(mem_mb, preexec),
                               input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"{' '.join(argv)}: still running after {timeout_s:.0f}s "
@@ -78,6 +95,18 @@ def day0(*args: str | Path, **kw) -> Outcome:
 def pytest_day0(*args: str | Path, **kw) -> Outcome:
     """``pytest -m day0 ARGS`` (the plugin path: profile options, collection, the run record)."""
     return run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)], **kw)
+
+
+def leaks(root: Path, canaries: Iterable[str]) -> list[str]:
+    """Every (file, canary) pair where a file under ``root`` holds a canary, symlinks not followed:
+    the canary test's one reading of a run's files (events.jsonl, run.json, the report, junit, the
+    history copy, engine and collect_env logs), byte for byte."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            found += [f"{path.relative_to(root)}: {c}" for c in canaries if c.encode() in data]
+    return found
 
 
 def refused(out: Outcome, *names: str | Path, code: int = USAGE, problem: str | Iterable[str] = ()) -> str:

@@ -68,6 +68,11 @@ class Script:
     # request holds one for its whole schedule and the server sustains slots / service time req/s
     # (see :func:`capacity`); past it the queue, and every TTFT, grows without bound. 0: no limit.
     slots: int = 0
+    # Refuse every generation request with this HTTP status (0: serve it), with a body quoting what the
+    # client sent: ``{authorization}`` becomes its Authorization header, as a server echoing a bad key does.
+    reject_status: int = 0
+    reject_body: str = '{"error": "invalid credentials: {authorization}"}'
+    model_id: str = "scripted"  # what /v1/models lists (a hostile id: escape sequences, newlines)
 
 
 def schedule(script: Script, index: int, max_tokens: int) -> list[tuple[float, int]]:
@@ -215,6 +220,9 @@ def build_app(script: Script):
                                  "error": err, "authorization": request.headers.get("Authorization")}
         state["log"].append(entry)
         request["entry"] = entry
+        if sc.reject_status:
+            body_text = sc.reject_body.replace("{authorization}", request.headers.get("Authorization", ""))
+            return web.Response(status=sc.reject_status, text=body_text, content_type="application/json")
         if err == "http500":
             return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -289,7 +297,7 @@ def build_app(script: Script):
         return web.Response(body=generate_latest(reg), content_type="text/plain")
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": state["script"].model_id, "object": "model"}]})
 
     async def set_script(request: web.Request) -> web.Response:
         state["script"] = Script(**(await request.json()))

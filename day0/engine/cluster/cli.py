@@ -10,11 +10,10 @@ Exit codes: 0 done, 1 nothing to act on, 2 unusable input (a profile, a host tha
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from day0.config.profile import ProfileError, deep_merge, load_profile, parse_override
+from day0.core.terminal import Terminal
 from day0.engine.cluster.netns import (
     STATE_DIR,
     EmulatedCluster,
@@ -49,6 +48,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
+    term = Terminal()
     try:
         if args.slurm:
             overrides = parse_override('topology.emulate.scheduler="slurm"')
@@ -56,30 +56,31 @@ def cmd_up(args: argparse.Namespace) -> int:
             overrides = deep_merge(overrides, parse_override(item))
         profile = load_profile(args.profile, overrides=overrides or None)
     except (ProfileError, ValueError) as exc:
-        print(f"day0: {exc}", file=sys.stderr)
+        term.print(f"day0: {exc}", err=True)
         return 2
+    term = Terminal(profile.redactor())  # printed lines quote the profile and commands' stderr
     topo = profile.topology
     if topo.emulate is None:
-        print(f"day0: {profile.origin}: topology.emulate: not set; this profile's nodes are not emulated", file=sys.stderr)
+        term.print(f"day0: {profile.origin}: topology.emulate: not set; this profile's nodes are not emulated", err=True)
         return 2
     try:
         cluster = EmulatedCluster.up(topo.nodes, topo.emulate, owner_pid=None,
-                                     log=lambda m: print(f"[day0] {m}", file=sys.stderr))
+                                     log=lambda m: term.print(f"[day0] {m}", err=True))
     except EmulationBlocked as exc:
-        print(f"day0: blocked: {exc}", file=sys.stderr)
+        term.print(f"day0: blocked: {exc}", err=True)
         return 2
     except EmulationError as exc:
-        print(f"day0: {exc}", file=sys.stderr)
+        term.print(f"day0: {exc}", err=True)
         return 2
     if args.json:
-        print(json.dumps(cluster.status(), indent=1))
+        print(term.json(cluster.status(), indent=1, by_key=False))
         return 0
     _print(cluster.status())
     first = cluster.nodes[0]
-    print(f"\nrun a command on a node:  ip netns exec {first.netns} python -m ...   (node0 = {first.address})")
+    term.print("", f"run a command on a node:  ip netns exec {first.netns} python -m ...   (node0 = {first.address})")
     if cluster.slurm_conf:
-        print(f"use its Slurm:            export SLURM_CONF={cluster.slurm_conf}; sbatch --nodes={len(cluster.nodes)} ...")
-    print(f"take it down:             day0 cluster down {cluster.cid}")
+        term.print(f"use its Slurm:            export SLURM_CONF={cluster.slurm_conf}; sbatch --nodes={len(cluster.nodes)} ...")
+    term.print(f"take it down:             day0 cluster down {cluster.cid}")
     return 0
 
 
@@ -88,29 +89,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     namespaces, links = day0_leftovers()
     known_ns = {nd["netns"] for c in clusters for nd in c["nodes"]}  # type: ignore[index]
     orphans = [ns for ns in namespaces if ns not in known_ns]
+    term = Terminal()
     if args.json:
-        print(json.dumps({"clusters": clusters, "orphan_namespaces": orphans, "links": links}, indent=1))
+        print(term.json({"clusters": clusters, "orphan_namespaces": orphans, "links": links}, indent=1, by_key=False))
         return 0
     if not clusters and not orphans:
-        print("no day0 cluster on this host")
+        term.print("no day0 cluster on this host")
         return 1
     for c in clusters:
         _print(c)
     if orphans:
-        print(f"namespaces without a state file (`day0 cluster down --all` removes them): {', '.join(orphans)}")
+        term.print(f"namespaces without a state file (`day0 cluster down --all` removes them): {', '.join(orphans)}")
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    term = Terminal()
     if not args.cid and not args.all:
-        print("day0: cluster down: name a cluster id (see `day0 cluster status`) or --all", file=sys.stderr)
+        term.print("day0: cluster down: name a cluster id (see `day0 cluster status`) or --all", err=True)
         return 2
     targets = sorted(cluster_ids()) if args.all else [args.cid]
     removed = [cid for cid in targets if teardown_cid(cid)]
     if not removed:
-        print("nothing to remove" if args.all else f"day0: no cluster {args.cid!r} on this host", file=sys.stderr)
+        term.print("nothing to remove" if args.all else f"day0: no cluster {args.cid!r} on this host", err=True)
         return 1
-    print(f"removed: {', '.join(removed)}")
+    term.print(f"removed: {', '.join(removed)}")
     return 0
 
 
@@ -126,12 +129,13 @@ def _known() -> list[dict[str, object]]:
 
 def _print(status: dict[str, Any]) -> None:
     owner = f"run pid {status['owner_pid']}" if status.get("owner_pid") else "by hand"
-    print(f"cluster {status['cid']} ({owner}): {status['subnet']}, bridge {status['bridge']} "
-          f"(this host reaches the nodes from {status['gateway']})")
+    term = Terminal()  # a state file's names and sinfo's answer are printed redacted and escaped
+    term.print(f"cluster {status['cid']} ({owner}): {status['subnet']}, bridge {status['bridge']} "
+               f"(this host reaches the nodes from {status['gateway']})")
     for nd in status["nodes"]:
         state = "up" if nd["up"] else "MISSING"
         pids = f", {len(nd['pids'])} processes" if nd["pids"] else ""
-        print(f"  {nd['name']:<7} {nd['address']:<15} {nd['netns']:<22} link {nd['rate']:<10} {state}{pids}")
+        term.print(f"  {nd['name']:<7} {nd['address']:<15} {nd['netns']:<22} link {nd['rate']:<10} {state}{pids}")
     if status.get("slurm_conf"):
-        print(f"  Slurm: SLURM_CONF={status['slurm_conf']}")
-        print("\n".join(f"    {line}" for line in (status.get("sinfo") or "sinfo did not answer").splitlines()))
+        term.print(f"  Slurm: SLURM_CONF={status['slurm_conf']}",
+                   *(f"    {line}" for line in (status.get("sinfo") or "sinfo did not answer").split("\n")))

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 from day0.core.commands import run_command
 from day0.core.record import EVENTS_FILE, RUN_FILE, SCHEDULER_NOTE, EventLog, rebuild
+from day0.core.terminal import Terminal
 
 EXIT_BLOCKED = 3
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -188,7 +189,7 @@ def submit(sbatch_args: Sequence[str], out_dir: Path, unavailable_timeout_s: flo
     log(f"submitted job {job_id}; waiting (nodes out of service: cancelled after {unavailable_timeout_s:g} s)")
     outcome = wait_for(job_id, unavailable_timeout_s, timeout_s, log)
     if outcome.blocked:
-        print(f"day0: blocked: {outcome.blocked}", file=sys.stderr)
+        print(Terminal().line(f"day0: blocked: {outcome.blocked}"), file=sys.stderr)  # Slurm's reasons, node names
         return EXIT_BLOCKED
     job = outcome.job
     run_dir = find_run(out_dir, job_id)
@@ -199,5 +200,5 @@ def submit(sbatch_args: Sequence[str], out_dir: Path, unavailable_timeout_s: flo
         summary += f"; run record {run_dir / 'run.json'}"
     else:
         summary += f"; no run of this job under {out_dir}"
-    print(f"day0: {summary}" + (f" ({job.reason})" if job.state != "COMPLETED" and job.reason != "None" else ""))
+    print(Terminal().line(f"day0: {summary}" + (f" ({job.reason})" if job.state != "COMPLETED" and job.reason != "None" else "")))
     return outcome.exit_code

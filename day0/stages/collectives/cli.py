@@ -9,7 +9,6 @@ not measure, 2 an input that cannot be used (one line, ``day0: <file>[:line[:col
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,10 +16,12 @@ from typing import Any, Mapping, Sequence
 
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.numbers import whole_number
+from day0.core.outputs import write_file
 from day0.core.record import Check
+from day0.core.terminal import Terminal
 from day0.engine.cluster.slurm import SlurmError, SlurmJob
 from day0.stages.collectives.checks import result_checks
-from day0.stages.collectives.launcher import atomic_write, run_local, zygote_main
+from day0.stages.collectives.launcher import run_local, zygote_main
 from day0.stages.collectives.nccl_debug import read_nccl_debug
 from day0.stages.collectives.nccl_tests import import_nccl_tests
 from day0.stages.collectives.rank import run_rank
@@ -53,7 +54,7 @@ def format_table(result: CollectivesResult) -> str:
         lines.append(f"# FAULT ({result.fault.kind}): {result.fault.message}")
     if result.duration_s is not None:
         lines.append(f"# sweep time {result.duration_s:.1f} s")
-    return "\n".join(lines)
+    return "\n".join(term_safe(line) for line in lines)  # op names, reasons, the source: a file's text
 
 
 def _load_settings_file(path: Path) -> dict[str, Any]:
@@ -115,19 +116,19 @@ def _settings_from_args(args: argparse.Namespace) -> CollectivesSection:
 
 def _refuse(exc: BaseException) -> int:
     """The one stderr line of an unusable input (exit 2)."""
-    print(f"day0: {term_safe(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}", file=sys.stderr)
+    Terminal().print(f"day0: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", err=True)
     return 2
 
 
 def _report(checks: list[Check], json_path: str | None) -> int:
     """Print the verdicts (and write them as JSON); exit 1 unless every check passed or was skipped."""
-    for c in checks:
-        print(term_safe(f"{c.status.upper():5} {c.id}: {c.message}"))
+    term = Terminal()  # messages quote the logs and files read: redacted, escaped
+    term.print(*(f"{c.status.upper():5} {c.id}: {c.message}" for c in checks))
     if json_path:
         try:
-            Path(json_path).write_text(json.dumps([c.to_dict() for c in checks], indent=1) + "\n", encoding="utf-8")
-        except OSError as exc:
-            return _refuse(InputError(json_path, f"cannot write ({exc.strerror or exc})"))
+            write_file(json_path, term.json([c.to_dict() for c in checks], indent=1) + "\n")
+        except InputError as exc:  # a FIFO, folder or link there, or a folder that is not writable
+            return _refuse(exc)
     return 1 if any(c.status in ("fail", "error") for c in checks) else 0
 
 
@@ -168,11 +169,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return 2
         return _worker(settings, rank_env, out_dir)
     result = run_local(settings, args.local_ranks or settings.world_size or 2, out_dir)
-    print(format_table(result))
-    checks = result_checks(result, settings)
-    for c in checks:
-        print(f"{c.status.upper():5} {c.id}: {c.message}")
-    print(f"# result: {out_dir / RESULT_FILE}")
+    checks, term = result_checks(result, settings), Terminal()
+    term.block(format_table(result))
+    term.print(*(f"{c.status.upper():5} {c.id}: {c.message}" for c in checks), f"# result: {out_dir / RESULT_FILE}")
     return 1 if any(c.status in ("fail", "error") for c in checks) else 0
 
 
@@ -181,9 +180,9 @@ def _worker(settings: CollectivesSection, rank_env: RankEnv, out_dir: Path) -> i
     (:func:`~day0.stages.collectives.multinode.run_cluster`); a rank that fails exits in run_rank."""
     ranks_dir = out_dir / RANKS_DIR
     ranks_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(ranks_dir / f"rank{rank_env.rank}.pid", str(os.getpid()))
+    write_file(ranks_dir / f"rank{rank_env.rank}.pid", str(os.getpid()))
     code = run_rank(settings, rank_env, out_dir)
-    atomic_write(ranks_dir / f"rank{rank_env.rank}.exit", str(code))
+    write_file(ranks_dir / f"rank{rank_env.rank}.exit", str(code))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip torch's interpreter teardown: seconds of CPU on a busy box, nothing left to flush
@@ -199,10 +198,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
         try:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             result.write(Path(args.out))
+        except InputError as exc:  # a FIFO, folder or link where the result goes
+            return _refuse(exc)
         except OSError as exc:
             return _refuse(InputError(args.out, f"cannot write ({exc.strerror or exc})"))
-    for line in format_table(result).splitlines():
-        print(term_safe(line))
+    Terminal().block(format_table(result))
     return _report(result_checks(result, settings), args.json)
 
 
@@ -212,9 +212,9 @@ def _cmd_transport(args: argparse.Namespace) -> int:
         log = read_nccl_debug(args.logs)
     except ValueError as exc:  # InputError too
         return _refuse(exc)
-    print(term_safe(f"# NCCL log: {len(args.logs)} file(s), {log.lines} lines, NCCL {', '.join(log.versions) or '?'}, "
-                    f"{sum(c.count for c in log.connections)} channel connections, {len(log.rank_hosts)} ranks on "
-                    f"{len(set(log.rank_hosts.values()))} host(s)"))
+    Terminal().print(f"# NCCL log: {len(args.logs)} file(s), {log.lines} lines, NCCL {', '.join(log.versions) or '?'}, "
+                     f"{sum(c.count for c in log.connections)} channel connections, {len(log.rank_hosts)} ranks on "
+                     f"{len(set(log.rank_hosts.values()))} host(s)")
     return _report(log_checks(log, topology), args.json)
 
 

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from day0.core.outputs import open_output, write_file
 from day0.engine.process import signal_group
 from day0.stages.collectives.faults import clean_error, diagnose
 from day0.stages.collectives.rank import run_rank
@@ -122,10 +123,9 @@ def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
             code = 1
             try:
                 os.setsid()
-                fd = os.open(ranks_dir / f"rank{r}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.close(fd)
+                with open_output(ranks_dir / f"rank{r}.log") as log:
+                    os.dup2(log.fileno(), 1)
+                    os.dup2(log.fileno(), 2)
                 os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), GROUP_RANK="0")
                 code = run_rank(settings, RankEnv(r, n, r, n), Path(out_dir))
             except BaseException:  # noqa: BLE001
@@ -133,7 +133,7 @@ def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
             finally:
                 os._exit(code)
         children[pid] = r
-        atomic_write(ranks_dir / f"rank{r}.pid", str(pid))
+        write_file(ranks_dir / f"rank{r}.pid", str(pid))
     while children:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -143,17 +143,10 @@ def zygote_main(n: int, settings_path: Path, out_dir: Path) -> int:
         if r is None:
             continue
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        atomic_write(ranks_dir / f"rank{r}.exit", str(rc))
+        write_file(ranks_dir / f"rank{r}.exit", str(rc))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip torch's interpreter teardown (seconds on a busy box); nothing is left to flush
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write via a rename, so the watcher never reads a pid or an exit code half written."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def run_local(
@@ -180,12 +173,12 @@ def run_local(
     e.update(MASTER_ADDR=s.master_addr, MASTER_PORT=str(port))
     ranks = [_Rank(r, ranks_dir) for r in range(n)]
     t_start = time.monotonic()
-    with (ranks_dir / "launcher.log").open("wb") as log:
+    with open_output(ranks_dir / "launcher.log") as log:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "day0.stages.collectives", "_launch", str(n), str(out / SETTINGS_FILE), str(out)],
             env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
         )
-        atomic_write(ranks_dir / "launcher.pid", str(launcher.pid))
+        write_file(ranks_dir / "launcher.pid", str(launcher.pid))
         fault = watch_ranks(ranks, _LocalAgent(launcher, ranks_dir / "launcher.log"), s, out, t_start, poll_s,
                             f"collectives sweep ({n} ranks)")
     return finish_result(out, s, n, fault, time.monotonic() - t_start)
@@ -203,7 +196,7 @@ def prepare_out_dir(out_dir: Path | str, s: CollectivesSection) -> tuple[Path, P
     for stale in [out / RESULT_FILE, *ranks_dir.glob("rank*"), *ranks_dir.glob("launcher*"), *ranks_dir.glob("node*"),
                   *out.glob("nccl-debug.*.log")]:
         stale.unlink(missing_ok=True)
-    (out / SETTINGS_FILE).write_text(json.dumps(s.to_dict(), indent=1), encoding="utf-8")
+    write_file(out / SETTINGS_FILE, json.dumps(s.to_dict(), indent=1))
     return out, ranks_dir
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from day0.core.outputs import write_file
 from day0.engine.cluster.slurm import env_int
 from day0.stages.collectives.result import RANKS_DIR
 
@@ -66,7 +67,7 @@ class RankProgress:
         self.err_path = self.dir / f"rank{rank}.error.txt"
         self.seq = 0
         self._stop = threading.Event()
-        self.hb_path.touch()
+        write_file(self.hb_path, b"")
         self._thread = threading.Thread(target=self._beat, name="day0-heartbeat", daemon=True)
         self._thread.start()
 
@@ -81,13 +82,11 @@ class RankProgress:
         self.seq += 1
         data = {"rank": self.rank, "pid": os.getpid(), "host": node_name(), "seq": self.seq,
                 "t": time.time(), **info}
-        tmp = self.step_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, self.step_path)
+        write_file(self.step_path, json.dumps(data))  # whole or not at all: the watcher reads it any time
 
     def error(self, exc: BaseException) -> None:
         text = f"{type(exc).__name__}: {exc}".strip()
-        self.err_path.write_text(text + "\n\n" + "".join(traceback.format_exception(exc)), encoding="utf-8")
+        write_file(self.err_path, text + "\n\n" + "".join(traceback.format_exception(exc)))
 
     def stop(self) -> None:
         self._stop.set()

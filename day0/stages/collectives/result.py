@@ -7,12 +7,12 @@ launcher adds the fault it diagnosed. The checks read only this structure.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from day0.core.inputs import InputError, loose_json, read_text
+from day0.core.outputs import write_file
 from day0.core.record import jsonable
 from day0.stages.collectives.inputs import MAX_JSON_BYTES, UNREADABLE_LOG, iter_lines
 
@@ -125,15 +125,7 @@ class CollectivesResult:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def write(self, path: Path) -> Path:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # leave nothing half-written behind
-            raise
-        return path
+        return write_file(path, json.dumps(self.to_dict(), indent=1) + "\n")  # never half-written
 
 
 def nccl_log_text(result: CollectivesResult) -> str:

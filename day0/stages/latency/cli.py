@@ -11,13 +11,12 @@ models (``day0.config.latency``), so a bad value is the profile's one-line error
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import socket
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from day0.client.workers import AUTO_MESSAGES_PER_WORKER, usable_cores
 from day0.client.workload import Vocab, read_vocab
@@ -26,8 +25,11 @@ from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, SLA_PRESETS, Latenc
 from day0.config.profile import Profile
 from day0.core.inputs import refusal, term_safe
 from day0.core.numbers import whole_number
+from day0.core.outputs import write_file
 from day0.core.record import Check
+from day0.core.redact import Redactor
 from day0.core.stats import percentile
+from day0.core.terminal import Terminal
 from day0.engine import Endpoint, EngineError
 from day0.stages.latency.capacity import CHECK_ID as CAPACITY
 from day0.stages.latency.capacity import point_load
@@ -298,7 +300,11 @@ def load_text(st: LatencySection) -> str:
             + (f", cap {st.concurrency}" if st.concurrency else ""))
 
 
-def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
+def format_report(run: LatencyRun, checks: Sequence[Check], show: Callable[[str], str] = term_safe) -> str:
+    """The run for a terminal, each line through ``show`` before the lines are joined: the URL, the
+    model id, error bodies and reasons are the server's text, and one of them holding a newline
+    must not become a line of its own (``show``: :meth:`day0.core.terminal.Terminal.line`, which
+    also redacts)."""
     m = run.metrics
     lines = format_figures(m, f"latency against {run.base_url} model={run.model} load: {load_text(run.settings)}; "
                               f"{m.workers} load worker{'s' if m.workers > 1 else ''}; duration {m.duration_s:.2f} s")
@@ -325,10 +331,13 @@ def format_report(run: LatencyRun, checks: Sequence[Check]) -> str:
         lines.append(f"capacity: {told}")
     lines.append("")
     lines += [f"{c.status.upper():<6} {c.id:<28} {c.message}" for c in checks]
-    return "\n".join(lines)
+    return "\n".join(map(show, lines))
 
 
 def cli_main(args: argparse.Namespace) -> int:
+    # what the server says (a 401 body quoting the Bearer token, its model id) is printed and
+    # exported through the key's redactor: the key by value, every other secret by shape
+    term = Terminal(Redactor.from_sources(env_names=[args.key_variable or ""]))
     try:
         if not args.url:
             raise ValueError("--url: required to measure (or 'day0 latency import FILE' to judge a result)")
@@ -341,56 +350,53 @@ def cli_main(args: argparse.Namespace) -> int:
         elif args.tokenizer is not None:
             vocab = read_vocab(args.tokenizer)
         else:
-            print("day0 latency: pass --vocab-size N or --tokenizer DIR (token ids must stay inside the vocabulary)",
-                  file=sys.stderr)
+            term.print("day0 latency: pass --vocab-size N or --tokenizer DIR (token ids must stay inside the "
+                       "vocabulary)", err=True)
             return 2
         reachable(args.url)
     except ValueError as exc:
-        print(f"day0 latency: {exc}", file=sys.stderr)
+        term.print(f"day0 latency: {exc}", err=True)
         return 2
     for flag, value in (("--max-model-len", args.max_model_len), ("--block-size", args.block_size),
                         ("--devices", args.devices)):
         if value is not None and value < 1:
-            print(f"day0 latency: {flag} {value}: must be at least 1", file=sys.stderr)
+            term.print(f"day0 latency: {flag} {value}: must be at least 1", err=True)
             return 2
     ctx = EngineContext(args.tokenizer, args.max_model_len, args.block_size)
     try:
         run = run_latency(endpoint.base_url, args.model, vocab, settings, sla, headers=endpoint.headers,
-                          progress=lambda msg: print(f"... {msg}", file=sys.stderr), ctx=ctx)
+                          progress=lambda msg: term.print(f"... {msg}", err=True), ctx=ctx)
     except (RuntimeError, ValueError) as exc:  # InputError (an unusable dataset), SettingsError
-        print(f"day0 latency: {exc}", file=sys.stderr)
+        term.print(f"day0 latency: {exc}", err=True)
         return 2
     run.devices = args.devices
     checks = latency_checks(run)
-    print(format_report(run, checks))
+    term.block(format_report(run, checks, show=term.line))
     if args.json:
-        args.json.write_text(json.dumps([c.to_dict() for c in checks], indent=2) + "\n", encoding="utf-8")
+        write_file(args.json, term.json([c.to_dict() for c in checks]) + "\n")
     return 1 if any(c.failed for c in checks) else 0
 
 
 def import_main(args: argparse.Namespace) -> int:
     """``day0 latency import FILE``: the file's run through the stage's checks; --json, --out as asked."""
+    term = Terminal()  # the file is another tool's: its labels, paths and notes are printed redacted, escaped
     try:
         sla = sla_from_args(args)
         pcts = report_percentiles(LatencySection.from_table(
             {"percentiles": args.percentiles} if args.percentiles is not None else {}), sla)
         run = read_result(args.file, args.format, args.benchmark)
         metrics, checks = import_checks(run, sla, pcts)
-        print(term_safe(f"{run.tool} {run.label}: {run.path}"))
-        for line in format_figures(metrics, f"imported {run.tool} run, load: {load_text(run.settings)}"):
-            print(term_safe(line))
-        for note in run.notes:
-            print(term_safe(f"note: {note}"))
-        print()
-        for c in checks:
-            print(term_safe(f"{c.status.upper():<6} {c.id:<28} {c.message}"))
+        term.print(f"{run.tool} {run.label}: {run.path}",
+                   *format_figures(metrics, f"imported {run.tool} run, load: {load_text(run.settings)}"),
+                   *(f"note: {note}" for note in run.notes), "",
+                   *(f"{c.status.upper():<6} {c.id:<28} {c.message}" for c in checks))
         if args.json:
-            args.json.write_text(json.dumps([c.to_dict() for c in checks], indent=2) + "\n", encoding="utf-8")
+            write_file(args.json, term.json([c.to_dict() for c in checks]) + "\n")
         if args.out:
             record = write_run(args.out, run, checks, sla)
-            print(term_safe(f"run folder: {args.out} (verdict {record.verdict}; render it with: day0 report {args.out})"))
+            term.print(f"run folder: {args.out} (verdict {record.verdict}; render it with: day0 report {args.out})")
     except (ValueError, OSError) as exc:  # InputError and SettingsError are ValueErrors
-        print(refusal(exc), file=sys.stderr)
+        print(refusal(exc, term.redactor), file=sys.stderr)
         return 2
     return 1 if any(c.failed for c in checks) else 0
 

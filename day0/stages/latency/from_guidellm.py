@@ -18,9 +18,10 @@ from typing import Any
 
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import LatencySection
-from day0.stages.latency.imported import Doc, ImportedRun, error_kind
+from day0.stages.latency.imported import Doc, ImportedRun, LeftOut, check_tokens, check_window, error_kind
 
 TOOL = "guidellm"
+TIMINGS = ("info", "timings")
 MISSING_ITL = ("GuideLLM records no per-message times, only the first and last token of each request "
                "(its 'ITL' is a per-request mean over the decode: day0's TPOT)")
 NOTES = [
@@ -59,11 +60,14 @@ def read_guidellm(path: Path, obj: dict[str, Any], index: int) -> ImportedRun:
         if total is not None and len(groups[g]) < total:
             raise bd.fail(("requests", g), f"{len(groups[g])} of {int(total)} requests kept (GuideLLM sampled "
                           "them: sample_size); the per-request checks need every one")
-    results = [_request(bd.at("requests", "successful", i), i, r) for i, r in enumerate(groups["successful"])]
-    base = len(results)
-    results += [_failed(bd.at("requests", "errored", i), base + i, r) for i, r in enumerate(groups["errored"])]
     start = bd.number(b, "scheduler_metrics", "measure_start_time")
     end = bd.number(b, "scheduler_metrics", "measure_end_time", minimum=start)
+    if end <= start and (groups["successful"] or groups["errored"]):
+        raise bd.fail(("scheduler_metrics", "measure_end_time"), "a window of 0 s (measure_end_time = "
+                      "measure_start_time) cannot hold the requests it times (the throughputs would be infinite)")
+    left = LeftOut()
+    results = _read(bd, groups, left, start, end)
+    left.refuse_if_nothing_left(len(results))
     results.sort(key=lambda r: (r.scheduled, r.index))
     settings = _settings(bd, b, len(results))
     shape = LoadShape(mode=settings.load, concurrency=settings.concurrency, request_rate=settings.request_rate,
@@ -80,35 +84,75 @@ def read_guidellm(path: Path, obj: dict[str, Any], index: int) -> ImportedRun:
             if isinstance(v, (int, float)):
                 facts.append((f"{stat} {metric}", v))
     return ImportedRun(TOOL, version, path, f"benchmark {index} ({benchmark_labels(obj)[index]})", phase, settings,
-                       missing={"itl": MISSING_ITL}, notes=list(NOTES), facts=facts)
+                       missing={"itl": MISSING_ITL}, notes=list(NOTES), facts=facts, left_out=left)
+
+
+def _read(bd: Doc, groups: dict[str, list[Any]], left: LeftOut, start: float, end: float) -> list[RequestResult]:
+    """The successful and errored requests, each within its domain and the measured window; the rest
+    left out and named in ``left``."""
+    out: list[RequestResult | None] = []
+    for i, r in enumerate(groups["successful"]):
+        d = bd.at("requests", "successful", i)
+        out.append(left.keep(lambda d=d, i=i, r=r: check_window(
+            d, _request(d, i, r), (*TIMINGS, "request_start"), (*TIMINGS, "last_token_iteration"), start, end)))
+    base = len(groups["successful"])
+    for i, r in enumerate(groups["errored"]):
+        d = bd.at("requests", "errored", i)
+        out.append(left.keep(lambda d=d, i=i, r=r: _failed(d, base + i, r)))
+    return [r for r in out if r is not None]
 
 
 def _times(doc: Doc, r: Any) -> tuple[float, float]:
     """(scheduled, sent) of a request: its targeted start (its request start when it has none)."""
-    sent = doc.number(r, "info", "timings", "request_start")
-    target = doc.number(r, "info", "timings", "targeted_start", default=None)
+    sent = doc.number(r, *TIMINGS, "request_start")
+    target = doc.number(r, *TIMINGS, "targeted_start", default=None)
     return (sent if target is None else target), sent
+
+
+def _end(doc: Doc, r: Any, sent: float) -> float | None:
+    """When the request ended (``request_end_time``), never before it was sent."""
+    end = doc.number(r, "request_end_time", default=None)
+    if end is not None and end < sent:
+        raise doc.outside(("request_end_time",), f"{end - sent:.6g} s after its request_start: a request "
+                                                 "cannot end before it starts")
+    return end
+
+
+def _not_before(doc: Doc, keys: tuple[Any, ...], t: float, earlier: float, name: str) -> None:
+    if t < earlier:
+        raise doc.outside(keys, f"{t - earlier:.6g} s after its {name}: a token cannot precede it")
 
 
 def _request(doc: Doc, index: int, r: Any) -> RequestResult:
     scheduled, sent = _times(doc, r)
-    first = doc.number(r, "info", "timings", "first_token_iteration", default=None)
-    last = doc.number(r, "info", "timings", "last_token_iteration", default=None)
-    out = doc.number(r, "output_tokens", default=None)
-    if out is None:
-        out = doc.number(r, "info", "timings", "token_iterations", default=0) or 0
-    prompt = doc.number(r, "prompt_tokens", default=None)
-    res = RequestResult(index, "measure", scheduled, sent, int(prompt or 0), int(out))
-    res.finished = doc.number(r, "request_end_time", default=None) or last or sent
+    first = doc.number(r, *TIMINGS, "first_token_iteration", default=None)
+    last = doc.number(r, *TIMINGS, "last_token_iteration", default=None)
+    claimed = doc.count(r, "output_tokens", default=None)
+    iterations = doc.count(r, *TIMINGS, "token_iterations", default=None)
+    prompt = doc.count(r, "prompt_tokens", default=None)
+    end = _end(doc, r, sent)
+    res = RequestResult(index, "measure", scheduled, sent, prompt or 0, claimed or 0)
+    res.finished = end or last or sent
     if first is None:
         res.error, res.reason = "no_tokens", "GuideLLM saw no token (non-streaming, or an empty reply)"
         return res
-    last = max(first, last if last is not None else first)
-    out = int(out)
-    res.msg_t = [first - scheduled] + ([last - scheduled] if out > 1 else [])
-    res.msg_n = [1, out - 1] if out > 1 else [1]
-    res.output_tokens, res.output_tokens_source = max(1, out), "usage"
-    res.prompt_tokens = int(prompt) if prompt is not None else None
+    _not_before(doc, (*TIMINGS, "first_token_iteration"), first, sent, "request_start")
+    _not_before(doc, (*TIMINGS, "first_token_iteration"), first, scheduled, "targeted_start")
+    last = first if last is None else last
+    _not_before(doc, (*TIMINGS, "last_token_iteration"), last, first, "first_token_iteration")
+    if end is not None and end < last:
+        raise doc.outside(("request_end_time",), f"{end - last:.6g} s after its last_token_iteration: a request "
+                                                 "cannot end before its last token")
+    if iterations == 0:
+        raise doc.outside((*TIMINGS, "token_iterations"), "0, but GuideLLM recorded a first token")
+    at_least = 2 if last > first else 1  # two token instants are two tokens
+    out = claimed or iterations or at_least
+    keys = ("output_tokens",) if claimed else (*TIMINGS, "token_iterations")
+    check_tokens(doc, keys, out, at_least, iterations or at_least)  # without token_iterations: the instants
+    res.msg_t = [first - scheduled] + ([last - scheduled] if last > first else [])
+    res.msg_n = [1] * len(res.msg_t)  # the instants it recorded; the count is never spread per token
+    res.output_tokens, res.output_tokens_source = out, "usage"
+    res.prompt_tokens = prompt
     res.token_source, res.ok = "content", True
     return res
 
@@ -117,7 +161,7 @@ def _failed(doc: Doc, index: int, r: Any) -> RequestResult:
     scheduled, sent = _times(doc, r)
     message = doc.text(r, "info", "error", default=None) or "GuideLLM marked the request errored"
     res = RequestResult(index, "measure", scheduled, sent, 0, 0)
-    res.finished = doc.number(r, "request_end_time", default=None) or sent
+    res.finished = _end(doc, r, sent) or sent
     res.error, res.reason = error_kind(message)
     return res
 
@@ -132,8 +176,8 @@ def _settings(doc: Doc, b: dict[str, Any], n: int) -> LatencySection:
         table.update(load="rate", concurrency=0, request_rate=float(doc.number(strat, "rate", minimum=0.0) or math.inf),
                      burstiness=1.0 if kind == "poisson" else math.inf)
     elif kind in ("concurrent", "synchronous"):
-        streams = doc.number(strat, "streams", default=1) or 1
-        table.update(load="concurrency", concurrency=max(1, int(streams)))
+        streams = doc.count(strat, "streams", default=1) or 1
+        table.update(load="concurrency", concurrency=max(1, streams))
     else:
         table.update(load="rate", concurrency=0, request_rate=math.inf)
     return LatencySection.from_table(table)

@@ -17,7 +17,15 @@ from typing import Any
 
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import LatencySection
-from day0.stages.latency.imported import Doc, ImportedRun, error_kind
+from day0.stages.latency.imported import (
+    WINDOW_SLACK_S,
+    Doc,
+    ImportedRun,
+    LeftOut,
+    check_tokens,
+    check_window,
+    error_kind,
+)
 
 TOOL = "vllm bench serve"
 DETAILED = "ttfts"
@@ -48,9 +56,17 @@ def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
         doc.listed(obj, key, length=n)
     doc.listed(obj, "queue_times", length=n, default=None)  # older vLLM versions did not write it
     duration = doc.number(obj, "duration", minimum=0.0)
-    results = [_request(doc, obj, i) for i in range(n)]
-    ended = max((r.finished for r in results), default=0.0)
-    started = ended - duration
+    if duration <= 0 < n:
+        raise doc.fail(("duration",), "a window of 0 s cannot hold the requests it times (the throughputs "
+                                      "would be infinite); expected a number > 0")
+    left = LeftOut()
+    read = [left.keep(lambda i=i: _request(doc, obj, i)) for i in range(n)]
+    ended = max((r.finished for r in read if r is not None), default=0.0)
+    started = ended - duration  # the window ends at the last request's end (vLLM's benchmark_duration)
+    kept = [left.keep(lambda r=r: check_window(doc, r, ("start_times", r.index), ("latencies", r.index),
+                                               started, ended)) for r in read if r is not None]
+    results = [r for r in kept if r is not None]
+    left.refuse_if_nothing_left(len(results))
     results.sort(key=lambda r: (r.scheduled, r.index))
     settings = _settings(doc, obj, n)
     shape = LoadShape(mode=settings.load, concurrency=settings.concurrency, request_rate=settings.request_rate,
@@ -58,17 +74,17 @@ def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
     phase = PhaseResult("measure", shape, results, started, ended, 0,
                         [r.scheduled - started for r in results] if settings.load == "rate" else [])
     facts = [(k, obj[k]) for k in _FACTS if k in obj and not isinstance(obj[k], (list, dict))]
-    return ImportedRun(TOOL, None, path, label, phase, settings, notes=list(NOTES), facts=facts)
+    return ImportedRun(TOOL, None, path, label, phase, settings, notes=list(NOTES), facts=facts, left_out=left)
 
 
 def _request(doc: Doc, obj: dict[str, Any], i: int) -> RequestResult:
     """Request ``i``: vLLM's send minus its queue wait is the scheduled time day0 measures from."""
     start = doc.number(obj, "start_times", i)
-    wait = doc.number(obj, "queue_times", i, default=0.0, none_ok=True) or 0.0
-    r = RequestResult(i, "measure", start - wait, start, int(doc.number(obj, "input_lens", i, minimum=0)),
-                      int(doc.number(obj, "output_lens", i, none_ok=True) or 0))
-    latency = doc.number(obj, "latencies", i, none_ok=True) or 0.0
-    r.finished = start + latency
+    wait = doc.number(obj, "queue_times", i, default=0.0, none_ok=True, minimum=0.0) or 0.0
+    claimed = doc.count(obj, "output_lens", i, none_ok=True) or 0  # 0 or null: the server sent no usage
+    r = RequestResult(i, "measure", start - wait, start, doc.count(obj, "input_lens", i) or 0, claimed)
+    latency = doc.number(obj, "latencies", i, none_ok=True, minimum=0.0)
+    r.finished = start + (latency or 0.0)
     err = doc.text(obj, "errors", i)
     if err:
         r.error, r.reason = error_kind(err)
@@ -80,6 +96,11 @@ def _request(doc: Doc, obj: dict[str, Any], i: int) -> RequestResult:
     for k in range(len(gaps)):
         t += doc.number(obj, "itls", i, k, minimum=0.0)
         r.msg_t.append(t)
+    if latency is not None and wait + latency + WINDOW_SLACK_S < t:  # vLLM: the last chunk's instant - send
+        raise doc.outside(("latencies", i), f"{latency:.6g} s, before the request's last token at {t - wait:.6g} s "
+                                            f"(ttfts[{i}] + itls[{i}]): a request cannot end before it streamed")
+    if claimed:  # vLLM bench counts a chat stream's role chunk as a message: at least one token per gap
+        check_tokens(doc, ("output_lens", i), claimed, len(gaps), len(r.msg_t))
     r.msg_n = [1] * len(r.msg_t)
     r.output_tokens = r.expected_output_len or len(r.msg_t)
     r.output_tokens_source = "usage" if r.expected_output_len else "messages"
@@ -94,7 +115,7 @@ def _settings(doc: Doc, obj: dict[str, Any], n: int) -> LatencySection:
     once), capped by ``max_concurrency``; all at once under a cap is a closed loop of that many."""
     raw = doc.get(obj, "request_rate", default="inf")
     rate = math.inf if raw == "inf" else doc.number(obj, "request_rate", minimum=0.0)
-    cap = doc.number(obj, "max_concurrency", default=None)
+    cap = doc.count(obj, "max_concurrency", default=None)
     burst = doc.number(obj, "burstiness", default=1.0) or 1.0
     table: dict[str, Any] = {"load": "rate", "request_rate": rate if rate > 0 else math.inf,
                              "concurrency": int(cap or 0), "burstiness": float(burst), "arrivals": "vllm",

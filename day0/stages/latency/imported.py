@@ -9,6 +9,10 @@ say how, in words the report shows.
 
 A result file is input from outside: every key is read through :class:`Doc`, so a missing key or
 a value of the wrong kind is one line naming the file and the key path (exit 2), never a traceback.
+A value of the right kind that cannot be true of its request (a negative duration, a first token
+before the send, more tokens than the stream could carry: docs/metrics.md, "Domains") is
+:class:`OutOfDomain`: the readers leave that request out of every figure and name it (``LeftOut``),
+so it can never make a check pass; a file with nothing left is refused like an unusable one.
 """
 
 from __future__ import annotations
@@ -16,15 +20,60 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from day0.client.loadgen import PhaseResult
+from day0.client.loadgen import PhaseResult, RequestResult
 from day0.config.latency import LatencySection
 from day0.core.inputs import InputError, key_path
 from day0.core.record_shape import got
 
 NUMBER = "a number"
 _MISSING = object()
+T = TypeVar("T")
+# A count past 2^53 is not even exactly a float: no request's token count is that large, and sums of
+# such claims overflow the throughputs (1.7e308 did).
+MAX_COUNT = 2**53
+# vLLM streams one engine step per chunk: one token, k + 1 with k speculative tokens, N with
+# --stream-interval N. A request claiming more than this many tokens per streamed message on average
+# did not stream them: its TPOT would shrink toward 0 and its output throughput swell.
+MAX_TOKENS_PER_MESSAGE = 256
+# The tools read their clocks at different instants (a send, the window's start): 1 ms is far above
+# that jitter and far below anything a window or a latency is judged by.
+WINDOW_SLACK_S = 1e-3
+MAX_LEFT_OUT_SHOWN = 20
+
+
+class OutOfDomain(InputError):
+    """A value of the right kind that cannot be true of its request; the line names file and key path.
+
+    Raised for one request, it leaves that request out (:class:`LeftOut`); raised for the file's own
+    figures (the window), it refuses the file like any :class:`InputError`."""
+
+
+@dataclass
+class LeftOut:
+    """The requests a reader left out because a figure of theirs is outside its domain: the first
+    :data:`MAX_LEFT_OUT_SHOWN` named (file and key path), all counted."""
+
+    shown: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def keep(self, read: Callable[[], T]) -> T | None:
+        """``read()``, or None (and the request named) when it finds a value outside its domain."""
+        try:
+            return read()
+        except OutOfDomain as exc:
+            self.count += 1
+            if len(self.shown) < MAX_LEFT_OUT_SHOWN:
+                self.shown.append(str(exc))
+            return None
+
+    def refuse_if_nothing_left(self, kept: int) -> None:
+        """A file whose every request is outside its domain has nothing to judge: refused in one line."""
+        if self.count and not kept:
+            raise InputError(f"{self.shown[0]} (and every other of the {self.count} requests read is outside "
+                             "its domain too: nothing left to judge)" if self.count > 1 else
+                             f"{self.shown[0]} (the only request read: nothing left to judge)")
 
 
 @dataclass
@@ -41,6 +90,7 @@ class ImportedRun:
     notes: list[str] = field(default_factory=list)  # where the tool's figures differ from a day0 run's
     facts: list[tuple[str, Any]] = field(default_factory=list)  # the tool's own headline figures, as written
     sha256: str | None = None  # of the file read, so a record names exactly what it judged
+    left_out: LeftOut = field(default_factory=LeftOut)  # requests whose figures cannot be true
 
 
 class Doc:
@@ -57,6 +107,10 @@ class Doc:
 
     def fail(self, keys: tuple[Any, ...], problem: str) -> InputError:
         return InputError(f"{self.path}: {key_path((*self.base, *keys))}: {problem}")
+
+    def outside(self, keys: tuple[Any, ...], problem: str) -> OutOfDomain:
+        """A value of the right kind outside its domain (docs/metrics.md, "Domains")."""
+        return OutOfDomain(f"{self.path}: {key_path((*self.base, *keys))}: {problem}")
 
     def get(self, obj: Any, *keys: Any, default: Any = _MISSING) -> Any:
         """The value at ``keys`` (dict keys and list indexes); ``default`` when absent, if given."""
@@ -82,8 +136,17 @@ class Doc:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise self.fail(keys, f"expected {NUMBER}, got {got(v)}")
         if minimum is not None and v < minimum:
-            raise self.fail(keys, f"expected a number >= {minimum:g}, got {got(v)}")
+            raise self.outside(keys, f"expected a number >= {minimum:g}, got {got(v)}")
         return v
+
+    def count(self, obj: Any, *keys: Any, default: Any = _MISSING, none_ok: bool = False) -> int | None:
+        """A count: a whole number in 0..:data:`MAX_COUNT` (6.0 is 6; 5.5, -3 and 1e300 are outside)."""
+        v = self.number(obj, *keys, default=default, none_ok=none_ok)
+        if v is None:
+            return None
+        if not 0 <= v <= MAX_COUNT or (isinstance(v, float) and not v.is_integer()):
+            raise self.outside(keys, f"expected a count (a whole number 0..2^53), got {got(v)}")
+        return int(v)
 
     def text(self, obj: Any, *keys: Any, default: Any = _MISSING) -> Any:
         v = self.get(obj, *keys, default=default)
@@ -107,6 +170,30 @@ class Doc:
         if not isinstance(v, dict):
             raise self.fail(keys, f"expected an object, got {got(v)}")
         return v
+
+
+def check_tokens(doc: Doc, keys: tuple[Any, ...], claimed: int, at_least: int, messages: int) -> None:
+    """A request's output token count against what its stream carried: at least ``at_least`` (one per
+    inter-token gap the file records), at most :data:`MAX_TOKENS_PER_MESSAGE` per token-carrying message."""
+    if claimed < at_least:
+        raise doc.outside(keys, f"{claimed} output tokens, but the file records {at_least} inter-token gaps "
+                                "of this request (at least one token each)")
+    if claimed > MAX_TOKENS_PER_MESSAGE * messages:
+        raise doc.outside(keys, f"{claimed} output tokens over {messages} streamed messages: more than "
+                                f"{MAX_TOKENS_PER_MESSAGE} per message cannot be true (its TPOT would shrink toward 0)")
+
+
+def check_window(doc: Doc, r: RequestResult, sent_keys: tuple[Any, ...], last_keys: tuple[Any, ...],
+                 start: float, end: float) -> RequestResult:
+    """``r``, when it lies within the run's window (sent after it began, its last token before it
+    ended): a request outside it would be counted in a throughput over a window too short to hold it."""
+    if r.sent < start - WINDOW_SLACK_S:
+        raise doc.outside(sent_keys, f"sent {start - r.sent:.6g} s before the run's window began "
+                                     f"(the window is {end - start:.6g} s)")
+    if r.ok and r.e2e is not None and r.scheduled + r.e2e > end + WINDOW_SLACK_S:
+        raise doc.outside(last_keys, f"its last token came {r.scheduled + r.e2e - end:.6g} s after the run's "
+                                     f"window ended (the window is {end - start:.6g} s)")
+    return r
 
 
 def error_kind(message: str) -> tuple[str, str]:

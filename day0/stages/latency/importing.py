@@ -108,16 +108,23 @@ def import_checks(run: ImportedRun, sla: SlaSection, percentiles: list[float]) -
 
 
 def source_check(run: ImportedRun, m: LatencyMetrics) -> Check:
-    """What was read, from where, and how the tool's figures differ from a live day0 run's."""
+    """What was read, from where, and how the tool's figures differ from a live day0 run's. Requests
+    whose figures cannot be true were left out of every figure: the check is then an ``error`` naming
+    them, so the run is never accepted on what remains (docs/metrics.md, "Domains")."""
     rows = [[k, v if not isinstance(v, float) else rounded(v, 4)] for k, v in run.facts]
-    return Check("latency.import", "Imported benchmark result", "pass", value=run.tool, unit="", direction="exact",
-                 message=(f"{run.tool} {run.label} from {run.path.name}: {m.sent} requests read, {m.completed} "
-                          f"completed, {m.failed} failed" + (f", {m.not_sent} left out (incomplete)" if m.not_sent
-                                                              else "")
-                          + (f"; not recorded by the tool: {', '.join(run.missing)}" if run.missing else "")),
+    left = run.left_out
+    read = f"{m.sent} requests judged ({m.sent + left.count} read)" if left.count else f"{m.sent} requests read"
+    message = (f"{run.tool} {run.label} from {run.path.name}: {read}, {m.completed} "
+               f"completed, {m.failed} failed" + (f", {m.not_sent} left out (incomplete)" if m.not_sent else "")
+               + (f"; not recorded by the tool: {', '.join(run.missing)}" if run.missing else ""))
+    if left.count:
+        message = (f"could not measure: {left.count} of {m.sent + left.count} requests hold figures that cannot be "
+                   f"true and are left out of every figure; first: {left.shown[0]}; {message}")
+    return Check("latency.import", "Imported benchmark result", "error" if left.count else "pass", value=run.tool,
+                 unit="", direction="exact", message=message,
                  evidence={"file": str(run.path), "sha256": run.sha256, "tool": run.tool,
                            "tool_version": run.version, "run": run.label, "notes": run.notes,
-                           "missing": run.missing,
+                           "missing": run.missing, "left_out": left.count, "left_out_first": left.shown,
                            "table": {"columns": ["the tool's own figure", "as written"], "rows": rows}})
 
 

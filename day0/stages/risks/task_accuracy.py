@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from day0.config.risks import AccuracySettings
+from day0.core.outputs import write_file
 from day0.core.record import Check, measured
 from day0.engine import Endpoint
 from day0.model.locate import local_model_dir
@@ -45,8 +46,7 @@ def include_dir(settings: AccuracySettings, work: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     for yaml in TASK_DIR.glob("*.yaml"):
         data = TASK_DIR / (yaml.stem + ".jsonl")
-        (work / yaml.name).write_text(yaml.read_text(encoding="utf-8").replace("DATA_FILE", str(data)),
-                                      encoding="utf-8")
+        write_file(work / yaml.name, yaml.read_text(encoding="utf-8").replace("DATA_FILE", str(data)))
     return work
 
 
@@ -73,7 +73,7 @@ def run_lm_eval(model: str, model_args: str, tasks: list[str], include: list[Pat
         raise TaskError(f"lm-eval ({model}) ran past {timeout:g} s") from None
     seconds = time.perf_counter() - t0
     (out / f"lm-eval-{model}.log").parent.mkdir(parents=True, exist_ok=True)
-    (out / f"lm-eval-{model}.log").write_text(scrub(proc.stdout + proc.stderr), encoding="utf-8")
+    write_file(out / f"lm-eval-{model}.log", scrub(proc.stdout + proc.stderr))
     results = sorted(out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
     if proc.returncode != 0 or not results:
         tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-1:] or ["no output"]

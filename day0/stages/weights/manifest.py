@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
 from day0.config.errors import InputError, open_regular
+from day0.core.inputs import file_kind
+from day0.core.outputs import write_file
 from day0.core.record import utcnow
 from day0.model.jsonfile import MAX_MANIFEST_BYTES, read_json
 
@@ -149,11 +152,10 @@ def write(model_dir: Path, names: Iterable[str], *, workers: int | None = None,
         "created_at": utcnow(),
         "files": {d.name: {"size": d.size, "sha256": d.sha256} for d in sorted(digests.values(), key=lambda d: d.name)},
     }
-    path = model_dir / manifest_name
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    try:
+        return write_file(model_dir / manifest_name, json.dumps(doc, indent=1) + "\n")
+    except InputError as exc:  # a folder, FIFO or link where the manifest goes: one line, nothing written
+        raise ManifestError(str(exc)) from None
 
 
 def load(path: Path) -> dict[str, dict[str, Any]]:
@@ -218,9 +220,14 @@ def verify(
     for name, entry in sorted(files.items()):
         path = model_dir / name
         try:
-            size = path.stat().st_size
+            st = path.stat()
         except OSError:
             problems.append((name, f"{name}: listed in {manifest_name} but missing from {model_dir}"))
+            continue
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):  # a folder's 4096 "bytes" would read as a truncated file
+            problems.append((name, f"{name}: is {file_kind(st.st_mode)}, not a file ({manifest_name} recorded a "
+                                   f"file of {entry['size']} bytes)"))
             continue
         if size != entry["size"]:
             problems.append((name, f"{name}: {size} bytes on disk, {manifest_name} recorded {entry['size']}"))

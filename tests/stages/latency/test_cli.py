@@ -86,7 +86,6 @@ def test_search_flags_become_the_search_table():
     (("--goodput", "itl:5"), "--goodput 'itl:5': expected METRIC:MS"),
     (("--goodput", "ttft:-1"), "--goodput 'ttft:-1'"),
     (("--goodput", "ttft"), "--goodput 'ttft'"),
-    (("--workers", "-1"), "latency.workers"),
     (("--percentiles", "50,120"), "latency.percentiles"),
     (("--min-goodput", "-2"), "sla.min_goodput_req_s"),
     (("--search-start-rate", "0"), "latency.search.start_rate"),
@@ -95,6 +94,14 @@ def test_a_bad_flag_is_one_line_naming_it(argv, named):
     with pytest.raises(SettingsError) as err:
         settings_from_args(_args(*argv))
     assert named in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--num-requests", "--concurrency"])
+def test_a_count_that_is_not_a_whole_number_never_reaches_the_settings(flag, capsys):
+    """argparse refuses it first (day0.core.numbers.whole_number), naming the flag: exit 2."""
+    with pytest.raises(SystemExit) as exited:
+        _args(flag, "-1")
+    assert exited.value.code == 2 and f"argument {flag}: '-1' is not a whole number" in capsys.readouterr().err
 
 
 def test_api_key_env_sets_the_engines_key(monkeypatch):
