@@ -231,12 +231,6 @@ LATENCY = ["latency", "--vocab-size", "300", "--num-requests", "4", "--warmup", 
            "--output-len", "4", "--input-len", "8", "--no-server-metrics"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with SSEServer() as srv:
-        yield srv
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_latency_prints_and_exports_no_shape_a_server_sends(server: SSEServer, tmp_path: Path,
                                                            shape: Shape) -> None:

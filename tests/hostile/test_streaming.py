@@ -16,16 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import hostile
-from tests.support.sse_server import Script, SSEServer
+from tests.support.sse_server import Script
 
 BASE = ["latency", "--vocab-size", "300", "--num-requests", "4", "--warmup", "2", "--concurrency", "2",
         "--output-len", "4", "--input-len", "8", "--no-server-metrics"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with SSEServer() as srv:
-        yield srv
 
 
 def _checks(path: Path) -> dict[str, dict]:
