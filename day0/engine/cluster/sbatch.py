@@ -74,14 +74,22 @@ def job_state(job_id: str) -> JobState:
                     exit_code=int(code) if code.isdigit() else 1)
 
 
-def node_states() -> dict[str, tuple[str, str]]:
-    """Every node: (state, reason) as sinfo reports them."""
+SINFO_NODES = ("sinfo", "-h", "-N", "-o", "%N|%T|%E")  # one line a node: name, state, reason
+
+
+def parse_node_states(text: str) -> dict[str, tuple[str, str]]:
+    """``SINFO_NODES``'s output: every node's (state, reason), the state in lower case."""
     out = {}
-    for line in _slurm("sinfo", "-h", "-N", "-o", "%N|%T|%E").splitlines():
+    for line in text.splitlines():
         parts = line.strip().split("|", 2)
         if len(parts) == 3:
             out[parts[0]] = (parts[1].lower(), parts[2])
     return out
+
+
+def node_states() -> dict[str, tuple[str, str]]:
+    """Every node: (state, reason) as sinfo reports them."""
+    return parse_node_states(_slurm(*SINFO_NODES))
 
 
 def unavailable_nodes(job: JobState) -> dict[str, tuple[str, str]]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from day0.core.commands import run_command
+from day0.engine.cluster.sbatch import SINFO_NODES, parse_node_states
 
 Log = Callable[[str], None]
 
@@ -91,10 +92,9 @@ class SlurmCluster:
         return run_command(argv, SchedulerError, missing="scripts/install-system.sh slurm", env=self.env(),
                            timeout=timeout, check=check)
 
-    def node_states(self) -> dict[str, str]:
-        """Each node's state as sinfo reports it (idle, alloc, down*, drain, ...)."""
-        out = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout
-        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+    def node_states(self) -> dict[str, tuple[str, str]]:
+        """Each node's (state, reason) as sinfo reports them (idle, allocated, down*, drained, ...)."""
+        return parse_node_states(self.run(*SINFO_NODES).stdout)
 
     def sinfo(self) -> str:
         return self.run("sinfo", "-N", "-l", check=False).stdout.strip()
@@ -127,7 +127,7 @@ def slurm_up(folder: Path, nodes: Sequence[SlurmNode], controller: str, log: Log
 
 def _all_idle(cluster: SlurmCluster) -> bool:
     states = cluster.node_states()
-    return len(states) == len(cluster.nodes) and all(s == "idle" for s in states.values())
+    return len(states) == len(cluster.nodes) and all(state == "idle" for state, _ in states.values())
 
 
 def _free_port(address: str) -> int:
