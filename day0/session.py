@@ -26,6 +26,7 @@ from day0.engine import EngineInfo, Engines
 from day0.engine.cluster.nodes import ClusterError
 from day0.stages.context import RecordSoFar, StageContext
 from day0.stages.registry import Registry, load
+from day0.stages.required import resolve
 
 if TYPE_CHECKING:
     from day0.results.export import Targets
@@ -113,16 +114,16 @@ class Day0Session:
             self.engines.launch_early()
 
     def resolved_profile(self) -> dict[str, object]:
-        """The profile as the record keeps it, with ``[report] required`` resolved: the profile's own
-        list when it sets one, else what the built-in stages declare; a site stage's declared checks
-        always (a profile written before the stage was installed cannot name them). The record's
-        verdict then follows from the record alone."""
+        """The profile as the record keeps it, with ``[report] required`` resolved
+        (:func:`day0.stages.required.resolve`: the declared checks, and a stand-in for each one this
+        run has no view for) and the substitutions beside it, so the record's verdict follows from
+        the record alone."""
         resolved = self.profile.resolved()
+        required = resolve(self.profile, self.registry.stages)
         report = dict(resolved.get("report") or {})
-        own = list(report.get("required") or [])
-        builtin = [g for s in self.registry.stages if s.origin == "day0" for g in s.required]
-        site = [g for s in self.registry.stages if s.origin != "day0" for g in s.required]
-        report["required"] = list(dict.fromkeys([*(own or builtin), *site]))
+        report["required"] = required.globs
+        if required.substituted:
+            report["substituted"] = [s.as_record() for s in required.substituted]
         return {**resolved, "report": report}
 
     def _bring_up_nodes(self) -> list[dict[str, object]]:

@@ -16,5 +16,8 @@ class WeightsSection(Section):
     hash_workers: int = Field(0, ge=0)  # 0: one per usable CPU
     max_checks_per_category: int = Field(200, ge=1)
     memory_tolerance: float = Field(0.10, ge=0)  # measured weights per rank vs plan, relative
+    # weights.rank_memory (read beside the engine): what a rank holds beyond its weights and KV pool
+    # (runtime, activations, CUDA context and graphs); unset: 2 GiB on CPU, 4 GiB on GPUs
+    runtime_allowance_gib: Optional[float] = Field(None, ge=0)
     load_time_limit_s: Optional[float] = Field(None, gt=0)  # engine start-up incl. weight loading
     golden: Optional[str] = None  # greedy tokens from a trusted run (day0 weights golden)

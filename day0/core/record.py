@@ -33,6 +33,7 @@ from day0.core.verdict import (  # noqa: F401
     required_checks,
     run_verdict,
     stage_verdict,
+    stood_in_checks,
     unverified_required,
     waiver_for,
     waivers_of,
@@ -447,8 +448,9 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
     stages = [StageRecord(n, stage_verdict(fold.by_stage.get(n, []), waivers, on), fold.by_stage.get(n, []),
                           fold.stage_info.get(n), _seconds(times.get(n))) for n in names]
 
-    verdict, reason = run_verdict(stages, finished=fold.finished_at is not None,
-                                  required=required_checks(fold.started.get("profile")), waivers=waivers, on=on)
+    profile = fold.started.get("profile")
+    verdict, reason = run_verdict(stages, finished=fold.finished_at is not None, required=required_checks(profile),
+                                  waivers=waivers, on=on, excused=stood_in_checks(profile))
     notes = dict(fold.notes)
     if fold.problems:  # a malformed declaration costs its headlines and titles, never a check
         notes[STAGE_INFO_SKIPPED_NOTE] = fold.problems[:MAX_SKIPPED_SHOWN]
@@ -566,7 +568,7 @@ def _consistent(record: RunRecord, where: str) -> None:
     if record.verdict == "accepted":
         verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
                                       required=required_checks(record.profile), waivers=waivers,
-                                      on=record.started_at)
+                                      on=record.started_at, excused=stood_in_checks(record.profile))
         if verdict != "accepted":
             raise RecordError(f"{where}: verdict: 'accepted', but its checks give {verdict!r} ({reason}); "
                               "the record contradicts itself")

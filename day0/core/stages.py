@@ -77,11 +77,17 @@ class ViewNeed:
     """A check only one of the engine's views can measure (``scheduler``: the exact block pool and the
     worker RPC), and what a profile can require instead. Where that view cannot exist (an external
     deployment, an engine across nodes, a GPU server), preflight says so before any engine work when
-    the profile requires the check, rather than the run spending its minutes to end INCOMPLETE."""
+    the profile requires the check, rather than the run spending its minutes to end INCOMPLETE.
+
+    ``stand_in`` is the check a run without that view requires in its place, when the run has the
+    stand-in's own view (``stand_in_view``: ``http``, always; ``beside``, the engine's processes on
+    this host); the record keeps the substitution, so the verdict still follows from it alone."""
 
     check: str
     view: str
     alternative: str
+    stand_in: str = ""
+    stand_in_view: str = "http"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import fnmatch
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Collection, Protocol
 
 # The evidence key of a skip that says the stage does not apply to this target (the expert-load
 # stage on a dense model): such a stage is "not_applicable", neither missing nor unverified, so a
@@ -194,9 +194,21 @@ def required_checks(profile: Any) -> list[str]:
     return [g for g in req if isinstance(g, str)] if isinstance(req, list) else []
 
 
-def unverified_required(stages: Sequence[_Stage], required: Sequence[str]) -> list[tuple[str, str]]:
+def stood_in_checks(profile: Any) -> set[str]:
+    """Required check ids this run could not measure and required a stand-in for instead (the
+    record's ``[report] substituted``, written by the session): a glob that also matches one of them
+    does not require it."""
+    rep = profile.get("report") if isinstance(profile, dict) else None
+    subs = rep.get("substituted") if isinstance(rep, dict) else None
+    return {s["check"] for s in subs if isinstance(s, dict) and isinstance(s.get("check"), str)} \
+        if isinstance(subs, list) else set()
+
+
+def unverified_required(stages: Sequence[_Stage], required: Sequence[str],
+                        excused: Collection[str] = ()) -> list[tuple[str, str]]:
     """(check id or glob, why) for each required check that was not verified: a matching check that
-    is skip, blocked or error, or a glob no check matches at all (a required check that never ran)."""
+    is skip, blocked or error, or a glob no check matches at all (a required check that never ran).
+    ``excused`` ids (:func:`stood_in_checks`) are not required through a glob."""
     out: list[tuple[str, str]] = []
     checks = [c for s in stages for c in s.checks]
     idle = {s.name for s in stages if s.verdict == NOT_APPLICABLE}
@@ -206,7 +218,7 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str]) -> li
         hits = [c for c in checks if fnmatch.fnmatchcase(c.id, glob)]
         if not hits:
             out.append((glob, "required, but no such check ran"))
-        for c in hits:
+        for c in (h for h in hits if h.id not in excused):
             if not_applicable(c):
                 continue
             if c.status in ("skip", "blocked", "error") and all(c.id != i for i, _ in out):
@@ -215,7 +227,8 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str]) -> li
 
 
 def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str] = (),
-                waivers: Sequence[Waiver] = (), on: str | None = None) -> tuple[str, str]:
+                waivers: Sequence[Waiver] = (), on: str | None = None,
+                excused: Collection[str] = ()) -> tuple[str, str]:
     """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
     the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
     method that did not resolve can never be mistaken for a verdict on the deployment. A check the
@@ -236,7 +249,7 @@ def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str
     missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]
     if missing:
         return "incomplete", "stages not run, skipped or blocked: " + ", ".join(missing)
-    unverified = unverified_required(stages, required)
+    unverified = unverified_required(stages, required, excused)
     if unverified:
         more = f" (and {len(unverified) - 1} more)" if len(unverified) > 1 else ""
         first, why = unverified[0]

@@ -86,3 +86,17 @@ def scheduler_unavailable(profile: Profile, multi_node: bool | None = None) -> s
         return ("the scheduler view beside a server engine is only started on CPU targets "
                 "(a second engine would not fit on the GPUs); use engine.mode = \"inprocess\"")
     return None
+
+
+def beside_unavailable(profile: Profile, multi_node: bool | None = None) -> str | None:
+    """Why this run cannot read the engine's ranks as processes on this host (None: it can): day0
+    starts a single-node server itself, and an external deployment is beside it when its URL names
+    this host. The one answer, asked by preflight and by the weights stage."""
+    across_nodes = profile.topology.nodes > 1 if multi_node is None else multi_node
+    if across_nodes:
+        return "an engine across nodes has ranks on other hosts, whose processes cannot be read from here"
+    if profile.engine.mode == "external":
+        from day0.engine.ranks import beside
+
+        return beside(str(profile.engine.url))
+    return None

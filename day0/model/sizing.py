@@ -5,12 +5,24 @@ the plan (kvcache capacity, weights per rank) price the same thing."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from day0.config.profile import Profile
+from day0.model import archs
 from day0.model.config import ConfigUnavailable, model_config
-from day0.model.plan import Plan, plan, plan_kwargs
+from day0.model.plan import MLA_FP8_DS_BYTES, Plan, kv_dtype_bytes, plan, plan_kwargs, resolve_dtype
 from day0.model.what_if import check_engine_args
+
+
+def config_kv_bytes_per_token(config: dict[str, Any], engine_args: Mapping[str, Any]) -> int:
+    """KV bytes per token on the busiest rank from config.json and the engine args (TP x PP, dtypes)."""
+    tp = int(engine_args.get("tensor_parallel_size", 1) or 1)
+    pp = int(engine_args.get("pipeline_parallel_size", 1) or 1)
+    dtype = resolve_dtype(str(engine_args.get("dtype", "auto")), config)
+    kv_dtype = str(engine_args.get("kv_cache_dtype", "auto"))
+    if archs.is_mla(config) and kv_dtype.lower() == "fp8_ds_mla":
+        return MLA_FP8_DS_BYTES * math.ceil(archs.num_layers(config) / pp)
+    return archs.kv_bytes_per_token(config, kv_dtype_bytes(kv_dtype, dtype), tp=tp, pp=pp)
 
 
 def kv_cache_memory_bytes(profile: Profile) -> int | None:

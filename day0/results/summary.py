@@ -17,7 +17,7 @@ from typing import Any
 
 from day0.core.record import Check, RunRecord, required_checks, unverified_required
 from day0.core.stages import Figure, StageInfo
-from day0.core.verdict import NOT_APPLICABLE, not_applicable, waiver_for, waivers_of
+from day0.core.verdict import NOT_APPLICABLE, not_applicable, stood_in_checks, waiver_for, waivers_of
 
 NOT_VERIFIED = ("skip", "blocked", "error")
 SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
@@ -245,14 +245,15 @@ class Unverified:
 
 def unverified(record: RunRecord) -> list[Unverified]:
     """Every check that verified nothing, each once with its reason; required ones first."""
-    req = required_checks(record.profile)
+    req, excused = required_checks(record.profile), stood_in_checks(record.profile)
     by_id: dict[str, list[Check]] = {}
     for c in record.checks():
         if c.status in NOT_VERIFIED:
             by_id.setdefault(c.id, []).append(c)
-    out = [Unverified(i, cs[0].status, cs[0].message, any(fnmatch.fnmatchcase(i, g) for g in req), len(cs))
+    out = [Unverified(i, cs[0].status, cs[0].message,
+                      i not in excused and any(fnmatch.fnmatchcase(i, g) for g in req), len(cs))
            for i, cs in by_id.items()]
-    absent = [Unverified(glob, "absent", why, True) for glob, why in unverified_required(record.stages, req)
+    absent = [Unverified(glob, "absent", why, True) for glob, why in unverified_required(record.stages, req, excused)
               if why.startswith("required, but no such check")]
     return sorted(absent + out, key=lambda u: not u.required)
 

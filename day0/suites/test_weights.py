@@ -15,6 +15,7 @@ from day0.stages.weights import (
     memory_checks,
     smoke_checks,
 )
+from day0.stages.weights.beside import beside_checks
 from day0.stages.weights.memory import measure_weights
 
 pytestmark = [pytest.mark.day0, pytest.mark.weights]
@@ -48,6 +49,16 @@ def test_weight_memory_per_rank(day0_profile, day0_session, day0_checks):
                               message=str(exc), source=engines.primary_view))
         return
     day0_checks.extend(memory_checks(found.per_rank, day0_profile, note=found.note, evidence=found.evidence))
+
+
+def test_rank_memory_beside_the_engine(day0_profile, day0_session, day0_checks):
+    """What each rank of the HTTP engine holds beyond its KV pool, read on this host (nvidia-smi per
+    process on GPUs, /proc on CPU; /metrics for the pool), against the planned weights plus a
+    runtime allowance: the weights check of an external deployment or a GPU server, which expose no
+    worker RPC. A bound, not the exact bytes (docs/metrics.md)."""
+    if day0_session.engines.primary_view == "scheduler":
+        pytest.skip("engine.mode = \"inprocess\": no server process to read; weights.memory_per_rank is exact")
+    day0_checks.extend(beside_checks(day0_session.engines, day0_profile))
 
 
 def test_golden_tokens(day0_session, day0_profile, day0_checks):

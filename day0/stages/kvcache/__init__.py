@@ -59,5 +59,6 @@ STAGE = Stage(
              Figure("kv_tokens", "KV tokens held vs needed", ("kvcache.capacity",), need=True)),
     required=("kvcache.capacity", "kvcache.fragmentation"),
     view_needs=(ViewNeed("kvcache.fragmentation", "scheduler",
-                         "require kvcache.blackbox_fragmentation (the estimate from /metrics) instead"),),
+                         "require kvcache.blackbox_fragmentation (the estimate from /metrics) instead",
+                         stand_in="kvcache.blackbox_fragmentation", stand_in_view="http"),),
 )

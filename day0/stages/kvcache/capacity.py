@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from day0.model.sizing import config_kv_bytes_per_token
 from day0.stages.kvcache.exact import SchedulerSampler
 from day0.stages.kvcache.metrics import http_cache_info
 
@@ -43,20 +44,6 @@ class Capacity:
     @property
     def pool_bytes(self) -> int:
         return self.engine_pool_bytes or self.num_blocks * self.block_size * self.kv_bytes_per_token
-
-
-def config_kv_bytes_per_token(config: dict[str, Any], engine_args: Mapping[str, Any]) -> int:
-    """KV bytes per token on the busiest rank from config.json and the engine args (TP x PP, dtypes)."""
-    from day0.model import archs
-    from day0.model.plan import MLA_FP8_DS_BYTES, kv_dtype_bytes, resolve_dtype
-
-    tp = int(engine_args.get("tensor_parallel_size", 1) or 1)
-    pp = int(engine_args.get("pipeline_parallel_size", 1) or 1)
-    dtype = resolve_dtype(str(engine_args.get("dtype", "auto")), config)
-    kv_dtype = str(engine_args.get("kv_cache_dtype", "auto"))
-    if archs.is_mla(config) and kv_dtype.lower() == "fp8_ds_mla":
-        return MLA_FP8_DS_BYTES * math.ceil(archs.num_layers(config) / pp)
-    return archs.kv_bytes_per_token(config, kv_dtype_bytes(kv_dtype, dtype), tp=tp, pp=pp)
 
 
 def engine_kv_bytes_per_token(llm: Any) -> int:

@@ -1,41 +1,33 @@
-"""Required checks that this deployment cannot measure, said before any engine work.
+"""Required checks that this deployment cannot measure as declared, said before any engine work.
 
 Some checks need the engine's scheduler view (the exact block pool, the worker RPC): an external
 deployment, an engine across nodes or a GPU server has none (:func:`day0.engine.handle.scheduler_unavailable`,
-the same answer the run gets). A profile that requires such a check can only end INCOMPLETE on it;
-stage 0 says so in one line per check, naming the check and what to require instead.
+the same answer the run gets). Where the check's stage declares a stand-in this run can measure,
+the run requires that instead (:func:`day0.stages.required.resolve`) and stage 0 says so as a note;
+where none can be measured, the run can only end INCOMPLETE on it, and stage 0 warns, naming the
+check and what to require instead.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Sequence
 
 from day0.config.profile import Profile
 from day0.core.stages import Stage
-from day0.engine.handle import scheduler_unavailable
 from day0.stages.preflight.findings import Finding
-
-
-def required_globs(profile: Profile, stages: Sequence[Stage]) -> list[str]:
-    """What the verdict will rest on: the profile's ``[report] required``, else the built-in stages'
-    declarations, and a site stage's always (as the session resolves it for the record)."""
-    builtin = [g for s in stages if s.origin == "day0" for g in s.required]
-    site = [g for s in stages if s.origin != "day0" for g in s.required]
-    return list(dict.fromkeys([*(profile.report.required or builtin), *site]))
+from day0.stages.required import resolve
 
 
 def unmeasurable_findings(profile: Profile, stages: Sequence[Stage]) -> list[Finding]:
-    """One warning per required check whose view this profile's run cannot have."""
-    why = {"scheduler": scheduler_unavailable(profile)}
-    required = required_globs(profile, stages)
-    out = []
-    for stage in stages:
-        for need in stage.view_needs:
-            reason = why.get(need.view)
-            if reason and any(fnmatch.fnmatchcase(need.check, g) for g in required):
-                out.append(Finding(
-                    "warning", "unmeasurable", "report.required", need.check,
-                    f"required check {need.check} needs the engine's {need.view} view, and this run has none "
-                    f"({reason}): the run can only end INCOMPLETE on it", need.alternative))
+    """One warning per required check this run cannot measure, one note per check stood in for."""
+    required = resolve(profile, stages)
+    out = [Finding("info", "stand_in", "report.required", s.check,
+                   f"required check {s.check} cannot be measured by this run ({s.why}); {s.stand_in} is "
+                   "required in its place", f"to require {s.check} itself, run day0 where its view exists")
+           for s in required.substituted]
+    for u in required.unmeasurable:
+        out.append(Finding(
+            "warning", "unmeasurable", "report.required", u.need.check,
+            f"required check {u.need.check} needs the engine's {u.need.view} view, and this run has none "
+            f"({u.why}): the run can only end INCOMPLETE on it", u.need.alternative))
     return out

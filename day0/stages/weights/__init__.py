@@ -38,6 +38,7 @@ STAGE = Stage(
     required=("weights.shards_present", "weights.smoke.*", "weights.manifest", "weights.golden_tokens",
               "weights.memory_per_rank"),
     view_needs=(ViewNeed("weights.memory_per_rank", "scheduler",
-                         "require weights.smoke.* and weights.golden_tokens (through the HTTP API) instead, or run "
-                         "day0 beside the engine with engine.mode = \"inprocess\""),),
+                         "run day0 on the engine's host (its ranks' memory is then read there, weights.rank_memory), "
+                         "or require weights.smoke.* and weights.golden_tokens (through the HTTP API) instead",
+                         stand_in="weights.rank_memory", stand_in_view="beside"),),
 )
