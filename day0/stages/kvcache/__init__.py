@@ -4,12 +4,13 @@ Two views measure fragmentation (definitions in docs/metrics.md, ``## KV cache``
 docs/stages/kvcache.md): the **exact** view reads an in-process engine's scheduler after every
 step (``exact``), the **black box** estimates it from ``/metrics`` and the client's own streams
 (``blackbox``). Modules: ``fragmentation`` (the formula, block counting, samples, summaries),
-``workload`` (the request mix), ``exact``, ``metrics`` (the /metrics exposition), ``blackbox``,
+``workload`` (the request mix), ``exact``, ``blackbox``,
 ``capacity``, ``prefix`` (the warm/cold probe), ``checks`` (every check built from them),
 ``views`` (running them on the session's engines), ``errors``. Plain functions and dataclasses:
 testable without pytest; the suite (``day0/suites/test_kvcache.py``) records what they return.
 """
 
+from day0.client.kv_metrics import parse_kv_metrics
 from day0.core.stages import Figure, Stage, ViewNeed
 from day0.stages.kvcache.blackbox import BlackBoxRun, BlackBoxSample, Flight, blackbox_sample, run_blackbox
 from day0.stages.kvcache.capacity import Capacity, config_kv_bytes_per_token, live_capacity
@@ -25,7 +26,6 @@ from day0.stages.kvcache.checks import (
 from day0.stages.kvcache.errors import KvCacheError, WorkloadRejected
 from day0.stages.kvcache.exact import ExactRun, RequestRecord, SchedulerSampler, run_exact
 from day0.stages.kvcache.fragmentation import Holding, KvSample, count_blocks, fragmentation, is_steady, summarize
-from day0.stages.kvcache.metrics import parse_kv_metrics
 from day0.stages.kvcache.prefix import PrefixProbe, prefix_probe_http, prefix_probe_inprocess, probe_prompt
 from day0.stages.kvcache.views import ViewRuns, prefix_cache_checks, run_in_turn, run_views
 from day0.stages.kvcache.workload import build_workload, check_fits, rejection_from_message, workload_vocab

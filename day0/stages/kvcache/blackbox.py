@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from day0.client.kv_metrics import KvMetrics, parse_kv_metrics
 from day0.stages.kvcache.errors import KvCacheError, WorkloadRejected
 from day0.stages.kvcache.fragmentation import KvSample
-from day0.stages.kvcache.metrics import KvMetrics, parse_kv_metrics
 from day0.stages.kvcache.workload import KvRequest, check_fits, rejection_from_message
 
 

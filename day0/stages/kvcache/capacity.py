@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from day0.client.kv_metrics import http_cache_info
 from day0.model.sizing import config_kv_bytes_per_token
 from day0.stages.kvcache.exact import SchedulerSampler
-from day0.stages.kvcache.metrics import http_cache_info
 
 
 @dataclass(frozen=True)

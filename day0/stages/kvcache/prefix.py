@@ -8,9 +8,9 @@ import urllib.error
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from day0.client.kv_metrics import parse_kv_metrics
 from day0.stages.kvcache.errors import KvCacheError
 from day0.stages.kvcache.exact import engine_max_model_len
-from day0.stages.kvcache.metrics import parse_kv_metrics
 from day0.stages.kvcache.workload import KvRequest, check_fits, rejection_from_message
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from day0.client.prom import samples, scrape_sync
+from day0.client.kv_metrics import parse_kv_metrics
+from day0.client.prom import PromError, scrape_sync
 from day0.config.profile import Profile
 from day0.core.record import Check, measured
 from day0.engine.ranks import RankProcess, RanksUnavailable, listener_pid, ranks
@@ -48,24 +49,23 @@ def root_pid(engine: Any) -> int:
 
 
 def pool_bytes_per_rank(metrics_text: str, profile: Profile) -> tuple[int, str]:
-    """(KV pool bytes on one rank, how it was read) from ``vllm:cache_config_info``: its
-    ``kv_cache_memory_bytes`` label when the engine reports it, else its blocks x block size x the
-    KV bytes a token costs on a rank (config.json and the engine args)."""
-    infos = samples(metrics_text, {}) if metrics_text else []
-    info = next((s.labels for s in infos if s.name == "vllm:cache_config_info"), None)
-    if info is None:
-        raise RanksUnavailable("no vllm:cache_config_info on /metrics: the KV pool each rank holds is unknown")
-    if info.get("kv_cache_memory_bytes", "").isdigit():
-        return int(info["kv_cache_memory_bytes"]), "kv_cache_memory_bytes (vllm:cache_config_info)"
+    """(KV pool bytes on one rank, how it was read) from ``vllm:cache_config_info``
+    (:func:`day0.client.kv_metrics.parse_kv_metrics`): its ``kv_cache_memory_bytes`` when the engine
+    reports it, else one engine's blocks x block size x the KV bytes a token costs on a rank
+    (config.json and the engine args)."""
     try:
-        blocks, size = int(info["num_gpu_blocks"]), int(info["block_size"])
+        m = parse_kv_metrics(metrics_text)
+    except PromError as exc:
+        raise RanksUnavailable(f"the KV pool each rank holds is unknown: {exc}") from exc
+    if m.kv_cache_memory_bytes:
+        return m.kv_cache_memory_bytes, "kv_cache_memory_bytes (vllm:cache_config_info)"
+    try:
         config, _ = model_config(profile)
-    except (KeyError, ValueError) as exc:
-        raise RanksUnavailable(f"vllm:cache_config_info has no integer num_gpu_blocks / block_size: {exc}") from exc
     except ConfigUnavailable as exc:
         raise RanksUnavailable(f"no config.json to price the KV pool per rank: {exc}") from exc
+    blocks = (m.usable_blocks + m.engines) // m.engines  # vLLM's num_gpu_blocks of one engine
     per_token = config_kv_bytes_per_token(config, profile.engine.args)
-    return blocks * size * per_token, f"{blocks} blocks x {size} tokens x {per_token} B/token (config.json)"
+    return blocks * m.block_size * per_token, f"{blocks} blocks x {m.block_size} tokens x {per_token} B/token (config.json)"
 
 
 def read_beside(engine: Any, profile: Profile) -> Beside:
@@ -120,7 +120,6 @@ def beside_checks(engines: Any, profile: Profile) -> list[Check]:
     skip where the ranks are not on this host (preflight said so); where they should be and are not
     readable, an error when they stand in for the exact check (the run cannot be accepted on them),
     else a skip (the exact figure was had through the scheduler view)."""
-    from day0.client.prom import PromError
     from day0.engine.handle import beside_unavailable, scheduler_unavailable
 
     why = beside_unavailable(profile)

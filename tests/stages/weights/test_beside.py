@@ -14,7 +14,8 @@ from day0.stages.weights.memory import planned
 
 GIB = 2**30
 INFO = ('# TYPE vllm:cache_config_info gauge\n'
-        'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="8192"%s} 1.0\n')
+        'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="8192"%s} 1.0\n'
+        '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0"} 0.0\n')
 
 
 def profile(*overrides: str):
@@ -42,7 +43,7 @@ def test_else_the_pool_is_its_blocks_priced_from_config_json() -> None:
 
 
 def test_no_cache_config_on_metrics_is_said_in_one_line() -> None:
-    with pytest.raises(RanksUnavailable, match="no vllm:cache_config_info"):
+    with pytest.raises(RanksUnavailable, match="no vllm:kv_cache_usage_perc"):
         pool_bytes_per_rank("# TYPE up gauge\nup 1\n", profile())
 
 

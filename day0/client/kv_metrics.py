@@ -1,4 +1,5 @@
-"""The KV-cache facts in a vLLM /metrics exposition: pool usage, block size and count, request gauges, counters."""
+"""The KV-cache facts in a vLLM /metrics exposition: pool usage, block size and count, request gauges, counters
+(read by the kvcache stage, and by the weights stage for the pool each rank holds)."""
 
 from __future__ import annotations
 
