@@ -26,6 +26,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # vllm/v1/attention/backends/mla/cpu_mla.py and amx_mla.py: get_supported_head_sizes() == [576]
 CPU_MLA_LATENT = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): 512 + 64 = 576
 CPU_MLA_BLOCK_SIZE = 16  # platforms/cpu.py forces it for the reference CPU MLA kernel
+AMX_MLA_DTYPES = ("bfloat16", "float16", "half")  # amx_mla.py: convert_weight_packed takes these (and int8)
 CPU_BLOCK_MULTIPLE = 32  # CPU_ATTN: get_supported_kernel_block_sizes() == [MultipleOf(32)]
 NOTES = "notes/vllm-cpu.md (measured on day0's CPU box, vLLM 0.32)"
 # vllm/model_executor/layers/quantization/: the methods whose MoE layers take vLLM's WNA16 MoE oracle
@@ -90,6 +91,8 @@ class CpuFacts:
     kv_cache_dtype: str
     int4: str = ""  # int4_weight_only(): the checkpoint's int4 weight-only scheme, "" for none
     cpu_flags: frozenset[str] = field(default_factory=frozenset)  # host_cpu_flags(); empty: unknown
+    dtype: str = "auto"  # the compute dtype: engine.args.dtype, or config.json's where that is "auto"
+    attention_backend: str = ""  # engine.args.attention_backend (or attention_config.backend), "" for vLLM's pick
 
     @property
     def latent(self) -> int:
@@ -98,6 +101,17 @@ class CpuFacts:
     @property
     def simd(self) -> str:
         return simd_summary(self.cpu_flags)
+
+    @property
+    def amx_mla(self) -> bool:
+        """vLLM picks AMX_MLA for this MLA model: the host has AMX tiles and CPU_MLA was not asked for
+        (``platforms/cpu.py get_attn_backend_cls``). Unknown flags count as the reference kernel."""
+        return self.mla and "amx_tile" in self.cpu_flags and self.attention_backend.upper() != "CPU_MLA"
+
+    @property
+    def reference_mla(self) -> bool:
+        """The reference CPU_MLA kernel serves this MLA model: block size 16, no prefix caching or chunking."""
+        return self.mla and not self.amx_mla
 
     @property
     def no_int4_moe_kernel(self) -> bool:
@@ -110,6 +124,11 @@ class CpuFacts:
     def read(cls, args: dict[str, Any], config: dict[str, Any], cpu_flags: frozenset[str] | None = None) -> CpuFacts:
         mla = archs.is_mla(config)
         block = args.get("block_size")
+        dtype = str(args.get("dtype") or "auto")
+        if dtype == "auto":
+            dtype = str(config.get("torch_dtype") or config.get("dtype") or "auto")
+        attention = args.get("attention_config")
+        backend = args.get("attention_backend") or (attention.get("backend") if isinstance(attention, dict) else None)
         return cls(
             tp=int(args.get("tensor_parallel_size") or 1), pp=int(args.get("pipeline_parallel_size") or 1),
             dp=int(args.get("data_parallel_size") or 1), eager=bool(args.get("enforce_eager")), mla=mla,
@@ -121,6 +140,7 @@ class CpuFacts:
             prefix_caching=args.get("enable_prefix_caching"), chunked_prefill=args.get("enable_chunked_prefill"),
             kv_cache_dtype=str(args.get("kv_cache_dtype") or "auto"), int4=int4_weight_only(args, config),
             cpu_flags=host_cpu_flags() if cpu_flags is None else cpu_flags,
+            dtype=dtype.removeprefix("torch."), attention_backend=str(backend or ""),
         )
 
 
@@ -177,23 +197,32 @@ CPU_KERNEL_LIMITS: tuple[KernelLimit, ...] = (
         "vllm/v1/attention/backends/cpu_attn.py get_supported_kernel_block_sizes"),
     KernelLimit(
         "block_size_cpu_mla", "info", "engine.args.block_size",
-        lambda f: f.mla and f.block_size is not None and f.block_size != CPU_MLA_BLOCK_SIZE, lambda f: f.block_size,
+        lambda f: f.reference_mla and f.block_size is not None and f.block_size != CPU_MLA_BLOCK_SIZE,
+        lambda f: f.block_size,
         "vLLM's reference CPU MLA kernel only runs block_size=16 and overrides the setting",
         "set block_size=16 (or leave it unset)", "vllm/platforms/cpu.py check_and_update_config"),
     KernelLimit(
         "cpu_mla_prefix_caching", "warning", "engine.args.enable_prefix_caching",
-        lambda f: f.mla and f.prefix_caching is True, lambda f: True,
-        "without AMX (the reference CPU MLA kernel, as on day0's box) the CPU platform turns prefix caching off "
+        lambda f: f.reference_mla and f.prefix_caching is True, lambda f: True,
+        "with the reference CPU MLA kernel (no AMX on this host, or attention_backend=CPU_MLA) the CPU platform turns prefix caching off "
         "for MLA models ('MLA is enabled on a non-GPU platform; forcing "
         "chunked prefill and prefix caching to be disabled'): the profile asks for it and will not get it",
         "leave it unset on a CPU MLA profile; check prefix caching on GPUs",
         "vllm/platforms/cpu.py check_and_update_config; " + NOTES),
     KernelLimit(
         "cpu_mla_chunked_prefill", "warning", "engine.args.enable_chunked_prefill",
-        lambda f: f.mla and f.chunked_prefill is True, lambda f: True,
-        "without AMX the CPU platform turns chunked prefill off for MLA models and raises max_num_batched_tokens to "
+        lambda f: f.reference_mla and f.chunked_prefill is True, lambda f: True,
+        "with the reference CPU MLA kernel the CPU platform turns chunked prefill off for MLA models and raises max_num_batched_tokens to "
         "max_model_len: every prompt is prefilled in one step", "leave it unset on a CPU MLA profile",
         "vllm/platforms/cpu.py check_and_update_config; " + NOTES),
+    KernelLimit(
+        "cpu_mla_amx_dtype", "error", "engine.args.attention_backend",
+        lambda f: f.amx_mla and f.dtype not in AMX_MLA_DTYPES, lambda f: f.attention_backend or "auto",
+        "this host's CPU has AMX tiles, so vLLM serves MLA with AMX_MLA, whose weight packing takes bfloat16, "
+        "float16 or int8 only: dtype {f.dtype} fails at start-up ('expect weight to be bfloat16, float16, int8, "
+        "fp8_e4m3 or uint8'; measured 2026-12-03)",
+        "set attention_backend=CPU_MLA (the reference kernel, any dtype, any x86 CPU) or dtype=bfloat16",
+        "vllm/platforms/cpu.py get_attn_backend_cls; vllm/v1/attention/backends/mla/amx_mla.py"),
     KernelLimit(
         "cpu_mla_kv_cache_dtype", "warning", "engine.args.kv_cache_dtype",
         lambda f: f.mla and f.kv_cache_dtype != "auto", lambda f: f.kv_cache_dtype,

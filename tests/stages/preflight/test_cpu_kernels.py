@@ -30,6 +30,10 @@ TINY = {
 TINY_MOE = {**TINY, "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
             "moe_intermediate_size": 64, "head_dim": 64}
 
+AVX2 = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # day0's box of 2026-12-01
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
+AMX = AVX512 | {"amx_tile", "amx_bf16", "amx_int8"}  # day0's box of 2026-12-03
+
 
 def run(args: dict[str, Any], config: dict[str, Any] | None = None, device: str = "cpu") -> list[Finding]:
     return lint(args, config or TINY, device=device, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, rules=SNAPSHOT)
@@ -75,16 +79,44 @@ def test_attention_head_dim_outside_the_cpu_list_is_refused(head_dim: int, refus
 
 
 def test_mla_on_cpu_drops_prefix_caching_and_chunked_prefill_when_asked_for() -> None:
-    asked = by_rule(run({"enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 64}, deepseek()))
+    asked_args = {"enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 64}
+    asked = by_rule(cpu_kernel_findings(asked_args, deepseek(), AVX512))
     assert asked["cpu_mla_prefix_caching"].severity == "warning"
     assert asked["cpu_mla_chunked_prefill"].severity == "warning"
     assert asked["block_size_cpu_mla"].severity == "info" and "block_size=16" in asked["block_size_cpu_mla"].why
-    unset = by_rule(run({}, deepseek()))
+    # AMX_MLA keeps both and takes any block size, unless the reference kernel is asked for by name
+    amx = by_rule(cpu_kernel_findings(asked_args, deepseek(), AMX))
+    assert not {"cpu_mla_prefix_caching", "cpu_mla_chunked_prefill", "block_size_cpu_mla"} & set(amx)
+    named = by_rule(cpu_kernel_findings({**asked_args, "attention_backend": "CPU_MLA"}, deepseek(), AMX))
+    assert {"cpu_mla_prefix_caching", "cpu_mla_chunked_prefill", "block_size_cpu_mla"} <= set(named)
+    unset = by_rule(cpu_kernel_findings({}, deepseek(), AVX512))
     assert not {"cpu_mla_prefix_caching", "cpu_mla_chunked_prefill", "block_size_cpu_mla"} & set(unset)
-    dense = by_rule(run({"enable_prefix_caching": True, "enable_chunked_prefill": True, "block_size": 64}))
+    dense = by_rule(run(asked_args))
     assert not {"cpu_mla_prefix_caching", "cpu_mla_chunked_prefill", "block_size"} & set(dense)
     gpu = by_rule(run({"enable_prefix_caching": True, "block_size": 64}, deepseek(), device="cuda"))
     assert "cpu_mla_prefix_caching" not in gpu
+
+
+@pytest.mark.parametrize("args,flags,refused", [
+    ({"dtype": "float32"}, "amx", True),
+    ({}, "amx", True),  # dtype auto: config.json's float32
+    ({"dtype": "float32", "attention_config": {"backend": "AMX_MLA"}}, "amx", True),
+    ({"dtype": "float32", "attention_backend": "CPU_MLA"}, "amx", False),
+    ({"dtype": "float32", "attention_config": {"backend": "CPU_MLA"}}, "amx", False),
+    ({"dtype": "bfloat16"}, "amx", False),
+    ({"dtype": "float32"}, "avx512", False),  # no AMX: vLLM picks the reference kernel itself
+    ({"dtype": "float32"}, "unknown", False),
+])
+def test_float32_mla_on_an_amx_host_needs_the_reference_kernel(args: dict[str, Any], flags: str,
+                                                               refused: bool) -> None:
+    host = {"amx": AMX, "avx512": AVX512, "unknown": frozenset()}[flags]
+    found = by_rule(cpu_kernel_findings(args, deepseek(torch_dtype="float32"), host))
+    assert ("cpu_mla_amx_dtype" in found) == refused
+    if refused:
+        f = found["cpu_mla_amx_dtype"]
+        assert f.severity == "error" and f.key == "engine.args.attention_backend"
+        assert "AMX_MLA" in f.why and "float32" in f.why and "attention_backend=CPU_MLA" in f.fix
+    assert "cpu_mla_amx_dtype" not in by_rule(cpu_kernel_findings({"dtype": "float32"}, TINY, AMX))  # dense: no MLA
 
 
 def test_expert_parallel_on_cpu_is_a_warning_not_a_refusal() -> None:
@@ -111,9 +143,6 @@ def w4a16(num_bits: int = 4, input_activations: dict[str, Any] | None = None) ->
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                           "input_activations": input_activations}}}
 
-
-AVX2 = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # day0's box of 2026-12-01
-AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
 
 
 def test_int4_moe_is_refused_on_a_cpu_without_amx_or_avx512() -> None:

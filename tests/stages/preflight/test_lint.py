@@ -171,7 +171,7 @@ def test_mla_rules() -> None:
     assert "mla_kv_replicated" in rules_of(f, "info") and "tp_kv_heads" not in rules_of(f)
     assert "block_size_mla" in rules_of(f, "warning")
     assert "block_size_mla" not in rules_of(run({"tensor_parallel_size": 8, "block_size": 64}, ds))
-    assert "block_size_cpu_mla" in rules_of(run({"block_size": 32}, ds, device="cpu"), "info")
+    assert "block_size_cpu_mla" in rules_of(run({"block_size": 32, "attention_backend": "CPU_MLA"}, ds, device="cpu"), "info")
     assert "kv_cache_dtype" in rules_of(run({"kv_cache_dtype": "fp8_ds_mla"}), "error")  # not an MLA model
 
 
