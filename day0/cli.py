@@ -22,9 +22,10 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
+    term = Terminal()  # a site preset's description is its author's text
     for name in profiles.preset_names():
         p = profiles.load_profile(name)
-        print(f"{name:<24} {p.description}")
+        term.print(f"{name:<24} {p.description}")
     return 0
 
 
@@ -80,18 +81,17 @@ def _cmd_stages(args: argparse.Namespace) -> int:
     """The stages in the order they run and gate: day0's own and every site stage installed."""
     from day0.stages.registry import load
 
-    stages = load().stages
+    stages, term = load().stages, Terminal()  # a site stage's title and question are its package's text
     if args.json:
         print(json.dumps([{**s.describe(), "marker": s.marker, "repeatable": s.repeatable} for s in stages], indent=2))
         return 0
     for i, s in enumerate(stages):
         origin = "" if s.origin == "day0" else f"  (from {s.origin})"
-        print(f"{i}  {s.name:<12} {s.title}{origin}")
-        print(f"   {'':<12} asks: {s.question}")
+        term.print(f"{i}  {s.name:<12} {s.title}{origin}", f"   {'':<12} asks: {s.question}")
         if s.required:
-            print(f"   {'':<12} requires: {', '.join(s.required)}")
+            term.print(f"   {'':<12} requires: {', '.join(s.required)}")
         if s.figures:
-            print(f"   {'':<12} headline: {', '.join(f.label for f in s.figures)}")
+            term.print(f"   {'':<12} headline: {', '.join(f.label for f in s.figures)}")
     return 0
 
 
@@ -104,7 +104,7 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
         # vLLM's CPU kernels take (head_dim 64, the MLA latent of 512 + 64).
         spec = type(spec).model_validate({**spec.model_dump(), "arch": args.arch}, strict=False)
     out = build(spec, Path(args.dir))
-    print(f"built tiny {spec.arch} model in {out}")
+    Terminal().print(f"built tiny {spec.arch} model in {out}")  # the folder is the caller's text
     return 0
 
 

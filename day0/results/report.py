@@ -515,8 +515,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = keygen(Path(args.dir), args.name)
-    print(f"private key: {priv} (mode 0600; keep it out of reports and repositories)")
-    print(f"public key:  {pub} (give this to whoever runs day0 verify)")
+    print(term_safe(f"private key: {priv} (mode 0600; keep it out of reports and repositories)"))
+    print(term_safe(f"public key:  {pub} (give this to whoever runs day0 verify)"))
     return 0
 
 

@@ -5,6 +5,7 @@ run.json, junit.xml, the terminal table and the report; its failed check rejects
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -108,6 +109,19 @@ def test_day0_stages_lists_the_builtins_with_questions_and_required_checks():
     text = subprocess.run([sys.executable, "-m", "day0.cli", "stages"], capture_output=True, text=True,
                           check=True).stdout
     assert "asks: do TTFT, TPOT and throughput meet the SLA?" in text
+
+
+def test_day0_stages_prints_a_site_stage_s_text_escaped(tmp_path):
+    """A site stage's title and question are its package's text: an ESC or a newline in them is shown
+    escaped, never acted on, and cannot forge a line of the listing."""
+    hostile = SITE_STAGE.replace('title="Site check"', 'title="Site\\x1b[2J check"').replace(
+        'question="does the site\'s own rule hold?"', 'question="holds?\\nFORGED line"')
+    root = install_dist(tmp_path, module=hostile)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    text = subprocess.run([sys.executable, "-m", "day0.cli", "stages"], capture_output=True, text=True, env=env,
+                          check=True).stdout
+    assert "Site\\x1b[2J check" in text and "\x1b" not in text
+    assert "asks: holds?\\x0aFORGED line" in text and not any(ln.startswith("FORGED") for ln in text.splitlines())
 
 
 def _run(pytester, monkeypatch, site: Path, *args: str):

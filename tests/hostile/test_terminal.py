@@ -191,3 +191,22 @@ def test_a_refusal_quoting_a_path_is_one_escaped_line(manifest_refused: hostile.
     out = manifest_refused
     assert out.code == 2 and len(out.lines) == 1, out.explain()
     assert_shown_safe(out.stderr, name, "day0 weights manifest's refusal")
+
+
+@pytest.fixture(scope="module")
+def wrote_into(tmp_path_factory: pytest.TempPathFactory) -> dict[str, hostile.Outcome]:
+    """Commands that print the folder they were told to write into: ``keygen`` and ``tiny build``,
+    each into a folder whose name holds every control (Linux allows all but ``/`` and NUL)."""
+    tmp = tmp_path_factory.mktemp("terminal-writes")
+    name = hostile_text(prefix="d").replace("\x00", "")
+    return {"keygen": hostile.day0("keygen", tmp / ("k" + name), "--name", "ada"),
+            "tiny build": hostile.day0("tiny", "build", tmp / ("t" + name))}
+
+
+@pytest.mark.parametrize("command", ["keygen", "tiny build"])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_folder_a_command_wrote_into_is_printed_escaped(wrote_into: dict[str, hostile.Outcome], command: str,
+                                                          name: str) -> None:
+    out = wrote_into[command]
+    assert out.code == 0, out.explain()
+    assert_shown_safe(out.stdout, name, f"day0 {command}")
