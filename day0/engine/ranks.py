@@ -55,13 +55,14 @@ def beside(url: str) -> str | None:
             return None
     except ValueError:
         pass
-    if host in local_addresses():
+    mine = local_addresses()
+    if host in mine:
         return None
     try:
         resolved = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
         resolved = set()
-    if resolved & local_addresses() or any(ipaddress.ip_address(a).is_loopback for a in resolved):
+    if resolved & mine or any(ipaddress.ip_address(a).is_loopback for a in resolved):
         return None
     return f"{host} is not this host, so its processes cannot be read from here"
 
