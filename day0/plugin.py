@@ -352,7 +352,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         evidence = {"log_excerpt": exc.log_excerpt, "log_path": exc.log_path, "engine_pgid": exc.pgid}
     else:
         message = one_line(f"{type(exc).__name__}: {exc}")
-        evidence = {"traceback": str(rep.longrepr)[-8000:]}
+        # pytest prints the traceback and writes it to its --junitxml: its source lines and the
+        # exception's text may quote a key, so it leaves as day0's own lines do, redacted and escaped
+        rep.longrepr = "\n".join(term.line(ln) for ln in str(rep.longrepr).split("\n"))
+        evidence = {"traceback": rep.longrepr[-8000:]}
     # An engine that does not start or dies is the deployment measured not working (fail); any
     # other exception is the harness unable to measure (error: the run is INCOMPLETE, not REJECTED).
     status = "fail" if isinstance(exc, (AssertionError, EngineError)) else "error"

@@ -127,6 +127,12 @@ CANARY_SUITE = textwrap.dedent(f'''
         day0_checks.add(Check("preflight.canary", "A check quoting secrets", "pass",
                               message="the engine said Authorization: Bearer {KEY} and HF_TOKEN={HF}",
                               evidence={{"argv": ["--api-key", "{ARG}"], "env": {{"HF_TOKEN": "{HF}"}}}}))
+
+    @pytest.mark.day0
+    @pytest.mark.preflight
+    def test_a_traceback_that_quotes_secrets():
+        token = "{HF}"  # pytest prints this source line in the traceback
+        raise RuntimeError(f"the server said key={KEY} with " + token)
 ''')
 
 
@@ -159,6 +165,9 @@ def test_canaries_reach_no_file_of_a_run(tmp_path):
     rec = load(out / "latest" / "run.json")
     canary = next(c for c in rec.checks() if c.id == "preflight.canary")
     assert REDACTED in canary.message and canary.evidence["argv"] == ["--api-key", REDACTED]
+    raised = next(c for c in rec.checks() if c.id == "preflight.a_traceback_that_quotes_secrets")
+    assert raised.status == "error" and "RuntimeError: the server said key=" in raised.message
+    assert "RuntimeError" in proc.stdout and REDACTED in raised.evidence["traceback"]  # shown, redacted
     assert rec.profile["engine"]["env"]["HF_TOKEN"] == REDACTED
     # the server's own flag is a known arg, not a lint error (vLLM's OpenAI server takes --api-key)
     assert not [c for c in rec.checks() if c.id.startswith("preflight.lint.") and "api_key" in c.title]
