@@ -116,7 +116,7 @@ async def day0_ladder(url: str, a: argparse.Namespace, workers: int) -> None:
     opts = ClientOptions()
     tool = "day0x1" if workers == 1 else f"day0x{workers}"
     async with make_session(opts) as s, contextlib.AsyncExitStack() as stack:
-        pool = await stack.enter_async_context(WorkerPool(workers)) if workers > 1 else None
+        pool = await stack.enter_async_context(WorkerPool(workers, a.loop)) if workers > 1 else None
 
         async def phase(reqs: list[Any], shape: Any, name: str) -> Any:
             if pool is None:
@@ -311,7 +311,9 @@ def tool_main(a: argparse.Namespace) -> int:
     elif a.tool == "vllm":
         asyncio.run(vllm_ladder(a.url, a))
     else:
-        asyncio.run(day0_ladder(a.url, a, 1 if a.tool == "day0x1" else a.workers))
+        from day0.client.loops import run
+
+        run(day0_ladder(a.url, a, 1 if a.tool == "day0x1" else a.workers), a.loop)
     return 0
 
 
@@ -370,6 +372,8 @@ def main() -> int:
     ap.add_argument("--guidellm-max-rate", type=float, default=400.0, help="GuideLLM runs every rate up to this")
     ap.add_argument("--tool-timeout-s", type=float, default=300.0)
     ap.add_argument("--no-spin", action="store_true", help="day0 without precise send timing (plain asyncio sleeps)")
+    ap.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                    help="day0's event loop (day0.client.loops; auto: uvloop where installed)")
     ap.add_argument("--json", help="write every figure here as JSON")
     ap.add_argument("--tool", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -378,7 +382,8 @@ def main() -> int:
     if a.tool:
         return tool_main(a)
     skip = set(a.skip.split(","))
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; server: TTFT "
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; day0's loop: {a.loop}; "
+          f"server: TTFT "
           f"{a.ttft_ms:g} ms, {a.output_len} tokens {a.gap_ms:g} ms apart, Poisson arrivals; sustained = all ok "
           f"and TTFT error p99 < {a.tol_ms:g} ms")
     srv = Server(a.ttft_ms, a.gap_ms)

@@ -123,20 +123,21 @@ class Part:
 
 
 async def sleep_until(target: float, precise: bool = True) -> None:
-    """Sleep to a perf_counter deadline.
+    """Sleep to a perf_counter deadline, and never wake before it.
 
-    epoll rounds a timeout up to the next millisecond, so a plain sleep wakes 0-1 ms late; with
-    ``precise`` it sleeps to 1 ms before the deadline (which, rounded up, still wakes before it)
-    and spins the rest, yielding to the loop: at most ~1 ms of CPU per scheduled request.
+    asyncio's epoll rounds a timeout up to the next millisecond, so a plain sleep wakes 0-1 ms
+    late; with ``precise`` it sleeps to 1 ms before the deadline and spins the rest, yielding to
+    the loop: at most ~1 ms of CPU per scheduled request. uvloop's millisecond timers may wake
+    up to a millisecond early (``day0.client.loops``): the spin covers that in both modes, so a
+    request is never sent before its schedule.
     """
     perf = time.perf_counter
     margin = 0.001 if precise else 0.0
     remaining = target - perf()
     if remaining > margin:
         await asyncio.sleep(remaining - margin)
-    if precise:
-        while perf() < target:
-            await asyncio.sleep(0)
+    while perf() < target:
+        await asyncio.sleep(0)
 
 
 def new_tag() -> str:

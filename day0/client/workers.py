@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import aiohttp
 
 from day0.client.loadgen import LoadShape, PhaseResult, new_tag
+from day0.client.loops import LoopKind, loop_factory
 from day0.client.shards import ShardResult, ShardSpec, merge_shards, run_shard, split_phase
 from day0.client.stream import ClientOptions, make_session
 from day0.client.workload import Request
@@ -102,10 +103,11 @@ class _Worker:
 class WorkerPool:
     """N local worker processes for a run; ``async with WorkerPool(n) as pool: await pool.run_phase(...)``."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, loop: LoopKind = "auto") -> None:
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers}")
-        self.size = workers
+        loop_factory(loop)  # an unknown or missing loop fails here, not in N processes
+        self.size, self.loop = workers, loop
         self._workers: list[_Worker] = []
 
     async def __aenter__(self) -> "WorkerPool":
@@ -116,7 +118,7 @@ class WorkerPool:
             for i in range(self.size):
                 err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "day0.client.workers", stdin=asyncio.subprocess.PIPE,
+                    sys.executable, "-m", "day0.client.workers", self.loop, stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE, stderr=err, env=env, limit=MAX_LINE)
                 self._workers.append(_Worker(i, proc, err))
         except BaseException:
@@ -184,10 +186,10 @@ def _read(stdin: Any) -> dict[str, Any] | None:
     return json.loads(line) if line.strip() else None
 
 
-def worker_main(stdin: Any = None, stdout: Any = None) -> int:
+def worker_main(stdin: Any = None, stdout: Any = None, loop_kind: LoopKind = "auto") -> int:
     """One worker: prepare a shard, say READY, wait for go, run it, print its raw results; repeat."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
-    loop = asyncio.new_event_loop()
+    loop = loop_factory(loop_kind)()
     session: aiohttp.ClientSession | None = None
     gc.collect()
     gc.freeze()  # the imports' objects never move again: a full collection stays short mid-phase
@@ -212,4 +214,4 @@ def worker_main(stdin: Any = None, stdout: Any = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    sys.exit(worker_main(loop_kind=sys.argv[1] if len(sys.argv) > 1 else "auto"))  # type: ignore[arg-type]

@@ -3,13 +3,13 @@ the optional sweep; and the short throughput run other stages price."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import aiohttp
 
+from day0.client import loops
 from day0.client.loadgen import (
     ClientOptions,
     LoadShape,
@@ -190,8 +190,8 @@ def run_latency(base_url: str, model: str | None, vocab: Vocab | int, settings: 
                 sla: SlaSection | None = None, *, progress: Callable[[str], None] | None = None,
                 headers: dict[str, str] | None = None, ctx: EngineContext | None = None) -> LatencyRun:
     """Blocking entry point for the suite and the CLI (runs its own event loop)."""
-    return asyncio.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress, headers=headers,
-                                       ctx=ctx))
+    return loops.run(measure_latency(base_url, model, vocab, settings, sla, progress=progress, headers=headers,
+                                     ctx=ctx))
 
 
 @dataclass(frozen=True)
