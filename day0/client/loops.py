@@ -3,9 +3,10 @@
 Why it matters: a load generator is only as good as the latency of its event loop. The TTFT a
 client reports is when its loop got round to the chunk, so every callback the loop spends on the
 other streams is added to someone's first token; uvloop (libuv) does the same work in less time
-per socket read and per callback, so one process times more streams within 1 ms
-(``benchmarks/bench_ladder.py --loop``). vLLM's own server runs on uvloop, so it is installed
-wherever vLLM is; without it (a client-only install) nothing changes but the ceiling.
+per socket read and per callback (``benchmarks/bench_client_cpu.py``: 1.09-1.47x less client CPU
+per streamed message in 10 pairs), so one process keeps up with more streams. vLLM's server runs
+on it (uvicorn's standard extra, through fastapi[standard]), so it is installed wherever vLLM is;
+without it (a client-only install) nothing changes but the ceiling.
 
 One difference the timing relies on: uvloop's timers have millisecond resolution and may wake up
 to a millisecond *early* (asyncio's epoll rounds up and wakes late), so ``sleep_until`` never
@@ -38,7 +39,7 @@ def loop_factory(kind: LoopKind = "auto") -> Callable[[], asyncio.AbstractEventL
 
 
 def loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    """``uvloop`` or ``asyncio``, for a record saying what timed the requests."""
+    """``uvloop`` or ``asyncio``: which kind a factory made (what the tests hold ``auto`` to)."""
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 

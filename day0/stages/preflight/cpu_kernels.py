@@ -26,7 +26,10 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # vllm/v1/attention/backends/mla/cpu_mla.py and amx_mla.py: get_supported_head_sizes() == [576]
 CPU_MLA_LATENT = (512, 64)  # (kv_lora_rank, qk_rope_head_dim): 512 + 64 = 576
 CPU_MLA_BLOCK_SIZE = 16  # platforms/cpu.py forces it for the reference CPU MLA kernel
-AMX_MLA_DTYPES = ("bfloat16", "float16", "half")  # amx_mla.py: convert_weight_packed takes these (and int8)
+# amx_mla.py's convert_weight_packed takes bfloat16, float16 and int8 weights; "auto" serves a float32
+# checkpoint in bfloat16 on x86 (vllm/config/model.py downcasts to the platform's first dtype), so only
+# an explicit float32 reaches it in float32
+FLOAT32_DTYPES = ("float32", "float")
 CPU_BLOCK_MULTIPLE = 32  # CPU_ATTN: get_supported_kernel_block_sizes() == [MultipleOf(32)]
 NOTES = "notes/vllm-cpu.md (measured on day0's CPU box, vLLM 0.32)"
 # vllm/model_executor/layers/quantization/: the methods whose MoE layers take vLLM's WNA16 MoE oracle
@@ -91,7 +94,7 @@ class CpuFacts:
     kv_cache_dtype: str
     int4: str = ""  # int4_weight_only(): the checkpoint's int4 weight-only scheme, "" for none
     cpu_flags: frozenset[str] = field(default_factory=frozenset)  # host_cpu_flags(); empty: unknown
-    dtype: str = "auto"  # the compute dtype: engine.args.dtype, or config.json's where that is "auto"
+    dtype: str = "auto"  # engine.args.dtype as given ("auto": vLLM's pick, bfloat16 for a float32 checkpoint on x86)
     attention_backend: str = ""  # engine.args.attention_backend (or attention_config.backend), "" for vLLM's pick
 
     @property
@@ -124,9 +127,6 @@ class CpuFacts:
     def read(cls, args: dict[str, Any], config: dict[str, Any], cpu_flags: frozenset[str] | None = None) -> CpuFacts:
         mla = archs.is_mla(config)
         block = args.get("block_size")
-        dtype = str(args.get("dtype") or "auto")
-        if dtype == "auto":
-            dtype = str(config.get("torch_dtype") or config.get("dtype") or "auto")
         attention = args.get("attention_config")
         backend = args.get("attention_backend") or (attention.get("backend") if isinstance(attention, dict) else None)
         return cls(
@@ -140,7 +140,7 @@ class CpuFacts:
             prefix_caching=args.get("enable_prefix_caching"), chunked_prefill=args.get("enable_chunked_prefill"),
             kv_cache_dtype=str(args.get("kv_cache_dtype") or "auto"), int4=int4_weight_only(args, config),
             cpu_flags=host_cpu_flags() if cpu_flags is None else cpu_flags,
-            dtype=dtype.removeprefix("torch."), attention_backend=str(backend or ""),
+            dtype=str(args.get("dtype") or "auto").removeprefix("torch."), attention_backend=str(backend or ""),
         )
 
 
@@ -217,9 +217,9 @@ CPU_KERNEL_LIMITS: tuple[KernelLimit, ...] = (
         "vllm/platforms/cpu.py check_and_update_config; " + NOTES),
     KernelLimit(
         "cpu_mla_amx_dtype", "error", "engine.args.attention_backend",
-        lambda f: f.amx_mla and f.dtype not in AMX_MLA_DTYPES, lambda f: f.attention_backend or "auto",
+        lambda f: f.amx_mla and f.dtype in FLOAT32_DTYPES, lambda f: f.attention_backend or "auto",
         "this host's CPU has AMX tiles, so vLLM serves MLA with AMX_MLA, whose weight packing takes bfloat16, "
-        "float16 or int8 only: dtype {f.dtype} fails at start-up ('expect weight to be bfloat16, float16, int8, "
+        "float16 or int8 only: dtype={f.dtype} fails at start-up ('expect weight to be bfloat16, float16, int8, "
         "fp8_e4m3 or uint8'; measured 2026-12-03)",
         "set attention_backend=CPU_MLA (the reference kernel, any dtype, any x86 CPU) or dtype=bfloat16",
         "vllm/platforms/cpu.py get_attn_backend_cls; vllm/v1/attention/backends/mla/amx_mla.py"),
