@@ -16,7 +16,6 @@ trusts a timer alone for a send instant.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from typing import Any, Callable, Coroutine, Literal, TypeVar
 
 T = TypeVar("T")
@@ -29,11 +28,13 @@ def loop_factory(kind: LoopKind = "auto") -> Callable[[], asyncio.AbstractEventL
     not installed is a ValueError naming the fix, not a silent fallback."""
     if kind not in LOOP_KINDS:
         raise ValueError(f"event loop: expected one of {', '.join(LOOP_KINDS)}, got {kind!r}")
-    if kind == "asyncio" or (kind == "auto" and importlib.util.find_spec("uvloop") is None):
+    if kind == "asyncio":
         return asyncio.new_event_loop
     try:
         import uvloop
     except ImportError:
+        if kind == "auto":
+            return asyncio.new_event_loop
         raise ValueError("event loop 'uvloop': uvloop is not installed (pip install uvloop, or use 'asyncio')") from None
     return uvloop.new_event_loop
 
