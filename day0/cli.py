@@ -7,8 +7,9 @@ import json
 import os
 import re
 import sys
+from importlib import import_module
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import NoReturn, Sequence
 
 from day0.config import profile as profiles
 from day0.config.tiny import ARCHS as TINY_ARCHS
@@ -270,7 +271,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, term_safe(f"{self.prog}: {message} (--help for usage)") + "\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for ``command`` (its word from :func:`command_word`): every built-in subcommand, and
+    of those beside their module only that command's; ``None``: every subcommand there is."""
     parser = OneLineParser(prog="day0", description="Day0 acceptance harness for vLLM deployments",
                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
@@ -345,24 +348,43 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dir", help="run folder holding events.jsonl")
     q.set_defaults(func=_cmd_record_rebuild)
 
-    for register in _plugins():
-        register(sub)
+    for module in _plugin_modules(command, built_in=set(sub.choices)):
+        import_module(module).add_cli(sub)
     return parser
 
 
-def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands that live beside their module (each module exposes ``add_cli``)."""
-    from day0 import device_check, slurm_cli
-    from day0.engine.cluster import cli as cluster
-    from day0.results import compare, report
-    from day0.stages import collectives, latency
+# The subcommands that live beside their module (each exposes ``add_cli``), by command word. Only the
+# module of the command being run is imported: importing them all (aiohttp for `slurm`, Jinja2 for
+# `report`, the launchers for `collectives`) cost every `day0` process ~0.9 s of its ~1.3 s, and the
+# test suite starts hundreds. `day0 --help`, and a word that is not here, import them all, so the
+# usage lists every command and a misspelt one is named among them.
+PLUGIN_COMMANDS: dict[str, str] = {
+    "report": "day0.results.report", "keygen": "day0.results.report", "sign": "day0.results.report",
+    "verify": "day0.results.report", "collectives": "day0.stages.collectives", "latency": "day0.stages.latency",
+    "compare": "day0.results.compare", "history": "day0.results.compare", "device-check": "day0.device_check",
+    "cluster": "day0.engine.cluster.cli", "slurm": "day0.slurm_cli",
+}
 
-    return [report.add_cli, collectives.add_cli, latency.add_cli, compare.add_cli, device_check.add_cli,
-            cluster.add_cli, slurm_cli.add_cli]
+
+def _plugin_modules(command: str | None, built_in: set[str]) -> list[str]:
+    """The modules to register: none for a built-in command, the command's own, or every one (in the
+    table's order, once each)."""
+    if command in built_in:
+        return []
+    if command in PLUGIN_COMMANDS:
+        return [PLUGIN_COMMANDS[command]]
+    return list(dict.fromkeys(PLUGIN_COMMANDS.values()))
+
+
+def command_word(argv: Sequence[str]) -> str | None:
+    """The subcommand named on a command line: its first word that is not an option (the top-level
+    parser has only ``--help`` and ``--version``, neither of which takes a value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_word(argv))
     args, rest = parser.parse_known_args(argv)
     if rest:  # pytest's own options (run) and sbatch's (slurm submit) pass through, in their order
         dest = "pytest_args" if args.command == "run" else getattr(args, "passthrough", None)

@@ -1,5 +1,7 @@
 """The day0 command line: listing, resolving, one-line errors with exit 2, pytest pass-through."""
 
+import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -7,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from day0 import cli
 from day0.cli import main
 
 
@@ -70,3 +73,39 @@ def test_weights_golden_with_the_transformers_reference(tmp_path, capsys):
     assert [p["prompt"] for p in data["prompts"]] == list(GOLDEN_PROMPTS)
     assert all(len(p["token_ids"]) == GOLDEN_TOKENS for p in data["prompts"])
     assert all(len(p["sequence"]["top_logprobs"]) == GOLDEN_TOKENS for p in data["prompts"])
+
+
+# --------------------------------------------------------------------------- one command, one module
+
+
+def _registered(module: str) -> set[str]:
+    parser = argparse.ArgumentParser()
+    importlib.import_module(module).add_cli(parser.add_subparsers())
+    return set(parser._subparsers._group_actions[0].choices)
+
+
+def test_the_plugin_table_names_exactly_what_each_module_registers():
+    """A command a module adds but the table lacks would be reachable only through --help's full
+    parser; a word the table names but no module adds would send `day0 WORD` to the wrong module."""
+    for module in set(cli.PLUGIN_COMMANDS.values()):
+        assert _registered(module) == {w for w, m in cli.PLUGIN_COMMANDS.items() if m == module}, module
+    built_in = set(cli.build_parser("profiles")._subparsers._group_actions[0].choices)
+    assert not built_in & set(cli.PLUGIN_COMMANDS)
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["profiles"], set()),
+    (["--version"], set(cli.PLUGIN_COMMANDS.values())),
+    (["compare", "run", "--baseline", "latest"], {"day0.results.compare"}),
+    (["-h", "cluster", "up"], {"day0.engine.cluster.cli"}),
+    (["nosuch"], set(cli.PLUGIN_COMMANDS.values())),
+])
+def test_a_command_imports_only_its_own_module(argv, wanted):
+    """`day0 profiles` does not pay for aiohttp and Jinja2 (~0.9 s a process); an unknown word still
+    gets every command, so the refusal lists them all."""
+    code = ("import json, sys; from day0 import cli; "
+            f"cli.build_parser(cli.command_word({argv!r})); print(json.dumps(sorted(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = set(json.loads(proc.stdout)) & set(cli.PLUGIN_COMMANDS.values())
+    assert loaded == wanted
