@@ -5,7 +5,9 @@ process; TTFT 50 ms, then one token every 5 ms, 64 tokens, Poisson arrivals by d
 
 - the server's own ceiling: a null client (raw sockets, no parsing) at each rate, and how late the
   server wrote its tokens against its script (when that grows, the server is the limit);
-- day0 with 1 load worker and with N (``--workers``, default: the usable cores);
+- day0 as it runs by default (``latency.workers = 0``: at each rate the worker count
+  ``day0.client.workers.auto_workers`` picks, shown per row), with 1 load worker, and with N
+  (``--workers``, default: the usable cores);
 - ``vllm bench serve`` (its ``benchmark()`` function, in a fresh process);
 - GuideLLM (``--guidellm-path DIR``: where it was ``pip install --target``-ed; skipped without).
 
@@ -47,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 VOCAB = 300
-TOOLS = ("day0x1", "day0xN", "vllm", "guidellm")
+TOOLS = ("day0", "day0x1", "day0xN", "vllm", "guidellm")
 
 
 # --------------------------------------------------------------------------- the server
@@ -109,32 +111,40 @@ def requests(n: int, out_len: int, seed: int) -> list[Any]:
     return build_requests(WorkloadSpec(32, out_len, seed=seed), VOCAB, n)
 
 
-async def day0_ladder(url: str, a: argparse.Namespace, workers: int) -> None:
+async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> None:
+    """``workers`` load processes, or ``None``: day0's default (``latency.workers = 0``), the count
+    ``auto_workers`` picks for each rate, as the latency stage and ``day0 latency`` would."""
     from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase
-    from day0.client.workers import WorkerPool
+    from day0.client.workers import WorkerPool, auto_workers
 
     opts = ClientOptions()
-    tool = "day0x1" if workers == 1 else f"day0x{workers}"
+    tool = "day0" if workers is None else "day0x1" if workers == 1 else f"day0x{workers}"
+    pools: dict[int, Any] = {}
     async with make_session(opts) as s, contextlib.AsyncExitStack() as stack:
-        pool = await stack.enter_async_context(WorkerPool(workers, a.loop)) if workers > 1 else None
 
         async def phase(reqs: list[Any], shape: Any, name: str) -> Any:
-            if pool is None:
+            n = workers or auto_workers(shape, a.output_len)
+            if n == 1:
                 return await run_phase(s, url, "scripted", reqs, shape, opts, phase=name)
-            return await pool.run_phase(url, "scripted", reqs, shape, opts, phase=name)
+            if n not in pools:  # started outside the timed phase, as the stage starts its pool
+                pools[n] = await stack.enter_async_context(WorkerPool(n, a.loop))
+            return await pools[n].run_phase(url, "scripted", reqs, shape, opts, phase=name)
 
         await phase(requests(8, a.output_len, 99), LoadShape(concurrency=8), "warmup")
         for rate in a.rate_list:
             for attempt in range(2):
                 n = max(40, int(rate * a.seconds))
-                call(url, "/_reset", post=True)
                 shape = LoadShape(mode="rate", request_rate=rate, concurrency=0, seed=a.seed + attempt,
                                   precise_timing=not a.no_spin)
+                if workers is None and auto_workers(shape, a.output_len) > 1:
+                    await phase(requests(8, a.output_len, 99), LoadShape(concurrency=8), "warmup")
+                call(url, "/_reset", post=True)
                 ph = await phase(requests(n, a.output_len, a.seed + attempt), shape, "measure")
                 fw = first_writes(url)
                 errs = [(r.scheduled + r.ttft - fw[r.index]) * 1e3 for r in ph.results if r.ok and r.index in fw]
                 out = row(tool, rate, n, sum(r.ok for r in ph.results), errs,
                           [r.send_lag * 1e3 for r in ph.results], url, [r.sent for r in ph.results])
+                out["workers"] = workers or auto_workers(shape, a.output_len)
                 if sustained(out, a.tol_ms):
                     break
             print(json.dumps(out), flush=True)
@@ -313,7 +323,8 @@ def tool_main(a: argparse.Namespace) -> int:
     else:
         from day0.client.loops import run
 
-        run(day0_ladder(a.url, a, 1 if a.tool == "day0x1" else a.workers), a.loop)
+        workers = {"day0": None, "day0x1": 1}.get(a.tool, a.workers)
+        run(day0_ladder(a.url, a, workers), a.loop)
     return 0
 
 
@@ -332,7 +343,8 @@ def report(results: dict[str, list[dict[str, Any]]], ceiling: list[dict[str, Any
                 lag = "n/a" if r["lag_p99"] is None else f"{r['lag_p99']:.3f}"
                 late = "-" if r.get("server_late_p99") is None else f"{r['server_late_p99']:.3f}"
                 ach = "-" if r["achieved"] is None else f"{r['achieved']:.1f}"
-                print(f"{rate:>6g} | {tool:<9} {r['ok']:>5}/{r['n']:<5} {r['err_p50']:>8.3f} {r['err_p99']:>8.3f} "
+                label = f"day0 ({r['workers']}w)" if tool == "day0" else tool
+                print(f"{rate:>6g} | {label:<9} {r['ok']:>5}/{r['n']:<5} {r['err_p50']:>8.3f} {r['err_p99']:>8.3f} "
                       f"{lag:>8} {ach:>9} {late:>12}{'' if sustained(r, a.tol_ms) else '  <- not sustained'}")
     best = {t: max((r["rate"] for r in rows if sustained(r, a.tol_ms)), default=0.0) for t, rows in results.items()}
     print()
@@ -347,9 +359,9 @@ def report(results: dict[str, list[dict[str, Any]]], ceiling: list[dict[str, Any
         for other in ("vllm", "guidellm"):
             if other in best:
                 print(f"ratio {t} / {other}: " + (f"{best[t] / best[other]:.2f}" if best[other] else "n/a (0 sustained)"))
-    names = [t for t in best if t.startswith("day0")]
-    if len(names) == 2 and best[names[0]]:
-        print(f"ratio {names[1]} / {names[0]}: {best[names[1]] / best[names[0]]:.2f}")
+    many = [t for t in best if t.startswith("day0x") and t != "day0x1"]
+    if "day0x1" in best and many and best["day0x1"]:
+        print(f"ratio {many[0]} / day0x1: {best[many[0]] / best['day0x1']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"best": best, "ceiling": ceiling, "rows": results, "ref": ref}, indent=1))
 
