@@ -4,6 +4,9 @@
 VENV ?= .venv
 PROFILE ?= cpu-tiny
 PYTEST_ARGS ?=
+# Two xdist workers: tests that start vLLM engines, and those that hold network namespaces or the
+# Slurm, each run one at a time on one worker (tests/conftest.py); the rest go by file to either.
+TEST_WORKERS ?= 2
 
 BENCH_ARGS ?=
 
@@ -19,7 +22,7 @@ demo: install
 test: install
 	@bash scripts/install-system.sh net browser slurm
 	$(VENV)/bin/ruff check day0 tests scripts benchmarks conftest.py
-	$(VENV)/bin/python -m pytest tests -v --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -n $(TEST_WORKERS) --dist loadgroup -v --durations=15 $(PYTEST_ARGS)
 
 # In-process benchmarks (pytest-benchmark), saved under .benchmarks/ for --benchmark-compare;
 # the scripts in benchmarks/ that pair day0 with another tool run on their own (README there).

@@ -203,6 +203,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s:
     raise AssertionError(f"keyed vLLM server not healthy in {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.engine
 def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
     """The README's "Pointing it at a real deployment" example, against a vLLM server started with
     ``--api-key``: every request day0 makes carries the key, the run is ACCEPTED, and the key is

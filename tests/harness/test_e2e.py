@@ -9,9 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from day0.core.record import load
 from day0.engine import group_alive
 from tests.support import REPO
+
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
 
 SUITES = REPO / "day0" / "suites"
 # cpu-tiny's SLA is a figure of a quiet 2-core box. These tests check the pipeline, so its latency

@@ -133,6 +133,7 @@ def corrupted_copy(src, dst):
     return dst
 
 
+@pytest.mark.engine
 def test_an_engine_serving_a_corrupted_copy_fails_the_golden_tokens_naming_the_position(tmp_path):
     """Live: vLLM serves a corrupted copy of the tiny model. Against a golden file recorded by
     transformers from the trusted copy the check fails at the first divergent position; against

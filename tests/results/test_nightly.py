@@ -25,6 +25,8 @@ from day0.core.record import load
 from day0.results import compare, history
 from tests.support import REPO
 
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+
 PROFILE = """
 extends = "cpu-tiny"
 name = "nightly-sim"

@@ -12,6 +12,8 @@ from day0.engine import ServerEngine, local_model_dir
 from day0.model.tiny import CHAT_TEMPLATE
 from day0.stages.agents import Agents, corpus
 
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+
 # A $ref to nothing: the grammar compiler cannot build it, so vLLM answers 400 to that request.
 UNHONOURABLE = {"type": "object", "properties": {"x": {"$ref": "#/$defs/nowhere"}}, "required": ["x"]}
 

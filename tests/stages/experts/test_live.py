@@ -17,6 +17,8 @@ from day0.engine import ServerEngine
 from day0.stages.experts import EXTENSION, run_stage
 from tests.harness.test_e2e import day0_run
 
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def qwen_moe(tmp_path_factory):

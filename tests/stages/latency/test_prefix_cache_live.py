@@ -21,6 +21,8 @@ from day0.stages.latency.settings import engine_context
 WORKLOAD = {"load": "concurrency", "concurrency": 4, "num_requests": 8, "warmup_requests": 1,
             "input_len": [96, 256], "output_len": 2, "seed": 7}
 
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):

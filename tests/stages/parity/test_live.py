@@ -15,6 +15,8 @@ from day0.config.profile import load_profile
 from day0.engine import ServerEngine, local_model_dir
 from day0.stages.parity import Parity, check_feature, run_parity
 
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+
 
 @pytest.fixture
 def served(tmp_path):

@@ -24,6 +24,8 @@ from day0.stages.risks.accuracy import accuracy_checks, compare, fetch_prompt_lo
 from day0.stages.risks.cost import cost_checks, estimate
 from day0.stages.risks.isolation import isolation_checks, run_isolation
 
+pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+
 
 def perturbed_copy(src: Path, dst: Path, seed: int) -> Path:
     """The same checkpoint layout, tokenizer and config; every matrix redrawn from ``seed``."""
