@@ -2,12 +2,18 @@
 tests that need the host's powers (``@pytest.mark.host``, tests/support/host.py), and which tests
 must not run beside each other when `make test` runs the suite on two xdist workers."""
 
+import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support import host
+
+GROUPS_ENV = "DAY0_TEST_GROUPS"  # the folder where each xdist worker writes which tests share what
 
 # vLLM's collect_env takes seconds per run, and the harness's tests start dozens of short runs;
 # tests/core/test_environment.py runs it on purpose.
@@ -31,6 +37,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "engine: the test starts vLLM engines (a whole Day0 run counts): under `-n 2 --dist loadgroup` every "
         "such test runs on one worker, one at a time, so no more engines share the box than on a serial run",
     )
+    if config.getoption("dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[GROUPS_ENV] = tempfile.mkdtemp(prefix="day0-test-groups-")  # the workers inherit it
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS_ENV):
+        shutil.rmtree(os.environ.pop(GROUPS_ENV), ignore_errors=True)
 
 
 def shared_resource(item: pytest.Item) -> str | None:
@@ -45,13 +58,14 @@ def shared_resource(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Before xdist reads them (its own hook, ``--dist loadgroup``): each group runs on one worker."""
-    for item in items:
-        group = shared_resource(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """On an xdist worker: tell the controller's scheduler which tests share what. xdist's own
+    ``xdist_group`` marker cannot (with pytest 9.2 its renaming of ``item._nodeid`` no longer
+    changes the node id), so each worker writes its groups into the folder the controller made."""
+    folder, worker = os.environ.get(GROUPS_ENV), os.environ.get("PYTEST_XDIST_WORKER")
+    if folder and worker:
+        groups = {item.nodeid: group for item in items if (group := shared_resource(item))}
+        (Path(folder) / f"{worker}.json").write_text(json.dumps(groups), encoding="utf-8")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -61,18 +75,34 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         host.require(*mark.args)
 
 
+def read_groups(folder: Path) -> dict[str, str]:
+    """node id -> group, as the workers wrote them (each collects every test, so any one would do)."""
+    groups: dict[str, str] = {}
+    for path in sorted(folder.glob("*.json")):
+        groups.update(json.loads(path.read_text(encoding="utf-8")))
+    return groups
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadgroup`` with a test outside every group sent with its file (xdist's loadfile)
-    rather than alone: a module's fixtures (the Day0 run a hostile module's cases read) are built
-    once, on one worker, and its tests run in their order, as in a serial run."""
-    if config.getvalue("dist") != "loadgroup":
+    """``--dist loadgroup``, day0's way: the tests of one group (:func:`shared_resource`) go to one
+    worker, one after another; every other test goes with its file (xdist's loadfile), so a
+    module's fixtures (the Day0 run a hostile module's cases read) are built once, on one worker,
+    and its tests run in their order, as in a serial run."""
+    if config.getoption("dist", "no") != "loadgroup" or not os.environ.get(GROUPS_ENV):
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadScopeScheduling
 
-    class GroupOrFile(LoadGroupScheduling):
+    folder = Path(os.environ[GROUPS_ENV])
+
+    class GroupOrFile(LoadScopeScheduling):
+        groups: dict[str, str] = {}
+
+        def schedule(self) -> None:  # every worker has collected (and written its groups) by now
+            self.groups = read_groups(folder)
+            super().schedule()
+
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+            return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
 
     return GroupOrFile(config, log)
