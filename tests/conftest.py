@@ -35,21 +35,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "engine: the test starts vLLM engines (a whole Day0 run counts): under `-n 2 --dist loadgroup` every "
-        "such test runs on one worker, one at a time, so no more engines share the box than on a serial run",
+        "such test runs on one worker, one at a time (and the tests of emulated nodes on one worker too)",
     )
     if config.getoption("dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ[GROUPS_ENV] = tempfile.mkdtemp(prefix="day0-test-groups-")  # the workers inherit it
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller removes the groups folder; a worker leaves it to the controller."""
     if not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(GROUPS_ENV):
         shutil.rmtree(os.environ.pop(GROUPS_ENV), ignore_errors=True)
 
 
 def shared_resource(item: pytest.Item) -> str | None:
-    """The host-wide thing a test holds, which its like must not hold at the same time: network
-    namespaces and the one Slurm (a cluster test counts every day0 namespace on the host, and
-    there is one slurmctld), or a vLLM engine (memory, and both cores for minutes)."""
+    """What a test holds that its like should not hold at the same time: emulated nodes (network
+    namespaces, and the Slurm daemons on them; clusters are told apart by owner pid, but each
+    starts engines across its nodes), or vLLM engines (GiBs of memory, both cores for minutes)."""
     needs = {need for mark in item.iter_markers("host") for need in mark.args}
     if needs & {"root", "slurm"}:
         return "netns"
