@@ -136,8 +136,8 @@ async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> N
                 n = max(40, int(rate * a.seconds))
                 shape = LoadShape(mode="rate", request_rate=rate, concurrency=0, seed=a.seed + attempt,
                                   precise_timing=not a.no_spin)
-                if workers is None and auto_workers(shape, a.output_len) > 1:
-                    await phase(requests(8, a.output_len, 99), LoadShape(concurrency=8), "warmup")
+                if workers is None and auto_workers(shape, a.output_len) not in (1, *pools):
+                    await phase(requests(8, a.output_len, 99), shape, "warmup")  # a new pool's first requests
                 call(url, "/_reset", post=True)
                 ph = await phase(requests(n, a.output_len, a.seed + attempt), shape, "measure")
                 fw = first_writes(url)
