@@ -17,7 +17,7 @@ from day0.engine import ranks as rk
 
 # A labelled fake engine: a parent titled like vLLM's engine core, two children titled like its TP
 # workers, each touching a known amount of private memory, then taking its title and waiting to be
-# measured (titled earlier, a busy box measured TP1 half-way through its 64 MiB).
+# measured (titled earlier, a busy box measured TP1 at 57 of its 64 MiB).
 FAKE_ENGINE = textwrap.dedent("""
     import os, subprocess, sys, time, setproctitle
     role, mib = sys.argv[1], int(sys.argv[2])

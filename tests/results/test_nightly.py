@@ -25,7 +25,7 @@ from day0.core.record import load
 from day0.results import compare, history
 from tests.support import REPO
 
-pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
+pytestmark = pytest.mark.engine  # two whole Day0 runs compared: no engine test beside them (tests/conftest.py)
 
 PROFILE = """
 extends = "cpu-tiny"
