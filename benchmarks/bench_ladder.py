@@ -136,7 +136,8 @@ async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> N
                 n = max(40, int(rate * a.seconds))
                 shape = LoadShape(mode="rate", request_rate=rate, concurrency=0, seed=a.seed + attempt,
                                   precise_timing=not a.no_spin)
-                if workers is None and auto_workers(shape, a.output_len) not in (1, *pools):
+                used = workers or auto_workers(shape, a.output_len)
+                if used not in (1, *pools):
                     await phase(requests(8, a.output_len, 99), shape, "warmup")  # a new pool's first requests
                 call(url, "/_reset", post=True)
                 ph = await phase(requests(n, a.output_len, a.seed + attempt), shape, "measure")
@@ -144,7 +145,7 @@ async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> N
                 errs = [(r.scheduled + r.ttft - fw[r.index]) * 1e3 for r in ph.results if r.ok and r.index in fw]
                 out = row(tool, rate, n, sum(r.ok for r in ph.results), errs,
                           [r.send_lag * 1e3 for r in ph.results], url, [r.sent for r in ph.results])
-                out["workers"] = workers or auto_workers(shape, a.output_len)
+                out["workers"] = used
                 if sustained(out, a.tol_ms):
                     break
             print(json.dumps(out), flush=True)
