@@ -15,7 +15,8 @@ Each client runs in a fresh process. Per request the server logs (CLOCK_MONOTONI
 the first token; the TTFT error is when the client says it noticed it minus that write: day0
 ``scheduled + TTFT``, vLLM ``start + TTFT``, GuideLLM ``first_token_iteration`` (wall clock,
 converted with this host's wall-minus-monotonic offset). A rate is sustained when every request
-succeeded and the TTFT error p99 is under ``--tol-ms``; a miss is retried once with another seed,
+succeeded and the TTFT error p99 is under ``--tol-ms``, over ``rate x --seconds`` requests and at
+least ``--min-requests`` (299, so the p99 is not a step's single worst request); a miss is retried once with another seed,
 and a client's ladder stops at its first miss. GuideLLM runs its rates in one invocation (its
 start-up is ~20 s), so it runs them all. Send lag (scheduled to sent) is shown where a tool
 records it (day0, GuideLLM; vLLM keeps no scheduled time). Figures move with other processes on
@@ -98,6 +99,13 @@ def row(tool: str, rate: float, n: int, ok: int, errs: list[float], lags: list[f
             "server_late_p99": stats["late_p99_ms"], "messages": stats["messages"]}
 
 
+def step_requests(rate: float, a: argparse.Namespace) -> int:
+    """Arrivals in a step: ``rate`` x ``--seconds``, and never fewer than ``--min-requests`` (299, the
+    count day0's own SLA judging needs to bound a p99). A step of 2 s at 25 req/s is 50 requests, and
+    their p99 is their worst one: one late wake-up of the host decided it whatever the client did."""
+    return max(a.min_requests, int(rate * a.seconds))
+
+
 def sustained(r: dict[str, Any], tol_ms: float) -> bool:
     return r["ok"] == r["n"] and r["n"] > 0 and r["err_p99"] < tol_ms
 
@@ -133,7 +141,7 @@ async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> N
         await phase(requests(8, a.output_len, 99), LoadShape(concurrency=8), "warmup")
         for rate in a.rate_list:
             for attempt in range(2):
-                n = max(40, int(rate * a.seconds))
+                n = step_requests(rate, a)
                 shape = LoadShape(mode="rate", request_rate=rate, concurrency=0, seed=a.seed + attempt,
                                   precise_timing=not a.no_spin)
                 used = workers or auto_workers(shape, a.output_len)
@@ -171,7 +179,7 @@ async def vllm_ladder(url: str, a: argparse.Namespace) -> None:
         await benchmark(input_requests=samples(8, 99), request_rate=math.inf, num_warmups=0, **kw)
     for rate in a.rate_list:
         for attempt in range(2):
-            n = max(40, int(rate * a.seconds))
+            n = step_requests(rate, a)
             call(url, "/_reset", post=True)
             np.random.seed(a.seed + attempt)
             with contextlib.redirect_stdout(io.StringIO()):
@@ -210,7 +218,8 @@ def guidellm_ladder(url: str, a: argparse.Namespace) -> Iterator[dict[str, Any]]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "guidellm", "run", "--backend", f"kind=openai_http,target={url},model=scripted",
                "--profile", f"kind=poisson,rate={rates[0]:g}", "--override", "profile.rate",
-               ",".join(f"{r:g}" for r in rates), "--constraint", f"kind=max_duration,seconds={a.seconds:g}",
+               ",".join(f"{r:g}" for r in rates), "--constraint",
+               f"kind=max_duration,seconds={max(a.seconds, a.min_requests / rates[0]):g}",
                "--tokenizer", f"kind=huggingface_auto,model={tok}",
                "--data", f"kind=synthetic_text,prompt_tokens=32,output_tokens={a.output_len}",
                "--output", f"kind=json,path={tmp}/g.json", "--disable-console"]
@@ -280,7 +289,7 @@ def server_ceiling(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     """The server alone: how late it writes its tokens at each rate, driven by the null client."""
     rows = []
     for rate in a.rate_list:
-        n = max(40, int(rate * a.seconds))
+        n = step_requests(rate, a)
         call(url, "/_reset", post=True)
         ok = asyncio.run(null_client(url, rate, n, a.output_len, a.seed))
         st = call(url, "/_stats")
@@ -369,10 +378,13 @@ def report(results: dict[str, list[dict[str, Any]]], ceiling: list[dict[str, Any
 
 def main() -> int:
     from day0.client.workers import usable_cores
+    from day0.core.stats import samples_to_bound
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="50,100,200,300,400,600,800,1200,1600")
     ap.add_argument("--seconds", type=float, default=2.0, help="arrivals per rate ~ rate x seconds")
+    ap.add_argument("--min-requests", type=int, default=samples_to_bound(99.0),
+                    help="arrivals per rate at least (default 299: the fewest that bound a p99 at 95%%)")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--gap-ms", type=float, default=5.0)
