@@ -134,3 +134,19 @@ def test_a_second_interrupt_cuts_the_grace_short_but_never_the_kill():
         signal.signal(signal.SIGALRM, previous)
     assert not group_alive(proc.pid)
     assert elapsed < 30  # the 60 s grace was cut short
+
+
+def test_the_package_hands_out_each_name_from_its_module_and_a_submodule_pulls_in_no_http_client():
+    """``day0 weights audit`` imports day0.engine.loaded; the package's names load on first use, so
+    that import no longer brings aiohttp's client (~0.3 s of every such process)."""
+    import importlib
+
+    import day0.engine as engine
+
+    for name in engine.__all__:
+        assert getattr(engine, name) is getattr(importlib.import_module(engine._HOME[name]), name)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        engine.Nope  # noqa: B018
+    probe = "import sys, day0.engine.loaded; print(sorted(m for m in ('aiohttp', 'day0.engine.server') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
