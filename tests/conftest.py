@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from tests.support import host
 
 GROUPS_ENV = "DAY0_TEST_GROUPS"  # the folder where each xdist worker writes which tests share what
+CHILD_PYTEST_OPTS = ("-p", "no:hypothesispytest")  # for the pytest processes the tests start
 GROUPS_LONGEST_FIRST = ("engine", "netns")  # ~25 and ~8 minutes one after another on the CI box
 
 # vLLM's collect_env takes seconds per run, and the harness's tests start dozens of short runs;
@@ -39,8 +40,21 @@ def pytest_configure(config: pytest.Config) -> None:
         "engine: the test starts vLLM engines (a whole Day0 run counts): under `-n 2 --dist loadgroup` every "
         "such test runs on one worker, one at a time (and the tests of emulated nodes on one worker too)",
     )
-    if config.getoption("dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if config.getoption("dist", "no") == "loadgroup" and not worker:
         os.environ[GROUPS_ENV] = tempfile.mkdtemp(prefix="day0-test-groups-")  # the workers inherit it
+    if worker or not getattr(config.option, "numprocesses", None):  # not a controller about to start workers
+        quiet_child_pytest()
+
+
+def quiet_child_pytest() -> None:
+    """The pytest processes tests start (whole Day0 runs, the hostile cases' ``pytest -m day0``) run
+    no hypothesis test, but its entry-point plugin imports all of hypothesis: ~1.7 s of CPU each.
+    Set here, after this process read its own options, so only its children see it (an xdist
+    controller leaves it to its workers, which run hypothesis tests under the plugin)."""
+    opts = os.environ.get("PYTEST_ADDOPTS", "").split()
+    if CHILD_PYTEST_OPTS[-1] not in opts:
+        os.environ["PYTEST_ADDOPTS"] = " ".join([*opts, *CHILD_PYTEST_OPTS])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
