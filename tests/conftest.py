@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from tests.support import host
 
 GROUPS_ENV = "DAY0_TEST_GROUPS"  # the folder where each xdist worker writes which tests share what
 CHILD_PYTEST_OPTS = ("-p", "no:hypothesispytest")  # for the pytest processes the tests start
-GROUPS_LONGEST_FIRST = ("engine", "netns")  # ~25 and ~8 minutes one after another on the CI box
 
 # vLLM's collect_env takes seconds per run, and the harness's tests start dozens of short runs;
 # tests/core/test_environment.py runs it on purpose.
@@ -114,7 +112,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class GroupOrFile(LoadScopeScheduling):
         groups: dict[str, str] = {}
-        groups_first = True  # until the first unit is handed out
 
         def schedule(self) -> None:  # every worker has collected (and written its groups) by now
             self.groups = read_groups(folder)
@@ -122,16 +119,5 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
         def _split_scope(self, nodeid: str) -> str:
             return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
-
-        def _assign_work_unit(self, node: object) -> None:
-            """The first time: the groups go to the head of the queue, longest first. xdist sorts
-            units by test count, so the engine group (25 tests, ~25 minutes one after another)
-            came after the hostile modules (100+ one-second tests each) and ran as a tail."""
-            if self.groups_first:
-                self.groups_first = False
-                order = {group: rank for rank, group in enumerate(GROUPS_LONGEST_FIRST)}
-                self.workqueue = OrderedDict(sorted(self.workqueue.items(),
-                                                    key=lambda unit: order.get(unit[0], len(order))))
-            super()._assign_work_unit(node)
 
     return GroupOrFile(config, log)

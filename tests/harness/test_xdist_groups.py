@@ -56,33 +56,26 @@ def test_another_dist_mode_keeps_xdist_s_own_scheduler(pytester):
     assert pytest_xdist_make_scheduler(pytester.parseconfig("--dist", "load", "--tx", "2*popen"), log=None) is None
 
 
-LOGGED_TEST = """
+ENGINE_TEST = """
 import os, pytest
-{mark}
+pytestmark = pytest.mark.engine
 
-@pytest.mark.parametrize("case", range({cases}))
-def test_where(case):
-    with open(os.path.join(os.environ["RAN_DIR"], "log"), "a") as f:
-        f.write(f"{{os.environ['PYTEST_XDIST_WORKER']}} {{__name__}}\\n")
+def test_where():
+    with open(os.path.join(os.environ["RAN_DIR"], __name__), "w") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"])
 """
 
 
-def test_engine_tests_in_four_files_run_first_on_one_worker(pytester, monkeypatch):
-    """End to end, two real workers: left to file scheduling, four files would be shared out; left
-    to xdist's order (most tests first), the plain files of five tests would go before the group."""
+def test_engine_tests_in_four_files_run_on_one_worker(pytester, monkeypatch):
+    """End to end, two real workers: left to file scheduling, four files would be shared out."""
     monkeypatch.delenv(GROUPS_ENV, raising=False)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    ran = pytester.mkdir("ran")
-    monkeypatch.setenv("RAN_DIR", str(ran))
+    monkeypatch.setenv("RAN_DIR", str(pytester.mkdir("ran")))
     pytester.makeconftest("from tests.conftest import *  # noqa: F401,F403\n")
     for name in ("a", "b", "c", "d"):
-        pytester.makepyfile(**{f"test_engine_{name}": LOGGED_TEST.format(mark="pytestmark = pytest.mark.engine", cases=1),
-                               f"test_plain_{name}": LOGGED_TEST.format(mark="", cases=5)})
+        pytester.makepyfile(**{f"test_engine_{name}": ENGINE_TEST, f"test_plain_{name}": "def test_x(): pass\n"})
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "no:randomly")
-    result.assert_outcomes(passed=24)
-    runs = [line.split() for line in (ran / "log").read_text().splitlines()]
-    engine_workers = {worker for worker, module in runs if module.startswith("test_engine")}
-    assert len(engine_workers) == 1, runs
-    on_that_worker = [module for worker, module in runs if worker in engine_workers]
-    assert all(module.startswith("test_engine") for module in on_that_worker[:4]), on_that_worker
+    result.assert_outcomes(passed=8)
+    workers = {p.name: p.read_text() for p in (pytester.path / "ran").iterdir()}
+    assert len(workers) == 4 and len(set(workers.values())) == 1, workers
