@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from day0.config.topology import TopologySection
 from day0.engine.cluster.launchers import Launcher, LocalLauncher, Node, SrunLauncher, launcher_for
 from day0.engine.cluster.netns import EmulatedCluster, EmulationBlocked, EmulationError
-from day0.engine.cluster.reaper import start_reaper
+from day0.engine.cluster.reaper import disarm, start_reaper
 from day0.engine.cluster.slurm import SlurmError, SlurmJob
 
 Log = Callable[[str], None]
@@ -57,14 +57,21 @@ class Cluster:
         return out
 
     def close(self) -> None:
-        """Tear an emulated cluster down (and release its reaper); nothing to do for real nodes."""
-        if self.emulated is not None:
-            self.emulated.down()
-            self.emulated = None
-        if self._reaper_fd is not None:
+        """Tear an emulated cluster down and disarm its reaper; nothing to do for real nodes. When
+        the teardown raises, the reaper is left armed: closing the pipe gives it a second try."""
+        fd, self._reaper_fd = self._reaper_fd, None
+        try:
+            if self.emulated is not None:
+                self.emulated.down()
+                self.emulated = None
+        except BaseException:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
+        if fd is not None:
             with contextlib.suppress(OSError):
-                os.close(self._reaper_fd)
-            self._reaper_fd = None
+                disarm(fd)
 
 
 def open_cluster(topology: TopologySection, log: Log = lambda m: None,

@@ -7,6 +7,7 @@ they skip with that reason elsewhere and fail under CI=true. Every emulation tes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -268,6 +269,55 @@ def test_sigkill_of_the_harness_leaves_no_namespace_veth_or_process(tmp_path):
         assert alive == []
     finally:
         signal_group(proc.pid)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (the reaper is this process's child until subprocess reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _reaper_of(cid: str) -> int:
+    """The pid of cluster ``cid``'s reaper (day0.engine.cluster.reaper), by its command line."""
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"day0.engine.cluster.reaper" in argv and cid.encode() in argv:
+                return int(proc.name)
+    raise AssertionError(f"no reaper for cluster {cid}")
+
+
+@pytest.mark.host("root")
+def test_a_closed_clusters_reaper_leaves_the_next_cluster_of_the_same_harness_alone():
+    """The id is the owner's pid, so a harness's next cluster has the last one's id. A reaper slow
+    to start (a busy box) once read its EOF after that next cluster was half-built and tore its
+    bridge down by name: the CI saw `ip link set d03248n1 master d0b3248` fail, device gone."""
+    topology = load_profile("cpu-2node").topology
+    first = open_cluster(topology)
+    cid = first.emulated.cid
+    reaper = _reaper_of(cid)
+    os.kill(reaper, signal.SIGSTOP)  # still starting up when its harness moves on
+    try:
+        first.close()
+        second = open_cluster(topology)
+    finally:
+        os.kill(reaper, signal.SIGCONT)
+    try:
+        assert second.emulated.cid == cid
+        deadline = time.monotonic() + 60
+        while _running(reaper) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(reaper), "the first reaper is still running"
+        assert len(_ours()) == 2 and f"d0b{cid}" in day0_leftovers()[1], _leftovers()
+        assert all(node["up"] for node in second.emulated.status()["nodes"])
+    finally:
+        second.close()
+    deadline = time.monotonic() + 30
+    while _leftovers() and time.monotonic() < deadline:  # the second reaper, disarmed, removes nothing
+        time.sleep(0.1)
+    _assert_nothing_left()
 
 
 NO_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
