@@ -47,12 +47,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def quiet_child_pytest() -> None:
     """The pytest processes tests start (whole Day0 runs, the hostile cases' ``pytest -m day0``) run
-    no hypothesis test, but its entry-point plugin imports all of hypothesis: ~1.7 s of CPU each.
+    no hypothesis test, but its entry-point plugin imports all of hypothesis at the end of every
+    session (its terminal summary reads hypothesis' observability module): ~1.7 s of CPU each.
     Set here, after this process read its own options, so only its children see it (an xdist
     controller leaves it to its workers, which run hypothesis tests under the plugin)."""
-    opts = os.environ.get("PYTEST_ADDOPTS", "").split()
-    if CHILD_PYTEST_OPTS[-1] not in opts:
-        os.environ["PYTEST_ADDOPTS"] = " ".join([*opts, *CHILD_PYTEST_OPTS])
+    opts = os.environ.get("PYTEST_ADDOPTS", "")
+    if CHILD_PYTEST_OPTS[-1] not in opts.split():  # appended as text: the user's own quoting stays
+        os.environ["PYTEST_ADDOPTS"] = f"{opts} {' '.join(CHILD_PYTEST_OPTS)}".strip()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
