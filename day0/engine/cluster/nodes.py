@@ -60,18 +60,16 @@ class Cluster:
         """Tear an emulated cluster down and disarm its reaper; nothing to do for real nodes. When
         the teardown raises, the reaper is left armed: closing the pipe gives it a second try."""
         fd, self._reaper_fd = self._reaper_fd, None
+        torn_down = False
         try:
             if self.emulated is not None:
                 self.emulated.down()
                 self.emulated = None
-        except BaseException:
+            torn_down = True
+        finally:
             if fd is not None:
                 with contextlib.suppress(OSError):
-                    os.close(fd)
-            raise
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                disarm(fd)
+                    (disarm if torn_down else os.close)(fd)
 
 
 def open_cluster(topology: TopologySection, log: Log = lambda m: None,
