@@ -62,6 +62,15 @@ def _kill_group(proc: subprocess.Popen[bytes], pgid: int) -> None:
         time.sleep(0.05)
 
 
+def pid_alive(pid: int) -> bool:
+    """Running, and not a zombie: a process its parent has not reaped yet is dead for every purpose
+    here (a rank torchrun has not collected, a daemon whose launcher is gone, a test's child)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any (non-zombie) process of the group is left."""
     try:

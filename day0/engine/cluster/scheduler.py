@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 from day0.core.commands import run_command
 from day0.engine.cluster.sbatch import SINFO_NODES, parse_node_states
+from day0.engine.process import pid_alive
 
 Log = Callable[[str], None]
 
@@ -258,17 +259,6 @@ def stop_daemons(folder: Path, timeout_s: float = 5.0) -> list[int]:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
             time.sleep(0.05)
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for every purpose here
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from day0.engine.cluster.launchers import spawn
+from day0.engine.process import pid_alive
 from day0.stages.collectives.launcher import (
     _Rank,
     _tail,
@@ -37,15 +38,6 @@ from day0.stages.collectives.settings import CollectivesSection, coerce_settings
 
 DEFAULT_PORT = 29500
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-
-
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (a rank torchrun has not reaped yet is dead already)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class _Agents:
@@ -100,7 +92,7 @@ class _ClusterRank(_Rank):
             return self.rc
         agent_rc = self.agents.procs[self.node_index].poll()
         pid = self._read_pid()
-        if self.local_pids and pid is not None and _alive(pid):
+        if self.local_pids and pid is not None and pid_alive(pid):
             return None
         if not self.local_pids and agent_rc is None:
             return None  # another host's process: its torchrun's exit is the news

@@ -33,7 +33,7 @@ from day0.engine.cluster.launchers import (
 from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_stale
 from day0.engine.cluster.nodes import ClusterError, open_cluster
 from day0.engine.multinode import node_commands, node_env
-from day0.engine.process import signal_group
+from day0.engine.process import pid_alive, signal_group
 from tests.support import REPO
 
 PY = sys.executable
@@ -264,19 +264,10 @@ def test_sigkill_of_the_harness_leaves_no_namespace_veth_or_process(tmp_path):
         while _leftovers(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         _assert_nothing_left(proc.pid)
-        alive = [p for p in pids if Path(f"/proc/{p}").exists()
-                 and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        alive = [p for p in pids if pid_alive(p)]
         assert alive == []
     finally:
         signal_group(proc.pid)
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (the reaper is this process's child until subprocess reaps it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _reaper_of(cid: str) -> int:
@@ -307,9 +298,9 @@ def test_a_closed_clusters_reaper_leaves_the_next_cluster_of_the_same_harness_al
     try:
         assert second.emulated.cid == cid
         deadline = time.monotonic() + 60
-        while _running(reaper) and time.monotonic() < deadline:
+        while pid_alive(reaper) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _running(reaper), "the first reaper is still running"
+        assert not pid_alive(reaper), "the first reaper is still running"
         assert len(_ours()) == 2 and f"d0b{cid}" in day0_leftovers()[1], _leftovers()
         assert all(node["up"] for node in second.emulated.status()["nodes"])
     finally:
