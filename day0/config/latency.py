@@ -62,10 +62,14 @@ class CapacitySearch(_Table):
     growth: float = Field(2.0, gt=1, description="factor between points while bracketing")
     precision: float = Field(0.05, gt=0, lt=1, description="stop once the first missed rate is within this "
                                                           "fraction above the sustained one")
-    max_points: int = Field(10, ge=2, le=100, description="points measured at most")
+    max_points: int = Field(10, ge=2, le=100, description="full-sized points measured at most (probes not "
+                                                          "counted)")
     max_rate: float = Field(10_000.0, gt=0, description="req/s the bracketing never goes past")
     requests: int = Field(0, ge=0, description="per point; 0 = the fewest that can bound the highest limited "
                                                "percentile at [sla] confidence (299 for p99 at 95%)")
+    probe_requests: int = Field(32, ge=0, description="per point while bracketing upward, before anything missed: "
+                                                      "such a probe only has to not miss for the bracket to move up "
+                                                      "and is never the answer; 0 = every point full-sized")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
                                                                  "the sustained point's achieved req/s)")
 

@@ -17,7 +17,7 @@ from day0.client.prom import pct_name
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import samples_to_bound
-from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, PROBED, UNDECIDED, SearchPoint, SearchResult
 from day0.stages.latency.metrics import SOURCE, rounded
 
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest load meeting the SLA (confidence-bounded)"
@@ -106,8 +106,9 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
                      evidence=evidence,
                      message=(f"no load tried meets the SLA: the lowest, {point_load(result, miss.load)}, misses "
                               f"{', '.join(miss.misses)}" if miss else "no load tried meets the SLA"))
-    told = f"sustains {point_load(result, best)} within the SLA ({result.confidence:.0%} bounds, {result.requests_per_point} " \
-           "requests a point)"
+    probes = f", probes of {result.probe_requests} while climbing" if any(pt.verdict == PROBED for pt in result.points) else ""
+    told = (f"sustains {point_load(result, best)} within the SLA ({result.confidence:.0%} bounds, "
+            f"{result.requests_per_point} requests a point{probes})")
     if top is not None:
         told += (f"; {point_load(result, top.load)} misses {', '.join(top.misses)}" if top.verdict == MISSES else
                  f"; {point_load(result, top.load)} is the SLA's edge ({', '.join(top.undecided)}: the limit inside "
@@ -130,7 +131,7 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
     by_load = sorted(result.points, key=lambda pt: pt.load)
     rows = [[rounded(pt.load), rounded(pt.metrics.request_throughput), pt.metrics.completed,
              *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
-             pt.verdict + (": " + ", ".join(pt.misses or pt.undecided) if pt.verdict != MEETS else "")]
+             _verdict_text(pt)]
             for pt in by_load]
     pareto = pareto_rows(result, devices)
     evidence: dict[str, Any] = {
@@ -141,7 +142,8 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
         "pareto": pareto, "devices": devices,
         "axis": result.axis, "unit": result.unit,
         "order": [rounded(pt.load) for pt in result.points], "stopped": result.stopped,
-        "requests_per_point": result.requests_per_point, "confidence": result.confidence,
+        "requests_per_point": result.requests_per_point, "probe_requests": result.probe_requests,
+        "confidence": result.confidence,
         "search": search.model_dump(), "answer": answer(result, sla, search, devices),
         "definition": "docs/metrics.md, Confidence and Capacity; docs/stages/latency.md, Capacity search"}
     best = result.sustained_point
@@ -152,6 +154,14 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
                                  "margins": [{"limit": m.key, "upper_ms": rounded(m.upper), "limit_ms": m.limit,
                                               "share": rounded(m.share)} for m in margins(best, sla)]}
     return evidence
+
+
+def _verdict_text(pt: SearchPoint) -> str:
+    if pt.verdict == MEETS:
+        return MEETS
+    if pt.verdict == PROBED:
+        return f"{PROBED}: did not miss over {pt.metrics.sent} requests (steers the climb; never the answer)"
+    return f"{pt.verdict}: {', '.join(pt.misses or pt.undecided)}"
 
 
 def _bounds_chart(result: SearchResult, by_load: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:
@@ -171,7 +181,8 @@ def _pareto_chart(pareto: list[dict[str, Any]], sla: SlaSection) -> dict[str, An
     """Interactivity against throughput per device, the points that meet the SLA apart from those
     that do not; the tightest TPOT limit as the interactivity it allows (1000 / limit)."""
     series = []
-    for name, keep in (("meets the SLA", lambda v: v == MEETS), ("does not", lambda v: v != MEETS)):
+    for name, keep in (("meets the SLA", lambda v: v == MEETS), ("probe (did not miss)", lambda v: v == PROBED),
+                       ("does not", lambda v: v not in (MEETS, PROBED))):
         pts = [r for r in pareto if keep(r["verdict"]) and r["tok_s_per_user"] is not None]
         if pts:
             series.append({"name": name, "x": [r["output_tok_s_per_device"] for r in pts],

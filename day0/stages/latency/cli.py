@@ -95,6 +95,9 @@ def add_search_flags(g: Any) -> None:
     g.add_argument("--search-requests", type=whole_number(1), metavar="N",
                    help="requests a search point (default: the fewest that bound the limited percentile: 299 "
                         "for p99)")
+    g.add_argument("--search-probe-requests", type=whole_number(0), metavar="N",
+                   help="requests a point of the upward climb, which only has to not miss (default 32; 0 = every "
+                        "point full-sized)")
     g.add_argument("--target-rate", type=float, metavar="REQ/S",
                    help="the load the launch must serve: the search reports the replicas it needs")
 
@@ -207,7 +210,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
         lat["sweep_rates"] = _floats(args.sweep_rates)
     search = {key: getattr(args, attr) for attr, key in (("search_start_rate", "start_rate"), ("search_over", "over"),
                                                          ("search_start_concurrency", "start_concurrency"),
-                                                         ("search_requests", "requests"), ("target_rate", "target_rate"))
+                                                         ("search_requests", "requests"), ("target_rate", "target_rate"),
+                                                         ("search_probe_requests", "probe_requests"))
               if getattr(args, attr, None) is not None}
     if args.search or search:
         lat["search"] = search

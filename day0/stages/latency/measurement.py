@@ -30,6 +30,7 @@ class SweepPoint:
 
 # A capacity-search point's verdicts (:class:`SearchPoint`)
 MEETS, MISSES, UNDECIDED, CLIENT_LAGGED = "meets", "misses", "undecided", "client_lagged"
+PROBED = "probed"  # a short point while bracketing upward that did not miss: the bracket moves up, nothing is claimed
 
 
 @dataclass
@@ -39,8 +40,10 @@ class SearchPoint:
     ``verdict``: ``meets`` (every limited percentile's upper bound within its limit, errors within
     ``max_error_rate``), ``misses`` (a lower bound past its limit, too many errors, or nothing
     completed), ``undecided`` (a bound decides nothing: too few requests, or the limit inside the
-    interval) or ``client_lagged`` (the load generator fell an arrival gap behind its schedule, so
-    the rate offered was not this one; ``lag_ms`` is the p90 of its send lag). ``bounds``: limit id
+    interval), ``client_lagged`` (the load generator fell an arrival gap behind its schedule, so
+    the rate offered was not this one; ``lag_ms`` is the p90 of its send lag) or ``probed`` (a
+    probe of the upward bracketing, too short to bound a limit from above, that did not miss: it
+    steers the search and is never the answer). ``bounds``: limit id
     -> (lower, upper) in ms, None where the sample cannot bound that side."""
 
     load: float  # the offered load: req/s, or (a concurrency search) requests in flight
@@ -69,6 +72,7 @@ class SearchResult:
     stopped: str  # why the search ended, in words
     axis: str = "rate"  # what it varied: "rate" (open loop) or "concurrency" (closed loop)
     unit: str = "req/s"
+    probe_requests: int = 0  # requests of a probe while the bracket climbed (0: every point full-sized)
 
     @property
     def first_miss(self) -> SearchPoint | None:

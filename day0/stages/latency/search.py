@@ -22,7 +22,7 @@ from day0.client.prom import pct_name
 from day0.client.stream import RequestResult
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, SlaSection
 from day0.core.stats import bound_ranks, percentile, percentile_bounds
-from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint, SearchResult
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, PROBED, UNDECIDED, SearchPoint, SearchResult
 from day0.stages.latency.metrics import LatencyMetrics, tpot_of
 
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
@@ -230,27 +230,36 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
     with every point meeting, at a point too short to bound a limit at all, or where the client
     lagged (more points would not help: more requests, or more load workers, would). A point whose
     bounds straddle a limit is the SLA's edge: it bounds the bracket from above, as a miss does,
-    and the bisection goes on below it (a sustained load always met, with confidence)."""
+    and the bisection goes on below it (a sustained load always met, with confidence).
+
+    While the bracket climbs (nothing has missed yet) a point is a probe of ``probe_requests``:
+    it only has to not miss for the search to go up, and a full point at twice the load usually
+    decides more. A probe is never the answer: the bracket's lower end, once narrow, is measured
+    in full before the search ends on it, and a probe that then does not meet is a miss like any
+    other. Full points start at the first miss, so a climb of k doublings costs k probes, not k
+    full points (299 requests each for a p99)."""
     axis = axis_of(search)
     points: list[SearchPoint] = []
     met: float | None = None  # highest load that met
     missed: float | None = None  # lowest load that missed
+    probe = search.probe_requests if 0 < search.probe_requests < requests else 0
 
     def result(stopped: str) -> SearchResult:
-        return SearchResult(points, requests, sla.confidence, stopped, axis.name, axis.unit)
+        return SearchResult(points, requests, sla.confidence, stopped, axis.name, axis.unit, probe)
+
+    def lower_end() -> float | None:
+        """The highest load below the lowest miss that met, or that a probe found not missing."""
+        below = [pt.load for pt in points if pt.verdict in (MEETS, PROBED) and (missed is None or pt.load < missed)]
+        return max(below) if below else None
 
     x: float | None = axis.start
     while x is not None:
-        if len(points) >= search.max_points:
+        probing = bool(probe) and missed is None and all(pt.load != x for pt in points)
+        if sum(pt.verdict != PROBED for pt in points) >= search.max_points:
             return result(f"max_points ({search.max_points}) reached")
-        say(f"capacity search: {axis.text(x)}, {requests} requests")
-        rule = ClearMiss(sla, requests)
-        point = judge_point(x, await measure_at(x, requests, until=rule), sla, rule,
-                            gap_ms=None if axis.integer else 1000.0 / x)
+        point = await _measure_point(measure_at, x, probe if probing else requests, sla, axis, say, probing)
         points.append(point)
-        if point.early:
-            say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
-        unbounded = point.unbounded if point.verdict == UNDECIDED else []
+        unbounded = point.unbounded if point.verdict == UNDECIDED and not probing else []
         if point.verdict == CLIENT_LAGGED or unbounded:
             # more points would not help: more load workers would, or more requests a point
             return result(f"{point.verdict} at {axis.text(x)}"
@@ -261,18 +270,38 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
                           f"{next(iter(point.metrics.errors), 'unknown')}); no load meets the SLA")
         if point.verdict == MEETS:
             met = x if met is None else max(met, x)
-        else:  # a miss, or bounds straddling a limit: the SLA's edge is at or below it either way
+        elif point.verdict != PROBED:  # a miss, or bounds straddling a limit: the SLA's edge is at or below it
             missed = x if missed is None else min(missed, x)
+        low = lower_end()
         if missed is None:
-            x = axis.up(x, search.growth)
-            if x > axis.limit:
+            if axis.up(x, search.growth) > axis.limit:
+                if point.verdict == PROBED:
+                    continue  # the same load again, full-sized: "at least max_rate" is a claim
                 return result(f"every point met the SLA up to {axis.limit_key} ({axis.text(axis.limit)})")
-        elif met is None:
-            x = axis.down(x, search.growth)
-        elif axis.narrow(met, missed, search.precision):
-            return result(f"precision {search.precision:g} reached")
+            x = axis.up(x, search.growth)
+        elif low is None:
+            x = axis.down(missed, search.growth)
+        elif axis.narrow(low, missed, search.precision):
+            if low == met:
+                return result(f"precision {search.precision:g} reached")
+            x = low  # a probe: measured in full before the search ends on it
         else:
-            x = axis.between(met, missed)
+            x = axis.between(low, missed)
     lowest = min(pt.load for pt in points) if points else axis.start
     return result(f"no load meets the SLA: {axis.text(axis.start)} and every point below it, down to "
                   f"{axis.text(lowest)}, missed")
+
+
+async def _measure_point(measure_at: Callable[..., Awaitable[LatencyMetrics]], x: float, n: int, sla: SlaSection,
+                         axis: Axis, say: Callable[[str], None], probing: bool) -> SearchPoint:
+    """One point, judged. A probe that did not miss is ``probed``, straddling bounds included: over
+    32 requests an upper bound is the largest value or the next, so one host stall would make a
+    short probe the SLA's edge and cap the bracket there; the full points above it decide."""
+    say(f"capacity search: {axis.text(x)}, {n} requests" + (" (a probe: it only has to not miss)" if probing else ""))
+    rule = ClearMiss(sla, n)
+    point = judge_point(x, await measure_at(x, n, until=rule), sla, rule, gap_ms=None if axis.integer else 1000.0 / x)
+    if point.early:
+        say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
+    if probing and point.verdict in (MEETS, UNDECIDED):
+        point.verdict = PROBED
+    return point

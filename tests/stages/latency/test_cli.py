@@ -77,6 +77,9 @@ def test_search_flags_become_the_search_table():
     assert lat.search is not None and lat.search.start_rate == 1.0 and lat.search.requests == 0
     lat, _ = settings_from_args(_args("--search-start-rate", "5", "--search-requests", "64", "--target-rate", "50"))
     assert (lat.search.start_rate, lat.search.requests, lat.search.target_rate) == (5.0, 64, 50.0)
+    assert lat.search.probe_requests == 32  # the default climb probes
+    lat, _ = settings_from_args(_args("--search-probe-requests", "0"))
+    assert lat.search is not None and lat.search.probe_requests == 0
 
 
 @pytest.mark.parametrize("argv, named", [

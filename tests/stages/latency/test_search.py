@@ -21,6 +21,7 @@ from day0.stages.latency.search import (
     CLIENT_LAGGED,
     MEETS,
     MISSES,
+    PROBED,
     UNDECIDED,
     judge_point,
     requests_per_point,
@@ -116,6 +117,57 @@ def test_bracketing_then_bisection_finds_a_known_capacity(seed):
     assert f"{result.first_miss.load:.4g} req/s misses ttft_p90" in check.message
 
 
+def counted(measure_at):
+    """``measure_at`` that also keeps (rate, requests) of every point."""
+    calls = []
+
+    async def wrapped(rate: float, n: int, until=None):
+        calls.append((rate, n))
+        return await measure_at(rate, n, until)
+    return wrapped, calls
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_climb_probes_and_the_answer_is_always_a_full_point_that_met(seed):
+    r_star = random.Random(seed).uniform(3.0, 300.0)
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=30)
+    spent = {}
+    for probe in (0, 32):
+        measure_at, calls = counted(modelled(r_star)[0])
+        result = asyncio.run(search_capacity(measure_at, search.model_copy(update={"probe_requests": probe}), SLA,
+                                             299, lambda _m: None))
+        assert r_star / 1.05 <= result.sustained <= r_star, (probe, r_star, calls)
+        assert result.sustained_point.verdict == MEETS and result.sustained_point.metrics.sent == 299
+        spent[probe] = sum(n for _, n in calls)
+        if probe:  # the climb up to its first miss was probes of 32, none of them a claim
+            climbed = next(i for i, pt in enumerate(result.points) if pt.verdict != PROBED)
+            assert climbed >= 1 and {n for _, n in calls[:climbed + 1]} == {32}, calls
+            assert result.probe_requests == 32 and {n for _, n in calls[climbed + 1:]} == {299}, calls
+    assert spent[32] < spent[0], spent  # a climb of k doublings costs k probes, not k full points
+
+
+def test_a_probe_that_passed_but_does_not_meet_in_full_is_a_miss_and_the_search_goes_below_it():
+    """A server fine for a short point up to 16 req/s and only up to 4 for a long one (a queue that
+    builds slowly): the probes climb to 16, and the search still ends on a full point that met."""
+    async def slow_queue(rate: float, n: int, until=None):
+        fine = rate <= 4.0 or (rate <= 16.0 and n <= 32)
+        return metrics_with([50.0 if fine else 50.0 + 400.0 * (i + 1) / n for i in range(n)])
+
+    measure_at, calls = counted(slow_queue)
+    result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=1.0, max_points=40), SLA, 299,
+                                         lambda _m: None))
+    assert calls[:6] == [(1.0, 32), (2.0, 32), (4.0, 32), (8.0, 32), (16.0, 32), (32.0, 32)]
+    assert 4.0 / 1.05 <= result.sustained <= 4.0 and result.sustained_point.metrics.sent == 299
+    assert (16.0, 299) in calls and (8.0, 299) in calls  # each probe the bracket leaned on, measured in full
+    assert result.stopped == "precision 0.05 reached"
+    # every point met up to max_rate: the last probe is measured in full before "at least" is claimed
+    measure_at, calls = counted(modelled(1e9)[0])
+    result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=10.0, max_rate=100.0), SLA, 299,
+                                         lambda _m: None))
+    assert calls == [(10.0, 32), (20.0, 32), (40.0, 32), (80.0, 32), (80.0, 299)] and result.sustained == 80.0
+    assert "up to max_rate (100 req/s)" in result.stopped
+
+
 def test_a_first_rate_over_capacity_brackets_downward_and_a_target_prices_replicas():
     measure_at, rates = modelled(3.0)
     search = CapacitySearch(start_rate=50.0, precision=0.05, max_points=20, target_rate=100.0)
@@ -189,7 +241,9 @@ def test_the_stage_finds_the_capacity_of_a_scripted_server_within_5_percent():
     assert run.search.first_miss is not None and run.search.first_miss.load > r_star * 0.95
     # day0 latency --search prints each point, lowest rate first, with its bounds and verdict
     printed = [line for line in format_report(run, latency_checks(run)).splitlines() if line.startswith("search ")]
-    assert len(printed) == len(run.search.points) and printed[0].endswith("-> meets") and "ttft_p90 " in printed[0]
+    # the start is a probe of 32 (it only had to not miss), the answer a full point that met
+    assert len(printed) == len(run.search.points) and printed[0].endswith("-> probed") and "ttft_p90 " in printed[0]
+    assert run.search.sustained_point.metrics.sent == 120 and any(line.endswith("-> meets") for line in printed)
     assert any(line.endswith("(ttft_p90)") or "queue_growth" in line for line in printed)
 
 
