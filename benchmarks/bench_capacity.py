@@ -8,9 +8,10 @@ ignored, open-loop Poisson arrivals), and prints what each answered and what the
 server is run in first (``--server-warmup``): a fresh CPU server is several times slower for its
 first few hundred requests, and the first tool would measure that.
 
-- day0: ``day0 latency --search`` (bracketing by 2x, then bisection to 5%; each point the fewest
-  requests whose order statistics bound the percentile, 299 for p99 at 95%, judged by those
-  bounds, never by the point estimate; a point that has missed stops early). Its measured phase
+- day0: ``day0 latency --search`` (bracketing by 2x, probes of 32 requests while climbing, then
+  bisection to 5%; each full point the fewest requests whose order statistics bound the
+  percentile, 299 for p99 at 95%, judged by those bounds, never by the point estimate; a point
+  that has missed stops early; the answer is always a full point). Its measured phase
   (``--day0-measure-requests``) and warm-up are counted in what it spent.
 - vLLM: vLLM 0.32 has ``vllm bench sweep serve`` and ``serve_workload`` but no ``serve_sla``, and
   ``sweep`` only benchmarks servers it launches itself; so, a dense ``vllm bench serve`` rate list:
@@ -30,8 +31,16 @@ first few hundred requests, and the first tool would measure that.
   benchmark, ``--guidellm-workers`` processes (its default, 10, swamps a small box); sustained is
   its highest Poisson rate whose p99 TTFT and ITL (GuideLLM's ITL is day0's TPOT) meet the limits.
 
-Prints every tool's points, then a table (tool, sustained req/s, first missed req/s, requests
-spent, wall seconds) and the ratios day0/other of the sustained rate and of the requests spent;
+Rounds (``--rounds``, default 2): the tools run again in the reverse order, ABBA (day0, vLLM,
+vLLM, day0), each round on fresh prompts. The server's edge moves by minutes on a shared box, and
+moved more than 10% between two tools a minute apart in single runs here; with the order
+reversed, a drift in time weighs on both tools alike, and each tool's own rounds say how far the
+edge moved under it (its ``drift``: highest / lowest sustained rate of its rounds), which is the
+floor under any agreement between tools.
+
+Prints every tool's points, round by round, then a table (tool, sustained req/s as the median of
+its rounds and each round's, first missed req/s, requests spent per answer, wall seconds, drift)
+and the ratios day0/other of the median sustained rates and of the requests spent per answer;
 ``--json`` writes the same. The issue's targets: sustained rates within 10%, day0's requests at
 most half the dense sweep's. Starts a vLLM engine: on a shared box take the engine lock. The
 figures move with whatever else the box runs (the server and every client share its cores).
@@ -48,6 +57,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TOOLS = ("day0", "vllm", "guidellm")
+ROUND_SEED_STEP = 100  # round r's prompts and arrivals: seed + r x this (a dense list's rates use seed + i, i < 100)
 
 
 # --------------------------------------------------------------------------- the server
@@ -238,7 +249,7 @@ async def vllm_dense(url: str, a: argparse.Namespace) -> None:
 def run_vllm(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
     """The dense list in a fresh process (this script with ``--tool vllm``)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--tool", "vllm", "--url", url,
-           "--tokenizer", str(tok), "--dense-requests", str(a.dense_requests)]
+           "--tokenizer", str(tok), "--dense-requests", str(a.dense_requests), "--seed", str(a.seed)]
     out, why, wall = run_child(cmd, a)
     points = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     told = f"{len(points)} rates of {points[0]['n']} requests (the ready check included)" if points else "no rate"
@@ -300,6 +311,21 @@ def fmt(x: float | None, spec: str = ".4g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def combined(tool: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tool's answer over its rounds: the median sustained rate (a round with no answer is left
+    out and counted), the median requests and wall time of one answer, and its drift."""
+    rates = [r["sustained"] for r in rounds if r["sustained"]]
+    misses = [r["first_miss"] for r in rounds if r["first_miss"]]
+    return {"tool": tool, "sustained": statistics.median(rates) if rates else None,
+            "first_miss": statistics.median(misses) if misses else None,
+            "requests": round(statistics.median(r["requests"] for r in rounds)),
+            "wall_s": round(statistics.median(r["wall_s"] for r in rounds), 1),
+            "rounds_sustained": [r["sustained"] for r in rounds],
+            "drift": max(rates) / min(rates) if len(rates) > 1 else None,
+            "check": next((r["check"] for r in rounds if r.get("check", "pass") != "pass"), "pass"),
+            "points": [p for r in rounds for p in r["points"]]}
+
+
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """day0 / each other tool, of the sustained rate and of the requests spent."""
     d0 = results.get("day0")
@@ -330,21 +356,28 @@ def show(r: dict[str, Any]) -> None:
           f"{r['requests']} requests, {r['wall_s']:.1f} s", flush=True)
 
 
-def report(results: dict[str, dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
-    """The table and the ratios; returns them with every point as one object."""
-    head = f"{'tool':<10} {'sustained req/s':>16} {'first missed req/s':>19} {'requests spent':>15} {'wall s':>8}"
+def report(rounds: list[dict[str, dict[str, Any]]], a: argparse.Namespace) -> dict[str, Any]:
+    """The table (each tool over its rounds) and the ratios; returns them with every round as one object."""
+    results = {t: combined(t, [r[t] for r in rounds]) for t in TOOLS if t in rounds[0]}
+    head = (f"{'tool':<10} {'sustained req/s (rounds)':>28} {'first missed':>13} {'requests':>9} {'wall s':>7} "
+            f"{'drift':>6}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in results.values():
-        own = f"  (from its points; latency.capacity: {r['check']})" if r.get("check", "pass") != "pass" else ""
-        print(f"{r['tool']:<10} {fmt(r['sustained']):>16} {fmt(r['first_miss']):>19} {r['requests']:>15} "
-              f"{r['wall_s']:>8.1f}{own}")
+        own = f"  (from its points; latency.capacity: {r['check']})" if r["check"] != "pass" else ""
+        each = "/".join(fmt(x) for x in r["rounds_sustained"])
+        print(f"{r['tool']:<10} {fmt(r['sustained']) + ' (' + each + ')':>28} {fmt(r['first_miss']):>13} "
+              f"{r['requests']:>9} {r['wall_s']:>7.1f} {fmt(r['drift'], '.3f'):>6}{own}")
+    print("(medians over the rounds; requests and wall time of one answer; drift: the tool's own highest / lowest "
+          "sustained rate over its rounds)")
     rat = ratios(results)
     for tool, q in rat.items():
-        print(f"day0 / {tool}: sustained {fmt(q['sustained'], '.3f')}, requests spent {fmt(q['requests'], '.3f')}")
+        per_round = ", ".join(fmt(ratios(r)[tool]["sustained"], ".3f") for r in rounds if tool in ratios(r))
+        print(f"day0 / {tool}: sustained {fmt(q['sustained'], '.3f')} (by round: {per_round}), requests spent "
+              f"{fmt(q['requests'], '.3f')}")
     return {"sla": {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
             "workload": {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson",
                          "ignore_eos": True},
-            "tools": results, "ratios_day0_over": rat}
+            "tools": results, "rounds": rounds, "ratios_day0_over": rat}
 
 
 # --------------------------------------------------------------------------- main
@@ -386,11 +419,30 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--guidellm-workers", type=int, default=usable_cores(),
                     help="GuideLLM's worker processes (its default, 10, swamps a small box; default: the usable cores)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="runs of every tool, the order reversed each round (ABBA); medians are compared")
     ap.add_argument("--skip", default="", help=f"comma-separated, of: {', '.join(TOOLS)}")
     ap.add_argument("--tool-timeout-s", type=float, default=400.0)
     ap.add_argument("--json", type=Path, help="write the table, the points and the ratios here")
     ap.add_argument("--tool", help=argparse.SUPPRESS)
     return ap.parse_args()
+
+
+def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set[str]) -> dict[str, dict[str, Any]]:
+    """Every tool once, in TOOLS' order in even rounds and reversed in odd ones, on the round's seed."""
+    runners = {"day0": run_day0, "vllm": run_vllm, "guidellm": run_guidellm}
+    order = [t for t in TOOLS if t not in skip]
+    ra = argparse.Namespace(**{**vars(a), "seed": a.seed + number * ROUND_SEED_STEP})
+    results: dict[str, dict[str, Any]] = {}
+    for tool in order if number % 2 == 0 else order[::-1]:
+        if tool != "day0":  # the others measure each rate with as many requests as day0's points had
+            a.dense_requests = a.dense_requests or per_point(a, results.get("day0"))
+            a.guidellm_requests = a.guidellm_requests or per_point(a, results.get("day0"))
+            ra.dense_requests, ra.guidellm_requests = a.dense_requests, a.guidellm_requests
+        print(f"\nround {number + 1}/{a.rounds}, {tool}: running against {url} ...", flush=True)
+        results[tool] = runners[tool](url, tok, ra)
+        show(results[tool])
+    return {t: results[t] for t in order}
 
 
 def main() -> int:
@@ -403,19 +455,11 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; SLA: TTFT {p} <= "
           f"{a.ttft_limit_ms:g} ms, TPOT {p} <= {a.tpot_limit_ms:g} ms, no failed request; workload: {a.input_len} "
           f"random prompt tokens, {a.output_len} output tokens (EOS ignored), Poisson arrivals", flush=True)
-    runners = {"day0": run_day0, "vllm": run_vllm, "guidellm": run_guidellm}
-    results: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     with serving(a) as (url, tok):
         warm_server(url, tok, a)
-        for tool in (t for t in TOOLS if t not in skip):
-            if tool != "day0":  # the others measure each rate with as many requests as day0 did
-                a.dense_requests = a.dense_requests or per_point(a, results.get("day0"))
-                a.guidellm_requests = a.guidellm_requests or per_point(a, results.get("day0"))
-            print(f"\n{tool}: running against {url} ...", flush=True)
-            results[tool] = runners[tool](url, tok, a)
-            show(results[tool])
-    out = report(results, a)
+        rounds = [run_round(url, tok, a, r, skip) for r in range(a.rounds)]
+    out = report(rounds, a)
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:
