@@ -234,10 +234,10 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
 
     While the bracket climbs (nothing has missed yet) a point is a probe of ``probe_requests``:
     it only has to not miss for the search to go up, and a full point at twice the load usually
-    decides more. A probe is never the answer: the bracket's lower end, once narrow, is measured
-    in full before the search ends on it, and a probe that then does not meet is a miss like any
-    other. Full points start at the first miss, so a climb of k doublings costs k probes, not k
-    full points (299 requests each for a p99)."""
+    decides more. A probe is never the answer: once a full point has missed above it (or the
+    bracket is narrow), the probe's load is measured in full, and a probe that then does not meet
+    is a miss like any other. Full points start at the first miss, so a climb of k doublings costs
+    k probes, not k full points (299 requests each for a p99)."""
     axis = axis_of(search)
     points: list[SearchPoint] = []
     met: float | None = None  # highest load that met
@@ -281,6 +281,9 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
             x = axis.up(x, search.growth)
         elif low is None:
             x = axis.down(missed, search.growth)
+        elif low != met and not probing:
+            x = low  # a full point missed above a probe: is the probe right? (measured here, a short probe
+            # at the edge passed where its full point then missed, and bisection spent its points above it)
         elif axis.narrow(low, missed, search.precision):
             if low == met:
                 return result(f"precision {search.precision:g} reached")

@@ -157,6 +157,9 @@ def test_a_probe_that_passed_but_does_not_meet_in_full_is_a_miss_and_the_search_
     result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=1.0, max_points=40), SLA, 299,
                                          lambda _m: None))
     assert calls[:6] == [(1.0, 32), (2.0, 32), (4.0, 32), (8.0, 32), (16.0, 32), (32.0, 32)]
+    # the first full point (the midpoint) misses: the probe under it is measured in full next, before
+    # any more bisection above a probe that may be wrong
+    assert calls[6] == (pytest.approx(math.sqrt(16 * 32)), 299) and calls[7] == (16.0, 299), calls
     assert 4.0 / 1.05 <= result.sustained <= 4.0 and result.sustained_point.metrics.sent == 299
     assert (16.0, 299) in calls and (8.0, 299) in calls  # each probe the bracket leaned on, measured in full
     assert result.stopped == "precision 0.05 reached"
