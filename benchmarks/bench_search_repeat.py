@@ -1,0 +1,97 @@
+"""Is the capacity answer reproducible: the same ``day0 latency --search`` several times in a row
+against one cpu-tiny vLLM server (the embedded target), each run timed.
+
+The issue's bar: the search finishes in under 3 minutes on 2 cores and three runs agree within 15%.
+Prints each run's wall time, verdict, answer, points and requests, and at the end the spread of the
+answers (highest / lowest). A shared box's own speed moves between runs a minute apart, so each run
+also prints its lowest-load point's TTFT bounds: when those differ between runs, the server's speed
+did, and the answers follow it. The server is run in first (``--server-warmup`` requests, as in
+bench_capacity.py). Starts a vLLM engine: on a shared box take the engine lock.
+
+    flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_search_repeat.py [--runs 3] \\
+        [-- extra day0 latency arguments, e.g. --search-probe-requests 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_capacity  # noqa: E402  (the server and its warm-up: one answer for both scripts)
+
+
+def command(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path) -> list[str]:
+    """The documented search (docs/stages/latency.md, "Capacity search"), on its own seed."""
+    return [sys.executable, "-m", "day0.cli", "latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
+            "--input-len", a.input_len, "--output-len", "32", "--limit", f"ttft_p90_ms={a.ttft_limit_ms:g}",
+            "--limit", f"tpot_p90_ms={a.tpot_limit_ms:g}", "--search", "--search-start-rate", f"{a.start_rate:g}",
+            "--search-requests", str(a.requests), "--seed", str(seed), "--json", str(out), *a.extra]
+
+
+def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "checks.json"
+        t0 = time.monotonic()
+        proc = subprocess.run(command(url, tok, a, seed, out), capture_output=True, text=True, cwd=ROOT,
+                              timeout=a.run_timeout_s)
+        wall = time.monotonic() - t0
+        checks = json.loads(out.read_text()) if out.exists() else []
+    cap = next((c for c in checks if c["id"] == "latency.capacity"), None)
+    if cap is None:
+        return {"seed": seed, "wall_s": round(wall, 1), "status": "none", "value": None,
+                "message": " ".join(proc.stderr.split())[-400:]}
+    rows = cap["evidence"]["table"]["rows"]
+    return {"seed": seed, "wall_s": round(wall, 1), "status": cap["status"], "value": cap.get("value"),
+            "points": len(rows), "completed": sum(r[2] for r in rows), "lowest_point": rows[0][:4] if rows else None,
+            "message": cap["message"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--model", default="day0-tiny")
+    ap.add_argument("--input-len", default="64:512", help="prompt tokens, N or LO:HI")
+    ap.add_argument("--ttft-limit-ms", type=float, default=1000.0, help="TTFT p90 limit")
+    ap.add_argument("--tpot-limit-ms", type=float, default=100.0, help="TPOT p90 limit")
+    ap.add_argument("--start-rate", type=float, default=2.0)
+    ap.add_argument("--requests", type=int, default=60, help="requests a full search point")
+    ap.add_argument("--server-warmup", type=int, default=300, help="requests run into the server first (0: none)")
+    ap.add_argument("--warmup-rate", type=float, default=8.0, help="req/s of the server's warm-up")
+    ap.add_argument("--run-timeout-s", type=float, default=600.0)
+    ap.add_argument("--json", type=Path, help="write the runs here")
+    ap.add_argument("extra", nargs="*", help="after --: more day0 latency arguments, every run")
+    a = ap.parse_args()
+    # what bench_capacity's server and warm-up read
+    server = argparse.Namespace(url=None, tokenizer=None, model=a.model, server_warmup=a.server_warmup,
+                                start_rate=a.warmup_rate, input_len=128, output_len=32, seed=0, percentile=90.0,
+                                tool_timeout_s=a.run_timeout_s)
+    runs = []
+    with bench_capacity.serving(server) as (url, tok):
+        bench_capacity.warm_server(url, tok, server)
+        for seed in range(a.runs):
+            r = one_run(url, tok, a, seed)
+            runs.append(r)
+            print(f"run {seed + 1}/{a.runs}: {r['wall_s']:.0f} s, {r['status']}, "
+                  f"{r['value'] if r['value'] is not None else '-'} req/s, {r.get('points', 0)} points, "
+                  f"{r.get('completed', 0)} requests completed; lowest point (offered, achieved, completed, "
+                  f"ttft bounds): {r.get('lowest_point')}\n    {r['message']}", flush=True)
+    answers = [r["value"] for r in runs if r["status"] == "pass" and r["value"]]
+    spread = max(answers) / min(answers) if len(answers) > 1 else None
+    print(f"\nanswers: {answers}; spread (highest / lowest): {spread:.3f}" if spread else f"\nanswers: {answers}")
+    print(f"wall: {[r['wall_s'] for r in runs]} s")
+    if a.json:
+        a.json.write_text(json.dumps({"runs": runs, "spread": spread}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
