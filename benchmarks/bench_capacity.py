@@ -312,8 +312,9 @@ def fmt(x: float | None, spec: str = ".4g") -> str:
 
 
 def combined(tool: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """A tool's answer over its rounds: the median sustained rate (a round with no answer is left
-    out and counted), the median requests and wall time of one answer, and its drift."""
+    """A tool's answer over its rounds: the median sustained rate of the rounds that had one (a
+    round without is shown as "-" among the rounds), the median requests and wall time of one
+    answer, and its drift."""
     rates = [r["sustained"] for r in rounds if r["sustained"]]
     misses = [r["first_miss"] for r in rounds if r["first_miss"]]
     return {"tool": tool, "sustained": statistics.median(rates) if rates else None,
@@ -425,7 +426,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--tool-timeout-s", type=float, default=400.0)
     ap.add_argument("--json", type=Path, help="write the table, the points and the ratios here")
     ap.add_argument("--tool", help=argparse.SUPPRESS)
-    return ap.parse_args()
+    a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds: at least 1, got {a.rounds}")
+    return a
 
 
 def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set[str]) -> dict[str, dict[str, Any]]:
