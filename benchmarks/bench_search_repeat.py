@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,17 +36,17 @@ def command(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path) ->
 
 
 def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int) -> dict:
+    """One search in its own process (bench_capacity's runner: a run past ``--run-timeout-s`` has
+    its whole process group killed, load workers included; exit 1 is a failed check, still an answer)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "checks.json"
-        t0 = time.monotonic()
-        proc = subprocess.run(command(url, tok, a, seed, out), capture_output=True, text=True, cwd=ROOT,
-                              timeout=a.run_timeout_s)
-        wall = time.monotonic() - t0
+        _, why, wall = bench_capacity.run_child(command(url, tok, a, seed, out),
+                                                argparse.Namespace(tool_timeout_s=a.run_timeout_s), ok=(0, 1))
         checks = json.loads(out.read_text()) if out.exists() else []
     cap = next((c for c in checks if c["id"] == "latency.capacity"), None)
     if cap is None:
         return {"seed": seed, "wall_s": round(wall, 1), "status": "none", "value": None,
-                "message": " ".join(proc.stderr.split())[-400:]}
+                "message": why or "no latency.capacity check in its output"}
     rows = cap["evidence"]["table"]["rows"]
     return {"seed": seed, "wall_s": round(wall, 1), "status": cap["status"], "value": cap.get("value"),
             "points": len(rows), "completed": sum(r[2] for r in rows), "lowest_point": rows[0][:4] if rows else None,
