@@ -17,8 +17,8 @@ the first token; the TTFT error is when the client says it noticed it minus that
 converted with this host's wall-minus-monotonic offset). A rate is sustained when every request
 succeeded and the TTFT error p99 is under ``--tol-ms``, over ``rate x --seconds`` requests and at
 least ``--min-requests`` (299, so the p99 is not a step's single worst request); a miss is retried
-once with another seed, and a client's ladder stops at its first miss. GuideLLM runs its rates in one invocation (its
-start-up is ~20 s), so it runs them all. Send lag (scheduled to sent) is shown where a tool
+once with another seed, and a client's ladder stops at its first miss. GuideLLM runs its rates in
+one invocation (its start-up is ~20 s), so it runs them all. Send lag (scheduled to sent) is shown where a tool
 records it (day0, GuideLLM; vLLM keeps no scheduled time). Figures move with other processes on
 a shared box: the load average is printed; rerun before drawing conclusions.
 
