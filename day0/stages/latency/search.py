@@ -297,9 +297,10 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
 
 async def _measure_point(measure_at: Callable[..., Awaitable[LatencyMetrics]], x: float, n: int, sla: SlaSection,
                          axis: Axis, say: Callable[[str], None], probing: bool) -> SearchPoint:
-    """One point, judged. A probe that did not miss is ``probed``, straddling bounds included: over
-    32 requests an upper bound is the largest value or the next, so one host stall would make a
-    short probe the SLA's edge and cap the bracket there; the full points above it decide."""
+    """One point, judged. A probe that did not miss is ``probed``, straddling bounds included: over a
+    probe's few requests (32 by default) an upper bound is the largest value or the next, so one
+    host stall would make a short probe the SLA's edge and cap the bracket there; the full points
+    above it decide."""
     say(f"capacity search: {axis.text(x)}, {n} requests" + (" (a probe: it only has to not miss)" if probing else ""))
     rule = ClearMiss(sla, n)
     point = judge_point(x, await measure_at(x, n, until=rule), sla, rule, gap_ms=None if axis.integer else 1000.0 / x)
