@@ -64,6 +64,7 @@ class LoadShape:
     duration_s: float | None = None  # stop scheduling new requests after this long
     precise_timing: bool = True  # spin the last ~1 ms before a send (epoll sleeps are ms-coarse)
     arrivals: str = "immediate"  # one of ARRIVALS
+    exact_rate: bool = False  # rescale the schedule so it offers exactly request_rate (arrival_offsets' exact)
 
     def validate(self) -> None:
         if self.mode not in ("concurrency", "rate"):
@@ -85,7 +86,8 @@ class LoadShape:
         """Scheduled send offsets (s after t=0) of ``count`` requests; None in closed loop."""
         if self.mode != "rate":
             return None
-        return arrival_offsets(count, self.request_rate, self.burstiness, self.seed, first=self.arrivals)
+        return arrival_offsets(count, self.request_rate, self.burstiness, self.seed, first=self.arrivals,
+                               exact=self.exact_rate)
 
 
 @dataclass

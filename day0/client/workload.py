@@ -278,7 +278,8 @@ def as_text(requests: Sequence[Request], seed: int = 0) -> list[Request]:
 ARRIVALS: tuple[str, ...] = ("immediate", "vllm")
 
 
-def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, first: str = "immediate") -> list[float]:
+def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, first: str = "immediate",
+                    exact: bool = False) -> list[float]:
     """Scheduled send times (s from the start) of an open-loop arrival process.
 
     Gaps are gamma distributed with shape ``burstiness`` and mean ``1/rate``: burstiness 1 is a
@@ -290,6 +291,13 @@ def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, fi
     - ``vllm`` (``vllm bench serve``, ``benchmarks/serve.py:get_request``): ``count`` gaps, so
       the first request waits one; then every time is rescaled by one factor so the last request
       lands exactly at ``count / rate`` (vLLM does this to steady throughput across seeds).
+
+    ``exact`` rescales an ``immediate`` schedule the same way, so its last request lands at
+    ``(count - 1) / rate``: the schedule then offers exactly ``rate``. Unscaled, the rate a schedule
+    realises is a draw: over 60 Poisson gaps it is off by 13% (one standard deviation, 1/sqrt(59)),
+    and a capacity search, whose points share one seed, would carry that one factor into its answer.
+    Rescaled, the gaps are the same process conditioned on where the last arrival falls (a Poisson
+    schedule's times are then uniform order statistics), so the bursts inside a point stay.
 
     ``rate = inf`` sends everything at t=0 under either. The draws come from this seed's own
     random stream (not numpy's), so a schedule never matches vLLM's draw for draw, only in law.
@@ -314,7 +322,8 @@ def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, fi
     for _ in range(count - len(out)):
         t += gap()
         out.append(t)
-    if first == "vllm" and out[-1] > 0:
-        scale = (count / rate) / out[-1]
+    span = count / rate if first == "vllm" else (count - 1) / rate if exact else None
+    if span is not None and out[-1] > 0:
+        scale = span / out[-1]
         out = [x * scale for x in out]
     return out

@@ -105,6 +105,9 @@ class LatencySection(_Table):
     arrivals: Literal["immediate", "vllm"] = Field(
         "immediate", description="open loop's first arrival: immediate = at t=0, no rescale; vllm = after one gap, "
                                  "rescaled so the last lands at n/rate (vllm bench serve)")
+    exact_rates: bool = Field(True, description="a sweep step's or search point's schedule rescaled to offer exactly "
+                                                "its rate (its bursts kept); false = as drawn, whose rate over 60 "
+                                                "Poisson gaps is off by 13% (1 sd), one factor for all of a seed's points")
     workers: int = Field(0, ge=0, description="load-generator processes, each with its own event loop; 0 = one per "
                                               "8000 offered streamed messages/s, at most the usable cores")
     special_token_ids: list[int] = Field([], description="ids never drawn (added to those the engine reports)")

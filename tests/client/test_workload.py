@@ -129,6 +129,24 @@ def test_vllm_arrivals_wait_one_gap_and_end_at_n_over_rate(burstiness):
     assert [x / raw[-1] for x in raw] == pytest.approx([x / v[-1] for x in v], rel=1e-9)
 
 
+@pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])
+def test_an_exact_schedule_offers_exactly_its_rate_and_keeps_its_bursts(burstiness):
+    """A search point's schedule: the last of n requests at (n-1)/rate on every seed, the gaps in
+    the raw draw's proportions. Unscaled, 60 Poisson gaps realise a rate that is a draw."""
+    rate, n = 12.0, 60
+    realised = []
+    for seed in range(40):
+        raw = arrival_offsets(n, rate, burstiness, seed=seed)
+        exact = arrival_offsets(n, rate, burstiness, seed=seed, exact=True)
+        assert exact[0] == 0.0 and exact[-1] == pytest.approx((n - 1) / rate, rel=1e-12)
+        assert [x / exact[-1] for x in exact] == pytest.approx([x / raw[-1] for x in raw], rel=1e-9)
+        realised.append((n - 1) / raw[-1])
+    assert max(realised) / min(realised) > 1.2  # what the rescale takes out of a search's answer
+    assert arrival_offsets(n, rate, burstiness, seed=3, first="vllm", exact=True) == \
+        arrival_offsets(n, rate, burstiness, seed=3, first="vllm")  # vLLM's convention is exact already
+    assert arrival_offsets(1, rate, burstiness, seed=3, exact=True) == [0.0]
+
+
 def test_an_unknown_arrivals_convention_is_refused():
     with pytest.raises(WorkloadError, match="arrivals: expected one of immediate, vllm"):
         arrival_offsets(3, 1.0, 1.0, 0, first="later")

@@ -80,6 +80,17 @@ def add_sla_flags(p: argparse.ArgumentParser) -> None:
                    help="percentiles reported for every metric (default 50,90,95,99,99.9; limits add theirs)")
 
 
+def add_schedule_flags(g: Any) -> None:
+    """The open loop's arrival schedule (docs/metrics.md, "Arrivals")."""
+    g.add_argument("--rate", type=float, metavar="REQ/S", help="open-loop request rate; switches to load=rate")
+    g.add_argument("--burstiness", type=float, metavar="SHAPE", help="gamma shape of the gaps (1 = Poisson)")
+    g.add_argument("--arrivals", choices=["immediate", "vllm"],
+                   help="open loop's first arrival: immediate = at t=0, no rescale (default); vllm = after one "
+                        "gap, rescaled so the last lands at n/rate, as vllm bench serve does")
+    g.add_argument("--drawn-rates", action="store_const", const=False, dest="exact_rates",
+                   help="sweep steps and search points as drawn, not rescaled to offer exactly their rate")
+
+
 def add_search_flags(g: Any) -> None:
     """``[latency.search]`` on the command line: any of these turns the capacity search on."""
     g.add_argument("--search", action="store_true",
@@ -118,11 +129,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     load = p.add_argument_group("load")
     load.add_argument("--concurrency", type=whole_number(0), metavar="N", help="closed-loop requests in flight (or the "
                                                                    "in-flight cap with --rate; 0 = none)")
-    load.add_argument("--rate", type=float, metavar="REQ/S", help="open-loop request rate; switches to load=rate")
-    load.add_argument("--burstiness", type=float, metavar="SHAPE", help="gamma shape of the gaps (1 = Poisson)")
-    load.add_argument("--arrivals", choices=["immediate", "vllm"],
-                      help="open loop's first arrival: immediate = at t=0, no rescale (default); vllm = after one "
-                           "gap, rescaled so the last lands at n/rate, as vllm bench serve does")
+    add_schedule_flags(load)
     load.add_argument("--num-requests", type=whole_number(1), metavar="N",
                       help="measured requests (default: the fewest that bound every limited percentile, at least "
                            "32: 299 for a p99 limit at 95%%)")
@@ -187,7 +194,8 @@ _LATENCY_FLAGS = [("concurrency", "concurrency"), ("burstiness", "burstiness"), 
                   ("duration", "duration_s"), ("warmup", "warmup_requests"), ("input_len", "input_len"),
                   ("output_len", "output_len"), ("prefix_len", "prefix_len"), ("num_prefixes", "num_prefixes"),
                   ("seed", "seed"), ("request_timeout", "request_timeout_s"), ("stall_timeout", "stall_timeout_s"),
-                  ("workers", "workers"), ("arrivals", "arrivals"), ("percentiles", "percentiles"),
+                  ("workers", "workers"), ("arrivals", "arrivals"), ("exact_rates", "exact_rates"),
+                  ("percentiles", "percentiles"),
                   ("dataset", "dataset"), ("length_mix", "length_mix")]
 
 

@@ -63,13 +63,14 @@ def workload_spec(s: LatencySection, *, nonce: int | None = None, dataset: Datas
 
 def load_shape(s: LatencySection, rate: float | None = None) -> LoadShape:
     """The measured load, or (``rate`` given) a sweep step: open loop, capped only when the
-    profile's own load is open loop with a cap."""
+    profile's own load is open loop with a cap, its schedule rescaled to offer exactly ``rate``
+    (``exact_rates``): a step's verdict names its rate, so it must be the rate offered."""
     if rate is None:
         return LoadShape(mode=s.load, concurrency=s.concurrency, request_rate=s.request_rate,
                          burstiness=s.burstiness, seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals)
     cap = s.concurrency if s.load == "rate" else 0
     return LoadShape(mode="rate", concurrency=cap, request_rate=rate, burstiness=s.burstiness,
-                     seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals)
+                     seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals, exact_rate=s.exact_rates)
 
 
 def search_shape(s: LatencySection, x: float) -> LoadShape:

@@ -14,6 +14,7 @@ from day0.config.latency import LatencySection, SlaSection
 from day0.stages.latency import compute_metrics, main
 from day0.stages.latency.checks import goodput_check
 from day0.stages.latency.cli import add_cli, endpoint_from_args, settings_from_args
+from day0.stages.latency.settings import load_shape, search_shape
 
 UNITS = {"--ttft-p99-ms": "MS", "--tpot-p99-ms": "MS", "--itl-p99-ms": "MS", "--e2e-p99-ms": "MS", "--limit": "KEY=MS",
          "--min-output-throughput": "TOK/S", "--min-request-throughput": "REQ/S", "--min-goodput": "REQ/S",
@@ -80,6 +81,17 @@ def test_search_flags_become_the_search_table():
     assert lat.search.probe_requests == 32  # the default climb probes
     lat, _ = settings_from_args(_args("--search-probe-requests", "0"))
     assert lat.search is not None and lat.search.probe_requests == 0
+
+
+def test_a_step_or_search_point_offers_exactly_its_rate_unless_asked_for_the_draw():
+    """Its verdict names its rate; the measured load stays as drawn (its achieved rate is reported)."""
+    lat, _ = settings_from_args(_args("--search", "--seed", "4", "--rate", "12"))
+    for shape in (search_shape(lat, 12.0), load_shape(lat, 12.0)):
+        assert shape.exact_rate and shape.offsets(60)[-1] == pytest.approx(59 / 12.0, rel=1e-12)
+    measured = load_shape(lat)
+    assert not measured.exact_rate and measured.offsets(60)[-1] != pytest.approx(59 / 12.0, rel=1e-3)
+    lat, _ = settings_from_args(_args("--search", "--drawn-rates", "--seed", "4"))
+    assert not lat.exact_rates and search_shape(lat, 12.0).offsets(60) == measured.offsets(60)
 
 
 @pytest.mark.parametrize("argv, named", [
