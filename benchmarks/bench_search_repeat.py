@@ -9,13 +9,18 @@ did, and the answers follow it. The server is run in first (``--server-warmup`` 
 bench_capacity.py). Starts a vLLM engine: on a shared box take the engine lock.
 
     flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_search_repeat.py [--runs 3] \\
-        [-- extra day0 latency arguments, e.g. --search-probe-requests 0]
+        [--versus=--drawn-rates] [-- extra day0 latency arguments, e.g. --search-probe-requests 0]
+
+``--versus ARGS`` runs a second arm with those arguments on top, the two in ABBA order on the same
+seeds, and prints each arm's spread: does a setting make the answer more reproducible, on one
+server, with the box's drift shared.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -27,20 +32,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_capacity  # noqa: E402  (the server and its warm-up: one answer for both scripts)
 
 
-def command(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path) -> list[str]:
-    """The documented search (docs/stages/latency.md, "Capacity search"), on its own seed."""
+def command(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path, arm: list[str]) -> list[str]:
+    """The documented search (docs/stages/latency.md, "Capacity search"), on its own seed, with the
+    arm's own arguments."""
     return [sys.executable, "-m", "day0.cli", "latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
             "--input-len", a.input_len, "--output-len", "32", "--limit", f"ttft_p90_ms={a.ttft_limit_ms:g}",
             "--limit", f"tpot_p90_ms={a.tpot_limit_ms:g}", "--search", "--search-start-rate", f"{a.start_rate:g}",
-            "--search-requests", str(a.requests), "--seed", str(seed), "--json", str(out), *a.extra]
+            "--search-requests", str(a.requests), "--seed", str(seed), "--json", str(out), *a.extra, *arm]
 
 
-def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int) -> dict:
+def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int, arm: list[str]) -> dict:
     """One search in its own process (bench_capacity's runner: a run past ``--run-timeout-s`` has
     its whole process group killed, load workers included; exit 1 is a failed check, still an answer)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "checks.json"
-        _, why, wall = bench_capacity.run_child(command(url, tok, a, seed, out),
+        _, why, wall = bench_capacity.run_child(command(url, tok, a, seed, out, arm),
                                                 argparse.Namespace(tool_timeout_s=a.run_timeout_s), ok=(0, 1))
         checks = json.loads(out.read_text()) if out.exists() else []
     cap = next((c for c in checks if c["id"] == "latency.capacity"), None)
@@ -50,7 +56,7 @@ def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int) -> dict:
     rows = cap["evidence"]["table"]["rows"]
     return {"seed": seed, "wall_s": round(wall, 1), "status": cap["status"], "value": cap.get("value"),
             "points": len(rows), "completed": sum(r[2] for r in rows), "lowest_point": rows[0][:4] if rows else None,
-            "message": cap["message"]}
+            "message": cap["message"], "rows": rows, "order": cap["evidence"].get("order")}
 
 
 def main() -> int:
@@ -64,31 +70,52 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=60, help="requests a full search point")
     ap.add_argument("--server-warmup", type=int, default=300, help="requests run into the server first (0: none)")
     ap.add_argument("--warmup-rate", type=float, default=8.0, help="req/s of the server's warm-up")
+    ap.add_argument("--warmup-input-len", default="128", help="prompt tokens of the server's warm-up, N or LO:HI")
     ap.add_argument("--run-timeout-s", type=float, default=600.0)
     ap.add_argument("--json", type=Path, help="write the runs here")
+    ap.add_argument("--versus", metavar="ARGS", help="a second arm: these day0 latency arguments on top, the two arms "
+                                                     "in ABBA rounds on the same seeds, --runs each")
     ap.add_argument("extra", nargs="*", help="after --: more day0 latency arguments, every run")
     a = ap.parse_args()
     # what bench_capacity's server and warm-up read
     server = argparse.Namespace(url=None, tokenizer=None, model=a.model, server_warmup=a.server_warmup,
-                                start_rate=a.warmup_rate, input_len=128, output_len=32, seed=0, percentile=90.0,
+                                start_rate=a.warmup_rate, input_len=a.warmup_input_len, output_len=32, seed=0, percentile=90.0,
                                 tool_timeout_s=a.run_timeout_s)
+    arms = {"A": [], "B": shlex.split(a.versus)} if a.versus else {"A": []}
     runs = []
     with bench_capacity.serving(server) as (url, tok):
         bench_capacity.warm_server(url, tok, server)
-        for seed in range(a.runs):
-            r = one_run(url, tok, a, seed)
+        for i, (name, seed) in enumerate(schedule(a.runs, list(arms))):
+            r = one_run(url, tok, a, seed, arms[name]) | {"arm": name}
             runs.append(r)
-            print(f"run {seed + 1}/{a.runs}: {r['wall_s']:.0f} s, {r['status']}, "
+            print(f"run {i + 1} (arm {name}, seed {seed}): {r['wall_s']:.0f} s, {r['status']}, "
                   f"{r['value'] if r['value'] is not None else '-'} req/s, {r.get('points', 0)} points, "
                   f"{r.get('completed', 0)} requests completed; lowest point (offered, achieved, completed, "
                   f"ttft bounds): {r.get('lowest_point')}\n    {r['message']}", flush=True)
-    answers = [r["value"] for r in runs if r["status"] == "pass" and r["value"]]
-    spread = max(answers) / min(answers) if len(answers) > 1 else None
-    print(f"\nanswers: {answers}; spread (highest / lowest): {spread:.3f}" if spread else f"\nanswers: {answers}")
+    spreads = {}
+    for name, extra in arms.items():
+        answers = [r["value"] for r in runs if r["arm"] == name and r["status"] == "pass" and r["value"]]
+        spreads[name] = max(answers) / min(answers) if len(answers) > 1 else None
+        label = f"arm {name} ({' '.join(extra) or 'as documented'})"
+        print(f"\n{label}: answers {answers}; spread (highest / lowest): "
+              + (f"{spreads[name]:.3f}" if spreads[name] else "-"))
     print(f"wall: {[r['wall_s'] for r in runs]} s")
     if a.json:
-        a.json.write_text(json.dumps({"runs": runs, "spread": spread}, indent=1) + "\n")
+        a.json.write_text(json.dumps({"runs": runs, "spread": spreads}, indent=1) + "\n")
     return 0
+
+
+def schedule(runs: int, arms: list[str]) -> list[tuple[str, int]]:
+    """(arm, seed) in run order: one arm, each run on its own seed; two arms in ABBA rounds, both
+    arms on the same seeds (a paired comparison: the same prompts and arrival draws), so a drift of
+    the box over the runs falls on both alike."""
+    if len(arms) == 1:
+        return [(arms[0], seed) for seed in range(runs)]
+    order = []
+    for r in range((runs + 1) // 2):
+        a, b = arms
+        order += [(a, 2 * r), (b, 2 * r), (b, 2 * r + 1), (a, 2 * r + 1)]
+    return [(arm, seed) for arm, seed in order if seed < runs]
 
 
 if __name__ == "__main__":
