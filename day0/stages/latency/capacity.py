@@ -161,7 +161,16 @@ def _verdict_text(pt: SearchPoint) -> str:
         return MEETS
     if pt.verdict == PROBED:
         return f"{PROBED}: did not miss over {pt.metrics.sent} requests (steers the climb; never the answer)"
-    return f"{pt.verdict}: {', '.join(pt.misses or pt.undecided)}"
+    return f"{pt.verdict}: {why_not_met(pt)}"
+
+
+def why_not_met(pt: SearchPoint) -> str:
+    """The limits a point missed (else those it left undecided); a queue's growth with its two
+    quarters' medians, the one miss no bound in the point's row shows."""
+    why = ", ".join(pt.misses or pt.undecided)
+    if "queue_growth" in pt.misses and pt.quarters_ms is not None:
+        why += f" (median TTFT {pt.quarters_ms[0]:.4g} -> {pt.quarters_ms[1]:.4g} ms, first to last quarter)"
+    return why
 
 
 def _bounds_chart(result: SearchResult, by_load: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:

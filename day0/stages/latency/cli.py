@@ -32,7 +32,7 @@ from day0.core.stats import percentile
 from day0.core.terminal import Terminal
 from day0.engine import Endpoint, EngineError
 from day0.stages.latency.capacity import CHECK_ID as CAPACITY
-from day0.stages.latency.capacity import point_load
+from day0.stages.latency.capacity import point_load, why_not_met
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
 from day0.stages.latency.measurement import LatencyRun
@@ -337,7 +337,7 @@ def format_report(run: LatencyRun, checks: Sequence[Check], show: Callable[[str]
         bounds = ", ".join(f"{k} {'?' if lo is None else f'{lo:.1f}'}..{'?' if hi is None else f'{hi:.1f}'} ms"
                            for k, (lo, hi) in sp.bounds.items())
         lines.append(f"search {point_load(run.search, sp.load)}: {bounds} -> {sp.verdict}"
-                     + (f" ({', '.join(sp.misses)})" if sp.misses else ""))
+                     + (f" ({why_not_met(sp)})" if sp.misses else ""))
     told = next((c.evidence.get("answer") for c in checks if c.id == CAPACITY and c.status == "pass"), "")
     if told:
         lines.append(f"capacity: {told}")

@@ -54,6 +54,7 @@ class SearchPoint:
     bounds: dict[str, tuple[float | None, float | None]]
     lag_ms: float
     early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
+    quarters_ms: tuple[float, float] | None = None  # median TTFT of its first and last quarter (search.quarter_ttfts)
 
     @property
     def unbounded(self) -> list[str]:

@@ -117,7 +117,8 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
         misses.append("no_completed_requests")
     elif m.error_rate > sla.max_error_rate:
         misses.append("error_rate")
-    if queue_grows(m, sla):
+    quarters = quarter_ttfts(m)
+    if queue_grows(quarters, sla):
         misses.append("queue_growth")
     if early is not None and early.why:  # decided before the point ended: its partial sample may not show it
         undecided = [k for k in undecided if k != early.key]
@@ -129,7 +130,8 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
         verdict = MISSES if misses else CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
-    return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "")
+    return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "",
+                       quarters)
 
 
 def lag_free(misses: list[str], m: LatencyMetrics, sla: SlaSection) -> list[str]:
@@ -161,10 +163,10 @@ def quarter_ttfts(m: LatencyMetrics) -> tuple[float, float] | None:
     return first, last
 
 
-def queue_grows(m: LatencyMetrics, sla: SlaSection) -> bool:
-    """The last quarter's median TTFT over ``QUEUE_GROWTH`` times the first's and above it by more
-    than ``QUEUE_FLOOR`` of the tightest TTFT limit (the ratio alone without a TTFT limit)."""
-    quarters = quarter_ttfts(m)
+def queue_grows(quarters: tuple[float, float] | None, sla: SlaSection) -> bool:
+    """The last quarter's median TTFT (:func:`quarter_ttfts`) over ``QUEUE_GROWTH`` times the
+    first's and above it by more than ``QUEUE_FLOOR`` of the tightest TTFT limit (the ratio alone
+    without a TTFT limit)."""
     if quarters is None:
         return False
     first, last = quarters

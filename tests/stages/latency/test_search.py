@@ -15,7 +15,7 @@ from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, LatencySection, SlaSection
 from day0.results.report import render
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
-from day0.stages.latency.capacity import CHECK_ID, capacity_check
+from day0.stages.latency.capacity import CHECK_ID, capacity_check, why_not_met
 from day0.stages.latency.cli import format_report
 from day0.stages.latency.search import (
     CLIENT_LAGGED,
@@ -63,6 +63,9 @@ def test_a_point_is_judged_by_its_bounds_not_its_estimate():
     # a queue that grows through a point too short for it to reach the limit: the engine cannot keep up
     growing = judge_point(10.0, metrics_with([10.0 + 3.0 * i for i in range(29)]), SLA)
     assert growing.bounds["ttft_p90"][1] < 100.0 and growing.verdict == MISSES and growing.misses == ["queue_growth"]
+    # its row says what grew, since no bound there does: medians of the first and last 7 requests
+    assert growing.quarters_ms == (19.0, 85.0)
+    assert why_not_met(growing) == "queue_growth (median TTFT 19 -> 85 ms, first to last quarter)"
     steady = judge_point(10.0, metrics_with([50.0, 60.0, 40.0] * 10), SLA)
     assert steady.verdict == MEETS
     # a host that slows from 30 to 70 ms over a long point at a low rate, against a 2 s limit: below
