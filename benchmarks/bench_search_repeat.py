@@ -11,9 +11,9 @@ bench_capacity.py). Starts a vLLM engine: on a shared box take the engine lock.
     flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_search_repeat.py [--runs 3] \\
         [--versus=--drawn-rates] [-- extra day0 latency arguments, e.g. --search-probe-requests 0]
 
-``--versus ARGS`` runs a second arm with those arguments on top, the two in ABBA order on the same
-seeds, and prints each arm's spread: does a setting make the answer more reproducible, on one
-server, with the box's drift shared.
+``--versus=ARGS`` (with the "=", since ARGS starts with a dash) runs a second arm with those
+arguments on top, the two in ABBA order on the same seeds, and prints each arm's spread: does a
+setting make the answer more reproducible, on one server, with the box's drift shared.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def main() -> int:
     a = ap.parse_args()
     # what bench_capacity's server and warm-up read
     server = argparse.Namespace(url=None, tokenizer=None, model=a.model, server_warmup=a.server_warmup,
-                                start_rate=a.warmup_rate, input_len=a.warmup_input_len, output_len=32, seed=0, percentile=90.0,
-                                tool_timeout_s=a.run_timeout_s)
+                                start_rate=a.warmup_rate, input_len=a.warmup_input_len, output_len=32, seed=0,
+                                percentile=90.0, tool_timeout_s=a.run_timeout_s)
     arms = {"A": [], "B": shlex.split(a.versus)} if a.versus else {"A": []}
     runs = []
     with bench_capacity.serving(server) as (url, tok):
