@@ -111,10 +111,10 @@ def schedule(runs: int, arms: list[str]) -> list[tuple[str, int]]:
     the box over the runs falls on both alike."""
     if len(arms) == 1:
         return [(arms[0], seed) for seed in range(runs)]
+    first, second = arms
     order = []
     for r in range((runs + 1) // 2):
-        a, b = arms
-        order += [(a, 2 * r), (b, 2 * r), (b, 2 * r + 1), (a, 2 * r + 1)]
+        order += [(first, 2 * r), (second, 2 * r), (second, 2 * r + 1), (first, 2 * r + 1)]
     return [(arm, seed) for arm, seed in order if seed < runs]
 
 
