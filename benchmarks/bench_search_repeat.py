@@ -5,8 +5,12 @@ The issue's bar: the search finishes in under 3 minutes on 2 cores and three run
 Prints each run's wall time, verdict, answer, points and requests, and at the end the spread of the
 answers (highest / lowest). A shared box's own speed moves between runs a minute apart, so each run
 also prints its lowest-load point's TTFT bounds: when those differ between runs, the server's speed
-did, and the answers follow it. The server is run in first (``--server-warmup`` requests, as in
-bench_capacity.py). Starts a vLLM engine: on a shared box take the engine lock.
+did, and the answers follow it. Before each search a closed loop at ``--saturation-concurrency``
+(the server's ``max_num_seqs``) measures what the server completes flat out that minute; each answer
+is also shown as a share of it, and that share's spread is the search's own, with the server's
+drift taken out. The server is run in first (``--server-warmup`` requests, as in
+bench_capacity.py). Starts a vLLM engine unless ``--url`` names one: on a shared box take the
+engine lock.
 
     flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_search_repeat.py [--runs 3] \\
         [--versus=--drawn-rates] [-- extra day0 latency arguments, e.g. --search-probe-requests 0]
@@ -59,6 +63,23 @@ def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int, arm: list[str
             "message": cap["message"], "rows": rows, "order": cap["evidence"].get("order")}
 
 
+def saturation(url: str, tok: Path, a: argparse.Namespace, seed: int) -> float | None:
+    """Requests a second the server completes with ``--saturation-concurrency`` in flight (a
+    closed loop: no queue can grow, the server is simply kept busy), on the search's own prompt
+    lengths and a seed no search uses. None when switched off or when the run gave no figure."""
+    if not a.saturation_requests:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "checks.json"
+        cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
+               "--input-len", a.input_len, "--output-len", "32", "--seed", str(seed + 2000),
+               "--concurrency", str(a.saturation_concurrency), "--num-requests", str(a.saturation_requests),
+               "--warmup", "0", "--no-server-metrics", "--json", str(out)]
+        bench_capacity.run_child(cmd, argparse.Namespace(tool_timeout_s=a.run_timeout_s), ok=(0, 1))
+        checks = json.loads(out.read_text()) if out.exists() else []
+    return next((c.get("value") for c in checks if c["id"] == "latency.request_throughput"), None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -71,6 +92,10 @@ def main() -> int:
     ap.add_argument("--server-warmup", type=int, default=300, help="requests run into the server first (0: none)")
     ap.add_argument("--warmup-rate", type=float, default=8.0, help="req/s of the server's warm-up")
     ap.add_argument("--warmup-input-len", default="128", help="prompt tokens of the server's warm-up, N or LO:HI")
+    ap.add_argument("--saturation-requests", type=int, default=200,
+                    help="requests of the flat-out measurement before each search (0: none)")
+    ap.add_argument("--saturation-concurrency", type=int, default=16, help="in flight then (cpu-tiny's max_num_seqs)")
+    ap.add_argument("--url", help="a server already running (e.g. started with other settings); default: start cpu-tiny's")
     ap.add_argument("--run-timeout-s", type=float, default=600.0)
     ap.add_argument("--json", type=Path, help="write the runs here")
     ap.add_argument("--versus", metavar="ARGS", help="a second arm: these day0 latency arguments on top, the two arms "
@@ -78,7 +103,7 @@ def main() -> int:
     ap.add_argument("extra", nargs="*", help="after --: more day0 latency arguments, every run")
     a = ap.parse_args()
     # what bench_capacity's server and warm-up read
-    server = argparse.Namespace(url=None, tokenizer=None, model=a.model, server_warmup=a.server_warmup,
+    server = argparse.Namespace(url=a.url, tokenizer=None, model=a.model, server_warmup=a.server_warmup,
                                 start_rate=a.warmup_rate, input_len=a.warmup_input_len, output_len=32, seed=0,
                                 percentile=90.0, tool_timeout_s=a.run_timeout_s)
     arms = {"A": [], "B": shlex.split(a.versus)} if a.versus else {"A": []}
@@ -86,23 +111,39 @@ def main() -> int:
     with bench_capacity.serving(server) as (url, tok):
         bench_capacity.warm_server(url, tok, server)
         for i, (name, seed) in enumerate(schedule(a.runs, list(arms))):
-            r = one_run(url, tok, a, seed, arms[name]) | {"arm": name}
+            flat_out = saturation(url, tok, a, seed)
+            r = one_run(url, tok, a, seed, arms[name]) | {"arm": name, "saturation_req_s": flat_out}
+            r["share"] = r["value"] / flat_out if r["value"] and r["status"] == "pass" and flat_out else None
             runs.append(r)
             print(f"run {i + 1} (arm {name}, seed {seed}): {r['wall_s']:.0f} s, {r['status']}, "
                   f"{r['value'] if r['value'] is not None else '-'} req/s, {r.get('points', 0)} points, "
-                  f"{r.get('completed', 0)} requests completed; lowest point (offered, achieved, completed, "
+                  f"{r.get('completed', 0)} requests completed; flat out {flat_out or '-'} req/s, the answer "
+                  f"{format(r['share'], '.3f') if r['share'] else '-'} of it; lowest point (offered, achieved, completed, "
                   f"ttft bounds): {r.get('lowest_point')}\n    {r['message']}", flush=True)
-    spreads = {}
+    spreads: dict[str, dict[str, float | None]] = {}
     for name, extra in arms.items():
-        answers = [r["value"] for r in runs if r["arm"] == name and r["status"] == "pass" and r["value"]]
-        spreads[name] = max(answers) / min(answers) if len(answers) > 1 else None
+        mine = [r for r in runs if r["arm"] == name]
+        answers = [r["value"] for r in mine if r["status"] == "pass" and r["value"]]
+        flat = [r["saturation_req_s"] for r in mine if r["saturation_req_s"]]
+        shares = [r["share"] for r in mine if r["share"]]
+        spreads[name] = {"answers": spread(answers), "flat_out": spread(flat), "shares": spread(shares)}
         label = f"arm {name} ({' '.join(extra) or 'as documented'})"
-        print(f"\n{label}: answers {answers}; spread (highest / lowest): "
-              + (f"{spreads[name]:.3f}" if spreads[name] else "-"))
+        print(f"\n{label}: answers {answers}; spread (highest / lowest) {fmt(spreads[name]['answers'])}\n"
+              f"  flat out {flat} req/s, spread {fmt(spreads[name]['flat_out'])} (the server's own drift)\n"
+              f"  answer / flat out {[round(x, 3) for x in shares]}, spread {fmt(spreads[name]['shares'])} "
+              "(the search's, the drift taken out)")
     print(f"wall: {[r['wall_s'] for r in runs]} s")
     if a.json:
         a.json.write_text(json.dumps({"runs": runs, "spread": spreads}, indent=1) + "\n")
     return 0
+
+
+def spread(values: list[float]) -> float | None:
+    return max(values) / min(values) if len(values) > 1 else None
+
+
+def fmt(x: float | None) -> str:
+    return f"{x:.3f}" if x else "-"
 
 
 def schedule(runs: int, arms: list[str]) -> list[tuple[str, int]]:
