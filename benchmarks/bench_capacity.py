@@ -21,8 +21,8 @@ first few hundred requests, and the first tool would measure that.
   (default: day0's per point). What it costs depends on how far its start is from the answer, as
   day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
   Poisson arrivals and figures), all in one fresh process: a ``vllm bench serve`` process per rate
-  would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed (no prefix-cache
-  hits across rates), and ``vllm bench serve``'s ready-check request is counted.
+  would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed, and ``vllm bench
+  serve``'s ready-check request is counted.
 - GuideLLM (``--guidellm-path DIR``, where it was ``pip install --no-deps --target``-ed, see
   README.md; with guidellm==0.8.1 the missing dependencies here were: "culsans~=0.10.0" aiologic
   wrapt eval_type_backport faker ftfy wcwidth h2 hpack hyperframe msgpack sanic sanic-routing
@@ -37,6 +37,14 @@ moved more than 10% between two tools a minute apart in single runs here; with t
 reversed, a drift in time weighs on both tools alike, and each tool's own rounds say how far the
 edge moved under it (its ``drift``: highest / lowest sustained rate of its rounds), which is the
 floor under any agreement between tools.
+
+The prefix cache. vLLM's random dataset builds a prompt from consecutive token ids at a random
+offset, so on cpu-tiny's 384-token vocabulary prompts often share their first blocks: 72% of the
+prompt tokens of one dense rate (300 prompts of 128 tokens, one seed) were prefix-cache hits
+(measured 2026-12-04), while day0's nonce keeps its own near 0%. Served from the cache, vLLM's side
+measured a lighter workload. So the server started here runs with prefix caching off
+(``--prefix-caching`` keeps the profile's), and every tool's run records what the cache served
+(``vllm:prefix_cache_hits`` / ``queries`` around it, the ``cache`` column), ``--url`` included.
 
 Prints every tool's points, round by round, then a table (tool, sustained req/s as the median of
 its rounds and each round's, first missed req/s, requests spent per answer, wall seconds, drift)
@@ -84,6 +92,9 @@ def serving(a: argparse.Namespace) -> Iterator[tuple[str, Path]]:
 
     profile = load_profile("cpu-tiny")
     tok = a.tokenizer or cached_model(profile.model.tiny)
+    if not a.prefix_caching:  # the module docstring: vLLM's random prompts share blocks
+        engine = profile.engine.model_copy(update={"args": {**profile.engine.args, "enable_prefix_caching": False}})
+        profile = profile.model_copy(update={"engine": engine})
     if a.url:
         yield a.url.rstrip("/"), tok
         return
@@ -324,6 +335,7 @@ def combined(tool: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
             "rounds_sustained": [r["sustained"] for r in rounds],
             "drift": max(rates) / min(rates) if len(rates) > 1 else None,
             "check": next((r["check"] for r in rounds if r.get("check", "pass") != "pass"), "pass"),
+            "cache": max((r["cache"] for r in rounds if r.get("cache") is not None), default=None),
             "points": [p for r in rounds for p in r["points"]]}
 
 
@@ -354,22 +366,24 @@ def show(r: dict[str, Any]) -> None:
     for p in sorted(r["points"], key=lambda p: p["rate"]):
         print(point_line(p))
     print(f"  -> sustained {fmt(r['sustained'])} req/s, first missed {fmt(r['first_miss'])} req/s, "
-          f"{r['requests']} requests, {r['wall_s']:.1f} s", flush=True)
+          f"{r['requests']} requests, {r['wall_s']:.1f} s; prefix-cache hits {fmt(r.get('cache'), '.1%')} of the "
+          "prompt tokens it sent", flush=True)
 
 
 def report(rounds: list[dict[str, dict[str, Any]]], a: argparse.Namespace) -> dict[str, Any]:
     """The table (each tool over its rounds) and the ratios; returns them with every round as one object."""
     results = {t: combined(t, [r[t] for r in rounds]) for t in TOOLS if t in rounds[0]}
     head = (f"{'tool':<10} {'sustained req/s (rounds)':>28} {'first missed':>13} {'requests':>9} {'wall s':>7} "
-            f"{'drift':>6}")
+            f"{'drift':>6} {'cache':>6}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in results.values():
         own = f"  (from its points; latency.capacity: {r['check']})" if r["check"] != "pass" else ""
         each = "/".join(fmt(x) for x in r["rounds_sustained"])
         print(f"{r['tool']:<10} {fmt(r['sustained']) + ' (' + each + ')':>28} {fmt(r['first_miss']):>13} "
-              f"{r['requests']:>9} {r['wall_s']:>7.1f} {fmt(r['drift'], '.3f'):>6}{own}")
+              f"{r['requests']:>9} {r['wall_s']:>7.1f} {fmt(r['drift'], '.3f'):>6} {fmt(r['cache'], '.1%'):>6}{own}")
     print("(medians over the rounds; requests and wall time of one answer; drift: the tool's own highest / lowest "
-          "sustained rate over its rounds)")
+          "sustained rate over its rounds; cache: the most of a round's prompt tokens the prefix cache served, '-' where "
+          "nothing was looked up: the cache off)")
     rat = ratios(results)
     for tool, q in rat.items():
         per_round = ", ".join(fmt(ratios(r)[tool]["sustained"], ".3f") for r in rounds if tool in ratios(r))
@@ -419,6 +433,9 @@ def parse_args() -> argparse.Namespace:
                     help="requests a GuideLLM benchmark (default: as many as day0's search points had)")
     ap.add_argument("--guidellm-workers", type=int, default=usable_cores(),
                     help="GuideLLM's worker processes (its default, 10, swamps a small box; default: the usable cores)")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="start the cpu-tiny server with its prefix cache on (default off: vLLM's random prompts share "
+                         "blocks on its 384-token vocabulary, see the docstring)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2,
                     help="runs of every tool, the order reversed each round (ABBA); medians are compared")
@@ -432,8 +449,33 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
+def cache_counters(url: str) -> str | None:
+    """The server's /metrics text, for the prefix-cache window around a tool's run; None when it
+    cannot be read (the tool's run is then shown without the share)."""
+    from day0.client.prom import PromError, scrape_sync
+
+    try:
+        return scrape_sync(url)
+    except PromError:
+        return None
+
+
+def cache_share(before: str | None, after: str | None) -> float | None:
+    """Of the prompt tokens the server looked up between the two scrapes, the share it found cached."""
+    from day0.client.prom import PromError, prefix_cache_window
+
+    if before is None or after is None:
+        return None
+    try:
+        window = prefix_cache_window(before, after)
+    except PromError:
+        return None
+    return round(window.share, 4) if window is not None and window.queries > 0 else None
+
+
 def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set[str]) -> dict[str, dict[str, Any]]:
-    """Every tool once, in TOOLS' order in even rounds and reversed in odd ones, on the round's seed."""
+    """Every tool once, in TOOLS' order in even rounds and reversed in odd ones, on the round's seed,
+    each with the prefix-cache share of its own run."""
     runners = {"day0": run_day0, "vllm": run_vllm, "guidellm": run_guidellm}
     order = [t for t in TOOLS if t not in skip]
     ra = argparse.Namespace(**{**vars(a), "seed": a.seed + number * ROUND_SEED_STEP})
@@ -444,7 +486,9 @@ def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set
             a.guidellm_requests = a.guidellm_requests or per_point(a, results.get("day0"))
             ra.dense_requests, ra.guidellm_requests = a.dense_requests, a.guidellm_requests
         print(f"\nround {number + 1}/{a.rounds}, {tool}: running against {url} ...", flush=True)
+        before = cache_counters(url)
         results[tool] = runners[tool](url, tok, ra)
+        results[tool]["cache"] = cache_share(before, cache_counters(url))
         show(results[tool])
     return {t: results[t] for t in order}
 

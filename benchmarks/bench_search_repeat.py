@@ -102,10 +102,12 @@ def main() -> int:
                                                      "in ABBA rounds on the same seeds, --runs each")
     ap.add_argument("extra", nargs="*", help="after --: more day0 latency arguments, every run")
     a = ap.parse_args()
-    # what bench_capacity's server and warm-up read
-    server = argparse.Namespace(url=a.url, tokenizer=None, model=a.model, server_warmup=a.server_warmup,
-                                start_rate=a.warmup_rate, input_len=a.warmup_input_len, output_len=32, seed=0,
-                                percentile=90.0, tool_timeout_s=a.run_timeout_s)
+    # what bench_capacity's server and warm-up read; the profile's prefix cache stays on (day0 alone
+    # runs here, and its nonce keeps its prompts out of the cache)
+    server = argparse.Namespace(url=a.url, tokenizer=None, model=a.model, prefix_caching=True,
+                                server_warmup=a.server_warmup, start_rate=a.warmup_rate,
+                                input_len=a.warmup_input_len, output_len=32, seed=0, percentile=90.0,
+                                tool_timeout_s=a.run_timeout_s)
     arms = {"A": [], "B": shlex.split(a.versus)} if a.versus else {"A": []}
     runs = []
     with bench_capacity.serving(server) as (url, tok):
