@@ -92,12 +92,12 @@ def serving(a: argparse.Namespace) -> Iterator[tuple[str, Path]]:
 
     profile = load_profile("cpu-tiny")
     tok = a.tokenizer or cached_model(profile.model.tiny)
-    if not a.prefix_caching:  # the module docstring: vLLM's random prompts share blocks
-        engine = profile.engine.model_copy(update={"args": {**profile.engine.args, "enable_prefix_caching": False}})
-        profile = profile.model_copy(update={"engine": engine})
     if a.url:
         yield a.url.rstrip("/"), tok
         return
+    if not a.prefix_caching:  # the module docstring: vLLM's random prompts share blocks
+        engine = profile.engine.model_copy(update={"args": {**profile.engine.args, "enable_prefix_caching": False}})
+        profile = profile.model_copy(update={"engine": engine})
     from day0.engine.server import ServerEngine
 
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:

@@ -120,7 +120,7 @@ def main() -> int:
             print(f"run {i + 1} (arm {name}, seed {seed}): {r['wall_s']:.0f} s, {r['status']}, "
                   f"{r['value'] if r['value'] is not None else '-'} req/s, {r.get('points', 0)} points, "
                   f"{r.get('completed', 0)} requests completed; flat out {flat_out or '-'} req/s, the answer "
-                  f"{format(r['share'], '.3f') if r['share'] else '-'} of it; lowest point (offered, achieved, completed, "
+                  f"{bench_capacity.fmt(r['share'], '.3f')} of it; lowest point (offered, achieved, completed, "
                   f"ttft bounds): {r.get('lowest_point')}\n    {r['message']}", flush=True)
     spreads: dict[str, dict[str, float | None]] = {}
     for name, extra in arms.items():
@@ -130,9 +130,10 @@ def main() -> int:
         shares = [r["share"] for r in mine if r["share"]]
         spreads[name] = {"answers": spread(answers), "flat_out": spread(flat), "shares": spread(shares)}
         label = f"arm {name} ({' '.join(extra) or 'as documented'})"
-        print(f"\n{label}: answers {answers}; spread (highest / lowest) {fmt(spreads[name]['answers'])}\n"
-              f"  flat out {flat} req/s, spread {fmt(spreads[name]['flat_out'])} (the server's own drift)\n"
-              f"  answer / flat out {[round(x, 3) for x in shares]}, spread {fmt(spreads[name]['shares'])} "
+        shown = {k: bench_capacity.fmt(v, ".3f") for k, v in spreads[name].items()}
+        print(f"\n{label}: answers {answers}; spread (highest / lowest) {shown['answers']}\n"
+              f"  flat out {flat} req/s, spread {shown['flat_out']} (the server's own drift)\n"
+              f"  answer / flat out {[round(x, 3) for x in shares]}, spread {shown['shares']} "
               "(the search's, the drift taken out)")
     print(f"wall: {[r['wall_s'] for r in runs]} s")
     if a.json:
@@ -142,10 +143,6 @@ def main() -> int:
 
 def spread(values: list[float]) -> float | None:
     return max(values) / min(values) if len(values) > 1 else None
-
-
-def fmt(x: float | None) -> str:
-    return f"{x:.3f}" if x else "-"
 
 
 def schedule(runs: int, arms: list[str]) -> list[tuple[str, int]]:
