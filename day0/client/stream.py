@@ -322,9 +322,18 @@ async def data_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
         raise StreamCut(f"the stream ended{' mid-event' if parser.pending else ''} before [DONE]")
 
 
+KEEPALIVE_S = 4.0
+
+
 def make_session(opts: ClientOptions, limit: int = 0) -> aiohttp.ClientSession:
-    """One session per run so warm-up leaves warm keep-alive connections for the measurement."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60,
+    """One session per run so warm-up leaves warm keep-alive connections for the measurement.
+
+    Idle connections are dropped after ``KEEPALIVE_S``, under the server's own keep-alive (vLLM's
+    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s): a client that keeps them longer sometimes reuses one the
+    server is closing at that moment, and the request fails as "Can not write request body", an
+    error of the client's own counted against the server (seen on a search point a few seconds
+    after a 200-request burst had left 200 idle connections)."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=KEEPALIVE_S,
                                      enable_cleanup_closed=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_s,
                                     sock_read=opts.stall_timeout_s)
