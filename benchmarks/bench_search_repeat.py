@@ -5,10 +5,12 @@ The issue's bar: the search finishes in under 3 minutes on 2 cores and three run
 Prints each run's wall time, verdict, answer, points and requests, and at the end the spread of the
 answers (highest / lowest). A shared box's own speed moves between runs a minute apart, so each run
 also prints its lowest-load point's TTFT bounds: when those differ between runs, the server's speed
-did, and the answers follow it. Before each search a closed loop at ``--saturation-concurrency``
-(the server's ``max_num_seqs``) measures what the server completes flat out that minute; each answer
-is also shown as a share of it, and that share's spread is the search's own, with the server's
-drift taken out. The server is run in first (``--server-warmup`` requests, as in
+did, and the answers follow it. Each search first measures what the server completes flat out that
+minute (``--search-saturation-requests``, 200 at once by default) and the script reads that figure
+from the check's evidence; each answer is also shown as a share of it, and that share's spread is
+the search's own, with the server's drift taken out. ``--saturation-requests N`` adds a flat-out
+run of the script's own (at ``--saturation-concurrency``) before each search, for an arm that
+switches the search's off. The server is run in first (``--server-warmup`` requests, as in
 bench_capacity.py). Starts a vLLM engine unless ``--url`` names one: on a shared box take the
 engine lock.
 
@@ -58,7 +60,9 @@ def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int, arm: list[str
         return {"seed": seed, "wall_s": round(wall, 1), "status": "none", "value": None,
                 "message": why or "no latency.capacity check in its output"}
     rows = cap["evidence"]["table"]["rows"]
+    sat = cap["evidence"].get("saturation") or {}
     return {"seed": seed, "wall_s": round(wall, 1), "status": cap["status"], "value": cap.get("value"),
+            "search_saturation_req_s": sat.get("req_s") if sat.get("applies") else None,
             "points": len(rows), "completed": sum(r[2] for r in rows), "lowest_point": rows[0][:4] if rows else None,
             "message": cap["message"], "rows": rows, "order": cap["evidence"].get("order")}
 
@@ -92,8 +96,10 @@ def main() -> int:
     ap.add_argument("--server-warmup", type=int, default=300, help="requests run into the server first (0: none)")
     ap.add_argument("--warmup-rate", type=float, default=8.0, help="req/s of the server's warm-up")
     ap.add_argument("--warmup-input-len", default="128", help="prompt tokens of the server's warm-up, N or LO:HI")
-    ap.add_argument("--saturation-requests", type=int, default=200,
-                    help="requests of the flat-out measurement before each search (0: none)")
+    ap.add_argument("--saturation-requests", type=int, default=0,
+                    help="requests of a flat-out measurement of this script's own before each search, for an "
+                         "arm whose search measures none (--search-saturation-requests 0); default 0: the "
+                         "search's own figure")
     ap.add_argument("--saturation-concurrency", type=int, default=16, help="in flight then (cpu-tiny's max_num_seqs)")
     ap.add_argument("--url", help="a server already running (e.g. started with other settings); default: start cpu-tiny's")
     ap.add_argument("--run-timeout-s", type=float, default=600.0)
@@ -113,8 +119,10 @@ def main() -> int:
     with bench_capacity.serving(server) as (url, tok):
         bench_capacity.warm_server(url, tok, server)
         for i, (name, seed) in enumerate(schedule(a.runs, list(arms))):
-            flat_out = saturation(url, tok, a, seed)
-            r = one_run(url, tok, a, seed, arms[name]) | {"arm": name, "saturation_req_s": flat_out}
+            own = saturation(url, tok, a, seed)
+            r = one_run(url, tok, a, seed, arms[name])
+            flat_out = r["search_saturation_req_s"] or own
+            r |= {"arm": name, "saturation_req_s": flat_out}
             r["share"] = r["value"] / flat_out if r["value"] and r["status"] == "pass" and flat_out else None
             runs.append(r)
             print(f"run {i + 1} (arm {name}, seed {seed}): {r['wall_s']:.0f} s, {r['status']}, "

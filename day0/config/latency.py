@@ -62,14 +62,33 @@ class CapacitySearch(_Table):
     growth: float = Field(2.0, gt=1, description="factor between points while bracketing")
     precision: float = Field(0.05, gt=0, lt=1, description="stop once the first missed rate is within this "
                                                           "fraction above the sustained one")
-    max_points: int = Field(10, ge=2, le=100, description="full-sized points measured at most (probes not "
-                                                          "counted)")
+    max_points: int = Field(10, ge=2, le=100, description="full-sized points measured at most (probes and "
+                                                          "confirmations not counted: a confirmation re-measures "
+                                                          "a load a full point met)")
     max_rate: float = Field(10_000.0, gt=0, description="req/s the bracketing never goes past")
     requests: int = Field(0, ge=0, description="per point; 0 = the fewest that can bound the highest limited "
                                                "percentile at [sla] confidence (299 for p99 at 95%)")
     probe_requests: int = Field(32, ge=0, description="per point while bracketing upward, before anything missed: "
                                                       "such a probe only has to not miss for the bracket to move up "
                                                       "and is never the answer; 0 = every point full-sized")
+    saturation_requests: int = Field(200, ge=0, description="a rate search first measures what the server completes "
+                                                           "flat out: this many requests in a closed loop, whose "
+                                                           "middle three fifths give the rate no open loop can be "
+                                                           "sustained at; every rate at or past it misses and the "
+                                                           "bisection starts under it; 0 = off (the climb from "
+                                                           "start_rate)")
+    saturation_concurrency: int = Field(0, ge=0, description="requests in flight while measuring saturation; 0 = all "
+                                                             "saturation_requests at once. The figure is used only "
+                                                             "when the server's /metrics showed requests waiting "
+                                                             "(its batch full) in that window")
+    confirm_requests: Optional[int] = Field(None, ge=0, description="with the saturation figure bounding the "
+                                                                   "search: the answer is measured once more over "
+                                                                   "this many requests before the search ends on it "
+                                                                   "(a short point that starts on an idle server "
+                                                                   "ends before a heavy load's queue settles); a miss "
+                                                                   "there moves the search below it. Default: 300 or "
+                                                                   "twice a point's requests, whichever is more; "
+                                                                   "0 = off")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
                                                                  "the sustained point's achieved req/s)")
 
@@ -118,7 +137,8 @@ class LatencySection(_Table):
     return_token_ids: bool = False
     extra_body: dict[str, Any] = Field({}, description="merged into every request body (e.g. temperature = 0)")
     percentiles: list[Annotated[float, Field(ge=0, le=100)]] = [50.0, 90.0, 95.0, 99.0, 99.9]
-    server_metrics: bool = Field(True, description="scrape /metrics before and after, compare with the client")
+    server_metrics: bool = Field(True, description="scrape /metrics before and after, compare with the client (and "
+                                                   "see a rate search's flat-out run keep the batch full)")
     agreement_rel: float = Field(0.25, ge=0, description="client vs engine means may differ by rel x client mean "
                                                          "+ 3 standard errors")
     sweep_rates: list[Annotated[float, Field(gt=0)]] = Field([], description="SLA sweep: ascending req/s")

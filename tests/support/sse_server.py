@@ -119,7 +119,7 @@ async def _sleep_until(target: float, spin: bool) -> None:
 
 def build_app(script: Script):
     from aiohttp import web
-    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
     state: dict[str, Any] = {"script": script, "log": []}
     reg = CollectorRegistry()
@@ -131,6 +131,9 @@ def build_app(script: Script):
     itl_hists = {name: Histogram(name, "itl", labels, buckets=ITL_BUCKETS, registry=reg)
                  for name in ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")}
     lv = {"model_name": "scripted", "engine": "0"}
+    # vLLM's request gauges: being served, and (capacity mode) waiting for a slot
+    g_running = Gauge("vllm:num_requests_running", "running", labels, registry=reg).labels(**lv)
+    g_waiting = Gauge("vllm:num_requests_waiting", "waiting", labels, registry=reg).labels(**lv)
 
     def chunk(obj: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
@@ -191,13 +194,19 @@ def build_app(script: Script):
         sc: Script = state["script"]
         body = await request.json()
         if not sc.slots:
-            return await serve(request, body, t0)
-        async with slots(sc.slots):  # the schedule starts when a slot frees: the wait is TTFT
-            acquired = time.perf_counter()
-            resp = await serve(request, body, acquired)
-            if "entry" in request:  # how long the slot was held: the capacity the server really had
-                request["entry"]["held_s"] = time.perf_counter() - acquired
-            return resp
+            with g_running.track_inprogress():
+                return await serve(request, body, t0)
+        with g_waiting.track_inprogress():
+            await slots(sc.slots).acquire()  # the schedule starts when a slot frees: the wait is TTFT
+        try:
+            with g_running.track_inprogress():
+                acquired = time.perf_counter()
+                resp = await serve(request, body, acquired)
+                if "entry" in request:  # how long the slot was held: the capacity the server really had
+                    request["entry"]["held_s"] = time.perf_counter() - acquired
+                return resp
+        finally:
+            slots(sc.slots).release()
 
     async def serve(request: web.Request, body: dict[str, Any], t0: float) -> web.StreamResponse:
         sc: Script = state["script"]

@@ -10,15 +10,25 @@ terminal show) and into the data behind it (docs/metrics.md, Capacity).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from day0.client.prom import pct_name
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import samples_to_bound
-from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, PROBED, UNDECIDED, SearchPoint, SearchResult
+from day0.stages.latency.measurement import (
+    CLIENT_LAGGED,
+    MEETS,
+    MISSES,
+    PROBED,
+    SATURATION,
+    UNDECIDED,
+    SearchPoint,
+    SearchResult,
+)
 from day0.stages.latency.metrics import SOURCE, rounded
+from day0.stages.latency.search import lag_text
 
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest load meeting the SLA (confidence-bounded)"
 
@@ -74,8 +84,11 @@ def answer(result: SearchResult, sla: SlaSection, search: CapacitySearch, device
     if point is None:
         return ""
     best, achieved = point.load, point.metrics.request_throughput
+    sat = result.saturation
     text = (f"{point_load(result, best)} per replica ("
             + (f"{achieved:.4g} req/s, " if result.axis != "rate" else "")
+            + (f"{best / sat.req_s:.0%} of the {sat.req_s:.4g} req/s it completes flat out, "
+               if sat is not None and sat.applies and sat.req_s else "")
             + f"{point.metrics.output_throughput / devices:.4g} output tok/s per device, {devices} device(s))")
     tight = margins(point, sla)
     if tight:
@@ -94,8 +107,8 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
     evidence = _evidence(result, sla, search, devices)
     unbounded = last.verdict == UNDECIDED and bool(last.unbounded)
     if last.verdict == CLIENT_LAGGED or unbounded or (best is None and miss is None):
-        why = (f"the load generator lagged {last.lag_ms:.1f} ms (p90) behind its schedule at {point_load(result, last.load)} "
-               "(more than one arrival gap): add latency.workers, or run day0 on a host the engine does not share" if last.verdict == CLIENT_LAGGED else
+        why = (f"{lag_text(last)}, twice at {point_load(result, last.load)}: add latency.workers, or run day0 on a "
+               "host the engine does not share" if last.verdict == CLIENT_LAGGED else
                f"{result.requests_per_point} requests at {point_load(result, last.load)} cannot decide "
                f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
                f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
@@ -110,9 +123,11 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
     told = (f"sustains {point_load(result, best)} within the SLA ({result.confidence:.0%} bounds, "
             f"{result.requests_per_point} requests a point{probes})")
     if top is not None:
-        told += (f"; {point_load(result, top.load)} misses {', '.join(top.misses)}" if top.verdict == MISSES else
+        told += (f"; {point_load(result, top.load)} misses {why_not_met(top)}" if top.verdict == MISSES else
                  f"; {point_load(result, top.load)} is the SLA's edge ({', '.join(top.undecided)}: the limit inside "
                  "the interval)")
+    if result.saturation is not None and not result.saturation.applies:
+        told += f"; {result.saturation.text()}"
     told += f"; {result.stopped}"
     told += f"; {evidence['answer']}"
     return measured(CHECK_ID, TITLE, round(best, 4), None, unit=result.unit, direction="higher_is_better",
@@ -144,6 +159,9 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
         "order": [rounded(pt.load) for pt in result.points], "stopped": result.stopped,
         "requests_per_point": result.requests_per_point, "probe_requests": result.probe_requests,
         "confidence": result.confidence,
+        "saturation": None if result.saturation is None else {**asdict(result.saturation),
+                                                               "applies": result.saturation.applies,
+                                                               "text": result.saturation.text()},
         "search": search.model_dump(), "answer": answer(result, sla, search, devices),
         "definition": "docs/metrics.md, Confidence and Capacity; docs/stages/latency.md, Capacity search"}
     best = result.sustained_point
@@ -168,13 +186,20 @@ def why_not_met(pt: SearchPoint) -> str:
     """The limits a point missed (else those it left undecided); a queue's growth with its two
     quarters' medians, the one miss no bound in the point's row shows."""
     why = ", ".join(pt.misses or pt.undecided)
+    if "error_rate" in pt.misses and pt.metrics.reasons:
+        why += (f" ({pt.metrics.failed} of {pt.metrics.sent} failed: "
+                + ", ".join(f"{n} {reason}" for reason, n in sorted(pt.metrics.reasons.items())) + ")")
+    if SATURATION in pt.misses:
+        why += " (what the server completes flat out: a rate at or past it queues without bound)"
     if "queue_growth" in pt.misses and pt.quarters_ms is not None:
         why += f" (median TTFT {pt.quarters_ms[0]:.4g} -> {pt.quarters_ms[1]:.4g} ms, first to last quarter)"
     return why
 
 
 def _bounds_chart(result: SearchResult, by_load: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:
-    """Each limited percentile's bounds against the offered load, the limits as reference lines."""
+    """Each limited percentile's bounds against the offered load, the limits as reference lines. The
+    flat-out point is left out: its bounds are a closed loop's (seconds of queue), not a rate's."""
+    by_load = [pt for pt in by_load if SATURATION not in pt.misses]
     series = []
     for metric, p, _ in sla.latency_limits():
         k = f"{metric}_{pct_name(p)}"

@@ -109,6 +109,14 @@ def add_search_flags(g: Any) -> None:
     g.add_argument("--search-probe-requests", type=whole_number(0), metavar="N",
                    help="requests a point of the upward climb, which only has to not miss (default 32; 0 = every "
                         "point full-sized)")
+    g.add_argument("--search-saturation-requests", type=whole_number(0), metavar="N",
+                   help="a rate search first measures what the server completes flat out over N requests and "
+                        "misses every rate at or past it (default 200; 0 = off: the climb from --search-start-rate)")
+    g.add_argument("--search-saturation-concurrency", type=whole_number(0), metavar="N",
+                   help="requests in flight while measuring saturation (default 0: all at once)")
+    g.add_argument("--search-confirm-requests", type=whole_number(0), metavar="N",
+                   help="with the flat-out figure: the answer measured once more over N requests before the search "
+                        "ends on it (default: 300 or twice --search-requests, whichever is more; 0 = off)")
     g.add_argument("--target-rate", type=float, metavar="REQ/S",
                    help="the load the launch must serve: the search reports the replicas it needs")
 
@@ -219,7 +227,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
     search = {key: getattr(args, attr) for attr, key in (("search_start_rate", "start_rate"), ("search_over", "over"),
                                                          ("search_start_concurrency", "start_concurrency"),
                                                          ("search_requests", "requests"), ("target_rate", "target_rate"),
-                                                         ("search_probe_requests", "probe_requests"))
+                                                         ("search_probe_requests", "probe_requests"),
+                                                         ("search_saturation_requests", "saturation_requests"),
+                                                         ("search_saturation_concurrency", "saturation_concurrency"),
+                                                         ("search_confirm_requests", "confirm_requests"))
               if getattr(args, attr, None) is not None}
     if args.search or search:
         lat["search"] = search

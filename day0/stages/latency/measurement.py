@@ -55,12 +55,44 @@ class SearchPoint:
     lag_ms: float
     early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
     quarters_ms: tuple[float, float] | None = None  # median TTFT of its first and last quarter (search.quarter_ttfts)
+    stall_ms: float = 0.0  # the longest the client's event loop did not run during the point
 
     @property
     def unbounded(self) -> list[str]:
         """The undecided limits the point's sample cannot bound from above at all (too few
         requests): more points would not decide them, only more requests a point."""
         return [k for k in self.undecided if self.bounds.get(k, (None, None))[1] is None]
+
+
+SATURATION = "saturation"  # a search point's miss: a rate at or past what the server completes flat out
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """What the server completes flat out (a closed loop that keeps its batch full), measured before a
+    rate search: the rate no open loop can be sustained at, since past it the queue grows without
+    bound whatever a point's short sample shows. ``req_s`` is None when it could not be measured;
+    ``queued`` says whether /metrics showed requests waiting in the window it was read over (None:
+    no /metrics), and only a queued figure bounds the search (``applies``): a server with free
+    slots was not running flat out. ``why`` says what kept it from applying."""
+
+    req_s: float | None
+    requests: int
+    concurrency: int
+    queued: bool | None
+    why: str = ""
+    window_s: float = 0.0  # the middle of the run the rate is read over
+
+    @property
+    def applies(self) -> bool:
+        return self.req_s is not None and bool(self.queued) and not self.why
+
+    def text(self) -> str:
+        if self.req_s is None:
+            return f"saturation not measured: {self.why}"
+        told = (f"flat out {self.req_s:.4g} req/s ({self.requests} requests, {self.concurrency} in flight, read over "
+                f"the middle {self.window_s:.3g} s)")
+        return told + ("" if self.applies else f", not used: {self.why}")
 
 
 @dataclass
@@ -74,6 +106,7 @@ class SearchResult:
     axis: str = "rate"  # what it varied: "rate" (open loop) or "concurrency" (closed loop)
     unit: str = "req/s"
     probe_requests: int = 0  # requests of a probe while the bracket climbed (0: every point full-sized)
+    saturation: Saturation | None = None  # measured before a rate search (None: not measured)
 
     @property
     def first_miss(self) -> SearchPoint | None:
@@ -90,10 +123,11 @@ class SearchResult:
 
     @property
     def sustained_point(self) -> SearchPoint | None:
-        """The highest-load point that met the SLA below the ceiling (None: none did)."""
+        """The highest-load point that met the SLA below the ceiling (None: none did); of two at that
+        load (a short point and its confirmation), the one over more requests."""
         top = self.ceiling
         met = [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
-        return max(met, key=lambda p: p.load) if met else None
+        return max(met, key=lambda p: (p.load, p.metrics.sent)) if met else None
 
     @property
     def sustained(self) -> float | None:

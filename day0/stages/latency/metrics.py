@@ -129,6 +129,7 @@ class LatencyMetrics:
     offered_rate: float | None
     failures: list[dict[str, Any]]  # first few failed requests, for the record
     workers: int = 1  # load-generator processes that drove the phase
+    loop_stall_ms: float | None = None  # the longest the client's event loop did not run (None: not watched)
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why it has no samples (an import)
 
     @property
@@ -197,5 +198,5 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
         failures=[{"index": r.index, "error": r.error, "reason": r.reason,
                    "after_ms": round((r.finished - r.scheduled) * ms, 3), "tokens_seen": sum(r.msg_n)}
                   for r in bad[:20]],
-        workers=phase.workers,
+        workers=phase.workers, loop_stall_ms=phase.loop_stall_ms,
     )

@@ -24,8 +24,9 @@ from day0.client.spec_decode import acceptance
 from day0.client.workers import WorkerPool
 from day0.client.workload import Request, Vocab, as_text, build_requests, new_nonce, shared_share
 from day0.config.latency import LatencySection, SlaSection
-from day0.stages.latency.measurement import CacheIntent, LatencyRun, SearchResult, SpecWindow
+from day0.stages.latency.measurement import CacheIntent, LatencyRun, Saturation, SearchResult, SpecWindow
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
+from day0.stages.latency.saturation import measure_saturation, settle
 from day0.stages.latency.search import requests_per_point, search_capacity
 from day0.stages.latency.settings import (
     DEFAULT_BLOCK_SIZE,
@@ -156,16 +157,32 @@ async def measure_latency(
 async def _search(load: _Load, model: str, requests: Callable[[int, str], list[Request]], s: LatencySection,
                   sla: SlaSection, pcts: list[float], slo: dict[str, float], say: Callable[[str], None]) -> SearchResult:
     """The capacity search (``[latency.search]``) on the stage's own load and workload."""
-    assert s.search is not None
+    search = s.search
+    assert search is not None
     points = 0
 
     async def search_at(x: float, n: int, until: Until | None = None) -> LatencyMetrics:
         nonlocal points
         points += 1  # each point its own prompts: a fresh stream name
+        waited = await settle(load.session, load.base_url) if s.server_metrics else 0.0
+        if waited >= 1.0:
+            say(f"capacity search: waited {waited:.1f} s for the server to finish the last point's requests")
         sp = await load.phase(model, requests(n, f"search{points}"), search_shape(s, x), "search", until)
         return compute_metrics(sp, pcts, slo)
 
-    return await search_capacity(search_at, s.search, sla, requests_per_point(s.search, sla), say)
+    async def saturate() -> tuple[Saturation, LatencyMetrics | None]:
+        n = search.saturation_requests
+        if not s.server_metrics:  # the figure could not be trusted: not worth its requests
+            return Saturation(None, n, search.saturation_concurrency or n, None,
+                              "latency.server_metrics = false, so no /metrics to show the batch full"), None
+        say(f"capacity search: saturation, {n} requests, {search.saturation_concurrency or n} in flight")
+        reqs = requests(n, "saturation")
+        sat, phase = await measure_saturation(lambda shape: load.phase(model, reqs, shape, "saturation"),
+                                              load.session, load.base_url, n, search.saturation_concurrency, s.seed)
+        return sat, compute_metrics(phase, pcts, slo)
+
+    return await search_capacity(search_at, search, sla, requests_per_point(search, sla), say,
+                                 saturate if search.saturation_requests else None)
 
 
 def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:

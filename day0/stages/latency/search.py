@@ -15,14 +15,24 @@ not hundreds, and frees the engine for the next.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from day0.client.prom import pct_name
 from day0.client.stream import RequestResult
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, SlaSection
 from day0.core.stats import bound_ranks, percentile, percentile_bounds
-from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, PROBED, UNDECIDED, SearchPoint, SearchResult
+from day0.stages.latency.measurement import (
+    CLIENT_LAGGED,
+    MEETS,
+    MISSES,
+    PROBED,
+    SATURATION,
+    UNDECIDED,
+    Saturation,
+    SearchPoint,
+    SearchResult,
+)
 from day0.stages.latency.metrics import LatencyMetrics, tpot_of
 
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
@@ -31,6 +41,23 @@ from day0.stages.latency.metrics import LatencyMetrics, tpot_of
 # too short for the queue to reach the limit. The floor keeps a busy host's slowdown over a long
 # point at a low rate (30 ms becoming 60 ms against a 2 s limit) from reading as a queue.
 QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
+# A point the client's event loop stalled through for more than STALL_SHARE of the tightest per-event
+# limit (TTFT, E2E, ITL) cannot miss on latency: the stall delayed sends and reads alike, so it is
+# measured again, once (``loop_stall``; TPOT, averaged over a request's tokens, is left out).
+STALL_SHARE = 0.1
+
+
+def stall_limit(sla: SlaSection) -> float | None:
+    """The longest loop stall (ms) a point may have and still miss on latency; None: no limit it threatens."""
+    limits = [limit for metric, _, limit in sla.latency_limits() if metric in ("ttft", "e2e", "itl")]
+    return STALL_SHARE * min(limits) if limits else None
+
+
+def confirm_size(search: CapacitySearch, requests: int) -> int:
+    """Requests of the point the answer is measured over once more: ``confirm_requests``, by default
+    300 or twice a point's, whichever is more; 0 (off) when no more than a point's own."""
+    n = search.confirm_requests if search.confirm_requests is not None else max(300, 2 * requests)
+    return n if n > requests else 0
 
 
 def requests_per_point(search: CapacitySearch, sla: SlaSection) -> int:
@@ -94,11 +121,12 @@ class ClearMiss:
 
 
 def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMiss | None = None, *,
-                gap_ms: float | None = None) -> SearchPoint:
+                gap_ms: float | None = None, queue: bool = True) -> SearchPoint:
     """Meets when every limited percentile's upper bound is within its limit and errors within
     ``sla.max_error_rate``; misses when a lower bound is past its limit (or errors are); else
-    undecided. A point whose queue grows (:func:`queue_grows`) misses too:
-    a short point can end before a growing queue reaches the limit. The client's own send lag
+    undecided. A point whose queue grows (:func:`queue_grows`) misses too, unless ``queue`` is off
+    (a search bounded by the server's flat-out rate, which catches overload without it): a short
+    point can end before a growing queue reaches the limit. The client's own send lag
     decides first: when a tenth of the requests left more than one mean arrival gap late (p90 of
     the lag), the client fell behind its schedule and the rate offered was not ``load``; a few
     late sends (a busy host's hiccup) are not that. ``gap_ms`` is that mean gap (1000 / rate);
@@ -118,20 +146,34 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
     elif m.error_rate > sla.max_error_rate:
         misses.append("error_rate")
     quarters = quarter_ttfts(m)
-    if queue_grows(quarters, sla):
+    if queue and queue_grows(quarters, sla):
         misses.append("queue_growth")
     if early is not None and early.why:  # decided before the point ended: its partial sample may not show it
         undecided = [k for k in undecided if k != early.key]
         misses += [] if early.key in misses else [early.key]
+    tolerated = stall_limit(sla)
+    stalled = tolerated is not None and (m.loop_stall_ms or 0.0) > tolerated
     if gap_ms is not None and lag > gap_ms:
         # the load offered was below ``load``, so a miss that is not the client's own lag is still a
         # miss (less load than stated, and the engine missed anyway); anything else concludes nothing
         misses = lag_free(misses, m, sla)
         verdict = MISSES if misses else CLIENT_LAGGED
+    elif stalled and (misses or undecided):
+        # a stall delays reads as well as sends: only failures stand (a point that met, met anyway)
+        misses = [k for k in misses if k in ("error_rate", "no_completed_requests")]
+        verdict = MISSES if misses else CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
     return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "",
-                       quarters)
+                       quarters, m.loop_stall_ms or 0.0)
+
+
+def lag_text(point: SearchPoint) -> str:
+    """Why a ``client_lagged`` point concluded nothing, in words."""
+    if point.stall_ms and point.lag_ms <= 1000.0 / max(point.load, 1e-9):
+        return (f"the load generator's event loop stalled {point.stall_ms:.0f} ms (the host did not run it), and "
+                f"that point missed only on latency")
+    return f"the load generator lagged {point.lag_ms:.1f} ms (p90) behind its schedule (more than one arrival gap)"
 
 
 def lag_free(misses: list[str], m: LatencyMetrics, sla: SlaSection) -> list[str]:
@@ -224,8 +266,20 @@ def axis_of(search: CapacitySearch) -> Axis:
                 floor=search.start_rate / 64.0)
 
 
+Saturate = Callable[[], Awaitable[tuple[Saturation, LatencyMetrics | None]]]  # None: nothing was run
+
+
+def saturation_point(sat: Saturation, m: LatencyMetrics, sla: SlaSection) -> SearchPoint:
+    """The flat-out figure as the search's top miss: every rate at or past it queues without bound.
+    Its bounds are the closed loop's own (the Pareto view's flat-out point), not a rate's."""
+    point = judge_point(sat.req_s or 0.0, m, sla)
+    point.verdict, point.misses, point.undecided = MISSES, [SATURATION], []
+    return point
+
+
 async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], search: CapacitySearch,
-                          sla: SlaSection, requests: int, say: Callable[[str], None]) -> SearchResult:
+                          sla: SlaSection, requests: int, say: Callable[[str], None],
+                          saturate: Saturate | None = None) -> SearchResult:
     """Bracket, then bisect, ``measure_at(x, n, until=stop_rule)`` giving each point's metrics
     (``x`` on :func:`axis_of`'s axis; a :class:`ClearMiss` per point, which a measurer that cannot
     stop early may ignore). Stops at the set precision, at ``max_points``, past the axis' limit
@@ -239,73 +293,150 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
     decides more. A probe is never the answer: once a full point has missed above it (or the
     bracket is narrow), the probe's load is measured in full, and a probe that then does not meet
     is a miss like any other. Full points start at the first miss, so a climb of k doublings costs
-    k probes, not k full points (299 requests each for a p99)."""
+    k probes, not k full points (299 requests each for a p99).
+
+    ``saturate`` (a rate search's flat-out run, ``day0.stages.latency.saturation``) goes first: a
+    figure that applies is the bracket's top, a miss named ``saturation``, and the search starts
+    ``growth`` under it with full points (nothing left to climb to)."""
     axis = axis_of(search)
-    points: list[SearchPoint] = []
-    met: float | None = None  # highest load that met
-    missed: float | None = None  # lowest load that missed
     probe = search.probe_requests if 0 < search.probe_requests < requests else 0
+    b = _Bracket(axis, search)
+    sat: Saturation | None = None
 
     def result(stopped: str) -> SearchResult:
-        return SearchResult(points, requests, sla.confidence, stopped, axis.name, axis.unit, probe)
+        return SearchResult(b.points, requests, sla.confidence, stopped, b.axis.name, b.axis.unit, probe, sat)
 
-    def lower_end() -> float | None:
+    if saturate is not None and axis.name == "rate":
+        sat, top = await _flat_out_top(saturate, sla, say)
+        if top is not None:
+            b.points.append(top)
+            b.missed = top.load
+            b.axis = replace(axis, start=top.load / search.growth, floor=top.load / search.growth / 64.0)
+    # with the flat-out rate as the bracket's top, overload is a rate past it, not a TTFT trend: the queue
+    # rule fired at 0.64-0.88 of that rate here, on 3-second points of stable loads (docs/stages/latency.md)
+    queue_rule = not (sat is not None and sat.applies)
+    b.confirm = confirm_size(search, requests) if not queue_rule else 0
+    x: float | None = b.axis.start
+    size = 0  # requests of the next point when not the default (a confirmation)
+    while x is not None:
+        probing = bool(probe) and b.missed is None and all(pt.load != x for pt in b.points) and not size
+        if not size and b.counted() >= search.max_points:
+            return result(f"max_points ({search.max_points}) reached")
+        n = size or (probe if probing else requests)
+        point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule)
+        if point.verdict == CLIENT_LAGGED:  # a host's hiccup passes: the same point once more, fresh prompts
+            say(f"capacity search: {b.axis.text(x)} again: {lag_text(point)}")
+            b.points.append(point)
+            point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule)
+        b.points.append(point)
+        if size:
+            b.confirmations += 1
+        stop = b.hopeless(point, n, probing)
+        if stop:
+            return result(stop)
+        b.record(point)
+        x, size, stop = b.next_load(point, probing)
+        if stop:
+            return result(stop)
+    lowest = min(pt.load for pt in b.points) if b.points else b.axis.start
+    return result(f"no load meets the SLA: {b.axis.text(b.axis.start)} and every point below it, down to "
+                  f"{b.axis.text(lowest)}, missed")
+
+
+@dataclass
+class _Bracket:
+    """The search's state: its points, the highest load met and the lowest not met, and which loads
+    were measured over a confirmation's requests; it decides the next point (:meth:`next_load`)."""
+
+    axis: Axis
+    search: CapacitySearch
+    points: list[SearchPoint] = field(default_factory=list)
+    met: float | None = None  # highest load that met
+    missed: float | None = None  # lowest load that missed (or straddled a limit)
+    confirm: int = 0  # requests the answer is measured over once more (0: not)
+    confirmed: set[float] = field(default_factory=set)
+    confirmations: int = 0
+
+    def counted(self) -> int:
+        """The points ``max_points`` bounds: not probes that stayed probes, not the flat-out figure, not
+        confirmations (each re-measures a load a counted point met, so they are bounded by those)."""
+        return sum(pt.verdict not in (PROBED, CLIENT_LAGGED) and SATURATION not in pt.misses
+                   for pt in self.points) - self.confirmations
+
+    def lower_end(self) -> float | None:
         """The highest load below the lowest miss that met, or that a probe found not missing."""
-        below = [pt.load for pt in points if pt.verdict in (MEETS, PROBED) and (missed is None or pt.load < missed)]
+        below = [pt.load for pt in self.points
+                 if pt.verdict in (MEETS, PROBED) and (self.missed is None or pt.load < self.missed)]
         return max(below) if below else None
 
-    x: float | None = axis.start
-    while x is not None:
-        probing = bool(probe) and missed is None and all(pt.load != x for pt in points)
-        if sum(pt.verdict != PROBED for pt in points) >= search.max_points:
-            return result(f"max_points ({search.max_points}) reached")
-        point = await _measure_point(measure_at, x, probe if probing else requests, sla, axis, say, probing)
-        points.append(point)
+    def hopeless(self, point: SearchPoint, n: int, probing: bool) -> str:
+        """Why no further point can help ("" when one can): the client lagged, a point too short to
+        bound a limit at all, or a server failing every request."""
         unbounded = point.unbounded if point.verdict == UNDECIDED and not probing else []
         if point.verdict == CLIENT_LAGGED or unbounded:
             # more points would not help: more load workers would, or more requests a point
-            return result(f"{point.verdict} at {axis.text(x)}"
-                          + (f": {requests} requests cannot bound {', '.join(unbounded)}" if unbounded else ""))
-        if met is None and _all_failed(points[-2:], 2):
-            return result(f"every request failed at {axis.text(points[-2].load)} and at {axis.text(x)}: a lower "
-                          "load will not help (first error: "
-                          f"{next(iter(point.metrics.errors), 'unknown')}); no load meets the SLA")
+            return (f"{point.verdict} at {self.axis.text(point.load)}"
+                    + (f": {n} requests cannot bound {', '.join(unbounded)}" if unbounded else ""))
+        if self.met is None and _all_failed(self.points[-2:], 2):
+            return (f"every request failed at {self.axis.text(self.points[-2].load)} and at "
+                    f"{self.axis.text(point.load)}: a lower load will not help (first error: "
+                    f"{next(iter(point.metrics.errors), 'unknown')}); no load meets the SLA")
+        return ""
+
+    def record(self, point: SearchPoint) -> None:
+        x = point.load
         if point.verdict == MEETS:
-            met = x if met is None else max(met, x)
+            self.met = x if self.met is None else max(self.met, x)
         elif point.verdict != PROBED:  # a miss, or bounds straddling a limit: the SLA's edge is at or below it
-            missed = x if missed is None else min(missed, x)
-        low = lower_end()
+            self.missed = x if self.missed is None else min(self.missed, x)
+            if self.met is not None and self.met >= self.missed:  # a confirmation missed where a short point met
+                self.met = max((pt.load for pt in self.points if pt.verdict == MEETS and pt.load < self.missed),
+                               default=None)
+
+    def next_load(self, point: SearchPoint, probing: bool) -> tuple[float | None, int, str]:
+        """(next load, its requests when not a point's default, why the search ends: "" to go on)."""
+        axis, search, x, low, missed = self.axis, self.search, point.load, self.lower_end(), self.missed
         if missed is None:
             if axis.up(x, search.growth) > axis.limit:
                 if point.verdict == PROBED:
-                    continue  # the same load again, full-sized: "at least max_rate" is a claim
-                return result(f"every point met the SLA up to {axis.limit_key} ({axis.text(axis.limit)})")
-            x = axis.up(x, search.growth)
-        elif low is None:
-            x = axis.down(missed, search.growth)
-        elif low != met and not probing:
-            x = low  # a full point missed above a probe: is the probe right? (measured here, a short probe
-            # at the edge passed where its full point then missed, and bisection spent its points above it)
-        elif axis.narrow(low, missed, search.precision):
-            if low == met:
-                return result(f"precision {search.precision:g} reached")
-            x = low  # a probe: measured in full before the search ends on it
-        else:
-            x = axis.between(low, missed)
-    lowest = min(pt.load for pt in points) if points else axis.start
-    return result(f"no load meets the SLA: {axis.text(axis.start)} and every point below it, down to "
-                  f"{axis.text(lowest)}, missed")
+                    return x, 0, ""  # the same load again, full-sized: "at least max_rate" is a claim
+                return None, 0, f"every point met the SLA up to {axis.limit_key} ({axis.text(axis.limit)})"
+            return axis.up(x, search.growth), 0, ""
+        if low is None:
+            return axis.down(missed, search.growth), 0, ""
+        if low != self.met and not probing:
+            # a full point missed above a probe: is the probe right? (measured here, a short probe at the
+            # edge passed where its full point then missed, and bisection spent its points above it)
+            return low, 0, ""
+        if not axis.narrow(low, missed, search.precision):
+            return axis.between(low, missed), 0, ""
+        if low != self.met:
+            return low, 0, ""  # a probe: measured in full before the search ends on it
+        if self.confirm and low not in self.confirmed:
+            self.confirmed.add(low)  # the answer over a longer point: nearer the queue a stable load settles to
+            return low, self.confirm, ""
+        return None, 0, (f"precision {search.precision:g} reached"
+                         + (f"; the answer held over {self.confirm} requests" if self.confirm else ""))
+
+
+async def _flat_out_top(saturate: Saturate, sla: SlaSection,
+                        say: Callable[[str], None]) -> tuple[Saturation, SearchPoint | None]:
+    """The flat-out figure, and the miss it puts at the top of the bracket when it applies."""
+    sat, flat_out = await saturate()
+    say(f"capacity search: {sat.text()}")
+    return sat, saturation_point(sat, flat_out, sla) if sat.applies and flat_out is not None else None
 
 
 async def _measure_point(measure_at: Callable[..., Awaitable[LatencyMetrics]], x: float, n: int, sla: SlaSection,
-                         axis: Axis, say: Callable[[str], None], probing: bool) -> SearchPoint:
+                         axis: Axis, say: Callable[[str], None], probing: bool, queue: bool = True) -> SearchPoint:
     """One point, judged. A probe that did not miss is ``probed``, straddling bounds included: over a
     probe's few requests (32 by default) an upper bound is the largest value or the next, so one
     host stall would make a short probe the SLA's edge and cap the bracket there; the full points
     above it decide."""
     say(f"capacity search: {axis.text(x)}, {n} requests" + (" (a probe: it only has to not miss)" if probing else ""))
     rule = ClearMiss(sla, n)
-    point = judge_point(x, await measure_at(x, n, until=rule), sla, rule, gap_ms=None if axis.integer else 1000.0 / x)
+    point = judge_point(x, await measure_at(x, n, until=rule), sla, rule, gap_ms=None if axis.integer else 1000.0 / x,
+                        queue=queue)
     if point.early:
         say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
     if probing and point.verdict in (MEETS, UNDECIDED):

@@ -1,0 +1,188 @@
+"""A rate search bounded by what the server completes flat out (``day0.stages.latency.saturation``):
+the figure read over the middle of a closed loop, used only when /metrics showed the batch full;
+every rate at or past it a miss without a point spent there; the answer measured once more over a
+longer point before the search ends on it. Against a scripted server with a known capacity the
+whole stage finds it, starting under the figure."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from day0.client.stream import RequestResult
+from day0.config.latency import CapacitySearch, LatencySection, SlaSection
+from day0.stages.latency import latency_checks, run_latency
+from day0.stages.latency.capacity import CHECK_ID, capacity_check
+from day0.stages.latency.measurement import SATURATION, Saturation
+from day0.stages.latency.saturation import middle_window, saturation_of
+from day0.stages.latency.search import CLIENT_LAGGED, MEETS, MISSES, PROBED, judge_point, lag_text, search_capacity
+from tests.stages.latency.test_search import counted, metrics_with
+from tests.support.sse_server import Script, SSEServer, capacity, schedule, served_capacity
+
+SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})
+
+
+def finished_at(times: list[float], ok: bool = True) -> list[RequestResult]:
+    out = []
+    for i, t in enumerate(times):
+        r = RequestResult(i, "saturation", 0.0, 0.0, 8, 4)
+        r.ok, r.finished = ok, t
+        out.append(r)
+    return out
+
+
+def test_the_flat_out_rate_is_read_over_the_middle_of_the_completions():
+    # a slow fill (the first 20 in 4 s), 60 at 10/s, a slow drain (the last 20 in 4 s): the middle alone
+    times = [0.2 * i for i in range(20)] + [4.0 + 0.1 * i for i in range(60)] + [10.0 + 0.2 * i for i in range(20)]
+    rate, start, end = middle_window(times)
+    assert rate == pytest.approx(10.0, rel=0.03) and start == pytest.approx(4.0) and end == pytest.approx(9.9)
+    assert middle_window([1.0] * 9) is None  # too few completions to have a middle
+    assert middle_window([1.0] * 20) is None  # a window of no length is no rate
+
+
+def test_the_figure_bounds_a_search_only_when_metrics_showed_requests_waiting():
+    results = finished_at([4.0 + 0.1 * i for i in range(100)])
+    full = saturation_of(results, 100, 100, [(3.0, 0.0), (6.0, 40.0), (9.0, 12.0)])
+    assert full.applies and full.queued and full.req_s == pytest.approx(10.0, rel=0.03)
+    assert "flat out 10" in full.text() and "not used" not in full.text()
+    idle = saturation_of(results, 100, 100, [(6.0, 0.0), (9.0, 0.0)])
+    assert not idle.applies and "no request waited in 2 /metrics polls" in idle.why and "not used" in idle.text()
+    # a queue seen only before the window (the burst's own arrival) is not a full batch in it
+    early = saturation_of(results, 100, 100, [(3.0, 90.0), (20.0, 5.0)])
+    assert not early.applies and "no /metrics poll landed" in early.why
+    blind = saturation_of(results, 100, 100, None, "http://x/metrics: HTTP 404")
+    assert not blind.applies and blind.queued is None and "HTTP 404" in blind.why
+    failed = saturation_of(finished_at([1.0] * 100, ok=False), 100, 100, [(1.0, 5.0)])
+    assert failed.req_s is None and not failed.applies and "0 of 100 requests completed" in failed.why
+
+
+def server(capacity_rate: float, settles_at: float):
+    """measure_at for a server whose short points meet up to ``capacity_rate`` but whose longer ones
+    (a queue that settles slowly) meet only up to ``settles_at``."""
+    async def measure_at(rate: float, n: int, until=None):
+        fine = rate <= settles_at or (rate <= capacity_rate and n <= 60)
+        return metrics_with([50.0 if fine else 50.0 + 400.0 * (i + 1) / n for i in range(n)])
+    return measure_at
+
+
+def saturated(req_s: float, queued: bool = True):
+    async def saturate():
+        return Saturation(req_s, 200, 200, queued), metrics_with([900.0] * 200)
+    return saturate
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_over_a_longer_point(seed):
+    top = random.Random(seed).uniform(5.0, 300.0)
+    measure_at, calls = counted(server(0.97 * top, 0.8 * top))
+    # 8 full points and 6 confirmations: a confirmation does not count toward max_points (each
+    # re-measures a load a counted point met), or this search would end on a short point's answer
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    # no climb from start_rate and no probes: full points from growth under the figure, none at or past it
+    assert calls[0] == (pytest.approx(top / 2), 60) and all(x < top for x, _ in calls), calls
+    assert not any(pt.verdict == PROBED for pt in result.points)
+    flat = next(pt for pt in result.points if SATURATION in pt.misses)
+    assert flat.load == top and flat.verdict == MISSES and result.saturation.req_s == top
+    # the answer is a load met over 300 requests; short points that met above it were confirmed and missed
+    best = result.sustained_point
+    assert best.verdict == MEETS and best.metrics.sent == 300 and 0.8 * top / 1.05 <= best.load <= 0.8 * top, calls
+    assert (best.load, 300) in calls and "the answer held over 300 requests" in result.stopped
+    assert any(n == 300 and x > 0.8 * top for x, n in calls), calls  # a short point's meet did not stand
+    check = capacity_check(result, SLA, search)
+    assert check.status == "pass" and f"of the {top:.4g} req/s it completes flat out" in check.message
+    assert check.evidence["saturation"]["applies"] is True
+
+
+def test_a_figure_that_does_not_apply_leaves_the_climb_and_its_queue_rule_as_they_were():
+    measure_at, calls = counted(server(40.0, 40.0))
+    search = CapacitySearch(start_rate=2.0, precision=0.05, max_points=30)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(44.0, queued=False)))
+    assert calls[0] == (2.0, 32) and result.points[0].verdict == PROBED  # the climb's probes, as without one
+    assert not any(SATURATION in pt.misses for pt in result.points) and 40.0 / 1.05 <= result.sustained <= 40.0
+    assert all(n != 300 for _, n in calls)  # no confirmation without the figure
+    assert "not used" in capacity_check(result, SLA, search).message
+
+
+def test_with_the_figure_a_rising_ttft_within_the_limit_is_no_miss():
+    """The queue rule fired on short points of stable loads (docs/stages/latency.md); with the flat-out
+    rate bounding the search a point is judged by its limits alone."""
+    rising = metrics_with([10.0] * 15 + [60.0] * 15 + [80.0] * 15 + [90.0] * 15)  # 10 -> 90 ms, under 100
+    assert judge_point(20.0, rising, SLA).misses == ["queue_growth"]
+    assert judge_point(20.0, rising, SLA, queue=False).verdict == MEETS
+
+
+def test_the_stage_bounds_a_scripted_servers_search_by_its_flat_out_rate():
+    # 2 slots (waiting requests show on its /metrics as vLLM's num_requests_waiting), 4 tokens a request:
+    # R* = 2 / service time, 31-43 req/s, and past it the queue grows without bound
+    gap = random.Random().uniform(12.0, 20.0)
+    script = Script(ttft_ms=[10.0], gaps_ms=[gap], slots=2)
+    service_ms = schedule(script, 0, 4)[-1][0] * 1000.0
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
+                              burstiness=100.0, search=CapacitySearch(precision=0.03, max_points=16, requests=60,
+                                                                      saturation_requests=120, confirm_requests=150))
+    sla = SlaSection.from_table({"ttft_p90_ms": 2.5 * service_ms})
+    for _attempt in range(3):  # a busy host's stall can make one point miss: the search is run again, at most twice
+        with SSEServer(script) as srv:
+            run = run_latency(srv.url, "scripted", 300, settings, sla)
+            r_star = served_capacity(script, [e for e in srv.log() if e["phase"] == "search"])
+        if run.search.sustained and abs(run.search.sustained / r_star - 1) <= 0.08:
+            break
+    sat = run.search.saturation
+    check = next(c for c in latency_checks(run) if c.id == CHECK_ID)
+    assert sat is not None and sat.applies, sat
+    # the burst kept both slots busy: what it completed is the capacity (a busy host lowers both alike)
+    assert sat.req_s == pytest.approx(r_star, rel=0.1), (sat, r_star, capacity(script, 4))
+    assert check.status == "pass" and r_star * 0.92 <= check.value <= r_star * 1.05, (r_star, check.message)
+    assert min(pt.load for pt in run.search.points) == pytest.approx(sat.req_s / 2)
+    assert run.search.sustained_point.metrics.sent == 150 and "flat out" in check.message
+
+
+def test_the_load_generator_measures_how_long_its_own_loop_stalled():
+    from day0.client.loadgen import loop_stall
+
+    async def blocked() -> float:
+        stop = asyncio.Event()
+        watch = asyncio.create_task(loop_stall(stop))
+        await asyncio.sleep(0.02)
+        time.sleep(0.15)  # a host that does not run the client (or a blocking call) for 150 ms
+        await asyncio.sleep(0.02)
+        stop.set()
+        return await watch
+    assert 140.0 <= asyncio.run(blocked()) < 1000.0
+
+
+def stalled(ttfts_ms: list[float], stall_ms: float, failed: int = 0):
+    m = metrics_with(ttfts_ms, failed=failed)
+    m.loop_stall_ms = stall_ms
+    return m
+
+
+def test_a_point_the_client_stalled_through_cannot_miss_on_latency_and_is_measured_again():
+    # 300 ms TTFT limit: a stall over 30 ms turns a latency miss into "could not measure"; a meet stands
+    limit = SlaSection.from_table({"ttft_p99_ms": 300.0})
+    slow = [50.0] * 290 + [400.0] * 9
+    assert judge_point(30.0, stalled(slow, 20.0), limit).verdict == MISSES  # under the tolerance: the server's
+    lagged = judge_point(30.0, stalled(slow, 262.0), limit)
+    assert lagged.verdict == CLIENT_LAGGED and lagged.stall_ms == 262.0 and "stalled 262 ms" in lag_text(lagged)
+    assert judge_point(30.0, stalled([50.0] * 299, 262.0), limit).verdict == MEETS
+    assert judge_point(30.0, stalled([50.0] * 299, 262.0, failed=5), limit).misses == ["error_rate"]
+
+    # the search measures a stalled point once more; a second stall at the same load ends it, an error
+    stalls = {30.0: [262.0]}
+
+    async def measure_at(rate: float, n: int, until=None):
+        stall = stalls[rate].pop(0) if stalls.get(rate) else 0.0
+        return stalled(slow if stall or rate > 30.0 else [50.0] * n, stall)  # the stall put 9 past the limit
+    measure, calls = counted(measure_at)
+    search = CapacitySearch(start_rate=30.0, precision=0.05, probe_requests=0)
+    result = asyncio.run(search_capacity(measure, search, limit, 299, lambda _m: None))
+    assert calls[:2] == [(30.0, 299), (30.0, 299)] and result.points[0].verdict == CLIENT_LAGGED
+    assert 30.0 <= result.sustained < 30.0 * 1.06 and "precision" in result.stopped
+    stalls[30.0] = [262.0, 300.0]
+    result = asyncio.run(search_capacity(measure_at, search, limit, 299, lambda _m: None))
+    check = capacity_check(result, limit, search)
+    assert check.status == "error" and "stalled 300 ms" in check.message and "twice at 30 req/s" in check.message
