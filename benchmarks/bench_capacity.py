@@ -8,11 +8,12 @@ ignored, open-loop Poisson arrivals), and prints what each answered and what the
 server is run in first (``--server-warmup``): a fresh CPU server is several times slower for its
 first few hundred requests, and the first tool would measure that.
 
-- day0: ``day0 latency --search`` (bracketing by 2x, probes of 32 requests while climbing, then
-  bisection to 5%; each full point the fewest requests whose order statistics bound the
-  percentile, 299 for p99 at 95%, judged by those bounds, never by the point estimate; a point
-  that has missed stops early; the answer is always a full point). Its measured phase
-  (``--day0-measure-requests``) and warm-up are counted in what it spent.
+- day0: ``day0 latency --search`` (the server's flat-out rate first, 200 requests at once, as the
+  bracket's top; then bisection to 5% from half of it; each point the fewest requests whose order
+  statistics bound the percentile, 299 for p99 at 95%, judged by those bounds, never by the point
+  estimate; a point that has missed stops early; the answer measured once more over twice as many
+  requests). Its flat-out run, measured phase (``--day0-measure-requests``) and warm-up are
+  counted in what it spent.
 - vLLM: vLLM 0.32 has ``vllm bench sweep serve`` and ``serve_workload`` but no ``serve_sla``, and
   ``sweep`` only benchmarks servers it launches itself; so, a dense ``vllm bench serve`` rate list:
   from ``--start-rate`` (where day0 starts; ``--dense-start`` for another) up by ``--dense-step``
@@ -216,7 +217,10 @@ def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
     note = (f"{len(points)} search points of up to {n} requests (a point that has missed stops early; its cancelled "
             f"in-flight requests not counted) + {a.warmup} warm-up + {a.day0_measure_requests} measured; "
             f"latency.capacity {cap['status']}: {cap['message']}")
-    return summary("day0", points, spent, wall, note, requests_per_point=n, check=cap["status"])
+    told = summary("day0", points, spent, wall, note, requests_per_point=n, check=cap["status"])
+    # the check's own answer: a short point that met above a confirmation that did not is no answer
+    told["sustained"] = cap.get("value") if cap["status"] == "pass" else None
+    return told
 
 
 # --------------------------------------------------------------------------- vLLM (the child process)

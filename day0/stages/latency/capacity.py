@@ -179,6 +179,8 @@ def _verdict_text(pt: SearchPoint) -> str:
         return MEETS
     if pt.verdict == PROBED:
         return f"{PROBED}: did not miss over {pt.metrics.sent} requests (steers the climb; never the answer)"
+    if pt.verdict == CLIENT_LAGGED:
+        return f"{CLIENT_LAGGED}: {lag_text(pt)}"
     return f"{pt.verdict}: {why_not_met(pt)}"
 
 
