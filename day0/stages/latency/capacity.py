@@ -146,13 +146,13 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
     by_load = sorted(result.points, key=lambda pt: pt.load)
     rows = [[rounded(pt.load), rounded(pt.metrics.request_throughput), pt.metrics.completed,
              *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
-             _verdict_text(pt)]
+             rounded(pt.metrics.loop_stall_ms), _verdict_text(pt)]
             for pt in by_load]
     pareto = pareto_rows(result, devices)
     evidence: dict[str, Any] = {
         "table": {"columns": [f"offered ({result.unit})", "achieved req/s", "completed",
                               *[f"{k} (ms, {result.confidence:.0%})" for k in keys], "error rate",
-                              "client lag p90 (ms)", "verdict"], "rows": rows},
+                              "client lag p90 (ms)", "client loop stall (ms)", "verdict"], "rows": rows},
         "charts": [_bounds_chart(result, by_load, sla), _pareto_chart(pareto, sla)],
         "pareto": pareto, "devices": devices,
         "axis": result.axis, "unit": result.unit,

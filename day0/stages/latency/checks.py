@@ -165,6 +165,7 @@ def throughput_checks(m: LatencyMetrics, sla: SlaSection, s: LatencySection) -> 
         ["output tokens from", m.output_tokens_source], ["per-message tokens from", m.token_source],
         ["send lag p50 (ms)", rounded(m.stats["send_lag"].percentiles.get("p50"))],
         ["send lag p99 (ms)", rounded(m.stats["send_lag"].percentiles.get("p99"))],
+        ["client loop stall, longest (ms)", rounded(m.loop_stall_ms)],
         ["total token throughput (tok/s)", rounded(m.total_token_throughput)],
     ]}
     return [

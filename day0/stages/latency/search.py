@@ -42,15 +42,17 @@ from day0.stages.latency.metrics import LatencyMetrics, tpot_of
 # point at a low rate (30 ms becoming 60 ms against a 2 s limit) from reading as a queue.
 QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
 # A point the client's event loop stalled through for more than STALL_SHARE of the tightest per-event
-# limit (TTFT, E2E, ITL) cannot miss on latency: the stall delayed sends and reads alike, so it is
-# measured again, once (``loop_stall``; TPOT, averaged over a request's tokens, is left out).
-STALL_SHARE = 0.1
+# limit (TTFT, E2E, ITL), and more than STALL_FLOOR_MS, cannot miss on latency: the stall delayed
+# sends and reads alike, so it is measured again, once (``loop_stall``; TPOT, averaged over a
+# request's tokens, is left out). The floor lets a busy host's ordinary stalls of a few tens of ms
+# stand as latency: they touch the few requests in flight, not a percentile over hundreds.
+STALL_SHARE, STALL_FLOOR_MS = 0.1, 50.0
 
 
 def stall_limit(sla: SlaSection) -> float | None:
     """The longest loop stall (ms) a point may have and still miss on latency; None: no limit it threatens."""
     limits = [limit for metric, _, limit in sla.latency_limits() if metric in ("ttft", "e2e", "itl")]
-    return STALL_SHARE * min(limits) if limits else None
+    return max(STALL_SHARE * min(limits), STALL_FLOOR_MS) if limits else None
 
 
 def confirm_size(search: CapacitySearch, requests: int) -> int:

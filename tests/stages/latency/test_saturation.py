@@ -162,10 +162,14 @@ def stalled(ttfts_ms: list[float], stall_ms: float, failed: int = 0):
 
 
 def test_a_point_the_client_stalled_through_cannot_miss_on_latency_and_is_measured_again():
-    # 300 ms TTFT limit: a stall over 30 ms turns a latency miss into "could not measure"; a meet stands
+    # 300 ms TTFT limit: a stall over 50 ms (the floor; a tenth of the limit is 30) turns a latency
+    # miss into "could not measure"; a meet stands
     limit = SlaSection.from_table({"ttft_p99_ms": 300.0})
     slow = [50.0] * 290 + [400.0] * 9
-    assert judge_point(30.0, stalled(slow, 20.0), limit).verdict == MISSES  # under the tolerance: the server's
+    assert judge_point(30.0, stalled(slow, 45.0), limit).verdict == MISSES  # under the tolerance: the server's
+    wide, slower = SlaSection.from_table({"ttft_p99_ms": 600.0}), [50.0] * 290 + [700.0] * 9  # a tenth: 60 ms
+    assert judge_point(30.0, stalled(slower, 55.0), wide).verdict == MISSES
+    assert judge_point(30.0, stalled(slower, 65.0), wide).verdict == CLIENT_LAGGED
     lagged = judge_point(30.0, stalled(slow, 262.0), limit)
     assert lagged.verdict == CLIENT_LAGGED and lagged.stall_ms == 262.0 and "stalled 262 ms" in lag_text(lagged)
     assert judge_point(30.0, stalled([50.0] * 299, 262.0), limit).verdict == MEETS
