@@ -10,6 +10,10 @@ order-statistic bounds, never by a point estimate: a p99 over 32 requests is the
 coin flip decides whether it lands under a limit. A point stops early once it has missed whatever
 its remaining requests do (:class:`ClearMiss`): an overloaded point costs a handful of requests,
 not hundreds, and frees the engine for the next.
+
+A rate search first measures what the server completes flat out (``saturation``): every rate at
+or past it misses without a point spent there, the bisection starts under it, and its answer is
+measured once more over a longer point before the search ends on it.
 """
 
 from __future__ import annotations
