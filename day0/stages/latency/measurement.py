@@ -55,7 +55,6 @@ class SearchPoint:
     lag_ms: float
     early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
     quarters_ms: tuple[float, float] | None = None  # median TTFT of its first and last quarter (search.quarter_ttfts)
-    stall_ms: float = 0.0  # the longest the client's event loop did not run during the point
 
     @property
     def unbounded(self) -> list[str]:

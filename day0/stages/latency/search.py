@@ -171,13 +171,14 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
     return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "",
-                       quarters, m.loop_stall_ms or 0.0)
+                       quarters)
 
 
 def lag_text(point: SearchPoint) -> str:
     """Why a ``client_lagged`` point concluded nothing, in words."""
-    if point.stall_ms and point.lag_ms <= 1000.0 / max(point.load, 1e-9):
-        return (f"the load generator's event loop stalled {point.stall_ms:.0f} ms (the host did not run it), and "
+    stall = point.metrics.loop_stall_ms
+    if stall and point.lag_ms <= 1000.0 / max(point.load, 1e-9):
+        return (f"the load generator's event loop stalled {stall:.0f} ms (the host did not run it), and "
                 f"that point missed only on latency")
     return f"the load generator lagged {point.lag_ms:.1f} ms (p90) behind its schedule (more than one arrival gap)"
 

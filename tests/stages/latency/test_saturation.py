@@ -171,7 +171,7 @@ def test_a_point_the_client_stalled_through_cannot_miss_on_latency_and_is_measur
     assert judge_point(30.0, stalled(slower, 55.0), wide).verdict == MISSES
     assert judge_point(30.0, stalled(slower, 65.0), wide).verdict == CLIENT_LAGGED
     lagged = judge_point(30.0, stalled(slow, 262.0), limit)
-    assert lagged.verdict == CLIENT_LAGGED and lagged.stall_ms == 262.0 and "stalled 262 ms" in lag_text(lagged)
+    assert lagged.verdict == CLIENT_LAGGED and lagged.metrics.loop_stall_ms == 262.0 and "stalled 262 ms" in lag_text(lagged)
     assert judge_point(30.0, stalled([50.0] * 299, 262.0), limit).verdict == MEETS
     assert judge_point(30.0, stalled([50.0] * 299, 262.0, failed=5), limit).misses == ["error_rate"]
 
