@@ -213,7 +213,8 @@ def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
         bounds = {k: row[i] for k, i in col.items() if k.startswith(("ttft_", "tpot_"))}
         points.append({"rate": row[0], "n": ran, "completed": row[2], "verdict": str(row[-1]).split(":")[0],
                        "bounds_ms": bounds, "why": str(row[-1])})
-    spent = a.warmup + a.day0_measure_requests + sum(p["n"] for p in points)
+    # a confirmation's row holds its point's requests too: the search's own count sends each once
+    spent = a.warmup + a.day0_measure_requests + ev.get("requests_sent", sum(p["n"] for p in points))
     note = (f"{len(points)} search points of up to {n} requests (a point that has missed stops early; its cancelled "
             f"in-flight requests not counted) + {a.warmup} warm-up + {a.day0_measure_requests} measured; "
             f"latency.capacity {cap['status']}: {cap['message']}")

@@ -103,6 +103,11 @@ class PhaseResult:
     target_offsets: list[float] = field(default_factory=list)
     workers: int = 1  # processes that drove it (day0.client.workers)
     loop_stall_ms: float | None = None  # the longest the driving event loop did not run (None: not watched)
+    loop_stalls: list[tuple[float, float]] = field(default_factory=list)  # perf_counter spans it did not run
+
+    def stalled_through(self, start: float, end: float) -> float:
+        """Seconds of [start, end] the driving loop did not run (``loop_stall``'s spans over STALL_KEEP_MS)."""
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.loop_stalls)
 
     @property
     def duration(self) -> float:
@@ -261,7 +266,8 @@ async def run_phase(
     part = Part(requests, offsets, shape.concurrency, shape.duration_s, shape.precise_timing)
     t0 = time.perf_counter()
     stop = asyncio.Event()
-    watch = asyncio.create_task(loop_stall(stop))
+    stalls: list[tuple[float, float]] = []
+    watch = asyncio.create_task(loop_stall(stop, stalls))
     try:
         results, not_sent = await drive(session, url, model, part, opts, t0=t0, phase=phase, tag=new_tag(),
                                         until=until)
@@ -269,21 +275,27 @@ async def run_phase(
         stop.set()
     ended = max((r.finished for r in results), default=time.perf_counter())
     results.sort(key=lambda r: r.scheduled)
-    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [], loop_stall_ms=await watch)
+    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [], loop_stall_ms=await watch,
+                       loop_stalls=stalls)
 
 
 STALL_TICK_S = 0.005
+STALL_KEEP_MS = 10.0  # stalls kept as spans: a shorter one moves a request's figures by a tick or two
 
 
-async def loop_stall(stop: asyncio.Event) -> float:
+async def loop_stall(stop: asyncio.Event, spans: list[tuple[float, float]] | None = None) -> float:
     """The longest stretch (ms) this event loop did not run while ``stop`` was unset, beyond the
-    tick it asked for. A loop that is not run sends nothing and reads nothing: every request due or
-    in flight then is late by that much, in the client, not the server. Measured on cpu-tiny's
+    tick it asked for; each one over STALL_KEEP_MS is appended to ``spans`` as (from, to) in
+    perf_counter seconds. A loop that is not run sends nothing and reads nothing: every request due
+    or in flight then is late by that much, in the client, not the server. Measured on cpu-tiny's
     2-core box: single stalls of 60-460 ms about a second into a phase at 30 req/s, which put 7
     TTFTs past a 300 ms limit within 45 requests: a p99 miss the server did not earn."""
     worst, last = 0.0, time.perf_counter()
     while not stop.is_set():
         await asyncio.sleep(STALL_TICK_S)
         now = time.perf_counter()
-        worst, last = max(worst, (now - last - STALL_TICK_S) * 1000.0), now
+        gap_ms = (now - last - STALL_TICK_S) * 1000.0
+        if spans is not None and gap_ms > STALL_KEEP_MS:
+            spans.append((last + STALL_TICK_S, now))  # due to wake at last + tick; nothing ran until now
+        worst, last = max(worst, gap_ms), now
     return worst

@@ -82,13 +82,13 @@ class CapacitySearch(_Table):
                                                              "when the server's /metrics showed requests waiting "
                                                              "(its batch full) in that window")
     confirm_requests: Optional[int] = Field(None, ge=0, description="with the saturation figure bounding the "
-                                                                   "search: the answer is measured once more over "
-                                                                   "this many requests before the search ends on it "
-                                                                   "(a short point that starts on an idle server "
-                                                                   "ends before a heavy load's queue settles); a miss "
-                                                                   "there moves the search below it. Default: 300 or "
-                                                                   "twice a point's requests, whichever is more; "
-                                                                   "0 = off")
+                                                                   "search: before the search ends on a rate, its "
+                                                                   "point goes on to this many requests in all, "
+                                                                   "judged as one sample (a p99 met over 299 requests "
+                                                                   "is met by chance 5% of the time where it sits at "
+                                                                   "the limit); a miss there moves the search below "
+                                                                   "it. Default: 300 or twice a point's requests, "
+                                                                   "whichever is more; 0 = off")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
                                                                  "the sustained point's achieved req/s)")
 

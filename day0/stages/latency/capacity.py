@@ -146,7 +146,7 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
     by_load = sorted(result.points, key=lambda pt: pt.load)
     rows = [[rounded(pt.load), rounded(pt.metrics.request_throughput), pt.metrics.completed,
              *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
-             rounded(pt.metrics.loop_stall_ms), _verdict_text(pt)]
+             rounded(pt.metrics.loop_stall_ms), _verdict_text(pt) + _extends_text(pt)]
             for pt in by_load]
     pareto = pareto_rows(result, devices)
     evidence: dict[str, Any] = {
@@ -158,6 +158,7 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
         "axis": result.axis, "unit": result.unit,
         "order": [rounded(pt.load) for pt in result.points], "stopped": result.stopped,
         "requests_per_point": result.requests_per_point, "probe_requests": result.probe_requests,
+        "requests_sent": result.requests_sent,
         "confidence": result.confidence,
         "saturation": None if result.saturation is None else {**asdict(result.saturation),
                                                                "applies": result.saturation.applies,
@@ -182,6 +183,12 @@ def _verdict_text(pt: SearchPoint) -> str:
     if pt.verdict == CLIENT_LAGGED:
         return f"{CLIENT_LAGGED}: {lag_text(pt)}"
     return f"{pt.verdict}: {why_not_met(pt)}"
+
+
+def _extends_text(pt: SearchPoint) -> str:
+    if not pt.extends:
+        return ""
+    return f" (its point's {pt.extends} requests and {pt.metrics.sent - pt.extends} more, judged as one sample)"
 
 
 def why_not_met(pt: SearchPoint) -> str:

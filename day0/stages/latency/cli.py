@@ -116,8 +116,9 @@ def add_search_flags(g: Any) -> None:
     g.add_argument("--search-saturation-concurrency", type=whole_number(0), metavar="N",
                    help="requests in flight while measuring saturation (default 0: all at once)")
     g.add_argument("--search-confirm-requests", type=whole_number(0), metavar="N",
-                   help="with the flat-out figure: the answer measured once more over N requests before the search "
-                        "ends on it (default: 300 or twice --search-requests, whichever is more; 0 = off)")
+                   help="with the flat-out figure: before the search ends on a rate, its point goes on to N "
+                        "requests in all, judged as one sample (default: 300 or twice --search-requests, whichever "
+                        "is more; 0 = off)")
     g.add_argument("--target-rate", type=float, metavar="REQ/S",
                    help="the load the launch must serve: the search reports the replicas it needs")
 
@@ -348,7 +349,8 @@ def format_report(run: LatencyRun, checks: Sequence[Check], show: Callable[[str]
     for sp in sorted(run.search.points if run.search else [], key=lambda x: x.load):
         bounds = ", ".join(f"{k} {'?' if lo is None else f'{lo:.1f}'}..{'?' if hi is None else f'{hi:.1f}'} ms"
                            for k, (lo, hi) in sp.bounds.items())
-        lines.append(f"search {point_load(run.search, sp.load)} ({sp.metrics.sent} requests): {bounds} -> {sp.verdict}"
+        sent = f"{sp.metrics.sent} requests" + (f": {sp.extends} + {sp.metrics.sent - sp.extends}" if sp.extends else "")
+        lines.append(f"search {point_load(run.search, sp.load)} ({sent}): {bounds} -> {sp.verdict}"
                      + (f" ({why_not_met(sp)})" if sp.misses else f" ({lag_text(sp)})" if sp.verdict == CLIENT_LAGGED
                         else ""))
     told = next((c.evidence.get("answer") for c in checks if c.id == CAPACITY and c.status == "pass"), "")

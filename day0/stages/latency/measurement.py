@@ -55,6 +55,7 @@ class SearchPoint:
     lag_ms: float
     early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
     quarters_ms: tuple[float, float] | None = None  # median TTFT of its first and last quarter (search.quarter_ttfts)
+    extends: int = 0  # requests of the earlier point at this load that ``metrics`` includes (a confirmation)
 
     @property
     def unbounded(self) -> list[str]:
@@ -106,6 +107,12 @@ class SearchResult:
     unit: str = "req/s"
     probe_requests: int = 0  # requests of a probe while the bracket climbed (0: every point full-sized)
     saturation: Saturation | None = None  # measured before a rate search (None: not measured)
+
+    @property
+    def requests_sent(self) -> int:
+        """What the search sent, the flat-out run included; a confirmation's own requests only (its
+        metrics include the point it goes on from)."""
+        return sum(pt.metrics.sent - pt.extends for pt in self.points)
 
     @property
     def first_miss(self) -> SearchPoint | None:

@@ -121,7 +121,8 @@ class LatencyMetrics:
     goodput: float | None
     slo_ms: dict[str, float]
     stats: dict[str, Stats]  # ttft, tpot, itl, itl_token, e2e, send_lag, ttft_from_send
-    samples: dict[str, list[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send; pooled itl
+    samples: dict[str, list[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send,
+    # ttft_without_stalls, e2e_without_stalls (the client loop's stalls taken out); pooled itl, itl_token
     sample_offsets_s: list[float]  # scheduled time of each successful request since t=0
     token_source: str
     output_tokens_source: str
@@ -146,6 +147,10 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
     e2e = [r.e2e * ms for r in ok]  # type: ignore[operator]
     lag = [r.send_lag * ms for r in ok]
     ttft_send = [(r.ttft - r.send_lag) * ms for r in ok]  # type: ignore[operator]
+    # the client's own stalls taken out: what a request's TTFT and E2E were at least, had its loop run
+    ttft_free = [(r.ttft - phase.stalled_through(r.scheduled, r.scheduled + r.ttft)) * ms  # type: ignore[operator]
+                 for r in ok]
+    e2e_free = [(r.e2e - phase.stalled_through(r.scheduled, r.scheduled + r.e2e)) * ms for r in ok]  # type: ignore[operator]
     tpots = [tpot_of(r) for r in ok]
     tpot = [t * ms for t in tpots if t is not None]
     itl: list[float] = []
@@ -191,6 +196,7 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
         good_requests=good, goodput=(good / dur) if good is not None else None, slo_ms=slo,
         stats=stats,
         samples={"ttft": ttft, "tpot": tpot, "e2e": e2e, "send_lag": lag, "ttft_from_send": ttft_send,
+                 "ttft_without_stalls": ttft_free, "e2e_without_stalls": e2e_free,
                  "itl": itl, "itl_token": itl_tok},
         sample_offsets_s=[r.scheduled - phase.started for r in ok],
         token_source=token_source(phase.results), output_tokens_source=out_src,
@@ -200,3 +206,32 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
                   for r in bad[:20]],
         workers=phase.workers, loop_stall_ms=phase.loop_stall_ms,
     )
+
+
+def pooled(first: LatencyMetrics, more: LatencyMetrics) -> LatencyMetrics:
+    """Two phases at one offered load as one sample: the second's requests after the first's (its
+    offsets shifted by the first's duration), counts and samples summed, figures recomputed over both.
+    A capacity search's answer holds over its point and the requests measured at that load after it.
+    The loop stall is the second phase's: the first was judged with its own already."""
+    pcts = [float(k[1:]) for k in first.stats["ttft"].percentiles]
+    samples = {k: first.samples.get(k, []) + more.samples.get(k, []) for k in (*first.samples, *more.samples)}
+    dur = first.duration_s + more.duration_s
+    completed = first.completed + more.completed
+    ins, outs = first.input_tokens + more.input_tokens, first.output_tokens + more.output_tokens
+    good = None if first.good_requests is None or more.good_requests is None else first.good_requests + more.good_requests
+
+    def summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+        return {k: a.get(k, 0) + b.get(k, 0) for k in (*a, *b)}
+
+    return LatencyMetrics(
+        sent=first.sent + more.sent, completed=completed, failed=first.failed + more.failed,
+        not_sent=first.not_sent + more.not_sent, errors=summed(first.errors, more.errors),
+        reasons=summed(first.reasons, more.reasons), duration_s=dur, input_tokens=ins, output_tokens=outs,
+        request_throughput=completed / dur, output_throughput=outs / dur, total_token_throughput=(ins + outs) / dur,
+        good_requests=good, goodput=None if good is None else good / dur, slo_ms=first.slo_ms,
+        stats={k: summarize(samples.get(k, []), pcts) for k in first.stats}, samples=samples,
+        sample_offsets_s=first.sample_offsets_s + [t + first.duration_s for t in more.sample_offsets_s],
+        token_source=first.token_source, output_tokens_source=first.output_tokens_source,
+        count_mismatches=first.count_mismatches + more.count_mismatches, offered_rate=first.offered_rate,
+        failures=(first.failures + more.failures)[:20], workers=max(first.workers, more.workers),
+        loop_stall_ms=more.loop_stall_ms, missing=first.missing)

@@ -7,13 +7,14 @@ then bisection at geometric midpoints narrows the bracket until the first missed
 the prefix-cache rule of the measured phase holds) of enough requests to bound the highest
 limited percentile (``day0.core.stats.samples_to_bound``: 299 for p99 at 95%), judged by
 order-statistic bounds, never by a point estimate: a p99 over 32 requests is their maximum, and a
-coin flip decides whether it lands under a limit. A point stops early once it has missed whatever
-its remaining requests do (:class:`ClearMiss`): an overloaded point costs a handful of requests,
-not hundreds, and frees the engine for the next.
+coin flip decides whether it lands under a limit. A full point stops early once it cannot meet
+whatever its remaining requests do (:class:`ClearMiss`; a probe once it has missed): a point above
+the answer costs the requests up to its first slow one, not hundreds, and frees the engine for the
+next.
 
 A rate search first measures what the server completes flat out (``saturation``): every rate at
 or past it misses without a point spent there, the bisection starts under it, and its answer is
-measured once more over a longer point before the search ends on it.
+judged over its point and as many requests again before the search ends on it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from day0.stages.latency.measurement import (
     SearchPoint,
     SearchResult,
 )
-from day0.stages.latency.metrics import LatencyMetrics, tpot_of
+from day0.stages.latency.metrics import LatencyMetrics, pooled, tpot_of
 
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
 # more than QUEUE_GROWTH times its first quarter's, and higher by more than QUEUE_FLOOR of the
@@ -60,8 +61,8 @@ def stall_limit(sla: SlaSection) -> float | None:
 
 
 def confirm_size(search: CapacitySearch, requests: int) -> int:
-    """Requests of the point the answer is measured over once more: ``confirm_requests``, by default
-    300 or twice a point's, whichever is more; 0 (off) when no more than a point's own."""
+    """Requests the answer's point goes on to, in all, before the search ends on it: ``confirm_requests``,
+    by default 300 or twice a point's, whichever is more; 0 (off) when no more than a point's own."""
     n = search.confirm_requests if search.confirm_requests is not None else max(300, 2 * requests)
     return n if n > requests else 0
 
@@ -74,13 +75,14 @@ def requests_per_point(search: CapacitySearch, sla: SlaSection) -> int:
 
 @dataclass
 class _Tally:
-    """One limited percentile in a :class:`ClearMiss`: values past ``limit`` (ms) seen so far, and
-    how many decide the point."""
+    """One limited percentile in a :class:`ClearMiss`: values past ``limit`` (ms) seen so far, how many
+    decide a miss, and how many keep the point from meeting (None: no count does)."""
 
     key: str
     metric: str
     limit: float
     needed: int
+    edge: int | None = None
     seen: int = 0
 
 
@@ -91,26 +93,47 @@ class ClearMiss:
     samples (``bound_ranks``): then at most l - 1 of any final sample lie within the limit, so its
     lower bound is past it (failures only shrink the sample, and n - l(n) never grows as n
     shrinks). For errors it is more failures than ``max_error_rate`` of n. ``key`` names the limit
-    that decided, ``why`` says it in words."""
+    that decided, ``why`` says it in words, ``missed`` whether the point missed.
+
+    With ``edge`` it fires sooner, once the point cannot *meet*: n - u + 1 values past a limit, u the
+    rank of the upper bound (1 for p99 over 299 requests: the upper bound is the largest value).
+    The search treats a point that does not meet as the bracket's top whether its lower bound is past
+    the limit or not, so the requests after that one decide nothing it uses; near the SLA's edge,
+    where a miss takes most of a point to prove, this is what makes a point above the answer cheap.
+    The same argument holds as for the miss: n - u(n) never grows as failures shrink n."""
 
     METRICS = {"ttft": lambda r: r.ttft, "tpot": tpot_of, "e2e": lambda r: r.e2e}  # per request, seconds
 
-    def __init__(self, sla: SlaSection, n: int) -> None:
-        self.n, self.failed, self.key, self.why = n, 0, "", ""
+    def __init__(self, sla: SlaSection, n: int, *, edge: bool = False) -> None:
+        self.n, self.failed, self.key, self.why, self.missed = n, 0, "", "", False
         self.failures_allowed = sla.max_error_rate * n
         self.tallies: list[_Tally] = []
         for metric, p, limit in sla.latency_limits():
-            lower, _ = bound_ranks(n, p, sla.confidence)
+            lower, upper = bound_ranks(n, p, sla.confidence)
             if metric in self.METRICS and lower is not None:
-                self.tallies.append(_Tally(f"{metric}_{pct_name(p)}", metric, limit, n - lower + 1))
+                self.tallies.append(_Tally(f"{metric}_{pct_name(p)}", metric, limit, n - lower + 1,
+                                           n - upper + 1 if edge and upper is not None else None))
+
+    def thresholds(self, key: str) -> tuple[int, int | None]:
+        """(values past the limit that decide a miss, those that keep the point from meeting) for ``key``."""
+        t = next(t for t in self.tallies if t.key == key)
+        return t.needed, t.edge
+
+    def count(self, m: LatencyMetrics) -> None:
+        """Start from an earlier phase at the same load (a confirmation's point): its failures and
+        values past each limit count as this sample's; only a finished sample is passed, so the rule
+        cannot have fired on it (that point met)."""
+        self.failed += m.failed
+        for t in self.tallies:
+            t.seen += sum(1 for v in m.samples.get(t.metric) or [] if v > t.limit)
 
     def __call__(self, r: RequestResult) -> bool:
-        if self.why:
+        if self.missed:
             return True
         if not r.ok:
             self.failed += 1
             if self.failed > self.failures_allowed:
-                self.key = "error_rate"
+                self.key, self.missed = "error_rate", True
                 self.why = (f"{self.failed} of {self.n} requests failed: the error rate is past max_error_rate "
                             "whatever the rest do")
             return bool(self.why)
@@ -119,10 +142,15 @@ class ClearMiss:
             if value is not None and value * 1000.0 > t.limit:
                 t.seen += 1
                 if t.seen >= t.needed:
-                    self.key = t.key
+                    self.key, self.missed = t.key, True
                     self.why = (f"{t.seen} {t.key} values past {t.limit:g} ms: the lower bound over {self.n} "
                                 "requests is past the limit whatever the rest do")
                     break
+                if t.edge is not None and t.seen >= t.edge and not self.why:
+                    self.key = t.key
+                    self.why = (f"{t.seen} {t.key} value{'s' if t.seen > 1 else ''} past {t.limit:g} ms: the "
+                                f"upper bound over {self.n} requests is past the limit whatever the rest do "
+                                "(it cannot meet)")
         return bool(self.why)
 
 
@@ -155,8 +183,12 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
     if queue and queue_grows(quarters, sla):
         misses.append("queue_growth")
     if early is not None and early.why:  # decided before the point ended: its partial sample may not show it
-        undecided = [k for k in undecided if k != early.key]
-        misses += [] if early.key in misses else [early.key]
+        # what the stop left unmeasured (no upper bound over the requests it had) is not a finding
+        undecided = [k for k in undecided if k != early.key and bounds[k][1] is not None]
+        if early.missed:
+            misses += [] if early.key in misses else [early.key]
+        elif early.key not in misses:
+            undecided.append(early.key)
     tolerated = stall_limit(sla)
     stalled = tolerated is not None and (m.loop_stall_ms or 0.0) > tolerated
     if gap_ms is not None and lag > gap_ms:
@@ -165,21 +197,48 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
         misses = lag_free(misses, m, sla)
         verdict = MISSES if misses else CLIENT_LAGGED
     elif stalled and (misses or undecided):
-        # a stall delays reads as well as sends: only failures stand (a point that met, met anyway)
-        misses = [k for k in misses if k in ("error_rate", "no_completed_requests")]
-        verdict = MISSES if misses else CLIENT_LAGGED
+        # a stall delays reads as well as sends: what stands is what the requests show with the time the
+        # client stalled through taken out (a point that met, met anyway)
+        misses, undecided = stall_free(misses, undecided, m, sla, early)
+        verdict = MISSES if misses else UNDECIDED if undecided else CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
     return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "",
                        quarters)
 
 
+def stall_free(misses: list[str], undecided: list[str], m: LatencyMetrics, sla: SlaSection,
+               early: ClearMiss | None) -> tuple[list[str], list[str]]:
+    """The misses and undecided limits that stand with each request's TTFT and E2E taken down by the
+    time the client's loop stalled through while it was in flight (``*_without_stalls``): failures,
+    and a TTFT or E2E limit that the values without the stalls still miss (or still cannot meet,
+    where the stop rule decided it: counted as it counts). TPOT, ITL and queue growth do not stand:
+    a stall sits in their gaps and no per-request figure takes it out."""
+    limits = {f"{metric}_{pct_name(p)}": (metric, p, limit) for metric, p, limit in sla.latency_limits()}
+    kept_misses = [k for k in misses if k in ("error_rate", "no_completed_requests")]
+    kept_undecided: list[str] = []
+    for key in misses + undecided:
+        metric, p, limit = limits.get(key, ("", 0.0, 0.0))
+        if metric not in ("ttft", "e2e"):
+            continue
+        values = m.samples.get(f"{metric}_without_stalls") or m.samples.get(metric) or []
+        if early is not None and early.key == key:
+            needed, edge = early.thresholds(key)
+            past = sum(1 for v in values if v > limit)
+            missed, unmet = past >= needed, edge is not None and past >= edge
+        else:
+            b = percentile_bounds(values, p, sla.confidence)
+            missed, unmet = b.lower is not None and b.lower > limit, b.upper is None or b.upper > limit
+        (kept_misses if missed else kept_undecided if unmet else []).append(key)
+    return kept_misses, kept_undecided
+
+
 def lag_text(point: SearchPoint) -> str:
     """Why a ``client_lagged`` point concluded nothing, in words."""
     stall = point.metrics.loop_stall_ms
     if stall and point.lag_ms <= 1000.0 / max(point.load, 1e-9):
-        return (f"the load generator's event loop stalled {stall:.0f} ms (the host did not run it), and "
-                f"that point missed only on latency")
+        return (f"the load generator's event loop stalled {stall:.0f} ms (the host did not run it) with the "
+                f"requests past the limit in flight: without the stall they do not decide the point")
     return f"the load generator lagged {point.lag_ms:.1f} ms (p90) behind its schedule (more than one arrival gap)"
 
 
@@ -303,8 +362,11 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
     k probes, not k full points (299 requests each for a p99).
 
     ``saturate`` (a rate search's flat-out run, ``day0.stages.latency.saturation``) goes first: a
-    figure that applies is the bracket's top, a miss named ``saturation``, and the search starts
-    ``growth`` under it with full points (nothing left to climb to)."""
+    figure F that applies is the bracket's top, a miss named ``saturation``, and the bracket is
+    [F / growth, F] with its lower end presumed, not measured: the search starts at its geometric
+    middle with full points (nothing left to climb to) and measures F / growth only when the
+    bisection comes down to it. Answers here sat at 0.52-0.96 of F, so a point at F / growth
+    would almost always have met, and told the bisection nothing it does not assume."""
     axis = axis_of(search)
     probe = search.probe_requests if 0 < search.probe_requests < requests else 0
     b = _Bracket(axis, search)
@@ -317,8 +379,8 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         sat, top = await _flat_out_top(saturate, sla, say)
         if top is not None:
             b.points.append(top)
-            b.missed = top.load
-            b.axis = replace(axis, start=top.load / search.growth, floor=top.load / search.growth / 64.0)
+            b.missed, b.presumed = top.load, top.load / search.growth
+            b.axis = replace(axis, start=axis.between(b.presumed, top.load), floor=b.presumed / 64.0)
     # with the flat-out rate as the bracket's top, overload is a rate past it, not a TTFT trend: the queue
     # rule fired at 0.64-0.88 of that rate here, on 3-second points of stable loads (docs/stages/latency.md)
     queue_rule = not (sat is not None and sat.applies)
@@ -330,11 +392,12 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         if not size and b.counted() >= search.max_points:
             return result(f"max_points ({search.max_points}) reached")
         n = size or (probe if probing else requests)
-        point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule)
+        prior = b.met_at(x) if size else None  # a confirmation goes on from the point that met there
+        point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule, prior)
         if point.verdict == CLIENT_LAGGED:  # a host's hiccup passes: the same point once more, fresh prompts
             say(f"capacity search: {b.axis.text(x)} again: {lag_text(point)}")
             b.points.append(point)
-            point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule)
+            point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule, prior)
         b.points.append(point)
         if size:
             b.confirmations += 1
@@ -360,7 +423,8 @@ class _Bracket:
     points: list[SearchPoint] = field(default_factory=list)
     met: float | None = None  # highest load that met
     missed: float | None = None  # lowest load that missed (or straddled a limit)
-    confirm: int = 0  # requests the answer is measured over once more (0: not)
+    presumed: float | None = None  # a lower end assumed until the bisection narrows to it (flat out / growth)
+    confirm: int = 0  # requests the answer's point goes on to, in all (0: not)
     confirmed: set[float] = field(default_factory=set)
     confirmations: int = 0
 
@@ -370,16 +434,23 @@ class _Bracket:
         return sum(pt.verdict not in (PROBED, CLIENT_LAGGED) and SATURATION not in pt.misses
                    for pt in self.points) - self.confirmations
 
+    def met_at(self, x: float) -> SearchPoint | None:
+        """The last point that met at load ``x`` (what a confirmation there goes on from)."""
+        return next((pt for pt in reversed(self.points) if pt.load == x and pt.verdict == MEETS), None)
+
     def lower_end(self) -> float | None:
-        """The highest load below the lowest miss that met, or that a probe found not missing."""
+        """The highest load below the lowest miss that met, or that a probe found not missing; else the
+        presumed lower end while it is below the lowest miss."""
         below = [pt.load for pt in self.points
                  if pt.verdict in (MEETS, PROBED) and (self.missed is None or pt.load < self.missed)]
+        if not below and self.presumed is not None and (self.missed is None or self.presumed < self.missed):
+            return self.presumed
         return max(below) if below else None
 
     def hopeless(self, point: SearchPoint, n: int, probing: bool) -> str:
         """Why no further point can help ("" when one can): the client lagged, a point too short to
         bound a limit at all, or a server failing every request."""
-        unbounded = point.unbounded if point.verdict == UNDECIDED and not probing else []
+        unbounded = point.unbounded if point.verdict == UNDECIDED and not probing and not point.early else []
         if point.verdict == CLIENT_LAGGED or unbounded:
             # more points would not help: more load workers would, or more requests a point
             return (f"{point.verdict} at {self.axis.text(point.load)}"
@@ -411,16 +482,16 @@ class _Bracket:
             return axis.up(x, search.growth), 0, ""
         if low is None:
             return axis.down(missed, search.growth), 0, ""
-        if low != self.met and not probing:
+        if low != self.met and low != self.presumed and not probing:
             # a full point missed above a probe: is the probe right? (measured here, a short probe at the
             # edge passed where its full point then missed, and bisection spent its points above it)
             return low, 0, ""
         if not axis.narrow(low, missed, search.precision):
             return axis.between(low, missed), 0, ""
         if low != self.met:
-            return low, 0, ""  # a probe: measured in full before the search ends on it
+            return low, 0, ""  # a probe or the presumed end: measured in full before the search ends on it
         if self.confirm and low not in self.confirmed:
-            self.confirmed.add(low)  # the answer over a longer point: nearer the queue a stable load settles to
+            self.confirmed.add(low)  # its point and more requests at that load, judged as one sample
             return low, self.confirm, ""
         return None, 0, (f"precision {search.precision:g} reached"
                          + (f"; the answer held over {self.confirm} requests" if self.confirm else ""))
@@ -435,17 +506,30 @@ async def _flat_out_top(saturate: Saturate, sla: SlaSection,
 
 
 async def _measure_point(measure_at: Callable[..., Awaitable[LatencyMetrics]], x: float, n: int, sla: SlaSection,
-                         axis: Axis, say: Callable[[str], None], probing: bool, queue: bool = True) -> SearchPoint:
+                         axis: Axis, say: Callable[[str], None], probing: bool, queue: bool = True,
+                         prior: SearchPoint | None = None) -> SearchPoint:
     """One point, judged. A probe that did not miss is ``probed``, straddling bounds included: over a
     probe's few requests (32 by default) an upper bound is the largest value or the next, so one
     host stall would make a short probe the SLA's edge and cap the bracket there; the full points
-    above it decide."""
-    say(f"capacity search: {axis.text(x)}, {n} requests" + (" (a probe: it only has to not miss)" if probing else ""))
-    rule = ClearMiss(sla, n)
-    point = judge_point(x, await measure_at(x, n, until=rule), sla, rule, gap_ms=None if axis.integer else 1000.0 / x,
-                        queue=queue)
+    above it decide.
+
+    With ``prior`` (a confirmation) the point is the ``prior`` point's requests and as many more as
+    make ``n``, judged as one sample (``metrics.pooled``): its stop rule starts from what ``prior``
+    already counted, so the extension stops once the pooled sample cannot meet."""
+    before = prior.metrics if prior is not None else None
+    more = n - before.sent if before is not None else n
+    say(f"capacity search: {axis.text(x)}, {more} requests"
+        + (" (a probe: it only has to not miss)" if probing else "")
+        + (f" more, judged with the {before.sent} of its point ({n} in all)" if before is not None else ""))
+    rule = ClearMiss(sla, n, edge=not probing)
+    if before is not None:
+        rule.count(before)
+    m = await measure_at(x, more, until=rule)
+    point = judge_point(x, pooled(before, m) if before is not None else m, sla, rule,
+                        gap_ms=None if axis.integer else 1000.0 / x, queue=queue)
+    point.extends = before.sent if before is not None else 0
     if point.early:
-        say(f"capacity search: {axis.text(x)} stopped early after {point.metrics.sent} requests: {point.early}")
+        say(f"capacity search: {axis.text(x)} stopped early after {m.sent} requests: {point.early}")
     if probing and point.verdict in (MEETS, UNDECIDED):
         point.verdict = PROBED
     return point

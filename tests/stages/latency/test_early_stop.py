@@ -1,6 +1,7 @@
-"""A capacity-search point stops once it has missed whatever its remaining requests do
-(``day0.stages.latency.search.ClearMiss``), and the load generator honours the stop
-(``day0.client.loadgen`` ``until``): fewer requests sent, those in flight cancelled."""
+"""A capacity-search point stops once it has missed whatever its remaining requests do, or (a
+full point) once it cannot meet (``day0.stages.latency.search.ClearMiss``), and the load generator
+honours the stop (``day0.client.loadgen`` ``until``): fewer requests sent, those in flight
+cancelled."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from day0.client.stream import RequestResult
 from day0.client.workload import WorkloadSpec, build_requests
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.stats import bound_ranks, percentile_bounds
-from day0.stages.latency.measurement import MISSES
+from day0.stages.latency.measurement import MEETS, MISSES, UNDECIDED
 from day0.stages.latency.search import ClearMiss, search_capacity
 from tests.stages.latency.test_search import metrics_with
 from tests.support.sse_server import Script, SSEServer
@@ -42,6 +43,38 @@ def test_the_rule_fires_at_exactly_the_count_that_decides():
     assert errors.key == "error_rate"
 
 
+def test_with_edge_the_rule_fires_once_the_point_cannot_meet_and_a_miss_still_counts_as_one():
+    _, upper = bound_ranks(299, 99.0, 0.95)
+    assert upper == 299  # p99 over 299: the upper bound is the largest value, so one value past decides
+    sla = SlaSection.from_table({"ttft_p99_ms": 100.0})
+    rule = ClearMiss(sla, 299, edge=True)
+    assert [rule(done(t)) for t in (20.0, 30.0, 250.0)] == [False, False, True]
+    assert rule.key == "ttft_p99" and not rule.missed and "cannot meet" in rule.why
+    probe = ClearMiss(sla, 299)  # without edge (a probe only has to not miss): the same values decide nothing
+    assert not any(probe(done(t)) for t in (20.0, 30.0, 250.0))
+    lower, _ = bound_ranks(299, 99.0, 0.95)
+    for _ in range(299 - lower):  # the rest of a miss: the rule goes on counting after it fired
+        rule(done(250.0))
+    assert rule.missed and "lower bound" in rule.why
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_whenever_the_edge_rule_fires_the_whole_point_would_not_have_met(seed):
+    # soundness, as for the miss: any continuation, failures included, leaves the upper bound past the
+    # limit (or no upper bound at all), so the full point would not have met
+    rng = random.Random(seed)
+    n = rng.choice([29, 32, 60, 120, 299, 598])
+    p = rng.choice([90.0, 99.0])
+    ttfts = [rng.choice([rng.uniform(10, 99)] * 9 + [rng.uniform(101, 400)]) for _ in range(n)]
+    rule = ClearMiss(SlaSection.from_table({f"ttft_p{p:g}_ms": 100.0}), n, edge=True)
+    stop = next((i for i, t in enumerate(ttfts) if rule(done(t))), None)
+    if stop is None:
+        return
+    rest = [t if rng.random() > 0.2 else None for t in ttfts[stop + 1:]]
+    upper = percentile_bounds(ttfts[:stop + 1] + [t for t in rest if t is not None], p, 0.95).upper
+    assert upper is None or upper > 100.0, (n, p, stop)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_whenever_the_rule_fires_the_whole_point_would_have_missed(seed):
     # soundness: from the first request at which the rule fires, any continuation (here: random),
@@ -58,7 +91,7 @@ def test_whenever_the_rule_fires_the_whole_point_would_have_missed(seed):
     assert percentile_bounds(sample, 90.0, 0.95).lower > 100.0, (n, stop)
 
 
-def test_a_stopped_point_misses_and_says_why_and_the_search_goes_on():
+def test_a_stopped_point_does_not_meet_and_says_why_and_the_search_goes_on():
     asked = []
 
     async def measure_at(rate: float, n: int, until=None):
@@ -74,9 +107,26 @@ def test_a_stopped_point_misses_and_says_why_and_the_search_goes_on():
     result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=2.0, precision=0.05), SLA, 32,
                                          lambda _m: None))
     over = [pt for pt in result.points if pt.load > 8]
-    assert over and all(pt.verdict == MISSES and "ttft_p90" in pt.misses and pt.early for pt in over)
-    assert all(n < 32 for rate, n in asked if rate > 8)  # 7 requests each, not 32
+    assert over and all(pt.verdict == UNDECIDED and pt.undecided == ["ttft_p90"] and pt.early for pt in over)
+    _, upper = bound_ranks(32, 90.0, 0.95)
+    assert all(n == 32 - upper + 1 for rate, n in asked if rate > 8)  # the first slow value decides, not 32
+    assert all(pt.verdict == MEETS for pt in result.points if pt.load <= 8)
     assert 8 / 1.05 <= result.sustained <= 8
+    assert "ttft_p90" in result.ceiling.undecided
+
+
+def test_a_point_that_misses_at_once_is_still_a_miss():
+    async def measure_at(rate: float, n: int, until=None):
+        sent = []
+        for _ in range(n):  # every value past the limit: the edge fires first, the miss a few later
+            sent.append(400.0)
+            if until is not None and until(done(400.0)) and until.missed:
+                break
+        return metrics_with(sent)
+
+    result = asyncio.run(search_capacity(measure_at, CapacitySearch(start_rate=2.0, probe_requests=0,
+                                                                    max_points=3), SLA, 32, lambda _m: None))
+    assert result.points and all(pt.verdict == MISSES and pt.misses == ["ttft_p90"] for pt in result.points)
 
 
 def stopped_phase(script: Script, shape: LoadShape, n: int, stop_after: int):
@@ -112,3 +162,36 @@ def test_a_closed_loop_stops_too():
                                     LoadShape(mode="concurrency", concurrency=2), 40, 5)
     # two loops: the fifth result stops both; at most the other loop's request was in flight
     assert 5 <= len(phase.results) <= 6 and received <= 7 and phase.not_sent == 40 - len(phase.results)
+
+
+def test_a_confirmation_is_its_point_and_more_judged_as_one_sample():
+    from day0.stages.latency.metrics import pooled
+
+    first = metrics_with([20.0, 30.0, 40.0], lag_ms=1.0)
+    more = metrics_with([50.0, 60.0], lag_ms=[2.0, 3.0], failed=1)
+    first.loop_stall_ms, more.loop_stall_ms = 80.0, 6.0
+    both = pooled(first, more)
+    assert both.samples["ttft"] == [20.0, 30.0, 40.0, 50.0, 60.0] and both.samples["send_lag"] == pytest.approx([1, 1, 1, 2, 3])
+    assert (both.sent, both.completed, both.failed, both.errors) == (6, 5, 1, {"http": 1})
+    assert both.duration_s == first.duration_s + more.duration_s
+    assert both.request_throughput == pytest.approx(5 / both.duration_s)
+    assert both.stats["ttft"].max == 60.0 and both.stats["ttft"].percentiles["p50"] == 40.0
+    # the second phase's offsets after the first's whole duration; the stall the part just measured
+    assert both.sample_offsets_s[3] == pytest.approx(first.duration_s + more.sample_offsets_s[0])
+    assert both.loop_stall_ms == 6.0
+
+
+def test_a_confirmation_stops_once_its_point_and_what_came_after_cannot_meet():
+    sla = SlaSection.from_table({"ttft_p99_ms": 100.0})
+    _, upper = bound_ranks(598, 99.0, 0.95)
+    allowed = 598 - upper  # values past the limit the pooled 598 may hold and still meet (1)
+    # the point met with none past the limit: the extension may have ``allowed``
+    rule = ClearMiss(sla, 598, edge=True)
+    rule.count(metrics_with([50.0] * 299))
+    assert not any(rule(done(t)) for t in [50.0] * 100 + [250.0] * allowed)
+    assert rule(done(250.0)) and not rule.missed
+    # one already past it in the point (a p90 SLA met with it) leaves one fewer to the extension
+    lax = SlaSection.from_table({"ttft_p99_ms": 100.0, "ttft_p90_ms": 1000.0})
+    rule = ClearMiss(lax, 598, edge=True)
+    rule.count(metrics_with([50.0] * 298 + [250.0]))
+    assert [rule(done(250.0)) for _ in range(allowed)][-1] is True

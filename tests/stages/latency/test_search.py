@@ -33,9 +33,11 @@ from tests.support.sse_server import Script, SSEServer, capacity, schedule, serv
 SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})  # p90 at 95%: 29 requests bound it
 
 
-def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, failed: int = 0):
-    """Measured metrics of requests whose first token came ``ttfts_ms`` after their scheduled time,
-    each sent ``lag_ms`` late (one figure for all, or one per request)."""
+def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, failed: int = 0,
+                 stalls: list[tuple[float, float]] = ()):
+    """Measured metrics of requests whose first token came ``ttfts_ms`` after their scheduled time
+    (request i scheduled at 100 + 0.01 i s), each sent ``lag_ms`` late (one figure for all, or one
+    per request), the client's loop stalled through ``stalls`` (perf_counter spans)."""
     lags = lag_ms if isinstance(lag_ms, list) else [lag_ms] * len(ttfts_ms)
     results = []
     for i, (ttft, lag) in enumerate(zip(ttfts_ms, lags)):
@@ -48,7 +50,9 @@ def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, faile
         bad = RequestResult(len(results), "search", 100.0, 100.0, 8, 4)
         bad.error, bad.reason = "http", "http_500"
         results.append(bad)
-    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 102.0), [50, 90, 99])
+    longest = max((1000.0 * (b - a) for a, b in stalls), default=None)
+    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 102.0, loop_stall_ms=longest,
+                                       loop_stalls=list(stalls)), [50, 90, 99])
 
 
 def test_a_point_is_judged_by_its_bounds_not_its_estimate():
