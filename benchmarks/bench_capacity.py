@@ -221,6 +221,9 @@ def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
     told = summary("day0", points, spent, wall, note, requests_per_point=n, check=cap["status"])
     # the check's own answer: a short point that met above a confirmation that did not is no answer
     told["sustained"] = cap.get("value") if cap["status"] == "pass" else None
+    # and its first load not met: a point stopped once it could not meet is undecided, not a miss
+    over = [p["rate"] for p in points if p["verdict"] in ("misses", "undecided")]
+    told["first_miss"] = min(over) if over else None
     return told
 
 
