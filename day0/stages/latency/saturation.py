@@ -98,7 +98,7 @@ async def measure_saturation(phase: Callable[[LoadShape], Awaitable[PhaseResult]
         result = await phase(LoadShape(mode="concurrency", concurrency=c, seed=seed))
     finally:
         watcher.cancel()
-    stopped = await watcher
+        stopped = await watcher  # never raises (_watch returns why it stopped): a failed phase leaves no task
     return saturation_of(result.results, requests, c, polls if polls else None, stopped), result
 
 

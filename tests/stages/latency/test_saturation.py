@@ -241,3 +241,21 @@ def test_a_point_the_client_stalled_through_cannot_miss_on_latency_and_is_measur
     result = asyncio.run(search_capacity(measure_at, search, limit, 299, lambda _m: None))
     check = capacity_check(result, limit, search)
     assert check.status == "error" and "stalled 300 ms" in check.message and "twice at 30 req/s" in check.message
+
+
+def test_a_flat_out_run_that_fails_leaves_no_metrics_watcher_running():
+    from day0.client.stream import ClientOptions, make_session
+    from day0.stages.latency.saturation import measure_saturation
+
+    async def broken(shape: LoadShape) -> PhaseResult:
+        await asyncio.sleep(0.05)  # the watcher has polled by now
+        raise RuntimeError("the phase broke")
+
+    async def go(url: str) -> set:
+        async with make_session(ClientOptions(), limit=0) as session:
+            with pytest.raises(RuntimeError, match="the phase broke"):
+                await measure_saturation(broken, session, url, 10, 0, 0)
+            return {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}
+
+    with SSEServer(Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=2)) as srv:
+        assert asyncio.run(go(srv.url)) == set()
