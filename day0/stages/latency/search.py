@@ -207,6 +207,11 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
                        quarters)
 
 
+def limits_by_key(sla: SlaSection) -> dict[str, tuple[str, float, float]]:
+    """Each latency limit under the key a point's misses and bounds name it by ("ttft_p99")."""
+    return {f"{metric}_{pct_name(p)}": (metric, p, limit) for metric, p, limit in sla.latency_limits()}
+
+
 def stall_free(misses: list[str], undecided: list[str], m: LatencyMetrics, sla: SlaSection,
                early: ClearMiss | None) -> tuple[list[str], list[str]]:
     """The misses and undecided limits that stand with each request's TTFT and E2E taken down by the
@@ -214,7 +219,7 @@ def stall_free(misses: list[str], undecided: list[str], m: LatencyMetrics, sla: 
     and a TTFT or E2E limit that the values without the stalls still miss (or still cannot meet,
     where the stop rule decided it: counted as it counts). TPOT, ITL and queue growth do not stand:
     a stall sits in their gaps and no per-request figure takes it out."""
-    limits = {f"{metric}_{pct_name(p)}": (metric, p, limit) for metric, p, limit in sla.latency_limits()}
+    limits = limits_by_key(sla)
     kept_misses = [k for k in misses if k in ("error_rate", "no_completed_requests")]
     kept_undecided: list[str] = []
     for key in misses + undecided:
@@ -246,7 +251,7 @@ def lag_free(misses: list[str], m: LatencyMetrics, sla: SlaSection) -> list[str]
     """The misses that stand with the client's send lag taken out: errors, TPOT and ITL (their
     clocks start after the send), and a TTFT limit whose lower bound from the actual send
     (``ttft_from_send``) is still past it. E2E and queue growth include the lag: not conclusive."""
-    limits = {f"{metric}_{pct_name(p)}": (metric, p, limit) for metric, p, limit in sla.latency_limits()}
+    limits = limits_by_key(sla)
     kept = []
     for key in misses:
         metric, p, limit = limits.get(key, (key, 0.0, 0.0))
