@@ -261,3 +261,6 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
     assert checks["kvcache.blackbox_fragmentation"].status == "pass"
     assert checks["latency.error_rate"].value == 0 and checks["latency.warmup"].status == "pass"
     assert checks["collectives.engine_tp2_matches_tp1"].status == "pass"
+    # the two probes the default run leaves out, here and nowhere else among the whole runs:
+    # TP=2 against TP=1 above, lm-eval's task accuracy against transformers
+    assert checks["risks.accuracy.task_delta"].status == "pass"

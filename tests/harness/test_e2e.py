@@ -27,7 +27,8 @@ WIDE_SLA = ("--day0-set", "sla.ttft_p90_ms=600000", "--day0-set", "sla.tpot_p90_
 
 
 # A bound on a run that ran away, not a figure: the default run with its two extra probes took 221 s
-# alone on the CI box, 559-568 s beside a second worker, and past 600 s beside another worker's engines.
+# alone on the CI box, 559-568 s beside a second worker, and past 600 s beside another worker's engines
+# (it runs without them now, test_secrets.py's keyed run with them).
 RUNAWAY_S = 1800.0
 
 
@@ -40,16 +41,14 @@ def day0_run(tmp_path: Path, *args: str, marker: str = "day0", timeout: float = 
 
 
 def test_default_profile_runs_against_a_live_server(tmp_path):
-    # with the two probes the default run leaves out (docs/stage-contract.md): a TP=2 engine against
-    # TP=1, and lm-eval's task accuracy against transformers
-    proc = day0_run(tmp_path, *WIDE_SLA, "--day0-set", "collectives.tp_equivalence=true",
-                    "--day0-set", 'risks.accuracy.tasks=["day0_tiny_qa"]')
+    # the two probes the default run leaves out (a TP=2 engine against TP=1, lm-eval's task accuracy
+    # against transformers) run in tests/core/test_secrets.py's keyed run, which needs them anyway
+    proc = day0_run(tmp_path, *WIDE_SLA)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     rec = load(tmp_path / "reports" / "latest" / "run.json")
     by_id = {c.id: c for c in rec.checks()}
-    assert by_id["collectives.engine_tp2_matches_tp1"].status == "pass"
-    assert by_id["risks.accuracy.task_delta"].status == "pass"
+    assert by_id["collectives.engine_tp2_matches_tp1"].status == "skip" and by_id["risks.accuracy.task_delta"].status == "skip"
     # every stage timed, in the record and the terminal table
     assert all(s.duration_s is not None and s.duration_s > 0 for s in rec.stages[:6]), [s.duration_s for s in rec.stages]
     assert any(line.split()[:2] == ["latency", "pass"] and line.split()[2].replace(".", "").isdigit()

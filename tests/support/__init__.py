@@ -5,4 +5,3 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
-FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"  # srun and scontrol stand-ins

@@ -2,8 +2,8 @@
 unchanged: ``sbatch scripts/slurm/day0.sbatch`` starts vLLM across the nodes through ``srun``, the
 suites run against it from the batch host, and the collective ranks start through day0's ``srun``
 launcher inside the allocation. The faults a scheduler brings (a node down, a job cancelled) are
-met by ``day0 slurm submit``. tests/engine/cluster/test_slurm_recipe.py keeps the fake-srun version
-as the fast one.
+met by ``day0 slurm submit``. (A fake-srun rehearsal of the recipe ran beside this one until
+2026-12-05: everything it checked, this run checks through the real scheduler, and CI always has it.)
 """
 
 from __future__ import annotations
