@@ -9,7 +9,7 @@ says ``go``, and merges the raw results (``day0.client.shards.merge_shards``).
 The protocol is one JSON object per line on the worker's stdin and stdout, so a node launcher
 can run the same worker on another host (see ``day0.client.shards`` for what that needs).
 ``auto_workers`` is ``latency.workers = 0``: enough processes for the offered message rate,
-no more than the cores this process may run on.
+no more than the cores this process may run on (one fewer where the server shares them).
 """
 
 from __future__ import annotations
@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -51,10 +54,44 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def server_on_this_host(url: str | None) -> bool:
+    """Whether ``url`` names this host: ``localhost`` or a literal address this host can bind (a
+    loopback or one of its own interfaces' addresses). A host name is never resolved here, so a
+    slow DNS cannot stall the choice; such a server counts as elsewhere."""
+    host = urlsplit(url or "").hostname
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if addr.is_loopback or addr.is_unspecified:
+        return True
+    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(addr), 0))
+        return True
+    except OSError:
+        return False
+
+
+def client_cores(url: str | None = None) -> int:
+    """The cores the load generator may take: the usable ones, less one where the server runs on
+    this host too, since it needs a core of its own to write what is timed. On 2 cores with the
+    scripted server on loopback, one in-process worker sustained a higher ladder rate than two
+    worker processes in 8 of 14 runs, a lower one in 2 (docs/stages/latency.md, 2026-12-05)."""
+    cores = usable_cores()
+    return max(1, cores - 1) if server_on_this_host(url) else cores
+
+
 def auto_workers(shape: LoadShape, mean_output_len: float, cores: int | None = None) -> int:
     """Workers for ``latency.workers = 0``: one per AUTO_MESSAGES_PER_WORKER offered streamed
     messages per second (open loop: rate x output length; closed loop: one per
-    AUTO_STREAMS_PER_WORKER requests in flight), at least 1, at most the usable cores."""
+    AUTO_STREAMS_PER_WORKER requests in flight), at least 1, at most ``cores`` (the caller's
+    :func:`client_cores`; else the usable cores)."""
     cores = cores or usable_cores()
     if shape.mode == "rate":
         if math.isinf(shape.request_rate):

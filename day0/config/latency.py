@@ -128,7 +128,8 @@ class LatencySection(_Table):
                                                 "its rate (its bursts kept); false = as drawn, whose rate over 60 "
                                                 "Poisson gaps is off by 13% (1 sd), one factor for all of a seed's points")
     workers: int = Field(0, ge=0, description="load-generator processes, each with its own event loop; 0 = one per "
-                                              "8000 offered streamed messages/s, at most the usable cores")
+                                              "8000 offered streamed messages/s, at most the usable cores "
+                                              "(one fewer when the server runs on this host)")
     special_token_ids: list[int] = Field([], description="ids never drawn (added to those the engine reports)")
     request_timeout_s: float = Field(300.0, gt=0, description="from send to the end of the stream")
     stall_timeout_s: float = Field(60.0, gt=0, description="longest silence between two reads")

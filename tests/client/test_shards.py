@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from day0.client.loadgen import ClientOptions, LoadShape, RequestResult, make_session, run_phase
 from day0.client.shards import ShardResult, ShardSpec, merge_shards, shard_count, split_phase
-from day0.client.workers import WorkerError, WorkerPool, auto_workers, worker_main
+from day0.client.workers import WorkerError, WorkerPool, auto_workers, client_cores, server_on_this_host, worker_main
 from day0.client.workload import WorkloadSpec, build_requests
 from day0.config.latency import LatencySection, SlaSection
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
+from day0.stages.latency.settings import load_workers
 from tests.support.sse_server import Script, SSEServer
 
 VOCAB = 300
@@ -111,6 +112,31 @@ def test_auto_workers_follow_the_offered_messages_and_stop_at_the_cores():
     assert auto_workers(LoadShape(mode="rate", request_rate=float("inf")), 64, cores=3) == 3
     assert auto_workers(LoadShape(concurrency=4), 64, cores=8) == 1
     assert auto_workers(LoadShape(concurrency=1000), 64, cores=8) == 4
+
+
+@pytest.mark.parametrize(("url", "here"), [
+    ("http://127.0.0.1:8000", True), ("http://127.8.0.2:8000/v1", True), ("http://localhost:1", True),
+    ("http://[::1]:8000", True), ("http://0.0.0.0:1", True), ("http://LOCALHOST:1", True),
+    ("http://198.51.100.7:8000", False),  # TEST-NET-2: no interface here holds it
+    ("http://gpu-node-7.example.invalid:8000", False),  # a name: never resolved, counted as elsewhere
+    ("", False), (None, False)])
+def test_a_server_on_this_host_is_told_from_one_elsewhere(url, here):
+    assert server_on_this_host(url) is here
+
+
+def test_the_client_leaves_a_core_to_a_server_on_its_host(monkeypatch):
+    """The ladder on 2 cores: with the server on loopback one in-process worker beat two worker
+    processes in 8 of 14 runs, lost in 2 (docs/stages/latency.md); a remote server leaves every core to
+    the client."""
+    import day0.client.workers as workers
+
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    assert client_cores("http://127.0.0.1:8000") == 1 and client_cores("http://198.51.100.7:8000") == 2
+    heavy = LatencySection(load="rate", request_rate=400.0, concurrency=0, output_len=64)  # 25,600 msg/s
+    assert load_workers(heavy, "http://127.0.0.1:8000") == 1 and load_workers(heavy, "http://198.51.100.7:1") == 2
+    assert load_workers(heavy.model_copy(update={"workers": 2}), "http://127.0.0.1:8000") == 2  # as set, always
+    monkeypatch.setattr(workers, "usable_cores", lambda: 1)
+    assert client_cores("http://127.0.0.1:8000") == 1  # never none
 
 
 # ----------------------------------------------------------------------------- live, against the scripted server

@@ -167,7 +167,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     client.add_argument("--workers", type=whole_number(0), metavar="N",
                         help="load-generator processes, each with its own event loop, splitting one schedule "
                              f"(default 0 = one per {AUTO_MESSAGES_PER_WORKER:g} offered streamed messages/s, at "
-                             f"most the usable cores: {usable_cores()} here)")
+                             f"most the usable cores, {usable_cores()} here, less one when the server runs on "
+                             "this host too)")
     client.add_argument("--request-timeout", type=float, metavar="S",
                         help="seconds a request may take in all before it counts as failed (default 300)")
     client.add_argument("--stall-timeout", type=float, metavar="S",

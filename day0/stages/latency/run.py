@@ -105,7 +105,7 @@ async def measure_latency(
     dataset = dataset_lengths(s, ctx)
     spec = workload_spec(s, nonce=new_nonce() if s.fresh_prompts else None, dataset=dataset, ctx=ctx)
     opts, pcts, slo = client_options(s, headers), report_percentiles(s, sla), sla.per_request_slo()
-    workers = load_workers(s)
+    workers = load_workers(s, base_url)
 
     def requests(n: int, stream: str) -> list[Request]:
         reqs = build_requests(spec, vocab, n, stream=stream)

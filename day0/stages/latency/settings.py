@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from day0.client.loadgen import ClientOptions, LoadShape
-from day0.client.workers import auto_workers
+from day0.client.workers import auto_workers, client_cores
 from day0.client.workload import WorkloadSpec
 from day0.config.errors import SettingsError
 from day0.config.latency import LatencySection, length_bounds
@@ -81,14 +81,16 @@ def search_shape(s: LatencySection, x: float) -> LoadShape:
     return load_shape(s, x)
 
 
-def load_workers(s: LatencySection) -> int:
+def load_workers(s: LatencySection, base_url: str | None = None) -> int:
     """Load-generator processes for the run: ``workers`` as set, or (0) enough for the heaviest
-    phase it will offer (the measured load or the highest sweep rate), at most the usable cores."""
+    phase it will offer (the measured load or the highest sweep rate), at most the cores the
+    client may take beside a server at ``base_url`` (``client_cores``)."""
     if s.workers:
         return s.workers
     lo, hi = length_bounds(s.output_len)
     shapes = [load_shape(s)] + [load_shape(s, rate) for rate in s.sweep_rates[-1:]]
-    return max(auto_workers(shape, (lo + hi) / 2) for shape in shapes)
+    cores = client_cores(base_url)
+    return max(auto_workers(shape, (lo + hi) / 2, cores) for shape in shapes)
 
 
 def client_options(s: LatencySection, headers: dict[str, str] | None = None) -> ClientOptions:
