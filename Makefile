@@ -20,7 +20,7 @@ demo: install
 	$(VENV)/bin/python -m pytest day0/suites -m day0 --day0-profile $(PROFILE) -v $(PYTEST_ARGS)
 
 test: install
-	@bash scripts/install-system.sh net browser slurm
+	@bash scripts/install-system.sh net browser slurm lint
 	$(VENV)/bin/ruff check day0 tests scripts benchmarks conftest.py
 	@# ~1,000 tests run a day0 command in a fresh process; where PYTHONDONTWRITEBYTECODE is set (the
 	@# suite sets it for those processes) each would compile day0's modules again (~0.25 s a process)

@@ -3,6 +3,7 @@
 #   net       iproute2 (ip, tc): the emulated multi-node cluster (network namespaces, tbf shaping)
 #   browser   chromium: the report's browser test
 #   slurm     slurmctld, slurmd, slurm-client, munge: a real Slurm on the emulated nodes
+#   lint      shellcheck: the image entrypoint's lint test
 # Otherwise it says why, and the tests decide (the browser test fails under CI=true, the
 # emulated-cluster tests skip with the reason where there is no root).
 set -euo pipefail
@@ -14,7 +15,8 @@ for group in "$@"; do
     slurm) for b in slurmctld slurmd sbatch munged; do
              command -v $b >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || { want+=(slurmctld slurmd slurm-client munge); break; }
            done ;;
-    *) echo "[install] unknown package group: $group (net, browser, slurm)" >&2; exit 2 ;;
+    lint) command -v shellcheck >/dev/null 2>&1 || want+=(shellcheck) ;;
+    *) echo "[install] unknown package group: $group (net, browser, slurm, lint)" >&2; exit 2 ;;
   esac
 done
 [[ ${#want[@]} -eq 0 ]] && exit 0

@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "host(*needs): the test needs the host's powers: 'root' (network namespaces: CAP_NET_ADMIN and "
-        "iproute2), 'browser' (headless Chromium) and/or 'slurm' (a real Slurm on emulated nodes); missing, it is skipped with the reason, and under "
+        "iproute2), 'browser' (headless Chromium), 'slurm' (a real Slurm on emulated nodes) and/or 'shellcheck'; missing, it is skipped with the reason, and under "
         "CI=true it fails with it",
     )
     config.addinivalue_line(

@@ -67,5 +67,5 @@ def test_an_unknown_or_missing_need_is_an_error_even_outside_ci(pytester: pytest
                         "@pytest.mark.host()\ndef test_empty():\n    pass\n")
     result = pytester.runpytest("-rE")
     result.assert_outcomes(errors=2)
-    result.stdout.fnmatch_lines(["*host('rooot'): unknown need (one of: root, browser, slurm)*",
+    result.stdout.fnmatch_lines(["*host('rooot'): unknown need (one of: root, browser, slurm, shellcheck)*",
                                  "*host() names no need*"])

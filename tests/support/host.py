@@ -7,11 +7,12 @@ whose ``pytest_runtest_setup`` calls :func:`require` before any fixture is set u
   :func:`day0.engine.cluster.netns.blocked_reason` asks of a host before it emulates nodes;
 * ``"browser"``: headless Chromium (``$DAY0_CHROMIUM``, or chromium/google-chrome on PATH);
 * ``"slurm"``: a real Slurm on emulated nodes: root as above, and munge, slurmctld, slurmd and the
-  clients (``scripts/install-system.sh slurm``).
+  clients (``scripts/install-system.sh slurm``);
+* ``"shellcheck"``: the shell linter the image's entrypoint is held to (``install-system.sh lint``).
 
 Missing, the test is skipped with the reason, except under ``CI=true``, where it fails with that
-reason: CI runs as root with the browser installed (``make test``), so a skip there would be a test
-that silently stopped running.
+reason: CI runs as root with every one of them installed (``make test``), so a skip there would be
+a test that silently stopped running.
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def _slurm() -> str | None:
     return _root() or slurm_missing()
 
 
+def _shellcheck() -> str | None:
+    if shutil.which("shellcheck") is None:
+        return "shellcheck not found (apt-get install -y shellcheck; make test installs it)"
+    return None
+
+
 #: need -> why this host lacks it (None: it has it)
-NEEDS: dict[str, Callable[[], str | None]] = {"root": _root, "browser": _browser, "slurm": _slurm}
+NEEDS: dict[str, Callable[[], str | None]] = {"root": _root, "browser": _browser, "slurm": _slurm,
+                                               "shellcheck": _shellcheck}
 
 
 def under_ci() -> bool:
