@@ -102,12 +102,14 @@ class PhaseResult:
     not_sent: int = 0  # kept back by the duration bound, or by a stop rule (those cancelled in flight too)
     target_offsets: list[float] = field(default_factory=list)
     workers: int = 1  # processes that drove it (day0.client.workers)
-    loop_stall_ms: float | None = None  # the longest the driving event loop did not run (None: not watched)
-    loop_stalls: list[tuple[float, float]] = field(default_factory=list)  # perf_counter spans it did not run
+    loop_stall_ms: float | None = None  # the longest a driving event loop did not run (None: not watched)
+    # perf_counter spans each driving loop did not run, by shard (0: the one loop of a one-process phase)
+    loop_stalls: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
 
-    def stalled_through(self, start: float, end: float) -> float:
-        """Seconds of [start, end] the driving loop did not run (``loop_stall``'s spans over STALL_KEEP_MS)."""
-        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.loop_stalls)
+    def stalled_through(self, start: float, end: float, shard: int = 0) -> float:
+        """Seconds of [start, end] the loop that drove ``shard`` did not run (``loop_stall``'s spans
+        over STALL_KEEP_MS). Per shard: another worker's stall did not delay this one's requests."""
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.loop_stalls.get(shard, ()))
 
     @property
     def duration(self) -> float:
@@ -265,22 +267,38 @@ async def run_phase(
     offsets = shape.offsets(len(requests))
     part = Part(requests, offsets, shape.concurrency, shape.duration_s, shape.precise_timing)
     t0 = time.perf_counter()
-    stop = asyncio.Event()
-    stalls: list[tuple[float, float]] = []
-    watch = asyncio.create_task(loop_stall(stop, stalls))
-    try:
+    async with LoopWatch() as watch:
         results, not_sent = await drive(session, url, model, part, opts, t0=t0, phase=phase, tag=new_tag(),
                                         until=until)
-    finally:
-        stop.set()
     ended = max((r.finished for r in results), default=time.perf_counter())
     results.sort(key=lambda r: r.scheduled)
-    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [], loop_stall_ms=await watch,
-                       loop_stalls=stalls)
+    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [], loop_stall_ms=watch.longest_ms,
+                       loop_stalls={0: watch.spans})
 
 
 STALL_TICK_S = 0.005
 STALL_KEEP_MS = 10.0  # stalls kept as spans: a shorter one moves a request's figures by a tick or two
+
+
+class LoopWatch:
+    """``async with LoopWatch() as w:`` runs :func:`loop_stall` on this loop for the block's
+    duration: then ``w.longest_ms`` and ``w.spans``. The one way a phase or a worker's shard is
+    watched, so both report their stalls alike."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+        self.longest_ms: float | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[float] | None = None
+
+    async def __aenter__(self) -> "LoopWatch":
+        self._task = asyncio.create_task(loop_stall(self._stop, self.spans))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._task is not None
+        self.longest_ms = await self._task
 
 
 async def loop_stall(stop: asyncio.Event, spans: list[tuple[float, float]] | None = None) -> float:

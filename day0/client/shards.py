@@ -18,12 +18,12 @@ need a start instant and results on a clock they share, which is what a node lau
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import aiohttp
 
-from day0.client.loadgen import LoadShape, Part, PhaseResult, drive
+from day0.client.loadgen import LoadShape, LoopWatch, Part, PhaseResult, drive
 from day0.client.stream import ClientOptions, RequestResult, endpoint_url
 from day0.client.workload import Request
 
@@ -64,13 +64,19 @@ class ShardResult:
     shard: int
     results: list[RequestResult]
     not_sent: int
+    loop_stall_ms: float | None = None  # the longest its worker's loop did not run (None: not watched)
+    loop_stalls: list[tuple[float, float]] = field(default_factory=list)  # the spans, on the host's clock
 
     def to_json(self) -> dict[str, Any]:
-        return {"shard": self.shard, "not_sent": self.not_sent, "results": [asdict(r) for r in self.results]}
+        return {"shard": self.shard, "not_sent": self.not_sent, "results": [asdict(r) for r in self.results],
+                "loop_stall_ms": self.loop_stall_ms, "loop_stalls": self.loop_stalls}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ShardResult":
-        return cls(int(data["shard"]), [RequestResult(**r) for r in data["results"]], int(data["not_sent"]))
+        stall = data.get("loop_stall_ms")
+        return cls(int(data["shard"]), [RequestResult(**r) for r in data["results"]], int(data["not_sent"]),
+                   None if stall is None else float(stall),
+                   [(float(a), float(b)) for a, b in data.get("loop_stalls", [])])
 
 
 def shard_count(requested: int, requests: int, shape: LoadShape) -> int:
@@ -108,18 +114,26 @@ def split_phase(base_url: str, model: str, requests: Sequence[Request], shape: L
 
 
 async def run_shard(session: aiohttp.ClientSession, spec: ShardSpec, t0: float) -> ShardResult:
-    """Run one shard from the perf_counter instant ``t0`` (the phase's t=0, shared by every shard)."""
+    """Run one shard from the perf_counter instant ``t0`` (the phase's t=0, shared by every shard),
+    its loop watched for stalls as a one-process phase's is."""
     url = endpoint_url(spec.base_url, spec.options.endpoint)
-    results, not_sent = await drive(session, url, spec.model, spec.part(), spec.options, t0=t0, phase=spec.phase,
-                                    tag=spec.tag)
-    return ShardResult(spec.shard, results, not_sent)
+    async with LoopWatch() as watch:
+        results, not_sent = await drive(session, url, spec.model, spec.part(), spec.options, t0=t0,
+                                        phase=spec.phase, tag=spec.tag)
+    for r in results:
+        r.shard = spec.shard
+    return ShardResult(spec.shard, results, not_sent, watch.longest_ms, watch.spans)
 
 
 def merge_shards(phase: str, shape: LoadShape, parts: Sequence[ShardResult], t0: float,
                  offsets: list[float]) -> PhaseResult:
     """The shards' raw results as one phase, exactly as one process would have reported it:
-    every request once, in scheduled order, the window from t0 to the last stream's end."""
+    every request once, in scheduled order, the window from t0 to the last stream's end; the
+    longest stall of any worker's loop, and each worker's stall spans under its shard (a request
+    is judged against its own worker's: ``PhaseResult.stalled_through``)."""
     results = sorted((r for p in parts for r in p.results), key=lambda r: (r.scheduled, r.index))
     ended = max((r.finished for r in results), default=t0)
+    watched = [p.loop_stall_ms for p in parts if p.loop_stall_ms is not None]
     return PhaseResult(phase, shape, results, t0, ended, sum(p.not_sent for p in parts), list(offsets),
-                       workers=len(parts))
+                       workers=len(parts), loop_stall_ms=max(watched) if watched else None,
+                       loop_stalls={p.shard: list(p.loop_stalls) for p in parts})

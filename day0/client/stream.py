@@ -81,6 +81,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     token_source: str = "content"  # weakest evidence used for a message's token count
     count_mismatch: bool = False  # per-message counts disagree with the final usage
+    shard: int = 0  # the shard (load worker) that drove it: whose loop's stalls it sat through
 
     @property
     def send_lag(self) -> float:

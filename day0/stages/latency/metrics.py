@@ -148,9 +148,9 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
     lag = [r.send_lag * ms for r in ok]
     ttft_send = [(r.ttft - r.send_lag) * ms for r in ok]  # type: ignore[operator]
     # the client's own stalls taken out: what a request's TTFT and E2E were at least, had its loop run
-    ttft_free = [(r.ttft - phase.stalled_through(r.scheduled, r.scheduled + r.ttft)) * ms  # type: ignore[operator]
+    ttft_free = [(r.ttft - phase.stalled_through(r.scheduled, r.scheduled + r.ttft, r.shard)) * ms  # type: ignore[operator]
                  for r in ok]
-    e2e_free = [(r.e2e - phase.stalled_through(r.scheduled, r.scheduled + r.e2e)) * ms for r in ok]  # type: ignore[operator]
+    e2e_free = [(r.e2e - phase.stalled_through(r.scheduled, r.scheduled + r.e2e, r.shard)) * ms for r in ok]  # type: ignore[operator]
     tpots = [tpot_of(r) for r in ok]
     tpot = [t * ms for t in tpots if t is not None]
     itl: list[float] = []

@@ -189,7 +189,7 @@ def test_the_load_generator_measures_how_long_its_own_loop_stalled():
     assert 140.0 <= asyncio.run(blocked()) < 1000.0
     # the stall as a span, which a request in flight through it has taken out of its figures
     assert any(a <= block[0] + 0.01 and b >= block[1] for a, b in spans), (spans, block)
-    phase = PhaseResult("search", LoadShape(), [], 0.0, 1.0, loop_stalls=spans)
+    phase = PhaseResult("search", LoadShape(), [], 0.0, 1.0, loop_stalls={0: spans})
     assert phase.stalled_through(block[0] - 1.0, block[1] + 1.0) >= 0.14
     assert phase.stalled_through(block[1] + 0.5, block[1] + 1.0) == 0.0
 

@@ -52,7 +52,7 @@ def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, faile
         results.append(bad)
     longest = max((1000.0 * (b - a) for a, b in stalls), default=None)
     return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 102.0, loop_stall_ms=longest,
-                                       loop_stalls=list(stalls)), [50, 90, 99])
+                                       loop_stalls={0: list(stalls)}), [50, 90, 99])
 
 
 def test_a_point_is_judged_by_its_bounds_not_its_estimate():
