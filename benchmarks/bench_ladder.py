@@ -124,13 +124,13 @@ def requests(n: int, out_len: int, seed: int) -> list[Any]:
 async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> None:
     """``workers`` load processes, or ``None``: day0's default (``latency.workers = 0``), the count
     ``auto_workers`` picks for each rate, as the latency stage and ``day0 latency`` would."""
-    from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase
+    from day0.client.loadgen import ClientOptions, LoadShape, make_streams, run_phase
     from day0.client.workers import WorkerPool, auto_workers, client_cores
 
     opts = ClientOptions()
     tool = "day0" if workers is None else "day0x1" if workers == 1 else f"day0x{workers}"
     pools: dict[int, Any] = {}
-    async with make_session(opts) as s, contextlib.AsyncExitStack() as stack:
+    async with make_streams(opts) as s, contextlib.AsyncExitStack() as stack:
 
         async def phase(reqs: list[Any], shape: Any, name: str) -> Any:
             n = workers or auto_workers(shape, a.output_len, client_cores(url))

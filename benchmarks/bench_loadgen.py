@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase  # noqa: E402
+from day0.client.loadgen import ClientOptions, LoadShape, make_streams, run_phase  # noqa: E402
 from day0.client.workload import WorkloadSpec, build_requests  # noqa: E402
 
 from sse_server import Script, SSEServer  # noqa: E402
@@ -75,7 +75,7 @@ async def run_day0(srv: SSEServer, rate: float, n: int, out_len: int, seed: int,
     opts = ClientOptions()
     reqs = build_requests(WorkloadSpec(32, out_len, seed=seed), VOCAB, n)
     shape = LoadShape(mode="rate", request_rate=rate, concurrency=0, seed=seed, precise_timing=precise)
-    async with make_session(opts) as s:
+    async with make_streams(opts) as s:
         await run_phase(s, srv.url, "scripted", reqs[:4], LoadShape(concurrency=4), opts, phase="warmup")
         srv.set_script(srv.script)  # clears the log
         cpu0 = time.process_time()

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-import aiohttp
-
 from day0.client.sse import SSEEvent, SSEParser
 from day0.client.stream import (
     ERROR_KINDS,
@@ -33,15 +31,17 @@ from day0.client.stream import (
     endpoint_url,
     fetch_models,
     make_session,
+    make_streams,
     stream_one,
     token_source,
 )
+from day0.client.wire import StreamPool
 from day0.client.workload import ARRIVALS, Request, arrival_offsets
 
 __all__ = [
     "ARRIVALS", "ERROR_KINDS", "TOKEN_SOURCES", "ClientOptions", "Endpoint", "LoadShape", "Part", "PhaseResult",
     "RequestResult", "SSEEvent", "SSEParser", "TokenAccountant", "_Failed", "build_payload", "drive",
-    "endpoint_url", "fetch_models", "make_session", "new_tag", "request_id", "run_phase", "sleep_until",
+    "endpoint_url", "fetch_models", "make_session", "make_streams", "new_tag", "request_id", "run_phase", "sleep_until",
     "stream_one", "token_source",
 ]
 
@@ -165,7 +165,7 @@ def request_id(phase: str, tag: str, index: int) -> str:
 Until = Callable[[RequestResult], bool]
 
 
-async def drive(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions, *,
+async def drive(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions, *,
                 t0: float, phase: str, tag: str, until: Until | None = None) -> tuple[list[RequestResult], int]:
     """Drive ``part`` from the perf_counter instant ``t0``; (results in send order, requests not sent).
 
@@ -173,11 +173,11 @@ async def drive(session: aiohttp.ClientSession, url: str, model: str, part: Part
     ``until`` may end the phase early: requests it kept back or cancelled count as not sent."""
     deadline = t0 + part.duration_s if part.duration_s else float("inf")
     if part.offsets is None:
-        return await _closed_loop(session, url, model, part, opts, deadline, phase, tag, until)
-    return await _open_loop(session, url, model, part, opts, t0, deadline, phase, tag, until)
+        return await _closed_loop(streams, url, model, part, opts, deadline, phase, tag, until)
+    return await _open_loop(streams, url, model, part, opts, t0, deadline, phase, tag, until)
 
 
-async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
+async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
                        deadline: float, phase: str, tag: str,
                        until: Until | None = None) -> tuple[list[RequestResult], int]:
     """``concurrency`` loops, each sending the next request when its previous one ends (scheduled = sent)."""
@@ -191,7 +191,7 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, par
             now = perf()
             if now >= deadline or stop.is_set():
                 return
-            result = await stream_one(session, url, r, model, opts, scheduled=now, phase=phase,
+            result = await stream_one(streams, url, r, model, opts, scheduled=now, phase=phase,
                                       request_id=request_id(phase, tag, r.index))
             results.append(result)
             if until is not None and until(result):
@@ -202,7 +202,7 @@ async def _closed_loop(session: aiohttp.ClientSession, url: str, model: str, par
     return results, len(part.requests) - len(results)
 
 
-async def _open_loop(session: aiohttp.ClientSession, url: str, model: str, part: Part, opts: ClientOptions,
+async def _open_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
                      t0: float, deadline: float, phase: str, tag: str,
                      until: Until | None = None) -> tuple[list[RequestResult], int]:
     """Each request at ``t0 + offset``, whatever is in flight; a cap makes it wait (inside its latency)."""
@@ -213,10 +213,10 @@ async def _open_loop(session: aiohttp.ClientSession, url: str, model: str, part:
     async def capped(r: Request, scheduled: float) -> RequestResult:
         rid = request_id(phase, tag, r.index)
         if cap is None:
-            result = await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
+            result = await stream_one(streams, url, r, model, opts, scheduled=scheduled, phase=phase, request_id=rid)
         else:
             async with cap:
-                result = await stream_one(session, url, r, model, opts, scheduled=scheduled, phase=phase,
+                result = await stream_one(streams, url, r, model, opts, scheduled=scheduled, phase=phase,
                                           request_id=rid)
         if until is not None and until(result):
             stop.set()
@@ -250,7 +250,7 @@ async def _until_stopped(tasks: list[asyncio.Task[Any]], stop: asyncio.Event) ->
 
 
 async def run_phase(
-    session: aiohttp.ClientSession,
+    streams: StreamPool,
     base_url: str,
     model: str,
     requests: Sequence[Request],
@@ -268,7 +268,7 @@ async def run_phase(
     part = Part(requests, offsets, shape.concurrency, shape.duration_s, shape.precise_timing)
     t0 = time.perf_counter()
     async with LoopWatch() as watch:
-        results, not_sent = await drive(session, url, model, part, opts, t0=t0, phase=phase, tag=new_tag(),
+        results, not_sent = await drive(streams, url, model, part, opts, t0=t0, phase=phase, tag=new_tag(),
                                         until=until)
     ended = max((r.finished for r in results), default=time.perf_counter())
     results.sort(key=lambda r: r.scheduled)

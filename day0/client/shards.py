@@ -21,10 +21,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-import aiohttp
-
 from day0.client.loadgen import LoadShape, LoopWatch, Part, PhaseResult, drive
 from day0.client.stream import ClientOptions, RequestResult, endpoint_url
+from day0.client.wire import StreamPool
 from day0.client.workload import Request
 
 
@@ -113,12 +112,12 @@ def split_phase(base_url: str, model: str, requests: Sequence[Request], shape: L
     return specs, offsets or []
 
 
-async def run_shard(session: aiohttp.ClientSession, spec: ShardSpec, t0: float) -> ShardResult:
+async def run_shard(streams: StreamPool, spec: ShardSpec, t0: float) -> ShardResult:
     """Run one shard from the perf_counter instant ``t0`` (the phase's t=0, shared by every shard),
     its loop watched for stalls as a one-process phase's is."""
     url = endpoint_url(spec.base_url, spec.options.endpoint)
     async with LoopWatch() as watch:
-        results, not_sent = await drive(session, url, spec.model, spec.part(), spec.options, t0=t0,
+        results, not_sent = await drive(streams, url, spec.model, spec.part(), spec.options, t0=t0,
                                         phase=spec.phase, tag=spec.tag)
     for r in results:
         r.shard = spec.shard

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Iterable, Literal
 import aiohttp
 
 from day0.client.sse import SSEParser
+from day0.client.wire import KEEPALIVE_S, StreamPool, WireError, request_head
 from day0.client.workload import Request
 
 Endpoint = Literal["completions", "chat"]
@@ -227,8 +228,30 @@ def _role_only(choice: dict[str, Any]) -> bool:
     return bool(delta) and "role" in delta and not _delta_text(choice) and choice.get("text") is None
 
 
+class _Timer:
+    """A 200 answer's reader: SSE framing, then each token-carrying message stamped with the instant
+    its chunk came off the socket (``day0.client.wire`` calls it from ``data_received``)."""
+
+    __slots__ = ("res", "acct", "sse", "scheduled", "done")
+
+    def __init__(self, res: RequestResult, scheduled: float) -> None:
+        self.res, self.scheduled = res, scheduled
+        self.acct, self.sse, self.done = TokenAccountant(), SSEParser(), False
+
+    def __call__(self, chunk: bytes, now: float) -> None:
+        for ev in self.sse.feed(chunk):
+            data = ev.data
+            if data == "[DONE]":
+                self.done = True
+                continue
+            n = self.acct.tokens_in(data)
+            if n > 0:
+                self.res.msg_t.append(now - self.scheduled)
+                self.res.msg_n.append(n)
+
+
 async def stream_one(
-    session: aiohttp.ClientSession,
+    streams: StreamPool,
     url: str,
     req: Request,
     model: str,
@@ -238,54 +261,32 @@ async def stream_one(
     phase: str,
     request_id: str,
 ) -> RequestResult:
-    """Send one streaming request and time every token-carrying message; never raises."""
-    payload = build_payload(req, model, opts)
-    headers = {"X-Request-Id": request_id, **opts.headers}
+    """Send one streaming request and time every token-carrying message; never raises (but is
+    cancellable: its connection closes, so the server aborts the request)."""
     res = RequestResult(req.index, phase, scheduled, 0.0, req.input_len, req.output_len)
-    acct = TokenAccountant()
+    timer = _Timer(res, scheduled)
     perf = time.perf_counter
     res.sent = perf()
     try:
+        target = streams.target(url)
+        body = json.dumps(build_payload(req, model, opts)).encode()
+        head = request_head(target, {"X-Request-Id": request_id, **opts.headers}, len(body))
         async with asyncio.timeout(opts.request_timeout_s):
-            try:
-                async with session.post(url, json=payload, headers=headers) as resp:
-                    if resp.status != 200:
-                        body = (await resp.text())[:200]
-                        raise _Failed("http_error", f"http_{resp.status}: {' '.join(body.split())}")
-                    parser = SSEParser()
-                    done = False
-                    async for chunk in resp.content.iter_any():
-                        now = perf()
-                        for ev in parser.feed(chunk):
-                            data = ev.data
-                            if data == "[DONE]":
-                                done = True
-                                continue
-                            n = acct.tokens_in(data)
-                            if n > 0:
-                                res.msg_t.append(now - scheduled)
-                                res.msg_n.append(n)
-                    if not done:
-                        cut = " mid-event" if parser.pending else ""
-                        raise _Failed("dropped_stream", f"stream ended{cut} before [DONE]")
-            except aiohttp.ClientResponseError as exc:
-                raise _Failed("http_error", f"http_{exc.status}: {exc.message}") from None
-            except aiohttp.ClientPayloadError as exc:
-                raise _Failed("dropped_stream", f"stream broken: {type(exc).__name__}") from None
-            except aiohttp.ServerDisconnectedError:
-                kind = "dropped_stream" if res.msg_t else "connection"
-                raise _Failed(kind, "server disconnected") from None
-            except aiohttp.ServerTimeoutError:
-                raise _Failed("timeout", f"no data for {opts.stall_timeout_s:g} s (stalled)") from None
-            except aiohttp.ClientConnectionError as exc:
-                raise _Failed("connection", f"{type(exc).__name__}: {exc}") from None
-    except _Failed as f:
+            answer = await streams.post(target, head, body, timer, opts.stall_timeout_s)
+        if answer.status != 200:
+            text = answer.body.decode("utf-8", "replace")[:200]
+            raise _Failed("http_error", f"http_{answer.status}: {' '.join(text.split())}")
+        if not timer.done:
+            cut = " mid-event" if timer.sse.pending else ""
+            raise _Failed("dropped_stream", f"stream ended{cut} before [DONE]")
+    except (_Failed, WireError) as f:
         res.error, res.reason = f.kind, f.reason
     except TimeoutError:
         res.error, res.reason = "timeout", f"exceeded request_timeout_s={opts.request_timeout_s:g}"
-    except (aiohttp.ClientError, ValueError, OSError) as exc:  # bad URL, odd framing: still one failed request
+    except (ValueError, OSError) as exc:  # a bad URL or header: still one failed request
         res.error, res.reason = "client_error", f"{type(exc).__name__}: {str(exc)[:160]}"
     res.finished = perf()
+    acct = timer.acct
     res.token_source = TOKEN_SOURCES[acct.weakest]
     res.prompt_tokens = acct.prompt_tokens
     msg_total = sum(res.msg_n)
@@ -323,18 +324,17 @@ async def data_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
         raise StreamCut(f"the stream ended{' mid-event' if parser.pending else ''} before [DONE]")
 
 
-KEEPALIVE_S = 4.0
+def make_streams(opts: ClientOptions) -> StreamPool:
+    """The connections of a run's timed requests (:func:`stream_one`); one per run, so warm-up
+    leaves warm keep-alive connections for the measurement."""
+    return StreamPool(opts.connect_timeout_s)
 
 
-def make_session(opts: ClientOptions, limit: int = 0) -> aiohttp.ClientSession:
-    """One session per run so warm-up leaves warm keep-alive connections for the measurement.
-
-    Idle connections are dropped after ``KEEPALIVE_S``, under the server's own keep-alive (vLLM's
-    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s): a client that keeps them longer sometimes reuses one the
-    server is closing at that moment, and the request fails as "Can not write request body", an
-    error of the client's own counted against the server (seen on a search point a few seconds
-    after a 200-request burst had left 200 idle connections)."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=KEEPALIVE_S,
+def make_session(opts: ClientOptions) -> aiohttp.ClientSession:
+    """An aiohttp session for the requests day0 makes but does not time: model lists, /metrics,
+    the payloads the parity, agents and risks stages read. Idle connections are dropped after
+    ``day0.client.wire.KEEPALIVE_S``, under the server's own keep-alive, for the reason given there."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S,
                                      enable_cleanup_closed=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_s,
                                     sock_read=opts.stall_timeout_s)

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from day0.client.loadgen import LoadShape, PhaseResult, new_tag
 from day0.client.loops import LoopKind, loop_factory
 from day0.client.shards import ShardResult, ShardSpec, merge_shards, run_shard, split_phase
-from day0.client.stream import ClientOptions, make_session
+from day0.client.stream import ClientOptions, make_streams
+from day0.client.wire import StreamPool
 from day0.client.workload import Request
 
 # Streamed messages per second one worker times within 1 ms at p99, with room to spare: the
@@ -214,10 +213,6 @@ class WorkerPool:
 # --------------------------------------------------------------------------- the worker side
 
 
-async def _open_session(opts: ClientOptions) -> aiohttp.ClientSession:
-    return make_session(opts, limit=0)
-
-
 def _read(stdin: Any) -> dict[str, Any] | None:
     line = stdin.readline()
     return json.loads(line) if line.strip() else None
@@ -227,25 +222,25 @@ def worker_main(stdin: Any = None, stdout: Any = None, loop_kind: LoopKind = "au
     """One worker: prepare a shard, say READY, wait for go, run it, print its raw results; repeat."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     loop = loop_factory(loop_kind)()
-    session: aiohttp.ClientSession | None = None
+    streams: StreamPool | None = None
     gc.collect()
     gc.freeze()  # the imports' objects never move again: a full collection stays short mid-phase
     try:
         while (msg := _read(stdin)) is not None and msg.get("cmd") == "prepare":
             spec = ShardSpec.from_json(msg["spec"])
-            if session is None:
-                session = loop.run_until_complete(_open_session(spec.options))
+            if streams is None:
+                streams = make_streams(spec.options)
             stdout.write("READY\n")
             stdout.flush()
             go = _read(stdin)
             if go is None or go.get("cmd") != "go":
                 break
-            result = loop.run_until_complete(run_shard(session, spec, float(go["t0"])))
+            result = loop.run_until_complete(run_shard(streams, spec, float(go["t0"])))
             stdout.write(json.dumps(result.to_json(), separators=(",", ":")) + "\n")
             stdout.flush()
     finally:
-        if session is not None:
-            loop.run_until_complete(session.close())
+        if streams is not None:
+            loop.run_until_complete(streams.close())
         loop.close()
     return 0
 

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase
+from day0.client.loadgen import ClientOptions, LoadShape, make_streams, run_phase
 from day0.client.workers import WorkerPool
 from day0.client.workload import WorkloadSpec, as_text, build_requests
 from day0.config.latency import LatencySection, SlaSection
@@ -69,7 +69,7 @@ def drive(srv: SSEServer, n: int, out_len: int, shape: LoadShape, opts: ClientOp
             if workers > 1:
                 async with WorkerPool(workers) as pool:
                     return await pool.run_phase(srv.url, "scripted", reqs, shape, opts)
-            async with make_session(opts, shape.concurrency) as s:
+            async with make_streams(opts) as s:
                 return await run_phase(s, srv.url, "scripted", reqs, shape, opts)
         finally:
             if w:
@@ -371,7 +371,7 @@ def test_connection_refused_is_a_counted_failure():
     reqs = build_requests(WorkloadSpec(4, 2), VOCAB, 2)
 
     async def go():
-        async with make_session(opts) as sess:
+        async with make_streams(opts) as sess:
             return await run_phase(sess, f"http://127.0.0.1:{port}", "m", reqs, LoadShape(concurrency=2), opts)
 
     phase = asyncio.run(go())

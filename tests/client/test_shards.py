@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.client.loadgen import ClientOptions, LoadShape, RequestResult, make_session, run_phase
+from day0.client.loadgen import ClientOptions, LoadShape, RequestResult, make_streams, run_phase
 from day0.client.shards import ShardResult, ShardSpec, merge_shards, shard_count, split_phase
 from day0.client.workers import WorkerError, WorkerPool, auto_workers, client_cores, server_on_this_host, worker_main
 from day0.client.workload import WorkloadSpec, build_requests
@@ -205,7 +205,7 @@ def test_a_pool_splits_every_phase_and_the_stage_reports_its_workers(server):
             split = await pool.run_phase(server.url, "scripted", reqs, shape, opts)
             closed = await pool.run_phase(server.url, "scripted", reqs[:6], LoadShape(concurrency=3), opts,
                                           phase="warmup")
-        async with make_session(opts) as s:
+        async with make_streams(opts) as s:
             one = await run_phase(s, server.url, "scripted", reqs, shape, opts)
         return split, closed, one
 

@@ -67,6 +67,21 @@ def test_byte_at_a_time_equals_whole(events, eol):
     assert [(e.data, e.event) for e in single] == [(e.data, e.event) for e in whole]
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(event_st, min_size=1, max_size=5), st.sampled_from(["\n", "\r\n"]), st.booleans())
+def test_one_event_per_chunk_equals_whole(events, eol, bom):
+    """A server writes each event as its own chunk: that case (the parser's fast path once the
+    stream has started) must give exactly what the general path gives for the same bytes."""
+    chunks = [serialize([ev], eol) for ev in events]
+    if bom:
+        chunks[0] = b"\xef\xbb\xbf" + chunks[0]
+    p = SSEParser()
+    one_by_one = [e for c in chunks for e in p.feed(c)]
+    whole = SSEParser().feed(b"".join(chunks))
+    assert [(e.data, e.event, e.id) for e in one_by_one] == [(e.data, e.event, e.id) for e in whole]
+    assert [(e.data, e.event) for e in one_by_one] == expected(events)
+
+
 @given(line_text.filter(lambda s: s != ""))
 def test_unterminated_event_is_not_dispatched_and_is_pending(text):
     p = SSEParser()

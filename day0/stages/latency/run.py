@@ -17,10 +17,12 @@ from day0.client.loadgen import (
     Until,
     fetch_models,
     make_session,
+    make_streams,
     run_phase,
 )
 from day0.client.prom import PrefixCacheWindow, PromError, prefix_cache_window, scrape, server_view
 from day0.client.spec_decode import acceptance
+from day0.client.wire import StreamPool
 from day0.client.workers import WorkerPool
 from day0.client.workload import Request, Vocab, as_text, build_requests, new_nonce, shared_share
 from day0.config.latency import LatencySection, SlaSection
@@ -58,16 +60,16 @@ class _Load:
     """Where a phase's load comes from: this process (one worker: the plain single-loop path) or
     a pool of worker processes that each drive a shard (``day0.client.workers``)."""
 
-    def __init__(self, session: aiohttp.ClientSession, pool: WorkerPool | None, base_url: str,
+    def __init__(self, session: aiohttp.ClientSession, streams: StreamPool, pool: WorkerPool | None, base_url: str,
                  opts: ClientOptions) -> None:
-        self.session, self.pool, self.base_url, self.opts = session, pool, base_url, opts
+        self.session, self.streams, self.pool, self.base_url, self.opts = session, streams, pool, base_url, opts
 
     async def phase(self, model: str, reqs: Sequence[Request], shape: LoadShape, name: str,
                     until: Until | None = None) -> PhaseResult:
         """``until`` (a stop rule) is honoured in this process only: a pool's workers run their
         shards to the end (a stop would have to cross processes mid-phase)."""
         if self.pool is None:
-            return await run_phase(self.session, self.base_url, model, reqs, shape, self.opts, phase=name, until=until)
+            return await run_phase(self.streams, self.base_url, model, reqs, shape, self.opts, phase=name, until=until)
         return await self.pool.run_phase(self.base_url, model, reqs, shape, self.opts, phase=name)
 
 
@@ -111,16 +113,15 @@ async def measure_latency(
         reqs = build_requests(spec, vocab, n, stream=stream)
         return as_text(reqs, s.seed) if s.endpoint == "chat" else reqs
 
-    # no connection cap in the HTTP client: the load shape bounds what is in flight, and a cap
-    # here would queue requests invisibly (that wait would look like server latency)
-    async with make_session(opts, limit=0) as session, contextlib.AsyncExitStack() as stack:
+    # the timed requests on their own connections (day0.client.wire); model list and /metrics on aiohttp's
+    async with make_session(opts) as session, make_streams(opts) as streams, contextlib.AsyncExitStack() as stack:
         if not model:
             names = await fetch_models(session, base_url)
             if not names:
                 raise RuntimeError(f"{base_url}/v1/models lists no model; pass the served model name")
             model = names[0]
         pool = await stack.enter_async_context(WorkerPool(workers)) if workers > 1 else None
-        load = _Load(session, pool, base_url, opts)
+        load = _Load(session, streams, pool, base_url, opts)
         warm = None
         if s.warmup_requests:
             say(f"warm-up: {s.warmup_requests} requests")

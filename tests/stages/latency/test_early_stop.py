@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from day0.client.loadgen import ClientOptions, LoadShape, make_session, run_phase
+from day0.client.loadgen import ClientOptions, LoadShape, make_streams, run_phase
 from day0.client.stream import RequestResult
 from day0.client.workload import WorkloadSpec, build_requests
 from day0.config.latency import CapacitySearch, SlaSection
@@ -140,8 +140,8 @@ def stopped_phase(script: Script, shape: LoadShape, n: int, stop_after: int):
         return len(seen) >= stop_after
 
     async def go(url: str):
-        async with make_session(ClientOptions(), limit=0) as session:
-            return await run_phase(session, url, "scripted", reqs, shape, ClientOptions(), phase="search", until=until)
+        async with make_streams(ClientOptions()) as streams:
+            return await run_phase(streams, url, "scripted", reqs, shape, ClientOptions(), phase="search", until=until)
 
     with SSEServer(script) as srv:
         phase = asyncio.run(go(srv.url))

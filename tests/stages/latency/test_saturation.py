@@ -252,7 +252,7 @@ def test_a_flat_out_run_that_fails_leaves_no_metrics_watcher_running():
         raise RuntimeError("the phase broke")
 
     async def go(url: str) -> set:
-        async with make_session(ClientOptions(), limit=0) as session:
+        async with make_session(ClientOptions()) as session:
             with pytest.raises(RuntimeError, match="the phase broke"):
                 await measure_saturation(broken, session, url, 10, 0, 0)
             return {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}

@@ -1,0 +1,262 @@
+"""The timed requests' HTTP/1.1 transport (day0.client.wire), against a raw loopback server.
+
+The server here is a labelled fake: an asyncio server in the test's own loop that answers each
+request with bytes the test wrote by hand (split, malformed, cut, slow), so every framing case and
+every failure is exact. Timing accuracy is proven elsewhere, against a scripted server in its own
+process (tests/client/test_loadgen.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import ssl
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import pytest
+
+from day0.client.loadgen import ClientOptions, stream_one
+from day0.client.wire import StreamPool, Target, parse_target, request_head
+from day0.client.workload import Request
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+REQ = Request(index=0, prompt=[1, 2, 3], input_len=3, output_len=2)
+
+
+def sse(*events: dict | str) -> bytes:
+    return b"".join(b"data: " + (e if isinstance(e, str) else json.dumps(e)).encode() + b"\n\n" for e in events)
+
+
+def token(text: str, done: int) -> dict:
+    return {"choices": [{"index": 0, "text": text}], "usage": {"prompt_tokens": 3, "completion_tokens": done}}
+
+
+STREAM = sse(token("a", 1), token("b", 2), {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+             "[DONE]")
+
+
+def chunked(body: bytes, size: int = 7) -> bytes:
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request (head and Content-Length body), or b"" at EOF."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return b""
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    return head + await reader.readexactly(length)
+
+
+class Fake:
+    """A loopback server running ``handler`` per connection; counts connections, keeps requests."""
+
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
+        self.handler, self.tls = handler, tls
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> "Fake":
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                await self.handler(r, w)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                w.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=self.tls)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.sockets[0].getsockname()[1]
+
+    def url(self, scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}/v1/completions"
+
+
+def answering(*responses: bytes, byte_by_byte: bool = False, keep: list[bytes] | None = None) -> Handler:
+    """Answer successive requests on a connection with ``responses``, then wait for EOF."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        for resp in responses:
+            req = await read_request(r)
+            if not req:
+                return
+            if keep is not None:
+                keep.append(req)
+            for piece in ([resp[i:i + 1] for i in range(len(resp))] if byte_by_byte else [resp]):
+                w.write(piece)
+                await w.drain()
+        await r.read()
+
+    return handler
+
+
+async def one(pool: StreamPool, url: str, opts: ClientOptions | None = None, rid: str = "day0-t-0"):
+    return await stream_one(pool, url, REQ, "m", opts or ClientOptions(), scheduled=time.perf_counter(), phase="t",
+                            request_id=rid)
+
+
+def test_a_stream_split_at_every_byte_is_read_whole():
+    async def go():
+        async with Fake(answering(OK_HEAD + chunked(STREAM), byte_by_byte=True)) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert res.ok, res.reason
+    assert res.msg_n == [1, 1] and res.output_tokens == 2 and res.token_source == "continuous_usage"
+    assert 0 < res.msg_t[0] <= res.msg_t[1]
+
+
+def test_keep_alive_reuses_a_connection_until_it_has_idled_too_long():
+    async def run(keepalive_s: float) -> tuple[int, list[bool]]:
+        keep: list[bytes] = []
+        async with Fake(answering(*[OK_HEAD + chunked(STREAM)] * 3, keep=keep)) as f, \
+                StreamPool(keepalive_s=keepalive_s) as pool:
+            oks = [(await one(pool, f.url(), rid=f"day0-t-{i}")).ok for i in range(3)]
+        assert [b"X-Request-Id: day0-t-%d" % i in req for i, req in enumerate(keep)] == [True] * len(keep)
+        return f.connections, oks
+
+    assert asyncio.run(run(60.0)) == (1, [True] * 3)
+    assert asyncio.run(run(0.0)) == (3, [True] * 3)  # never reused once idle: a new connection each
+
+
+@pytest.mark.parametrize(("response", "kind", "reason"), [
+    (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 24\r\n\r\n{\"error\": \"overloaded\"}\n",
+     "http_error", 'http_503: {"error": "overloaded"}'),
+    (OK_HEAD + b"zz\r\n" + STREAM, "dropped_stream", "malformed HTTP response"),
+    (OK_HEAD + chunked(STREAM[:40])[:-5], "dropped_stream", "server disconnected mid-response"),
+    (OK_HEAD + chunked(sse(token("a", 1))), "dropped_stream", "stream ended before [DONE]"),
+    (OK_HEAD + chunked(sse(token("a", 1)) + b"data: {\"choi"), "dropped_stream", "stream ended mid-event before [DONE]"),
+    (OK_HEAD + chunked(b"data: {not json\n\n"), "malformed_event", "malformed event"),
+    (b"", "connection", "server closed the connection before answering"),
+], ids=["http_503", "bad_chunk_size", "cut_mid_body", "no_done", "cut_mid_event", "not_json", "closed_unanswered"])
+def test_each_broken_answer_is_one_failed_request_that_names_why(response, kind, reason):
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(response)
+        await w.drain()  # then close: the fake's handler returns
+
+    async def go():
+        async with Fake(handler) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error) == (False, kind) and reason in res.reason, res.reason
+
+
+def test_a_cancelled_request_closes_its_connection_so_the_server_stops():
+    async def go():
+        eof = asyncio.Event()
+
+        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await read_request(r)
+            w.write(OK_HEAD + b"%x\r\n%s\r\n" % (len(sse(token("a", 1))), sse(token("a", 1))))
+            await w.drain()
+            await r.read()  # returns at the client's close
+            eof.set()
+
+        async with Fake(handler) as f, StreamPool() as pool:
+            task = asyncio.create_task(one(pool, f.url()))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(eof.wait(), 5)
+            return eof.is_set()
+
+    assert asyncio.run(go())
+
+
+def test_a_stalled_answer_times_out_on_the_stall_limit_not_the_total():
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(OK_HEAD + b"%x\r\n%s\r\n" % (len(sse(token("a", 1))), sse(token("a", 1))))
+        await w.drain()
+        await asyncio.sleep(10)
+
+    async def go():
+        async with Fake(handler) as f, StreamPool() as pool:
+            return await one(pool, f.url(), ClientOptions(stall_timeout_s=0.3, request_timeout_s=30))
+
+    res = asyncio.run(go())
+    assert (res.error, res.reason) == ("timeout", "no data for 0.3 s (stalled)")
+    assert res.msg_n == [1] and 0.3 <= res.finished - res.sent < 5
+
+
+def test_a_header_that_would_break_the_framing_is_refused_before_anything_is_sent():
+    async def go():
+        async with Fake(answering(OK_HEAD + chunked(STREAM))) as f, StreamPool() as pool:
+            res = await one(pool, f.url(), ClientOptions(headers={"X-Tenant": "a\r\nX-Admin: 1"}))
+        return res, f.connections
+
+    res, connections = asyncio.run(go())
+    assert res.error == "client_error" and "'X-Tenant'" in res.reason and connections == 0
+
+
+def test_request_head_and_targets():
+    t = parse_target("http://[::1]:8000/v1/completions?x=1")
+    assert t == Target("http", "::1", 8000, "/v1/completions?x=1") and t.host_header == "[::1]:8000"
+    assert parse_target("https://example.org/v1").host_header == "example.org"
+    head = request_head(parse_target("http://h:80/p"), {"content-type": "application/json; x=1", "Authorization": "Bearer k"}, 12)
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /p HTTP/1.1" and "Host: h" in lines and "Content-Length: 12" in lines
+    assert "content-type: application/json; x=1" in lines and "Content-Type: application/json" not in lines
+    assert head.endswith(b"\r\n\r\n")
+    for bad in ("ftp://h/x", "http:///x", "http://user:pw@h/x", "http://h:99999/x"):
+        with pytest.raises(ValueError):
+            parse_target(bad)
+
+
+def self_signed(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(the fake server's TLS context, a client context trusting only its certificate)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    (tmp / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp / "cert.pem", tmp / "key.pem")
+    return server, ssl.create_default_context(cafile=str(tmp / "cert.pem"))
+
+
+def test_https_is_verified_and_streams_like_http(tmp_path):
+    server_tls, trusting = self_signed(tmp_path)
+
+    async def go(pool_tls: ssl.SSLContext | None):
+        async with Fake(answering(OK_HEAD + chunked(STREAM)), tls=server_tls) as f, StreamPool(tls=pool_tls) as pool:
+            return await one(pool, f.url("https"))
+
+    res = asyncio.run(go(trusting))
+    assert res.ok and res.msg_n == [1, 1], res.reason
+    res = asyncio.run(go(None))  # the system's trust store has never heard of it
+    assert res.error == "connection" and "CERTIFICATE_VERIFY_FAILED" in res.reason, res.reason
