@@ -5,8 +5,9 @@ process; TTFT 50 ms, then one token every 5 ms, 64 tokens, Poisson arrivals by d
 
 - the server's own ceiling: a null client (raw sockets, no parsing) at each rate, how late the
   server wrote its tokens against its script (when that grows, the server is the limit), and the
-  null client's own TTFT error, judged as every client's is (one process that does no parsing at
-  all: where it misses too, the host's scheduling is what a 1 ms tolerance measures);
+  null client's own TTFT error, judged as every client's is (one process that parses nothing but
+  reads through asyncio's stream reader, a loop iteration after the bytes arrived: day0, stamping
+  in ``data_received``, times rates it misses; docs/stages/latency.md, "Load workers");
 - day0 as it runs by default (``latency.workers = 0``: at each rate the worker count
   ``day0.client.workers.auto_workers`` picks, shown per row), with 1 load worker, and with N
   (``--workers``, default: the usable cores);
