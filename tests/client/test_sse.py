@@ -70,8 +70,8 @@ def test_byte_at_a_time_equals_whole(events, eol):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(event_st, min_size=1, max_size=5), st.sampled_from(["\n", "\r\n"]), st.booleans())
 def test_one_event_per_chunk_equals_whole(events, eol, bom):
-    """A server writes each event as its own chunk: that case (the parser's fast path once the
-    stream has started) must give exactly what the general path gives for the same bytes."""
+    """A server writes each event as its own chunk (the timed path's commonest call): that gives
+    exactly what the same bytes give fed at once, ids included."""
     chunks = [serialize([ev], eol) for ev in events]
     if bom:
         chunks[0] = b"\xef\xbb\xbf" + chunks[0]
