@@ -7,13 +7,15 @@ first token of the 100th stream ready at once is stamped after 99 others were pa
 socket's ``data_received`` stamps the chunk and hands it, in the same call, to the request's own
 reader (``day0.client.stream``: the SSE framing and the token count); HTTP itself is parsed by
 httptools (llhttp, uvicorn's parser). Measured against ``benchmarks/fast_server.py`` (docs/stages/
-latency.md, "Load workers"): about half the client CPU per streamed message of aiohttp's path,
-which is what bounds how many streams one process can time.
+latency.md, "Load workers"): two thirds of the client CPU per streamed message that vLLM bench's
+aiohttp reader spends (day0's aiohttp path spent as much as it), which is what bounds how many
+streams one process can time.
 
 Only what a timed request needs: a POST with a JSON body, keep-alive connections per origin
-(expired under the server's keep-alive, as before), TLS for https, chunked, Content-Length and
-close-delimited bodies. Everything else day0 asks a server (model lists, /metrics, payloads it
-reads rather than times) goes through aiohttp (``day0.client.stream.make_session``).
+(expired under the server's keep-alive, as before), TLS for https, chunked and Content-Length
+bodies (a close-delimited 200 counts as cut: no OpenAI-style server sends one). Everything else
+day0 asks a server (model lists, /metrics, payloads it reads rather than times) goes through
+aiohttp (``day0.client.stream.make_session``).
 """
 
 from __future__ import annotations
