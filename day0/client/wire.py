@@ -201,6 +201,12 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def close(self) -> None:
+        """Close an idle connection politely (FIN, not RST): nothing is in flight on it."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
 
 class StreamPool:
     """The keep-alive connections of one run's timed requests, per origin: ``async with``.
@@ -226,8 +232,7 @@ class StreamPool:
     async def close(self) -> None:
         """Close every connection, and give the loop a turn so their transports finish closing."""
         for conn in self._open:
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
         self._open.clear()
         self._idle.clear()
         await asyncio.sleep(0)
@@ -274,9 +279,7 @@ class StreamPool:
             conn = idle.pop()
             if not conn.closed and now - conn.idle_since < self.keepalive_s:
                 return conn
-            conn.closed = True
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
             self._open.discard(conn)
         return await self._connect(target)
 
