@@ -23,7 +23,11 @@ first few hundred requests, and the first tool would measure that.
   day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
   Poisson arrivals and figures), all in one fresh process: a ``vllm bench serve`` process per rate
   would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed, and ``vllm bench
-  serve``'s ready-check request is counted.
+  serve``'s ready-check request is counted. Each rate's own requests (``--save-detailed``) are
+  also judged by day0's rule (95% order-statistic bounds; a rate whose bounds straddle a limit
+  tops the bracket as day0's undecided point does): the dense list's answer under that rule,
+  beside its point-estimate answer and at no extra request, tells a gap in what the two tools
+  measured from a gap in how they judge.
 - GuideLLM (``--guidellm-path DIR``, where it was ``pip install --no-deps --target``-ed, see
   README.md; with guidellm==0.8.1 the missing dependencies here were: "culsans~=0.10.0" aiologic
   wrapt eval_type_backport faker ftfy wcwidth h2 hpack hyperframe msgpack sanic sanic-routing
@@ -139,14 +143,42 @@ def meets(ttft: float | None, tpot: float | None, ok: bool, a: argparse.Namespac
     return ok and ttft is not None and tpot is not None and ttft <= a.ttft_limit_ms and tpot <= a.tpot_limit_ms
 
 
+def highest_met(points: list[dict[str, Any]], key: str = "verdict",
+                over: tuple[str, ...] = ("misses",)) -> tuple[float | None, float | None]:
+    """(the highest rate whose ``key`` meets below the lowest whose ``key`` is in ``over``, that
+    lowest rate): a tool's answer from its points."""
+    tops = [p["rate"] for p in points if p.get(key) in over]
+    first = min(tops) if tops else None
+    met = [p["rate"] for p in points if p.get(key) == "meets" and (first is None or p["rate"] < first)]
+    return (max(met) if met else None), first
+
+
 def summary(tool: str, points: list[dict[str, Any]], requests: int, wall: float, note: str = "",
             **extra: Any) -> dict[str, Any]:
     """A tool's answer from its points: the highest meeting rate below its lowest missing one."""
-    missed = [p["rate"] for p in points if p["verdict"] == "misses"]
-    first_miss = min(missed) if missed else None
-    met = [p["rate"] for p in points if p["verdict"] == "meets" and (first_miss is None or p["rate"] < first_miss)]
-    return {"tool": tool, "sustained": max(met) if met else None, "first_miss": first_miss, "requests": requests,
+    sustained, first_miss = highest_met(points)
+    return {"tool": tool, "sustained": sustained, "first_miss": first_miss, "requests": requests,
             "wall_s": round(wall, 1), "points": points, "note": note, **extra}
+
+
+def judged_by_day0(res: dict[str, Any], rate: float, a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """A dense rate's own requests (``main_async``'s result with ``--save-detailed``) judged as day0
+    judges a search point: read by day0's importer of vLLM bench results, measured by its metrics,
+    judged by its ``judge_point`` (95% order-statistic bounds; "undecided" when a limit lies between
+    them). Returns (verdict, limit key -> [lower, upper] ms). Over 300 requests a p99's upper bound
+    is their largest value, its lower bound the seventh largest: the same data under the rule
+    day0's answer is held to, so a gap left between the tools under it is in what they measured,
+    not in how they judge."""
+    from day0.client.prom import pct_name
+    from day0.config.latency import SlaSection
+    from day0.stages.latency.from_vllm import read_vllm
+    from day0.stages.latency.metrics import compute_metrics
+    from day0.stages.latency.search import judge_point
+
+    sla = SlaSection.from_table({f"{m}_{pct_name(a.percentile)}_ms": v for m, v in limits(a).items()})
+    run = read_vllm(Path(f"main_async at {rate:g} req/s"), res, "dense")
+    point = judge_point(rate, compute_metrics(run.phase, [50.0, a.percentile]), sla, queue=False)
+    return point.verdict, {k: list(v) for k, v in point.bounds.items()}
 
 
 def run_child(cmd: list[str], a: argparse.Namespace, env: dict[str, str] | None = None,
@@ -222,8 +254,7 @@ def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
     # the check's own answer: a short point that met above a confirmation that did not is no answer
     told["sustained"] = cap.get("value") if cap["status"] == "pass" else None
     # and its first load not met: a point stopped once it could not meet is undecided, not a miss
-    over = [p["rate"] for p in points if p["verdict"] in ("misses", "undecided")]
-    told["first_miss"] = min(over) if over else None
+    told["first_miss"] = highest_met(points, over=("misses", "undecided"))[1]
     return told
 
 
@@ -236,7 +267,7 @@ def vllm_argv(url: str, a: argparse.Namespace, rate: float, seed: int) -> list[s
             "--dataset-name", "random", "--random-input-len", str(a.input_len), "--random-output-len",
             str(a.output_len), "--random-range-ratio", "0", "--ignore-eos", "--num-prompts", str(a.dense_requests),
             "--request-rate", f"{rate:g}", "--seed", str(seed), "--percentile-metrics", "ttft,tpot",
-            "--metric-percentiles", f"{a.percentile:g}", "--disable-tqdm"]
+            "--metric-percentiles", f"{a.percentile:g}", "--disable-tqdm", "--save-detailed"]
 
 
 async def vllm_dense(url: str, a: argparse.Namespace) -> None:
@@ -256,9 +287,11 @@ async def vllm_dense(url: str, a: argparse.Namespace) -> None:
         ttft, tpot = res.get(f"p{word}_ttft_ms"), res.get(f"p{word}_tpot_ms")
         ok = res["completed"] == a.dense_requests and not res.get("failed")
         verdict = "meets" if meets(ttft, tpot, ok, a) else "misses"
+        by_bounds, bounds = judged_by_day0(res, rate, a)
         print(json.dumps({"rate": round(rate, 4), "n": a.dense_requests + 1 + args.num_warmups,
                           "completed": res["completed"], "verdict": verdict, "ttft_ms": ttft, "tpot_ms": tpot,
-                          "achieved": res["request_throughput"]}), flush=True)
+                          "achieved": res["request_throughput"], "by_bounds": by_bounds,
+                          "bounds_ms_95": bounds}), flush=True)
         first = first or verdict
         if verdict != first:
             return
@@ -272,7 +305,8 @@ def run_vllm(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
     out, why, wall = run_child(cmd, a)
     points = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     told = f"{len(points)} rates of {points[0]['n']} requests (the ready check included)" if points else "no rate"
-    return summary("vllm", points, sum(p["n"] for p in points), wall, f"{why}; {told}" if why else told)
+    return summary("vllm", points, sum(p["n"] for p in points), wall, f"{why}; {told}" if why else told,
+                   sustained_by_bounds=highest_met(points, "by_bounds", ("misses", "undecided"))[0])
 
 
 # --------------------------------------------------------------------------- GuideLLM
@@ -344,7 +378,18 @@ def combined(tool: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
             "drift": max(rates) / min(rates) if len(rates) > 1 else None,
             "check": next((r["check"] for r in rounds if r.get("check", "pass") != "pass"), "pass"),
             "cache": max((r["cache"] for r in rounds if r.get("cache") is not None), default=None),
+            **_by_bounds(rounds),
             "points": [p for r in rounds for p in r["points"]]}
+
+
+def _by_bounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """A dense list's answer under day0's rule over its rounds (median, and each round's); nothing
+    for a tool whose points were not judged so."""
+    if not any("sustained_by_bounds" in r for r in rounds):
+        return {}
+    each = [r.get("sustained_by_bounds") for r in rounds]
+    rates = [x for x in each if x]
+    return {"sustained_by_bounds": statistics.median(rates) if rates else None, "rounds_by_bounds": each}
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -354,9 +399,15 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
     for tool, r in results.items():
         if tool == "day0" or d0 is None or not r["points"]:
             continue
-        out[tool] = {"sustained": d0["sustained"] / r["sustained"] if d0["sustained"] and r["sustained"] else None,
-                     "requests": d0["requests"] / r["requests"] if r["requests"] else None}
+        out[tool] = {"sustained": _ratio(d0["sustained"], r["sustained"]),
+                     "requests": _ratio(d0["requests"], r["requests"])}
+        if "sustained_by_bounds" in r:
+            out[tool]["sustained_by_bounds"] = _ratio(d0["sustained"], r["sustained_by_bounds"])
     return out
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x and y else None
 
 
 def point_line(p: dict[str, Any]) -> str:
@@ -364,8 +415,12 @@ def point_line(p: dict[str, Any]) -> str:
         figures = ", ".join(f"{k} {v} ms" for k, v in p["bounds_ms"].items())
         return f"    {p['rate']:>8.4g} req/s  {p['n']:>4} req  {figures}  -> {p['why']}"
     label = f" {p['strategy']}" if p.get("strategy") not in (None, "poisson") else ""
-    return (f"    {p['rate']:>8.4g} req/s{label}  {p['n']:>4} req  ttft {fmt(p['ttft_ms'], '.1f')} ms, "
+    line = (f"    {p['rate']:>8.4g} req/s{label}  {p['n']:>4} req  ttft {fmt(p['ttft_ms'], '.1f')} ms, "
             f"tpot {fmt(p['tpot_ms'], '.1f')} ms  -> {p['verdict']}")
+    if "by_bounds" in p:
+        figures = ", ".join(f"{k} {fmt(lo, '.1f')}-{fmt(hi, '.1f')}" for k, (lo, hi) in p["bounds_ms_95"].items())
+        line += f"; by day0's rule {figures} ms -> {p['by_bounds']}"
+    return line
 
 
 def show(r: dict[str, Any]) -> None:
@@ -376,6 +431,9 @@ def show(r: dict[str, Any]) -> None:
     print(f"  -> sustained {fmt(r['sustained'])} req/s, first missed {fmt(r['first_miss'])} req/s, "
           f"{r['requests']} requests, {r['wall_s']:.1f} s; prefix-cache hits {fmt(r.get('cache'), '.1%')} of the "
           "prompt tokens it sent", flush=True)
+    if "sustained_by_bounds" in r:
+        print(f"  -> its own requests judged by day0's rule (95% bounds, undecided tops the bracket): sustained "
+              f"{fmt(r['sustained_by_bounds'])} req/s", flush=True)
 
 
 def report(rounds: list[dict[str, dict[str, Any]]], a: argparse.Namespace) -> dict[str, Any]:
@@ -397,6 +455,11 @@ def report(rounds: list[dict[str, dict[str, Any]]], a: argparse.Namespace) -> di
         per_round = ", ".join(fmt(ratios(r)[tool]["sustained"], ".3f") for r in rounds if tool in ratios(r))
         print(f"day0 / {tool}: sustained {fmt(q['sustained'], '.3f')} (by round: {per_round}), requests spent "
               f"{fmt(q['requests'], '.3f')}")
+        if "sustained_by_bounds" in q:
+            per_round = ", ".join(fmt(ratios(r)[tool].get("sustained_by_bounds"), ".3f") for r in rounds
+                                  if tool in ratios(r))
+            print(f"day0 / {tool} with {tool}'s own requests judged by day0's rule: sustained "
+                  f"{fmt(q['sustained_by_bounds'], '.3f')} (by round: {per_round})")
     return {"sla": {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
             "workload": {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson",
                          "ignore_eos": True},

@@ -1,0 +1,62 @@
+"""benchmarks/bench_capacity.py: the dense list's own requests judged by day0's rule, and a
+tool's answer read off its points (the figures the side-by-side's closing ratios rest on)."""
+
+import argparse
+import importlib.util
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+spec = importlib.util.spec_from_file_location("bench_capacity", REPO / "benchmarks" / "bench_capacity.py")
+bench = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bench
+spec.loader.exec_module(bench)
+
+SLA = argparse.Namespace(percentile=99.0, ttft_limit_ms=300.0, tpot_limit_ms=40.0)
+
+
+def dense_result(ttfts_ms: list[float], *, tpot_ms: float = 10.0, out: int = 8, failed: int = 0) -> dict:
+    """What ``main_async`` returns with ``--save-detailed``, for requests sent 50 ms apart."""
+    n = len(ttfts_ms)
+    ttft = [t / 1000.0 for t in ttfts_ms]
+    itl = [[tpot_ms / 1000.0] * (out - 1) for _ in range(n)]
+    lat = [t + sum(g) for t, g in zip(ttft, itl)]
+    errors = ["Internal Server Error" if i < failed else "" for i in range(n)]
+    start = [0.05 * i for i in range(n)]
+    return {"duration": max(s + x for s, x in zip(start, lat)), "completed": n - failed, "failed": failed,
+            "ttfts": [0.0 if e else t for t, e in zip(ttft, errors)], "itls": [[] if e else g for g, e in zip(itl, errors)],
+            "latencies": lat, "start_times": start, "queue_times": [0.0] * n, "errors": errors,
+            "input_lens": [128] * n, "output_lens": [0 if e else out for e in errors], "request_rate": 20.0,
+            "burstiness": 1.0, "max_concurrency": None}
+
+
+@pytest.mark.parametrize("past, verdict", [(0, "meets"), (1, "undecided"), (6, "undecided"), (7, "misses")])
+def test_dense_rate_is_judged_by_the_bounds_not_the_point_estimate(past, verdict):
+    """300 requests: the p99's upper bound is the largest TTFT, its lower bound the seventh largest,
+    so one slow request leaves the limit inside the interval and seven put it past it, whatever the
+    point estimate (the third largest) says."""
+    ttfts = [50.0 + i * 0.1 for i in range(300 - past)] + [900.0] * past
+    got, bounds = bench.judged_by_day0(dense_result(ttfts), 20.0, SLA)
+    assert got == verdict
+    low, high = bounds["ttft_p99"]
+    assert high == pytest.approx(900.0 if past else 79.9, abs=0.5)
+    assert (low > SLA.ttft_limit_ms) == (past >= 7)
+
+
+def test_a_failed_request_misses_and_tpot_is_judged_too():
+    assert bench.judged_by_day0(dense_result([50.0] * 300, failed=1), 20.0, SLA)[0] == "misses"
+    got, bounds = bench.judged_by_day0(dense_result([50.0] * 300, tpot_ms=45.0), 20.0, SLA)
+    assert got == "misses" and bounds["tpot_p99"][0] == pytest.approx(45.0, abs=0.5)
+
+
+def test_an_answer_is_the_highest_met_rate_below_the_first_not_met():
+    points = [{"rate": 16, "verdict": "meets", "by_bounds": "meets"},
+              {"rate": 17.6, "verdict": "meets", "by_bounds": "undecided"},
+              {"rate": 19.4, "verdict": "meets", "by_bounds": "meets"},
+              {"rate": 21.3, "verdict": "misses", "by_bounds": "misses"}]
+    assert bench.highest_met(points) == (19.4, 21.3)
+    # day0's rule: a straddled limit tops the bracket, so the met rate above it is not the answer
+    assert bench.highest_met(points, "by_bounds", ("misses", "undecided")) == (16, 17.6)
+    assert bench.highest_met(points[3:]) == (None, 21.3)
