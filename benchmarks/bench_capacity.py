@@ -5,8 +5,9 @@ This script asks it of three tools in one run, against the same server (the cpu-
 started here, or ``--url``), with the same SLA (p99 TTFT and TPOT limits, ``--percentile`` for
 another) and the same workload (``--input-len`` random tokens, ``--output-len`` tokens with EOS
 ignored, open-loop Poisson arrivals), and prints what each answered and what the answer cost. The
-server is run in first (``--server-warmup``): a fresh CPU server is several times slower for its
-first few hundred requests, and the first tool would measure that.
+server is run in first (``--server-warmup`` requests at each of ``--server-warmup-ramp`` times the
+start rate): a fresh CPU server is several times slower for its first few hundred requests, and
+the first tool would measure that.
 
 - day0: ``day0 latency --search`` (the server's flat-out rate first, 200 requests at once, as the
   bracket's top; then bisection to 5% from half of it; each point the fewest requests whose order
@@ -113,21 +114,26 @@ def serving(a: argparse.Namespace) -> Iterator[tuple[str, Path]]:
             engine.stop()
 
 
-def warm_server(url: str, tok: Path, a: argparse.Namespace) -> None:
+def warm_server(url: str, tok: Path, a: argparse.Namespace, rates: list[float] | None = None) -> None:
     """Run the server in before any tool measures it: a fresh cpu-tiny server answered its first
     few hundred requests far slower (measured here, 299 at 20 req/s: TTFT p99 1.3 s, then 0.15 s
     and 0.11 s over the next two batches of 299), so whichever tool ran first would measure that.
-    ``--server-warmup`` requests at ``--start-rate`` (day0's load generator), counted for no tool."""
+    ``--server-warmup`` requests at each of ``rates`` in turn (default: ``--start-rate``; day0's
+    load generator), counted for no tool. After a warm-up at the start rate alone, day0's first
+    round (the first tool to load the server near its edge) answered below its second in 6 of 7
+    runs (0.68-0.93 of it); ramped to three times the start rate, 0.986 and 1.032 (2 runs,
+    2026-12-05; docs/stages/latency.md)."""
     if not a.server_warmup:
         return
-    cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
-           "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(a.seed + 1000),
-           "--rate", f"{a.start_rate:g}", "--num-requests", str(a.server_warmup), "--warmup", "0",
-           "--percentiles", f"50,{a.percentile:g}", "--no-server-metrics"]
-    out, why, wall = run_child(cmd, a, ok=(0, 1))
-    ttft = next((" ".join(line.split()) for line in out.splitlines() if line.startswith("Time to first token")), "")
-    print(f"server warm-up: {a.server_warmup} requests at {a.start_rate:g} req/s in {wall:.0f} s, not counted"
-          + (f"; {why}" if why else f"; {ttft} (n, mean, std, p50, p{a.percentile:g} ms)"), flush=True)
+    for rate in rates or [a.start_rate]:
+        cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
+               "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(a.seed + 1000),
+               "--rate", f"{rate:g}", "--num-requests", str(a.server_warmup), "--warmup", "0",
+               "--percentiles", f"50,{a.percentile:g}", "--no-server-metrics"]
+        out, why, wall = run_child(cmd, a, ok=(0, 1))
+        ttft = next((" ".join(line.split()) for line in out.splitlines() if line.startswith("Time to first token")), "")
+        print(f"server warm-up: {a.server_warmup} requests at {rate:g} req/s in {wall:.0f} s, not counted"
+              + (f"; {why}" if why else f"; {ttft} (n, mean, std, p50, p{a.percentile:g} ms)"), flush=True)
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -490,7 +496,11 @@ def parse_args() -> argparse.Namespace:
                     help="day0 latency's measured phase before its search (at --start-rate)")
     ap.add_argument("--warmup", type=int, default=2, help="day0's warm-up requests")
     ap.add_argument("--server-warmup", type=int, default=300,
-                    help="requests run into the server at --start-rate before any tool measures it (0: none)")
+                    help="requests run into the server at each rate of --server-warmup-ramp before any tool measures "
+                         "it (0: none)")
+    ap.add_argument("--server-warmup-ramp", default="1,2,3", type=lambda v: [float(x) for x in v.split(",")],
+                    help="the warm-up runs --server-warmup requests at each of these multiples of --start-rate in turn "
+                         "(default 1,2,3: the batches the tools will make near the edge, not only those at the start)")
     ap.add_argument("--dense-start", type=float, default=0.0,
                     help="req/s where the dense list starts (default: --start-rate, where day0 starts too)")
     ap.add_argument("--dense-step", type=float, default=1.1, help="factor between the dense list's rates")
@@ -576,7 +586,7 @@ def main() -> int:
           f"random prompt tokens, {a.output_len} output tokens (EOS ignored), Poisson arrivals", flush=True)
     t0 = time.monotonic()
     with serving(a) as (url, tok):
-        warm_server(url, tok, a)
+        warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])
         rounds = [run_round(url, tok, a, r, skip) for r in range(a.rounds)]
     out = report(rounds, a)
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
