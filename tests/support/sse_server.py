@@ -201,14 +201,16 @@ def build_app(script: Script):
         try:
             with g_running.track_inprogress():
                 acquired = time.perf_counter()
-                resp = await serve(request, body, acquired)
+                # vLLM's TTFT and E2E histograms run from the request's arrival, its wait in the queue included
+                resp = await serve(request, body, acquired, waited=acquired - t0)
                 if "entry" in request:  # how long the slot was held: the capacity the server really had
                     request["entry"]["held_s"] = time.perf_counter() - acquired
                 return resp
         finally:
             slots(sc.slots).release()
 
-    async def serve(request: web.Request, body: dict[str, Any], t0: float) -> web.StreamResponse:
+    async def serve(request: web.Request, body: dict[str, Any], t0: float,
+                    waited: float = 0.0) -> web.StreamResponse:
         sc: Script = state["script"]
         chat = request.path.endswith("/chat/completions")
         if sc.parity and not chat:
@@ -285,13 +287,13 @@ def build_app(script: Script):
             entry["emitted"].append(now - t0)
             entry["tokens"].append(n)
             if k == 0:
-                h_ttft.labels(**lv).observe(now - t0 + sc.metrics_ttft_bias_ms / 1000.0)
+                h_ttft.labels(**lv).observe(waited + now - t0 + sc.metrics_ttft_bias_ms / 1000.0)
             else:
                 itl_hists[sc.itl_metric].labels(**lv).observe(now - last)
             last = now
         em = entry["emitted"]
         if em:
-            h_e2e.labels(**lv).observe(em[-1])
+            h_e2e.labels(**lv).observe(waited + em[-1])
             if done_tokens > 1:
                 h_tpot.labels(**lv).observe((em[-1] - em[0]) / (done_tokens - 1))
         if final_usage:

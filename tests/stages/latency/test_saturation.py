@@ -259,3 +259,32 @@ def test_a_flat_out_run_that_fails_leaves_no_metrics_watcher_running():
 
     with SSEServer(Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=2)) as srv:
         assert asyncio.run(go(srv.url)) == set()
+
+
+def test_the_slot_servers_first_token_histogram_counts_the_wait_for_a_slot():
+    """vLLM's TTFT histogram runs from a request's arrival, its wait in the queue included; the
+    scripted slot server's must mean the same, or a comparison with /metrics (bench_capacity asks
+    the server how many first tokens were past the limit) sees no queue at all. One slot, two
+    requests at once: the second waits ~110 ms for the first (10 ms + 2 gaps of 50 ms)."""
+    import json
+    import threading
+    import urllib.request
+
+    from day0.client.prom import parse_histograms, scrape_sync
+
+    def ask(url: str) -> None:
+        body = json.dumps({"model": "scripted", "prompt": "x", "max_tokens": 3, "stream": True}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
+    with SSEServer(Script(ttft_ms=[10.0], gaps_ms=[50.0], slots=1)) as srv:
+        threads = [threading.Thread(target=ask, args=(srv.url,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        h = parse_histograms(scrape_sync(srv.url))["vllm:time_to_first_token_seconds"]
+    assert h.count == 2
+    # without the wait: ~0.02 s in all; with it, the second request's first token alone is past 0.11 s
+    assert h.sum > 0.1
