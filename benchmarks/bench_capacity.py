@@ -28,7 +28,9 @@ the first tool would measure that.
   also judged by day0's rule (95% order-statistic bounds; a rate whose bounds straddle a limit
   tops the bracket as day0's undecided point does): the dense list's answer under that rule,
   beside its point-estimate answer and at no extra request, tells a gap in what the two tools
-  measured from a gap in how they judge.
+  measured from a gap in how they judge. And the server is asked what it saw: per rate, how many
+  first tokens its own histogram and vLLM bench each put past the histogram's bucket bound at or
+  above the TTFT limit (``first_tokens_past``).
 - GuideLLM (``--guidellm-path DIR``, where it was ``pip install --no-deps --target``-ed, see
   README.md; with guidellm==0.8.1 the missing dependencies here were: "culsans~=0.10.0" aiologic
   wrapt eval_type_backport faker ftfy wcwidth h2 hpack hyperframe msgpack sanic sanic-routing
@@ -43,6 +45,11 @@ moved more than 10% between two tools a minute apart in single runs here; with t
 reversed, a drift in time weighs on both tools alike, and each tool's own rounds say how far the
 edge moved under it (its ``drift``: highest / lowest sustained rate of its rounds), which is the
 floor under any agreement between tools.
+
+``--scripted-slots N`` runs every tool against the scripted slot server instead
+(``tests/support/sse_server.py``: N requests served at once, 165 ms each, the rest queued): its
+capacity is known and its edge holds still, so what the tools answer there is the tools, not the
+box (docs/stages/latency.md has the runs).
 
 The prefix cache. vLLM's random dataset builds a prompt from consecutive token ids at a random
 offset, so on cpu-tiny's 384-token vocabulary prompts often share their first blocks: 72% of the
@@ -69,6 +76,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -101,6 +109,10 @@ def serving(a: argparse.Namespace) -> Iterator[tuple[str, Path]]:
     if a.url:
         yield a.url.rstrip("/"), tok
         return
+    if getattr(a, "scripted_slots", 0):
+        with scripted_server(a) as url:
+            yield url, tok
+        return
     if not a.prefix_caching:  # the module docstring: vLLM's random prompts share blocks
         engine = profile.engine.model_copy(update={"args": {**profile.engine.args, "enable_prefix_caching": False}})
         profile = profile.model_copy(update={"engine": engine})
@@ -114,6 +126,25 @@ def serving(a: argparse.Namespace) -> Iterator[tuple[str, Path]]:
             engine.stop()
 
 
+@contextlib.contextmanager
+def scripted_server(a: argparse.Namespace) -> Iterator[str]:
+    """The scripted slot server (``tests/support/sse_server.py``): ``--scripted-slots`` requests
+    served at once, each 10 ms to its first token and 5 ms a token after it, the rest waiting for a
+    slot (FIFO), so its capacity is known and its edge holds still: TTFT past it is a queue's wait,
+    whatever else the box runs. Its first-token histogram and request gauges are vLLM's names."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from sse_server import Script, SSEServer, capacity, served_capacity
+
+    script = Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=a.scripted_slots, model_id=a.model)
+    with SSEServer(script) as srv:
+        print(f"  scripted slot server on {srv.url}: {a.scripted_slots} slots, capacity "
+              f"{capacity(script, a.output_len):.2f} req/s as scripted ({a.output_len} tokens a request)", flush=True)
+        yield srv.url
+        # its sleeps overshoot on a busy host: what it really sustained is the slots over the median hold
+        print(f"scripted slot server: sustained {served_capacity(script, srv.log()):.2f} req/s as served (slots / "
+              "the median time a request held one)", flush=True)
+
+
 def warm_server(url: str, tok: Path, a: argparse.Namespace, rates: list[float] | None = None) -> None:
     """Run the server in before any tool measures it: a fresh cpu-tiny server answered its first
     few hundred requests far slower (measured here, 299 at 20 req/s: TTFT p99 1.3 s, then 0.15 s
@@ -121,7 +152,7 @@ def warm_server(url: str, tok: Path, a: argparse.Namespace, rates: list[float] |
     ``--server-warmup`` requests at each of ``rates`` in turn (default: ``--start-rate``; day0's
     load generator), counted for no tool. After a warm-up at the start rate alone, day0's first
     round (the first tool to load the server near its edge) answered below its second in 6 of 7
-    runs (0.68-0.93 of it); ramped to three times the start rate, 0.986 and 1.032 (2 runs,
+    runs (0.68-0.93 of it); ramped to three times the start rate, 0.986, 1.032 and 0.894 (3 runs,
     2026-12-05; docs/stages/latency.md)."""
     if not a.server_warmup:
         return
@@ -276,6 +307,31 @@ def vllm_argv(url: str, a: argparse.Namespace, rate: float, seed: int) -> list[s
             "--metric-percentiles", f"{a.percentile:g}", "--disable-tqdm", "--save-detailed"]
 
 
+def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float],
+                      limit_ms: float) -> dict[str, float] | None:
+    """Of one dense rate's first tokens, how many the server's own histogram
+    (``vllm:time_to_first_token_seconds``, from the request's arrival in the engine to its first
+    token) and vLLM bench's client put past the histogram's first bucket bound at or above the TTFT
+    limit (500 ms for 300): the server as the arbiter when the two clients disagree near the edge.
+    The server's count includes vLLM bench's ready-check request. None when /metrics could not be
+    read or has no such bucket."""
+    from day0.client.prom import SERVER_METRICS, PromError, delta, parse_histograms
+
+    name = SERVER_METRICS["ttft"][0]
+    if before is None or after is None:
+        return None
+    try:
+        h = parse_histograms(after).get(name)
+        d = delta(parse_histograms(before).get(name), h) if h is not None else None
+    except PromError:
+        return None
+    bound = next((le for le, _ in d.buckets if math.isfinite(le) and le * 1000.0 >= limit_ms), None) if d else None
+    if d is None or bound is None:
+        return None
+    return {"bound_ms": bound * 1000.0, "server": round(d.total - dict(d.buckets)[bound]), "server_n": round(d.total),
+            "client": sum(1 for t in ttfts_s if t and t > bound)}
+
+
 async def vllm_dense(url: str, a: argparse.Namespace) -> None:
     """The dense rate list, one JSON line a rate: up by ``dense_step`` from ``start_rate`` until a
     rate misses (down until one meets when the first misses), at most ``dense_max_points``."""
@@ -288,8 +344,10 @@ async def vllm_dense(url: str, a: argparse.Namespace) -> None:
     rate, first = a.dense_start or a.start_rate, None
     for i in range(a.dense_max_points):
         args = parser.parse_args(vllm_argv(url, a, rate, a.seed + i))
+        before = metrics_text(url)
         with contextlib.redirect_stdout(sys.stderr):  # vLLM's own report: stdout is this process's answer
             res = await main_async(args)
+        past = first_tokens_past(before, metrics_text(url), res["ttfts"], a.ttft_limit_ms)
         ttft, tpot = res.get(f"p{word}_ttft_ms"), res.get(f"p{word}_tpot_ms")
         ok = res["completed"] == a.dense_requests and not res.get("failed")
         verdict = "meets" if meets(ttft, tpot, ok, a) else "misses"
@@ -297,7 +355,7 @@ async def vllm_dense(url: str, a: argparse.Namespace) -> None:
         print(json.dumps({"rate": round(rate, 4), "n": a.dense_requests + 1 + args.num_warmups,
                           "completed": res["completed"], "verdict": verdict, "ttft_ms": ttft, "tpot_ms": tpot,
                           "achieved": res["request_throughput"], "by_bounds": by_bounds,
-                          "bounds_ms_95": bounds}), flush=True)
+                          "bounds_ms_95": bounds, "first_tokens_past": past}), flush=True)
         first = first or verdict
         if verdict != first:
             return
@@ -426,6 +484,10 @@ def point_line(p: dict[str, Any]) -> str:
     if "by_bounds" in p:
         figures = ", ".join(f"{k} {fmt(lo, '.1f')}-{fmt(hi, '.1f')}" for k, (lo, hi) in p["bounds_ms_95"].items())
         line += f"; by day0's rule {figures} ms -> {p['by_bounds']}"
+    if p.get("first_tokens_past"):
+        q = p["first_tokens_past"]
+        line += (f"; first tokens past {q['bound_ms']:g} ms: server {q['server']} of {q['server_n']}, "
+                 f"vLLM bench {q['client']}")
     return line
 
 
@@ -514,6 +576,9 @@ def parse_args() -> argparse.Namespace:
                     help="requests a GuideLLM benchmark (default: as many as day0's search points had)")
     ap.add_argument("--guidellm-workers", type=int, default=usable_cores(),
                     help="GuideLLM's worker processes (its default, 10, swamps a small box; default: the usable cores)")
+    ap.add_argument("--scripted-slots", type=int, default=0,
+                    help="run against the scripted slot server instead (this many slots, 165 ms a 32-token request: a "
+                         "known capacity and an edge that holds still; no warm-up)")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="start the cpu-tiny server with its prefix cache on (default off: vLLM's random prompts share "
                          "blocks on its 384-token vocabulary, see the docstring)")
@@ -530,9 +595,10 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
-def cache_counters(url: str) -> str | None:
-    """The server's /metrics text, for the prefix-cache window around a tool's run; None when it
-    cannot be read (the tool's run is then shown without the share)."""
+def metrics_text(url: str) -> str | None:
+    """The server's /metrics text, for the prefix-cache window around a tool's run and the server's
+    first-token histogram around a dense rate; None when it cannot be read (the run is then shown
+    without those)."""
     from day0.client.prom import PromError, scrape_sync
 
     try:
@@ -567,9 +633,9 @@ def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set
             a.guidellm_requests = a.guidellm_requests or per_point(a, results.get("day0"))
             ra.dense_requests, ra.guidellm_requests = a.dense_requests, a.guidellm_requests
         print(f"\nround {number + 1}/{a.rounds}, {tool}: running against {url} ...", flush=True)
-        before = cache_counters(url)
+        before = metrics_text(url)
         results[tool] = runners[tool](url, tok, ra)
-        results[tool]["cache"] = cache_share(before, cache_counters(url))
+        results[tool]["cache"] = cache_share(before, metrics_text(url))
         show(results[tool])
     return {t: results[t] for t in order}
 
@@ -586,7 +652,8 @@ def main() -> int:
           f"random prompt tokens, {a.output_len} output tokens (EOS ignored), Poisson arrivals", flush=True)
     t0 = time.monotonic()
     with serving(a) as (url, tok):
-        warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])
+        if not a.scripted_slots:  # a script has nothing to warm
+            warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])
         rounds = [run_round(url, tok, a, r, skip) for r in range(a.rounds)]
     out = report(rounds, a)
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "

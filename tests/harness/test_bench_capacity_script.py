@@ -60,3 +60,26 @@ def test_an_answer_is_the_highest_met_rate_below_the_first_not_met():
     # day0's rule: a straddled limit tops the bracket, so the met rate above it is not the answer
     assert bench.highest_met(points, "by_bounds", ("misses", "undecided")) == (16, 17.6)
     assert bench.highest_met(points[3:]) == (None, 21.3)
+
+
+def ttft_histogram(counts: dict[float, int]) -> str:
+    """/metrics text with vLLM's first-token histogram: ``counts`` per bucket bound (s), cumulated."""
+    lines, total = ["# TYPE vllm:time_to_first_token_seconds histogram"], 0
+    for le in (0.25, 0.5, 0.75, 1.0):
+        total += counts.get(le, 0)
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="m"}} {total}')
+    total += counts.get(float("inf"), 0)
+    lines += [f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {total}',
+              f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {total}',
+              f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {total * 0.1}']
+    return "\n".join(lines) + "\n"
+
+
+def test_first_tokens_past_the_limit_as_the_server_and_the_client_saw_them():
+    """A 300 ms limit reads at the server's 500 ms bound; only the rate's own window counts."""
+    before = ttft_histogram({0.25: 100, 0.75: 5})
+    after = ttft_histogram({0.25: 390, 0.5: 5, 0.75: 8, float("inf"): 2})
+    got = bench.first_tokens_past(before, after, [0.1] * 296 + [0.45, 0.6, 0.9, 2.0], 300.0)
+    assert got == {"bound_ms": 500.0, "server": 5, "server_n": 300, "client": 3}
+    assert bench.first_tokens_past(None, after, [0.1], 300.0) is None
+    assert bench.first_tokens_past(before, after, [0.1], 5000.0) is None  # no finite bound that high
