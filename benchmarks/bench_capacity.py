@@ -313,8 +313,9 @@ def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float
     (``vllm:time_to_first_token_seconds``, from the request's arrival in the engine to its first
     token) and vLLM bench's client put past the histogram's first bucket bound at or above the TTFT
     limit (500 ms for 300): the server as the arbiter when the two clients disagree near the edge.
-    The server's count includes vLLM bench's ready-check request. None when /metrics could not be
-    read or has no such bucket."""
+    The scrape right after a rate can miss its last few requests (here it counted 299 of the 301
+    a rate sent, its ready check included: the server's histogram trails its last responses).
+    None when /metrics could not be read or has no such bucket."""
     from day0.client.prom import SERVER_METRICS, PromError, delta, parse_histograms
 
     name = SERVER_METRICS["ttft"][0]
