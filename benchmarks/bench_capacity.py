@@ -323,11 +323,13 @@ def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float
         return None
     try:
         h = parse_histograms(after).get(name)
-        d = delta(parse_histograms(before).get(name), h) if h is not None else None
+        if h is None:
+            return None
+        d = delta(parse_histograms(before).get(name), h)
     except PromError:
         return None
-    bound = next((le for le, _ in d.buckets if math.isfinite(le) and le * 1000.0 >= limit_ms), None) if d else None
-    if d is None or bound is None:
+    bound = next((le for le, _ in d.buckets if math.isfinite(le) and le * 1000.0 >= limit_ms), None)
+    if bound is None:
         return None
     return {"bound_ms": bound * 1000.0, "server": round(d.total - dict(d.buckets)[bound]), "server_n": round(d.total),
             "client": sum(1 for t in ttfts_s if t and t > bound)}
@@ -519,14 +521,14 @@ def report(rounds: list[dict[str, dict[str, Any]]], a: argparse.Namespace) -> di
     print("(medians over the rounds; requests and wall time of one answer; drift: the tool's own highest / lowest "
           "sustained rate over its rounds; cache: the most of a round's prompt tokens the prefix cache served, '-' where "
           "nothing was looked up: the cache off)")
-    rat = ratios(results)
+    rat, by_round = ratios(results), [ratios(r) for r in rounds]
     for tool, q in rat.items():
-        per_round = ", ".join(fmt(ratios(r)[tool]["sustained"], ".3f") for r in rounds if tool in ratios(r))
+        each = [r[tool] for r in by_round if tool in r]
+        per_round = ", ".join(fmt(r["sustained"], ".3f") for r in each)
         print(f"day0 / {tool}: sustained {fmt(q['sustained'], '.3f')} (by round: {per_round}), requests spent "
               f"{fmt(q['requests'], '.3f')}")
         if "sustained_by_bounds" in q:
-            per_round = ", ".join(fmt(ratios(r)[tool].get("sustained_by_bounds"), ".3f") for r in rounds
-                                  if tool in ratios(r))
+            per_round = ", ".join(fmt(r.get("sustained_by_bounds"), ".3f") for r in each)
             print(f"day0 / {tool} with {tool}'s own requests judged by day0's rule: sustained "
                   f"{fmt(q['sustained_by_bounds'], '.3f')} (by round: {per_round})")
     return {"sla": {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
