@@ -117,3 +117,62 @@ def samples_to_bound(p: float, confidence: float = 0.95) -> int:
     1 - q^n >= c, so n = ceil(ln(1 - c) / ln q) (299 for p99 at 95%, 29 for p90)."""
     q = p / 100.0
     return max(1, math.ceil(math.log(1.0 - confidence) / math.log(q) - 1e-9))
+
+
+# -- how independent the slow requests were ------------------------------------------------------
+#
+# The bounds above hold for independent samples. Requests that share a queue are not: near a
+# server's edge one burst of arrivals delays the next dozen requests together, so the slowest
+# requests come in runs and a sample of n says less than n independent ones would. Measured here
+# (docs/stages/latency.md, "One rate, the arms in turn"): at 47 req/s on the cpu-tiny server, the
+# 95% intervals of one workload run five times minutes apart overlapped in 1 to 4 of 10 pairs.
+
+TAIL_SHARE = 0.1  # the slowest tenth: enough samples (30 of 299) to count runs in, still the tail
+MIN_TAIL = 5  # fewer slow samples than this say nothing about how they cluster
+BURSTY = 1.5  # a factor past independent samples' noise: over 2,000 draws of 299 its largest was 1.31
+
+
+@dataclass(frozen=True)
+class TailBursts:
+    """How the slowest ``share`` of a series, taken in the order the requests were scheduled, sat
+    in time: ``slow`` samples in ``runs`` maximal runs of consecutive ones. Independent samples put
+    a slow one next to another with probability ``share``, so their runs average 1 / (1 - share)
+    (1.11 for a tenth); ``factor`` is the observed mean run over that, 1 for independent requests.
+    A count of slow requests that arrive in runs of m varies at least m times as much as an
+    independent count, so n such samples bound a percentile about as n / factor independent ones
+    would (``equivalent``): an estimate from the tenth, read as a floor for the farther tail, whose
+    runs in a queue are longer still."""
+
+    n: int
+    share: float
+    slow: int
+    runs: int
+
+    @property
+    def mean_run(self) -> float:
+        return self.slow / self.runs
+
+    @property
+    def factor(self) -> float:
+        return max(1.0, self.mean_run * (1.0 - self.slow / self.n))
+
+    @property
+    def equivalent(self) -> int:
+        return math.floor(self.n / self.factor)
+
+    @property
+    def bursty(self) -> bool:
+        return self.factor >= BURSTY
+
+
+def tail_bursts(series: Sequence[float], share: float = TAIL_SHARE) -> TailBursts | None:
+    """The runs of the slowest ``share`` of ``series`` (in schedule order); None when that share
+    holds fewer than MIN_TAIL samples. Ties at the threshold count as slow, all of them."""
+    n = len(series)
+    k = math.floor(n * share)
+    if not 0 < share < 1 or k < MIN_TAIL:
+        return None
+    threshold = sorted(series)[n - k]
+    slow = [x >= threshold for x in series]
+    runs = sum(1 for i, s in enumerate(slow) if s and (i == 0 or not slow[i - 1]))
+    return TailBursts(n, share, sum(slow), runs)

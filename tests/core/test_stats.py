@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from day0.core.stats import binomial_cdf, percentile, percentile_bounds, samples_to_bound
+from day0.core.stats import BURSTY, binomial_cdf, percentile, percentile_bounds, samples_to_bound, tail_bursts
 
 
 def exact_cdf(k: int, n: int, q: float) -> float:
@@ -67,3 +67,47 @@ def test_a_million_samples_are_bounded_in_less_time_than_one_pass_over_them():
     b = percentile_bounds(v, 99, presorted=True)
     assert time.process_time() - t0 < one_pass
     assert b.lower < 0.99 < b.upper and b.upper - b.lower < 0.001
+
+
+def queue_like(rng: random.Random, n: int, run: int) -> list[float]:
+    """Requests that share a queue: each run of ``run`` consecutive requests waits alike (one
+    exponential level for the run, a little noise for each)."""
+    out: list[float] = []
+    while len(out) < n:
+        level = rng.expovariate(1.0)
+        out += [level + rng.uniform(0, 0.01) for _ in range(run)]
+    return out[:n]
+
+
+def test_independent_samples_are_not_called_bursty():
+    rng = random.Random(7)
+    for _ in range(300):
+        b = tail_bursts([rng.random() for _ in range(299)])
+        assert b is not None and not b.bursty and b.equivalent > 299 / BURSTY
+
+
+def test_a_queues_runs_are_measured_and_cost_their_samples():
+    b = tail_bursts(queue_like(random.Random(3), 300, 10))
+    assert b.bursty and b.mean_run == pytest.approx(10, rel=0.35)
+    assert b.factor == pytest.approx(b.mean_run * 0.9, rel=0.05) and b.equivalent < 60
+
+
+def test_the_bounds_lose_their_confidence_exactly_where_the_factor_says_bursts():
+    """The order-statistic bound assumes independent samples; over requests that wait in runs of
+    10 its 95% upper bound on p90 falls below the true p90 far more often than 5%, and every such
+    sample is flagged."""
+    rng = random.Random(11)
+    true_p90 = math.log(10.0)  # of the run levels, Exp(1); the noise moves it by < 1%
+    missed = flagged = 0
+    for _ in range(400):
+        x = queue_like(rng, 299, 10)
+        missed += percentile_bounds(x, 90.0).upper < true_p90
+        flagged += tail_bursts(x).bursty
+    assert missed / 400 > 0.15
+    assert flagged == 400
+
+
+def test_too_few_slow_samples_say_nothing_and_ties_are_no_tail():
+    assert tail_bursts([1.0] * 49) is None  # a tenth of 49 is 4 samples
+    flat = tail_bursts([1.0] * 100)
+    assert flat.slow == 100 and flat.factor == 1.0 and not flat.bursty

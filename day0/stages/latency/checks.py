@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from day0.client.prom import pct_name
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
-from day0.core.stats import percentile, percentile_bounds, samples_to_bound
+from day0.core.stats import TailBursts, percentile, percentile_bounds, samples_to_bound, tail_bursts
 from day0.stages.latency.agreement import frontend_overhead_check, server_agreement_check
 from day0.stages.latency.capacity import capacity_check
 from day0.stages.latency.measurement import CacheIntent, LatencyRun
@@ -78,7 +78,13 @@ def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | N
     b = percentile_bounds(samples, p, confidence)
     evidence["bounds"] = {"lower": rounded(b.lower), "upper": rounded(b.upper), "confidence": confidence,
                           "samples": b.n, "needed_for_upper": samples_to_bound(p, confidence)}
-    interval = f"{confidence:.0%} interval {_bound(b.lower)} .. {_bound(b.upper)} ms over {b.n} samples"
+    bursts = tail_bursts(samples)
+    if bursts is not None:
+        evidence["tail_bursts"] = {"share": bursts.share, "slow": bursts.slow, "runs": bursts.runs,
+                                   "mean_run": round(bursts.mean_run, 3), "factor": round(bursts.factor, 3),
+                                   "equivalent_samples": bursts.equivalent}
+    interval = (f"{confidence:.0%} interval {_bound(b.lower)} .. {_bound(b.upper)} ms over {b.n} samples"
+                f"{_burst_note(bursts)}")
     meets, misses = b.upper is not None and b.upper <= limit, b.lower is not None and b.lower > limit
     if meets or misses:
         return Check(id=cid, title=title, status="pass" if meets else "fail", value=rounded(value), limit=limit,
@@ -92,6 +98,15 @@ def _percentile_check(m: LatencyMetrics, metric: str, p: float, limit: float | N
     return Check(id=cid, title=title, status="error", limit=limit, unit="ms", direction="lower_is_better",
                  message=f"could not measure: {why} (point estimate {value:.4g} ms){note}", evidence=evidence,
                  source=SOURCE)
+
+
+def _burst_note(bursts: TailBursts | None) -> str:
+    """Where the slowest requests came in runs (a queue's bursts), the interval, which assumes
+    independent samples, is narrower than the truth: say so, and what the sample is worth."""
+    if bursts is None or not bursts.bursty:
+        return ""
+    return (f", assumed independent; its slowest tenth came in runs of {bursts.mean_run:.1f} "
+            f"({1.0 / (1.0 - bursts.share):.2f} if independent): worth about {bursts.equivalent} independent samples")
 
 
 def _bound(x: float | None) -> str:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.client.prom import ServerFigure
 from day0.config.latency import LatencySection, SlaSection
-from day0.core.stats import percentile
+from day0.core.stats import BURSTY, percentile
 from day0.stages.latency import (
     LatencyRun,
     SettingsError,
@@ -187,6 +187,25 @@ def test_checks_judge_limits_and_errors():
     tight = by_id(latency_checks(run_of(rs, SlaSection(max_error_rate=0.0))))
     assert tight["latency.error_rate"].status == "fail"
     assert tight["latency.goodput"].status == "skip"
+
+
+def test_a_percentile_over_bursty_requests_says_what_the_sample_is_worth():
+    """Slow first tokens in runs (a queue's bursts) leave the verdict to the bounds but name what
+    the interval assumes; independent ones add nothing to the message."""
+    def run(ttfts_ms):
+        rs = [result(i, [t / 1000.0, t / 1000.0 + 0.004], [1, 1], scheduled=100.0 + 0.02 * i)
+              for i, t in enumerate(ttfts_ms)]
+        return by_id(latency_checks(run_of(rs, SlaSection(ttft_p99_ms=500.0))))["latency.ttft_p99"]
+
+    bursty = run([(300.0 if (i // 10) % 10 == 0 else 20.0) + i * 0.01 for i in range(300)])
+    ev = bursty.evidence["tail_bursts"]
+    assert bursty.status == "pass" and ev["runs"] == 3 and ev["mean_run"] == 10.0
+    assert ev["equivalent_samples"] == 33
+    assert "slowest tenth came in runs of 10.0 (1.11 if independent): worth about 33 independent samples" \
+        in bursty.message
+    spread = run([20.0 + (i * 37 % 300) for i in range(300)])
+    assert spread.status == "pass" and spread.evidence["tail_bursts"]["factor"] < BURSTY
+    assert "independent" not in spread.message
 
 
 def test_agreement_check_flags_disagreement():
