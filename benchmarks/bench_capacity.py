@@ -85,7 +85,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -219,14 +219,18 @@ def judged_by_day0(res: dict[str, Any], rate: float, a: argparse.Namespace) -> t
 
 
 def run_child(cmd: list[str], a: argparse.Namespace, env: dict[str, str] | None = None,
-              ok: tuple[int, ...] = (0,), live: bool = False) -> tuple[str, str, float]:
+              ok: tuple[int, ...] = (0,), live: bool = False,
+              started: Callable[[int], object] | None = None) -> tuple[str, str, float]:
     """Run a tool's process; (stdout, what went wrong or "", wall seconds). Past ``--tool-timeout-s``
     its whole process group is killed (GuideLLM's workers outlive a killed parent) and what it
     printed so far is kept; an exit code outside ``ok`` is a failure. ``live``: its stderr
-    (progress lines) goes straight to this process's."""
+    (progress lines) goes straight to this process's. ``started`` is told its pid (bench_edge.py
+    watches its CPU)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None if live else subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
+    if started is not None:
+        started(proc.pid)
     try:
         out, err = proc.communicate(timeout=a.tool_timeout_s)
     except subprocess.TimeoutExpired:
