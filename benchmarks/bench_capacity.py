@@ -131,14 +131,23 @@ def scripted_server(a: argparse.Namespace) -> Iterator[str]:
     """The scripted slot server (``tests/support/sse_server.py``): ``--scripted-slots`` requests
     served at once, each 10 ms to its first token and 5 ms a token after it, the rest waiting for a
     slot (FIFO), so its capacity is known and its edge holds still: TTFT past it is a queue's wait,
-    whatever else the box runs. Its first-token histogram and request gauges are vLLM's names."""
+    whatever else the box runs. ``--scripted-drift F,F,...`` moves the edge on a known schedule
+    instead: each ``--scripted-drift-period`` window's requests take F times as long, as a shared
+    host's do. Its first-token histogram and request gauges are vLLM's names."""
     sys.path.insert(0, str(ROOT / "tests" / "support"))
-    from sse_server import Script, SSEServer, capacity, served_capacity
+    from sse_server import Script, SSEServer, capacity, queue_edge, served_capacity
 
-    script = Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=a.scripted_slots, model_id=a.model)
+    script = Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=a.scripted_slots, model_id=a.model,
+                    drift=a.scripted_drift, drift_period_s=a.scripted_drift_period)
     with SSEServer(script) as srv:
-        print(f"  scripted slot server on {srv.url}: {a.scripted_slots} slots, capacity "
-              f"{capacity(script, a.output_len):.2f} req/s as scripted ({a.output_len} tokens a request)", flush=True)
+        steady = capacity(script, a.output_len)
+        moving = (f"; drifting every {a.scripted_drift_period:g} s through "
+                  f"{', '.join(f'{steady / f:.2f}' for f in a.scripted_drift)} req/s" if a.scripted_drift else "")
+        truth = queue_edge(script, a.ttft_limit_ms / 1000.0, a.output_len, a.percentile)
+        print(f"  scripted slot server on {srv.url}: {a.scripted_slots} slots, capacity {steady:.2f} req/s as "
+              f"scripted ({a.output_len} tokens a request){moving}; the highest rate whose p{a.percentile:g} TTFT "
+              f"over a long run (200,000 requests, simulated as scripted) is within {a.ttft_limit_ms:g} ms: "
+              f"{truth:.2f} req/s", flush=True)
         yield srv.url
         # its sleeps overshoot on a busy host: what it really sustained is the slots over the median hold
         print(f"scripted slot server: sustained {served_capacity(script, srv.log()):.2f} req/s as served (slots / "
@@ -586,6 +595,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--scripted-slots", type=int, default=0,
                     help="run against the scripted slot server instead (this many slots, 165 ms a 32-token request: a "
                          "known capacity and an edge that holds still; no warm-up)")
+    ap.add_argument("--scripted-drift", default=[], type=lambda v: [float(x) for x in v.split(",")],
+                    help="with --scripted-slots: service-time factors, one a window, cycled (a moving edge)")
+    ap.add_argument("--scripted-drift-period", type=float, default=5.0, help="seconds a --scripted-drift window")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="start the cpu-tiny server with its prefix cache on (default off: vLLM's random prompts share "
                          "blocks on its 384-token vocabulary, see the docstring)")
@@ -599,6 +611,8 @@ def parse_args() -> argparse.Namespace:
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error(f"--rounds: at least 1, got {a.rounds}")
+    if a.scripted_drift and (not a.scripted_slots or min(a.scripted_drift) <= 0 or a.scripted_drift_period <= 0):
+        ap.error("--scripted-drift: factors above 0, a period above 0, and --scripted-slots")
     return a
 
 

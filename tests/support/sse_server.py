@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -68,6 +70,11 @@ class Script:
     # request holds one for its whole schedule and the server sustains slots / service time req/s
     # (see :func:`capacity`); past it the queue, and every TTFT, grows without bound. 0: no limit.
     slots: int = 0
+    # Drift: every request's schedule (first token and gaps) stretched by drift[w], w the number of
+    # ``drift_period_s`` windows since the server's first generation request began (cycled), so the
+    # edge moves as a shared host's does, on a known schedule. Empty: a steady server.
+    drift: list[float] = field(default_factory=list)
+    drift_period_s: float = 5.0
     # Refuse every generation request with this HTTP status (0: serve it), with a body quoting what the
     # client sent: ``{authorization}`` becomes its Authorization header, as a server echoing a bad key does.
     reject_status: int = 0
@@ -101,6 +108,35 @@ def served_capacity(script: Script, log: list[dict[str, Any]]) -> float:
     in the log), so a test compares with the capacity the server had, not the one it was given."""
     held = sorted(e["held_s"] for e in log if "held_s" in e)
     return script.slots / held[len(held) // 2]
+
+
+def queue_percentile(script: Script, rate: float, max_tokens: int, p: float = 99.0, n: int = 200_000,
+                     seed: int = 1) -> float:
+    """The p-th percentile TTFT (s) a ``slots`` server gives ``n`` Poisson arrivals at ``rate``, as
+    scripted (sleeps exact), its ``drift`` windows included: a long run's figure, the truth a tool's
+    short points estimate. Event by event: FIFO, a request starts when a slot frees, its first
+    token ``ttft_ms`` x the drift of the window it started in after that."""
+    rng, t, out = random.Random(seed), 0.0, []
+    free = [0.0] * script.slots
+    service, first = schedule(script, 0, max_tokens)[-1][0], script.ttft_ms[0] / 1000.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        start = max(t, heapq.heappop(free))
+        f = script.drift[int(start / script.drift_period_s) % len(script.drift)] if script.drift else 1.0
+        heapq.heappush(free, start + service * f)
+        out.append(start - t + first * f)
+    out.sort()
+    return out[min(n - 1, int(p / 100.0 * n))]
+
+
+def queue_edge(script: Script, limit_s: float, max_tokens: int, p: float = 99.0) -> float:
+    """The highest rate (req/s, to 0.1%) whose long-run p-th percentile TTFT is within ``limit_s``
+    (:func:`queue_percentile`): where a capacity search on this script should land."""
+    lo, hi = 0.0, capacity(script, max_tokens) / min(script.drift or [1.0])  # past it every window queues
+    while hi - lo > hi * 0.001:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if queue_percentile(script, mid, max_tokens, p) <= limit_s else (lo, mid)
+    return lo
 
 
 def _parse_rid(rid: str) -> tuple[str, int]:
@@ -250,6 +286,10 @@ def build_app(script: Script):
             await resp.write(chunk(obj))
         done_tokens = 0
         plan = schedule(sc, index, max_tokens)
+        if sc.drift:
+            first = state.setdefault("first_t0", t0)
+            entry["stretch"] = stretch = sc.drift[int((t0 - first) / sc.drift_period_s) % len(sc.drift)]
+            plan = [(off * stretch, n) for off, n in plan]
         last = t0
         for k, (off, n) in enumerate(plan):
             if err and k == sc.error_after_messages:

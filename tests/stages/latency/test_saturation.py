@@ -288,3 +288,45 @@ def test_the_slot_servers_first_token_histogram_counts_the_wait_for_a_slot():
     assert h.count == 2
     # without the wait: ~0.02 s in all; with it, the second request's first token alone is past 0.11 s
     assert h.sum > 0.1
+
+
+def test_the_slot_servers_drift_stretches_each_window_as_scripted():
+    """A drifting slot server serves its first window at the scripted pace and later ones
+    ``drift`` times slower: the moving edge bench_capacity's ``--scripted-drift`` measures tools on.
+    (A request's window is logged; its time is bounded from below only, as a busy host's sleeps
+    overshoot and never undershoot.)"""
+    import json
+    import urllib.request
+
+    def ask(url: str) -> None:
+        body = json.dumps({"model": "scripted", "prompt": "x", "max_tokens": 3, "stream": True}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+
+    script = Script(ttft_ms=[10.0], gaps_ms=[40.0], slots=1, drift=[1.0] + [3.0] * 40, drift_period_s=0.5)
+    with SSEServer(script) as srv:
+        t0 = time.perf_counter()
+        ask(srv.url)
+        time.sleep(max(0.0, 0.6 - (time.perf_counter() - t0)))
+        ask(srv.url)
+        served = [e for e in srv.log() if "held_s" in e]
+    assert [e["stretch"] for e in served] == [1.0, 3.0]
+    assert served[1]["held_s"] >= 0.27  # 3 x (10 ms + 2 gaps of 40 ms)
+
+
+def test_the_slot_servers_long_run_truth_is_a_queues():
+    """The long-run figures bench_capacity prints as the truth a tool's short points estimate: an
+    M/D/1 queue at load rho leaves 1 - rho of its requests unqueued (their TTFT is the script's
+    own), and a drift that slows some windows lowers the edge below the steady one, both below
+    the scripted capacity."""
+    from tests.support.sse_server import capacity, queue_edge, queue_percentile
+
+    one = Script(ttft_ms=[10.0], gaps_ms=[40.0], slots=1)  # 90 ms a request of 3 tokens
+    rho_half = 0.5 / 0.090
+    assert queue_percentile(one, rho_half, 3, p=40.0, n=20_000) == pytest.approx(0.010)
+    assert queue_percentile(one, rho_half, 3, p=99.0, n=20_000) > 0.1
+    steady = Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=8)
+    moving = Script(ttft_ms=[10.0], gaps_ms=[5.0], slots=8, drift=[1.0, 1.25], drift_period_s=5.0)
+    edge, moved = queue_edge(steady, 0.3, 32), queue_edge(moving, 0.3, 32)
+    assert moved < edge < capacity(steady, 32)
