@@ -7,14 +7,16 @@ script holds everything else still: one rate (``--rate``), the same request coun
 its own fixed seed (the same prompts and arrival times every repeat, ``--fresh-seeds`` to vary
 them), the arms (``--arms``, default ``day0,vllm``) alternating ABBA, ``--repeats`` of each. An arm
 is a tool, ``day0`` or ``vllm``; ``day0+run-in`` puts ``--run-in-s`` seconds of unmeasured load at
-``--run-in-rate`` (day0's load generator, fresh prompts) right before each of its runs: the dense rate list reaches its upper rates after minutes of load without a pause, where
-each of day0's search points starts after a pause. Per run it
-prints the tool's p-th percentile TTFT (``--percentile``, 99) with its 95% order-statistic
-interval (day0's own check, with the burst factor of its slowest tenth, ``tail_bursts``; vLLM
-bench's per-request figures judged by the same ``percentile_bounds``), the server's own view over the run (its first-token and queue-time
-histograms, ``vllm:time_to_first_token_seconds`` and ``vllm:request_queue_time_seconds``: mean and
-bucket-interpolated percentiles), and the CPU the client process used while the box was busy
-(its process tree over the intervals where the box ran at least one core: the server's load).
+``--run-in-rate`` (day0's load generator, fresh prompts) right before each of its runs, as the
+dense rate list reaches its upper rates after minutes of load where each of day0's search points
+starts after a pause; ``day0+flat-out`` puts ``--flat-out-requests`` sent at once (a closed loop,
+as the search's own flat-out run, which comes right before its first point) there instead. Per run it prints the p-th percentile TTFT (``--percentile``, 99) with its
+95% order-statistic interval (day0's own check, with the burst factor of its slowest tenth,
+``tail_bursts``; vLLM bench's per-request figures judged by the same ``percentile_bounds``), the
+server's own view over the run (its first-token and queue-time histograms,
+``vllm:time_to_first_token_seconds`` and ``vllm:request_queue_time_seconds``: mean and
+bucket-interpolated percentiles), and the CPU the client's process tree used while the rest of the
+box (the server) ran at least half a core.
 
 Two questions, answered at the end:
 - Between the arms: the first arm / the second of the median percentile, and of the client's
@@ -25,7 +27,9 @@ Two questions, answered at the end:
   single measurement near the edge carries that.
 
 Before every vLLM bench run the server idles while the child imports vLLM (~10 s here); day0's
-runs wait ``--pause-s`` (default 10) first, so both start from the same idle. With the same seed
+runs wait ``--pause-s`` (default 10) first, so both start from the same idle. day0's fixed-rate
+run offers its schedule as drawn (its default seed's 299 arrivals at 47 req/s: 47.53 req/s), vLLM
+bench rescales its own to exactly the rate. With the same seed
 the prompts repeat: the server started here has prefix caching off, and each run prints what the
 cache served (``--url``: keep it off there too). Starts a vLLM engine unless ``--url``: on a
 shared box take the engine lock.
@@ -57,7 +61,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_capacity  # noqa: E402  (the server, its warm-up, the child runner and vLLM bench's rate)
 
 TICK = os.sysconf("SC_CLK_TCK")
-RUN_IN = "+run-in"
+RUN_IN, FLAT_OUT = "+run-in", "+flat-out"
 SERVER_VIEW = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds"}
 
 
@@ -186,32 +190,36 @@ def read_vllm(stdout: str, a: argparse.Namespace) -> dict[str, Any]:
     return {"p_ms": line["ttft_ms"], "lower": lo, "upper": hi, "status": line["by_bounds"]}
 
 
-def run_in(url: str, tok: Path, a: argparse.Namespace, seed: int) -> str:
-    """``--run-in-s`` of load at ``--run-in-rate``, not measured: what the server has been doing
-    when a dense list's upper rate starts. Returns what went wrong, or ""."""
-    n = math.ceil(a.run_in_rate * a.run_in_s)
+def before_run(kind: str, url: str, tok: Path, a: argparse.Namespace, seed: int) -> str:
+    """Unmeasured load right before a run: ``--run-in-s`` at ``--run-in-rate`` (RUN_IN, what the
+    server has been doing when a dense list's upper rate starts) or ``--flat-out-requests`` at once
+    (FLAT_OUT, what it has just done when a search's first point starts). Returns what went wrong,
+    or ""."""
+    load = (["--rate", f"{a.run_in_rate:g}", "--num-requests", str(math.ceil(a.run_in_rate * a.run_in_s))]
+            if kind == RUN_IN else ["--concurrency", str(a.flat_out_requests), "--num-requests",
+                                    str(a.flat_out_requests)])
     cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
-           "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(seed),
-           "--rate", f"{a.run_in_rate:g}", "--num-requests", str(n), "--warmup", "0", "--no-server-metrics"]
+           "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(seed), *load,
+           "--warmup", "0", "--no-server-metrics"]
     return bench_capacity.run_child(cmd, a, ok=(0, 1))[1]
 
 
 def one_run(arm: str, url: str, tok: Path, a: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Run one arm once at ``--rate``: its percentile and interval, the server's view, the client's CPU."""
-    tool, warmed = arm.removesuffix(RUN_IN), arm.endswith(RUN_IN)
+    tool, plus, rest = arm.partition("+")
+    kind = plus + rest  # "", RUN_IN or FLAT_OUT
     cpu = CpuWatch()
-    started = lambda pid: cpu.watch(pid)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "checks.json"
-        why_in = run_in(url, tok, a, seed + 5000) if warmed else ""
-        if tool == "day0" and not warmed:
+        why_in = before_run(kind, url, tok, a, seed + 5000) if kind else ""
+        if tool == "day0" and not kind:
             time.sleep(a.pause_s)
         before = bench_capacity.metrics_text(url)
         cmd = day0_cmd(url, tok, a, seed, out) if tool == "day0" else vllm_cmd(url, tok, a, seed)
-        stdout, why, wall = bench_capacity.run_child(cmd, a, ok=(0, 1), started=started)
+        stdout, why, wall = bench_capacity.run_child(cmd, a, ok=(0, 1), started=cpu.watch)
         after = bench_capacity.metrics_text(url)
         told = read_day0(out, a) if tool == "day0" else read_vllm(stdout, a)
-    why = "; ".join(w for w in (f"run-in {why_in}" if why_in else "", why) if w)
+    why = "; ".join(w for w in (f"{kind[1:]} {why_in}" if why_in else "", why) if w)
     return {"arm": arm, "seed": seed, **told, "server": server_view(before, after, a.percentile),
             "cache": bench_capacity.cache_share(before, after), "client_cores": cpu.client_cores(),
             "wall_s": round(wall, 1), **({"why": why} if why else {})}
@@ -283,9 +291,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--fresh-seeds", action="store_true", help="a new seed every repeat")
     ap.add_argument("--pause-s", type=float, default=10.0, help="idle before each day0 run (vLLM bench's import)")
     ap.add_argument("--arms", default="day0,vllm", type=lambda v: v.split(","),
-                    help=f"what alternates: day0, vllm, day0{RUN_IN} (the run-in right before each run)")
+                    help=f"what alternates: day0, vllm, day0{RUN_IN}, day0{FLAT_OUT} (that load right before each run)")
     ap.add_argument("--run-in-s", type=float, default=120.0, help=f"seconds of unmeasured load before a {RUN_IN} run")
     ap.add_argument("--run-in-rate", type=float, help="its rate (default: 0.9 x --rate)")
+    ap.add_argument("--flat-out-requests", type=int, default=200, help=f"sent at once before a {FLAT_OUT} run")
     ap.add_argument("--url")
     ap.add_argument("--model", default="day0-tiny")
     ap.add_argument("--tokenizer", type=Path)
@@ -299,10 +308,10 @@ def parse_args() -> argparse.Namespace:
     a.scripted_slots = 0  # bench_capacity.serving's other server: not this script's question
     if a.repeats < 1 or a.requests < 1:
         ap.error("--repeats and --requests: at least 1")
-    known = {"day0", "vllm", f"day0{RUN_IN}"}
+    known = {"day0", "vllm", f"day0{RUN_IN}", f"day0{FLAT_OUT}"}
     if not a.arms or set(a.arms) - known or len(set(a.arms)) != len(a.arms):
         ap.error(f"--arms: distinct names of {', '.join(sorted(known))} (vLLM bench's ~10 s import would idle the "
-                 f"server after a run-in), got {','.join(a.arms)}")
+                 f"server after the load before it), got {','.join(a.arms)}")
     a.run_in_rate = a.run_in_rate or 0.9 * a.rate
     return a
 
@@ -312,7 +321,9 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {a.rate:g} req/s, {a.requests} "
           f"requests a run, {a.repeats} runs each of {', '.join(a.arms)} (ABBA); p{a.percentile:g} TTFT, limit "
           f"{a.ttft_limit_ms:g} ms" + (f"; run-in {a.run_in_s:g} s at {a.run_in_rate:g} req/s"
-                                      if any(x.endswith(RUN_IN) for x in a.arms) else ""), flush=True)
+                                      if any(x.endswith(RUN_IN) for x in a.arms) else "")
+          + (f"; {a.flat_out_requests} at once before each {FLAT_OUT} run" if any(x.endswith(FLAT_OUT) for x in a.arms)
+             else ""), flush=True)
     runs: list[dict[str, Any]] = []
     with bench_capacity.serving(a) as (url, tok):
         bench_capacity.warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])

@@ -48,7 +48,7 @@ def test_arms_are_checked_before_a_server_starts(monkeypatch, capsys):
         edge.parse_args()
     except SystemExit as e:
         assert e.code == 2
-    assert "--arms: distinct names of day0, day0+run-in, vllm" in capsys.readouterr().err
+    assert "--arms: distinct names of day0, day0+flat-out, day0+run-in, vllm" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["bench_edge.py", "--arms", "day0,day0+run-in", "--rate", "40"])
     a = edge.parse_args()
     assert a.arms == ["day0", "day0+run-in"] and a.run_in_rate == 36.0
