@@ -5,6 +5,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 from tests.support import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -44,10 +46,9 @@ def test_summary_gives_each_arm_its_median_range_and_the_ratio():
 
 def test_arms_are_checked_before_a_server_starts(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench_edge.py", "--arms", "day0,vllm+run-in"])
-    try:
+    with pytest.raises(SystemExit) as stopped:
         edge.parse_args()
-    except SystemExit as e:
-        assert e.code == 2
+    assert stopped.value.code == 2
     assert "--arms: distinct names of day0, day0+flat-out, day0+run-in, vllm" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["bench_edge.py", "--arms", "day0,day0+run-in", "--rate", "40"])
     a = edge.parse_args()
