@@ -62,7 +62,7 @@ import bench_capacity  # noqa: E402  (the server, its warm-up, the child runner 
 
 TICK = os.sysconf("SC_CLK_TCK")
 RUN_IN, FLAT_OUT = "+run-in", "+flat-out"
-SERVER_VIEW = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds"}
+QUEUE_METRIC = "vllm:request_queue_time_seconds"  # not among day0's client-comparable server metrics
 
 
 # --------------------------------------------------------------------------- the client's CPU
@@ -131,21 +131,27 @@ class CpuWatch:
 
 def server_view(before: str | None, after: str | None, p: float) -> dict[str, list[float]]:
     """The server's histograms over one run: name -> [mean, p50, p-th percentile (ms, bucket-
-    interpolated), count]; empty when /metrics could not be read."""
-    from day0.client.prom import PromError, delta, parse_histograms
+    interpolated), count]; empty when /metrics could not be read. TTFT as day0's own server view
+    reads it (``day0.client.prom.server_view``), the queue time beside it."""
+    from day0.client.prom import PromError, delta, parse_histograms, pct_name
+    from day0.client.prom import server_view as prom_view
 
     if before is None or after is None:
         return {}
     try:
-        hb, ha = parse_histograms(before), parse_histograms(after)
+        figures = prom_view(before, after, percentiles=(50, p))
+        queue = parse_histograms(after).get(QUEUE_METRIC)
+        queue = delta(parse_histograms(before).get(QUEUE_METRIC), queue) if queue is not None else None
     except PromError:
         return {}
     out = {}
-    for key, name in SERVER_VIEW.items():
-        if name in ha:
-            d = delta(hb.get(name), ha[name])
-            out[key] = [round(d.mean() * 1000, 1), round(d.quantile(0.5) * 1000, 1),
-                        round(d.quantile(p / 100.0) * 1000, 1), round(d.total)]
+    if "ttft" in figures:
+        f = figures["ttft"]
+        out["ttft"] = [round(f.mean_ms, 1), round(f.quantiles_ms["p50"], 1), round(f.quantiles_ms[pct_name(p)], 1),
+                       round(f.count)]
+    if queue is not None:
+        out["queue"] = [round(queue.mean() * 1000, 1), round(queue.quantile(0.5) * 1000, 1),
+                        round(queue.quantile(p / 100.0) * 1000, 1), round(queue.total)]
     return out
 
 
@@ -186,7 +192,9 @@ def read_vllm(stdout: str, a: argparse.Namespace) -> dict[str, Any]:
     line = next((json.loads(x) for x in stdout.splitlines() if x.startswith("{")), None)
     if line is None:
         return {"note": "vLLM bench printed no result"}
-    lo, hi = line["bounds_ms_95"].get(f"ttft_p{a.percentile:g}".replace(".", "_"), [None, None])
+    from day0.client.prom import pct_name
+
+    lo, hi = line["bounds_ms_95"].get(f"ttft_{pct_name(a.percentile)}", [None, None])  # judge_point's keys
     return {"p_ms": line["ttft_ms"], "lower": lo, "upper": hi, "status": line["by_bounds"]}
 
 

@@ -75,6 +75,11 @@ class Script:
     # edge moves as a shared host's does, on a known schedule. Empty: a steady server.
     drift: list[float] = field(default_factory=list)
     drift_period_s: float = 5.0
+
+    def stretch_at(self, elapsed_s: float) -> float:
+        """The drift of the window ``elapsed_s`` after the first request began (1 when steady): the
+        one reading of the schedule, for the server and for :func:`queue_percentile` alike."""
+        return self.drift[int(elapsed_s / self.drift_period_s) % len(self.drift)] if self.drift else 1.0
     # Refuse every generation request with this HTTP status (0: serve it), with a body quoting what the
     # client sent: ``{authorization}`` becomes its Authorization header, as a server echoing a bad key does.
     reject_status: int = 0
@@ -122,7 +127,7 @@ def queue_percentile(script: Script, rate: float, max_tokens: int, p: float = 99
     for _ in range(n):
         t += rng.expovariate(rate)
         start = max(t, heapq.heappop(free))
-        f = script.drift[int(start / script.drift_period_s) % len(script.drift)] if script.drift else 1.0
+        f = script.stretch_at(start)
         heapq.heappush(free, start + service * f)
         out.append(start - t + first * f)
     out.sort()
@@ -289,7 +294,7 @@ def build_app(script: Script):
         plan = schedule(sc, index, max_tokens)
         if sc.drift:
             first = state.setdefault("first_t0", t0)
-            entry["stretch"] = stretch = sc.drift[int((t0 - first) / sc.drift_period_s) % len(sc.drift)]
+            entry["stretch"] = stretch = sc.stretch_at(t0 - first)
             plan = [(off * stretch, n) for off, n in plan]
         last = t0
         for k, (off, n) in enumerate(plan):
