@@ -79,7 +79,6 @@ import json
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,6 +88,9 @@ from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from capacity_report import report, show  # noqa: E402  (the table: pure, tested without a server)
 
 TOOLS = ("day0", "vllm", "guidellm")
 ROUND_SEED_STEP = 100  # round r's prompts and arrivals: seed + r x this (a dense list's rates use seed + i, i < 100)
@@ -437,119 +439,6 @@ def run_guidellm(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
                                                    "requests (synchronous and throughput not judged)")
 
 
-# --------------------------------------------------------------------------- report
-
-
-def fmt(x: float | None, spec: str = ".4g") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def combined(tool: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """A tool's answer over its rounds: the median sustained rate of the rounds that had one (a
-    round without is shown as "-" among the rounds), the median requests and wall time of one
-    answer, and its drift."""
-    rates = [r["sustained"] for r in rounds if r["sustained"]]
-    misses = [r["first_miss"] for r in rounds if r["first_miss"]]
-    return {"tool": tool, "sustained": statistics.median(rates) if rates else None,
-            "first_miss": statistics.median(misses) if misses else None,
-            "requests": round(statistics.median(r["requests"] for r in rounds)),
-            "wall_s": round(statistics.median(r["wall_s"] for r in rounds), 1),
-            "rounds_sustained": [r["sustained"] for r in rounds],
-            "drift": max(rates) / min(rates) if len(rates) > 1 else None,
-            "check": next((r["check"] for r in rounds if r.get("check", "pass") != "pass"), "pass"),
-            "cache": max((r["cache"] for r in rounds if r.get("cache") is not None), default=None),
-            **_by_bounds(rounds),
-            "points": [p for r in rounds for p in r["points"]]}
-
-
-def _by_bounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """A dense list's answer under day0's rule over its rounds (median, and each round's); nothing
-    for a tool whose points were not judged so."""
-    if not any("sustained_by_bounds" in r for r in rounds):
-        return {}
-    each = [r.get("sustained_by_bounds") for r in rounds]
-    rates = [x for x in each if x]
-    return {"sustained_by_bounds": statistics.median(rates) if rates else None, "rounds_by_bounds": each}
-
-
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """day0 / each other tool, of the sustained rate and of the requests spent."""
-    d0 = results.get("day0")
-    out: dict[str, dict[str, float | None]] = {}
-    for tool, r in results.items():
-        if tool == "day0" or d0 is None or not r["points"]:
-            continue
-        out[tool] = {"sustained": _ratio(d0["sustained"], r["sustained"]),
-                     "requests": _ratio(d0["requests"], r["requests"])}
-        if "sustained_by_bounds" in r:
-            out[tool]["sustained_by_bounds"] = _ratio(d0["sustained"], r["sustained_by_bounds"])
-    return out
-
-
-def _ratio(x: float | None, y: float | None) -> float | None:
-    return x / y if x and y else None
-
-
-def point_line(p: dict[str, Any]) -> str:
-    if "bounds_ms" in p:
-        figures = ", ".join(f"{k} {v} ms" for k, v in p["bounds_ms"].items())
-        return f"    {p['rate']:>8.4g} req/s  {p['n']:>4} req  {figures}  -> {p['why']}"
-    label = f" {p['strategy']}" if p.get("strategy") not in (None, "poisson") else ""
-    line = (f"    {p['rate']:>8.4g} req/s{label}  {p['n']:>4} req  ttft {fmt(p['ttft_ms'], '.1f')} ms, "
-            f"tpot {fmt(p['tpot_ms'], '.1f')} ms  -> {p['verdict']}")
-    if "by_bounds" in p:
-        figures = ", ".join(f"{k} {fmt(lo, '.1f')}-{fmt(hi, '.1f')}" for k, (lo, hi) in p["bounds_ms_95"].items())
-        line += f"; by day0's rule {figures} ms -> {p['by_bounds']}"
-    if p.get("first_tokens_past"):
-        q = p["first_tokens_past"]
-        line += (f"; first tokens past {q['bound_ms']:g} ms: server {q['server']} of {q['server_n']}, "
-                 f"vLLM bench {q['client']}")
-    return line
-
-
-def show(r: dict[str, Any]) -> None:
-    """One tool's points and answer, printed as soon as it has run."""
-    print(f"{r['tool']}: {r['note']}")
-    for p in sorted(r["points"], key=lambda p: p["rate"]):
-        print(point_line(p))
-    print(f"  -> sustained {fmt(r['sustained'])} req/s, first missed {fmt(r['first_miss'])} req/s, "
-          f"{r['requests']} requests, {r['wall_s']:.1f} s; prefix-cache hits {fmt(r.get('cache'), '.1%')} of the "
-          "prompt tokens it sent", flush=True)
-    if "sustained_by_bounds" in r:
-        print(f"  -> its own requests judged by day0's rule (95% bounds, undecided tops the bracket): sustained "
-              f"{fmt(r['sustained_by_bounds'])} req/s", flush=True)
-
-
-def report(rounds: list[dict[str, dict[str, Any]]], a: argparse.Namespace) -> dict[str, Any]:
-    """The table (each tool over its rounds) and the ratios; returns them with every round as one object."""
-    results = {t: combined(t, [r[t] for r in rounds]) for t in TOOLS if t in rounds[0]}
-    head = (f"{'tool':<10} {'sustained req/s (rounds)':>28} {'first missed':>13} {'requests':>9} {'wall s':>7} "
-            f"{'drift':>6} {'cache':>6}")
-    print("\n" + head + "\n" + "-" * len(head))
-    for r in results.values():
-        own = f"  (from its points; latency.capacity: {r['check']})" if r["check"] != "pass" else ""
-        each = "/".join(fmt(x) for x in r["rounds_sustained"])
-        print(f"{r['tool']:<10} {fmt(r['sustained']) + ' (' + each + ')':>28} {fmt(r['first_miss']):>13} "
-              f"{r['requests']:>9} {r['wall_s']:>7.1f} {fmt(r['drift'], '.3f'):>6} {fmt(r['cache'], '.1%'):>6}{own}")
-    print("(medians over the rounds; requests and wall time of one answer; drift: the tool's own highest / lowest "
-          "sustained rate over its rounds; cache: the most of a round's prompt tokens the prefix cache served, '-' where "
-          "nothing was looked up: the cache off)")
-    rat, by_round = ratios(results), [ratios(r) for r in rounds]
-    for tool, q in rat.items():
-        each = [r[tool] for r in by_round if tool in r]
-        per_round = ", ".join(fmt(r["sustained"], ".3f") for r in each)
-        print(f"day0 / {tool}: sustained {fmt(q['sustained'], '.3f')} (by round: {per_round}), requests spent "
-              f"{fmt(q['requests'], '.3f')}")
-        if "sustained_by_bounds" in q:
-            per_round = ", ".join(fmt(r.get("sustained_by_bounds"), ".3f") for r in each)
-            print(f"day0 / {tool} with {tool}'s own requests judged by day0's rule: sustained "
-                  f"{fmt(q['sustained_by_bounds'], '.3f')} (by round: {per_round})")
-    return {"sla": {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
-            "workload": {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson",
-                         "ignore_eos": True},
-            "tools": results, "rounds": rounds, "ratios_day0_over": rat}
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -676,7 +565,8 @@ def main() -> int:
         if not a.scripted_slots:  # a script has nothing to warm
             warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])
         rounds = [run_round(url, tok, a, r, skip) for r in range(a.rounds)]
-    out = report(rounds, a)
+    out = report(rounds, {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
+                 {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson", "ignore_eos": True})
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:

@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_capacity  # noqa: E402  (the server, its warm-up, the child runner and vLLM bench's rate)
+from capacity_report import fmt  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 RUN_IN, FLAT_OUT = "+run-in", "+flat-out"
@@ -280,10 +281,10 @@ def run_line(r: dict[str, Any], p: float) -> str:
     if "queue" in s:
         srv += f", queue mean {s['queue'][0]} ms"
     bursts = f", bursts x{r['burst_factor']:.2f}" if r.get("burst_factor") else ""
-    return (f"  {r['arm']:<12} seed {r['seed']}: p{p:g} TTFT {bench_capacity.fmt(r['p_ms'], '.1f')} ms, 95% "
-            f"{bench_capacity.fmt(r['lower'], '.1f')}..{bench_capacity.fmt(r['upper'], '.1f')} ({r['status']}{bursts}); "
-            f"{srv}; client {bench_capacity.fmt(r['client_cores'], '.2f')} cores; cache "
-            f"{bench_capacity.fmt(r['cache'], '.1%')}; {r['wall_s']} s")
+    return (f"  {r['arm']:<12} seed {r['seed']}: p{p:g} TTFT {fmt(r['p_ms'], '.1f')} ms, 95% "
+            f"{fmt(r['lower'], '.1f')}..{fmt(r['upper'], '.1f')} ({r['status']}{bursts}); "
+            f"{srv}; client {fmt(r['client_cores'], '.2f')} cores; cache "
+            f"{fmt(r['cache'], '.1%')}; {r['wall_s']} s")
 
 
 def parse_args() -> argparse.Namespace:
@@ -342,13 +343,13 @@ def main() -> int:
     out = summarise(runs, a.arms)
     for arm, s in out["arms"].items():
         rng = "-" if s["range_ms"] is None else f"{s['range_ms'][0]:.0f}..{s['range_ms'][1]:.0f}"
-        print(f"{arm}: p{a.percentile:g} TTFT median {bench_capacity.fmt(s['median_ms'], '.1f')} ms (range {rng}); "
+        print(f"{arm}: p{a.percentile:g} TTFT median {fmt(s['median_ms'], '.1f')} ms (range {rng}); "
               f"intervals overlapping in {s['overlapping_pairs'][0]} of {s['overlapping_pairs'][1]} pairs of runs; "
-              f"client {bench_capacity.fmt(s['client_cores'], '.2f')} cores")
+              f"client {fmt(s['client_cores'], '.2f')} cores")
     if out["ratio"]:
         q = out["ratio"]
-        print(f"{q['of']}: median p{a.percentile:g} TTFT {bench_capacity.fmt(q['median_ms'], '.3f')}, "
-              f"client CPU {bench_capacity.fmt(q['client_cores'], '.3f')}")
+        print(f"{q['of']}: median p{a.percentile:g} TTFT {fmt(q['median_ms'], '.3f')}, "
+              f"client CPU {fmt(q['client_cores'], '.3f')}")
     if a.json:
         a.json.write_text(json.dumps({"runs": runs, **out}, indent=1) + "\n")
     return 0

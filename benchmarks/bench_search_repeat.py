@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_capacity  # noqa: E402  (the server and its warm-up: one answer for both scripts)
+from capacity_report import fmt  # noqa: E402
 
 
 def command(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path, arm: list[str]) -> list[str]:
@@ -128,7 +129,7 @@ def main() -> int:
             print(f"run {i + 1} (arm {name}, seed {seed}): {r['wall_s']:.0f} s, {r['status']}, "
                   f"{r['value'] if r['value'] is not None else '-'} req/s, {r.get('points', 0)} points, "
                   f"{r.get('completed', 0)} requests completed; flat out {flat_out or '-'} req/s, the answer "
-                  f"{bench_capacity.fmt(r['share'], '.3f')} of it; lowest point (offered, achieved, completed, "
+                  f"{fmt(r['share'], '.3f')} of it; lowest point (offered, achieved, completed, "
                   f"ttft bounds): {r.get('lowest_point')}\n    {r['message']}", flush=True)
     spreads: dict[str, dict[str, float | None]] = {}
     for name, extra in arms.items():
@@ -138,7 +139,7 @@ def main() -> int:
         shares = [r["share"] for r in mine if r["share"]]
         spreads[name] = {"answers": spread(answers), "flat_out": spread(flat), "shares": spread(shares)}
         label = f"arm {name} ({' '.join(extra) or 'as documented'})"
-        shown = {k: bench_capacity.fmt(v, ".3f") for k, v in spreads[name].items()}
+        shown = {k: fmt(v, ".3f") for k, v in spreads[name].items()}
         print(f"\n{label}: answers {answers}; spread (highest / lowest) {shown['answers']}\n"
               f"  flat out {flat} req/s, spread {shown['flat_out']} (the server's own drift)\n"
               f"  answer / flat out {[round(x, 3) for x in shares]}, spread {shown['shares']} "

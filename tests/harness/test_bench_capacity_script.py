@@ -1,5 +1,6 @@
-"""benchmarks/bench_capacity.py: the dense list's own requests judged by day0's rule, and a
-tool's answer read off its points (the figures the side-by-side's closing ratios rest on)."""
+"""benchmarks/bench_capacity.py: the dense list's own requests judged by day0's rule, a tool's
+answer read off its points, and the table over rounds (benchmarks/capacity_report.py): the figures
+the side-by-side's closing ratios rest on."""
 
 import argparse
 import importlib.util
@@ -13,6 +14,7 @@ spec = importlib.util.spec_from_file_location("bench_capacity", REPO / "benchmar
 bench = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = bench
 spec.loader.exec_module(bench)
+import capacity_report as report  # noqa: E402  (on the path once bench_capacity is loaded)
 
 SLA = argparse.Namespace(percentile=99.0, ttft_limit_ms=300.0, tpot_limit_ms=40.0)
 
@@ -83,3 +85,31 @@ def test_first_tokens_past_the_limit_as_the_server_and_the_client_saw_them():
     assert got == {"bound_ms": 500.0, "server": 5, "server_n": 300, "client": 3}
     assert bench.first_tokens_past(None, after, [0.1], 300.0) is None
     assert bench.first_tokens_past(before, after, [0.1], 5000.0) is None  # no finite bound that high
+
+
+def tool_round(tool: str, sustained: float | None, requests: int, **extra) -> dict:
+    return bench.summary(tool, [{"rate": 16.0, "verdict": "meets"}], requests, 60.0) | {"sustained": sustained} | extra
+
+
+def test_the_table_compares_medians_over_rounds_and_keeps_each_round():
+    """A round without an answer is shown, not counted: day0's median is over the two it has, and
+    its drift is its own highest over its lowest; the ratios divide day0's medians by the other's."""
+    rounds = [{"day0": tool_round("day0", 40.0, 1500), "vllm": tool_round("vllm", 41.5, 3600)},
+              {"vllm": tool_round("vllm", 45.65, 3900), "day0": tool_round("day0", 44.0, 1700)},
+              {"day0": tool_round("day0", None, 900), "vllm": tool_round("vllm", 37.73, 3300)}]
+    got = report.report(rounds, {"ttft_p99_ms": 300.0}, {"input_len": 128})
+    day0, dense = got["tools"]["day0"], got["tools"]["vllm"]
+    assert list(got["tools"]) == ["day0", "vllm"]
+    assert day0["sustained"] == 42.0 and day0["rounds_sustained"] == [40.0, 44.0, None]
+    assert day0["drift"] == pytest.approx(1.1) and day0["requests"] == 1500
+    assert dense["sustained"] == 41.5 and dense["requests"] == 3600
+    assert got["ratios_day0_over"]["vllm"] == {"sustained": pytest.approx(42.0 / 41.5),
+                                               "requests": pytest.approx(1500 / 3600)}
+    assert got["sla"] == {"ttft_p99_ms": 300.0} and len(got["rounds"]) == 3
+
+
+def test_no_ratio_without_an_answer_on_both_sides():
+    rounds = [{"day0": tool_round("day0", None, 900), "vllm": tool_round("vllm", 41.5, 3600,
+                                                                         sustained_by_bounds=37.73)}]
+    got = report.ratios({t: report.combined(t, [r[t] for r in rounds]) for t in rounds[0]})
+    assert got == {"vllm": {"sustained": None, "requests": pytest.approx(900 / 3600), "sustained_by_bounds": None}}
