@@ -18,9 +18,14 @@ the first tool would measure that.
 - vLLM: vLLM 0.32 has ``vllm bench sweep serve`` and ``serve_workload`` but no ``serve_sla``, and
   ``sweep`` only benchmarks servers it launches itself; so, a dense ``vllm bench serve`` rate list:
   from ``--start-rate`` (where day0 starts; ``--dense-start`` for another) up by ``--dense-step``
-  (10%, the agreement this answers) until the first rate whose p99 point estimates miss a limit
-  (down, when the first rate misses, until one meets), ``--dense-requests`` prompts a rate
-  (default: day0's per point). What it costs depends on how far its start is from the answer, as
+  (5%: a grid as coarse as the 10% agreement asked of it puts its answer anywhere up to a whole
+  tolerance below the edge) until the first rate whose p99 point estimates miss a limit (down,
+  when the first rate misses, until one meets), ``--dense-requests`` prompts a rate (default:
+  day0's per point). Each rate's arrivals are ranked among fresh Poisson draws
+  (``day0.core.stats.offered_burst``, "arrivals burstier than 92% of Poisson draws"): near the edge
+  one draw's bursts decide a p99 over 300 requests, which is why the seed is drawn fresh each run
+  unless ``--seed`` is given (a fixed one put the burstiest schedules of its rounds at 50.21 req/s,
+  the cpu-tiny server's edge, in every run; docs/stages/latency.md, "The dense list's seeds"). What it costs depends on how far its start is from the answer, as
   day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
   Poisson arrivals and figures), all in one fresh process: a ``vllm bench serve`` process per rate
   would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed, and ``vllm bench
@@ -78,6 +83,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -356,6 +362,8 @@ async def vllm_dense(url: str, a: argparse.Namespace) -> None:
     from vllm.benchmarks.serve import add_cli_args, main_async
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from day0.core.stats import offered_burst
+
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     word = f"{a.percentile:g}"
@@ -370,10 +378,12 @@ async def vllm_dense(url: str, a: argparse.Namespace) -> None:
         ok = res["completed"] == a.dense_requests and not res.get("failed")
         verdict = "meets" if meets(ttft, tpot, ok, a) else "misses"
         by_bounds, bounds = judged_by_day0(res, rate, a)
+        offered = offered_burst(sorted(res["start_times"]))
         print(json.dumps({"rate": round(rate, 4), "n": a.dense_requests + 1 + args.num_warmups,
                           "completed": res["completed"], "verdict": verdict, "ttft_ms": ttft, "tpot_ms": tpot,
                           "achieved": res["request_throughput"], "by_bounds": by_bounds,
-                          "bounds_ms_95": bounds, "first_tokens_past": past}), flush=True)
+                          "bounds_ms_95": bounds, "first_tokens_past": past,
+                          "offered_calmer": offered.calmer if offered else None}), flush=True)
         first = first or verdict
         if verdict != first:
             return
@@ -470,10 +480,12 @@ def parse_args() -> argparse.Namespace:
                          "(default 1,2,3: the batches the tools will make near the edge, not only those at the start)")
     ap.add_argument("--dense-start", type=float, default=0.0,
                     help="req/s where the dense list starts (default: --start-rate, where day0 starts too)")
-    ap.add_argument("--dense-step", type=float, default=1.1, help="factor between the dense list's rates")
+    ap.add_argument("--dense-step", type=float, default=1.05,
+                    help="factor between the dense list's rates (default 1.05: half the 10%% agreement it is asked)")
     ap.add_argument("--dense-requests", type=int, default=0,
                     help="prompts a dense rate (default: as many as day0's search points had)")
-    ap.add_argument("--dense-max-points", type=int, default=20)
+    ap.add_argument("--dense-max-points", type=int, default=40, help="at most this many rates (from 16 req/s in "
+                    "5%% steps, 40 reach 112 req/s)")
     ap.add_argument("--guidellm-path", type=Path, default=os.environ.get("GUIDELLM_PATH"),
                     help="folder GuideLLM was pip-installed into with --target (skipped without)")
     ap.add_argument("--guidellm-sweep-size", type=int, default=10, help="benchmarks in GuideLLM's sweep")
@@ -490,14 +502,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--prefix-caching", action="store_true",
                     help="start the cpu-tiny server with its prefix cache on (default off: vLLM's random prompts share "
                          "blocks on its 384-token vocabulary, see the docstring)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, help="prompts and arrivals (round r: seed + 100 r; a dense rate i: + i); "
+                    "default: drawn fresh and printed, since a seed reused run after run reuses its bursts")
     ap.add_argument("--rounds", type=int, default=2,
                     help="runs of every tool, the order reversed each round (ABBA); medians are compared")
     ap.add_argument("--skip", default="", help=f"comma-separated, of: {', '.join(TOOLS)}")
-    ap.add_argument("--tool-timeout-s", type=float, default=400.0)
+    ap.add_argument("--tool-timeout-s", type=float, default=900.0)
     ap.add_argument("--json", type=Path, help="write the table, the points and the ratios here")
     ap.add_argument("--tool", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.seed is None:
+        a.seed = random.SystemRandom().randrange(1_000_000)
     if a.rounds < 1:
         ap.error(f"--rounds: at least 1, got {a.rounds}")
     if a.scripted_drift and (not a.scripted_slots or min(a.scripted_drift) <= 0 or a.scripted_drift_period <= 0):
@@ -559,7 +574,8 @@ def main() -> int:
     p = f"p{a.percentile:g}"
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; SLA: TTFT {p} <= "
           f"{a.ttft_limit_ms:g} ms, TPOT {p} <= {a.tpot_limit_ms:g} ms, no failed request; workload: {a.input_len} "
-          f"random prompt tokens, {a.output_len} output tokens (EOS ignored), Poisson arrivals", flush=True)
+          f"random prompt tokens, {a.output_len} output tokens (EOS ignored), Poisson arrivals; seed {a.seed} "
+          f"(--seed {a.seed} repeats these prompts and arrivals)", flush=True)
     t0 = time.monotonic()
     with serving(a) as (url, tok):
         if not a.scripted_slots:  # a script has nothing to warm
@@ -570,7 +586,7 @@ def main() -> int:
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        a.json.write_text(json.dumps({"seed": a.seed, **out}, indent=1) + "\n")
     return 0
 
 

@@ -72,6 +72,8 @@ def point_line(p: dict[str, Any]) -> str:
     if "by_bounds" in p:
         figures = ", ".join(f"{k} {fmt(lo, '.1f')}-{fmt(hi, '.1f')}" for k, (lo, hi) in p["bounds_ms_95"].items())
         line += f"; by day0's rule {figures} ms -> {p['by_bounds']}"
+    if p.get("offered_calmer") is not None:
+        line += f"; arrivals burstier than {1 - p['offered_calmer']:.0%} of Poisson draws"
     if p.get("first_tokens_past"):
         q = p["first_tokens_past"]
         line += (f"; first tokens past {q['bound_ms']:g} ms: server {q['server']} of {q['server_n']}, "

@@ -176,3 +176,58 @@ def tail_bursts(series: Sequence[float], share: float = TAIL_SHARE) -> TailBurst
     slow = [x >= threshold for x in series]
     runs = sum(1 for i, s in enumerate(slow) if s and (i == 0 or not slow[i - 1]))
     return TailBursts(n, share, sum(slow), runs)
+
+
+# Offered bursts: how bursty the arrivals a client sent were, before any server answered them.
+# A percentile over a few hundred Poisson arrivals near a server's edge is decided as much by the
+# draw of arrivals as by the server: the cpu-tiny vLLM server met 51.6 req/s on one draw and missed
+# 50.21 on another minutes apart, and a benchmark that reuses a seed per rate reuses its bursts in
+# every run (docs/stages/latency.md, "The dense list's seeds").
+
+QUEUE_LOAD = 0.85  # the reference server's utilisation: near an edge, where bursts decide a tail
+OFFER_DRAWS = 200  # Poisson draws the schedule is ranked among: a share to the nearest half percent
+
+
+@dataclass(frozen=True)
+class OfferedBurst:
+    """A schedule's arrivals in a reference queue (one server taking ``load`` mean gaps a request,
+    first come first served): ``wait_p99`` is the p99 of the waits they build, in mean gaps, and
+    ``calmer`` the share of ``draws`` fresh Poisson schedules of as many arrivals over the same span
+    that build a longer one (ties half): about 0.5 for a typical draw, near 0 for a schedule
+    burstier than almost any. Over the same span, so the realised rate does not enter."""
+
+    wait_p99: float
+    calmer: float
+    draws: int
+
+
+def _queue_wait_p99(offsets: Sequence[float], service: float) -> float:
+    """Lindley's recursion: each arrival waits for the work left by those before it."""
+    wait, waits = 0.0, []
+    for prev, t in zip(offsets, offsets[1:]):
+        wait = max(0.0, wait + service - (t - prev))
+        waits.append(wait)
+    return percentile([0.0, *waits], 99.0, method="nearest")
+
+
+def offered_burst(offsets: Sequence[float], *, load: float = QUEUE_LOAD, draws: int = OFFER_DRAWS,
+                  seed: int = 0) -> OfferedBurst | None:
+    """Rank a schedule (send or scheduled offsets, seconds, in order) among ``draws`` Poisson
+    schedules; None under 50 arrivals (a p99 of fewer is their maximum) or over no span."""
+    import random
+
+    n = len(offsets)
+    span = offsets[-1] - offsets[0] if n else 0.0
+    if n < 50 or span <= 0:
+        return None
+    gap = span / (n - 1)
+    own = _queue_wait_p99([(t - offsets[0]) / gap for t in offsets], load)
+    rng, worse = random.Random(seed), 0.0
+    for _ in range(draws):
+        times, t = [], 0.0
+        for _ in range(n - 1):
+            t += rng.expovariate(1.0)
+            times.append(t)
+        drawn = _queue_wait_p99([0.0, *(x * (n - 1) / t for x in times)], load)
+        worse += 1.0 if drawn > own else 0.5 if drawn == own else 0.0
+    return OfferedBurst(own, worse / draws, draws)

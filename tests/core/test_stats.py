@@ -10,7 +10,15 @@ import time
 
 import pytest
 
-from day0.core.stats import BURSTY, binomial_cdf, percentile, percentile_bounds, samples_to_bound, tail_bursts
+from day0.core.stats import (
+    BURSTY,
+    binomial_cdf,
+    offered_burst,
+    percentile,
+    percentile_bounds,
+    samples_to_bound,
+    tail_bursts,
+)
 
 
 def exact_cdf(k: int, n: int, q: float) -> float:
@@ -111,3 +119,34 @@ def test_too_few_slow_samples_say_nothing_and_ties_are_no_tail():
     assert tail_bursts([1.0] * 49) is None  # a tenth of 49 is 4 samples
     flat = tail_bursts([1.0] * 100)
     assert flat.slow == 100 and flat.factor == 1.0 and not flat.bursty
+
+
+def poisson_offsets(rng: random.Random, n: int = 299, rate: float = 50.0) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def test_a_typical_poisson_draw_ranks_in_the_middle_and_a_burst_at_the_bottom():
+    """Ranked among Poisson draws, Poisson schedules spread over the range (a tenth of them below
+    0.1, give or take); the same schedule with 30 arrivals moved into one instant queues worse than
+    nearly every draw; evenly spaced arrivals build no queue at all and rank at the top."""
+    rng = random.Random(7)
+    ranks = [offered_burst(poisson_offsets(rng), draws=100).calmer for _ in range(40)]
+    assert 0.35 < sum(ranks) / len(ranks) < 0.65
+    assert sum(r < 0.1 for r in ranks) <= 10
+    bursty = poisson_offsets(random.Random(8))
+    bursty[100:130] = [bursty[100]] * 30
+    assert offered_burst(bursty).calmer < 0.05
+    even = offered_burst([i / 50.0 for i in range(299)])
+    assert even.wait_p99 == 0.0 and even.calmer > 0.95
+
+
+def test_the_rank_ignores_the_clock_and_needs_enough_arrivals():
+    """The same schedule at twice the rate is as bursty; fewer than 50 arrivals have no p99 to rank."""
+    offsets = poisson_offsets(random.Random(9))
+    own, faster = offered_burst(offsets), offered_burst([t / 2.0 for t in offsets])
+    assert faster.wait_p99 == pytest.approx(own.wait_p99) and faster.calmer == own.calmer
+    assert offered_burst(offsets[:49]) is None and offered_burst([0.0] * 60) is None
