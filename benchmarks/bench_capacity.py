@@ -25,8 +25,8 @@ the first tool would measure that.
   (``day0.core.stats.offered_burst``, "arrivals burstier than 92% of Poisson draws"): near the edge
   one draw's bursts decide a p99 over 300 requests, which is why the seed is drawn fresh each run
   unless ``--seed`` is given (a fixed one put the burstiest schedules of its rounds at 50.21 req/s,
-  the cpu-tiny server's edge, in every run; docs/stages/latency.md, "The dense list's seeds"). What it costs depends on how far its start is from the answer, as
-  day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
+  the cpu-tiny server's edge, in every run; docs/stages/latency.md, "The dense list's seeds").
+  What it costs depends on how far its start is from the answer, as day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
   Poisson arrivals and figures), all in one fresh process: a ``vllm bench serve`` process per rate
   would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed, and ``vllm bench
   serve``'s ready-check request is counted. Each rate's own requests (``--save-detailed``) are

@@ -113,3 +113,9 @@ def test_no_ratio_without_an_answer_on_both_sides():
                                                                          sustained_by_bounds=37.73)}]
     got = report.ratios({t: report.combined(t, [r[t] for r in rounds]) for t in rounds[0]})
     assert got == {"vllm": {"sustained": None, "requests": pytest.approx(900 / 3600), "sustained_by_bounds": None}}
+
+
+def test_a_dense_rate_says_how_bursty_its_arrivals_were():
+    point = {"rate": 50.21, "n": 300, "verdict": "misses", "ttft_ms": 589.4, "tpot_ms": 13.0, "offered_calmer": 0.03}
+    assert "arrivals burstier than 97% of Poisson draws" in report.point_line(point)
+    assert "Poisson draws" not in report.point_line(point | {"offered_calmer": None})

@@ -16,7 +16,7 @@ from typing import Any
 from day0.client.prom import pct_name
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.record import Check, measured
-from day0.core.stats import samples_to_bound
+from day0.core.stats import offered_burst, samples_to_bound
 from day0.stages.latency.measurement import (
     CLIENT_LAGGED,
     MEETS,
@@ -139,6 +139,17 @@ def _needed(sla: SlaSection, confidence: float) -> str:
                      for metric, p, _ in sla.latency_limits())
 
 
+def burstier_share(pt: SearchPoint, axis: str) -> float | None:
+    """Of fresh Poisson schedules like the point's, the share its own arrivals queue worse than
+    (docs/metrics.md, "Offered bursts"): near the edge one draw's bursts can decide a p99 over a few
+    hundred requests, so a miss on arrivals burstier than 97% of draws reads differently from one on
+    a typical draw. Open loop only (a closed loop's arrivals follow the server); None under 50 requests."""
+    if axis != "rate":
+        return None
+    offered = offered_burst(sorted(pt.metrics.sample_offsets_s))
+    return None if offered is None else rounded(1.0 - offered.calmer)
+
+
 def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, devices: int) -> dict[str, Any]:
     """The points as a table, the bounds chart, the Pareto data and chart, and at the sustained
     point what the cost stage prices (its output throughput) and the answer."""
@@ -146,13 +157,14 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
     by_load = sorted(result.points, key=lambda pt: pt.load)
     rows = [[rounded(pt.load), rounded(pt.metrics.request_throughput), pt.metrics.completed,
              *[_interval(pt.bounds.get(k)) for k in keys], rounded(pt.metrics.error_rate), rounded(pt.lag_ms),
-             rounded(pt.metrics.loop_stall_ms), _verdict_text(pt) + _extends_text(pt)]
+             rounded(pt.metrics.loop_stall_ms), burstier_share(pt, result.axis), _verdict_text(pt) + _extends_text(pt)]
             for pt in by_load]
     pareto = pareto_rows(result, devices)
     evidence: dict[str, Any] = {
         "table": {"columns": [f"offered ({result.unit})", "achieved req/s", "completed",
                               *[f"{k} (ms, {result.confidence:.0%})" for k in keys], "error rate",
-                              "client lag p90 (ms)", "client loop stall (ms)", "verdict"], "rows": rows},
+                              "client lag p90 (ms)", "client loop stall (ms)",
+                              "arrivals burstier than (share of Poisson draws)", "verdict"], "rows": rows},
         "charts": [_bounds_chart(result, by_load, sla), _pareto_chart(pareto, sla)],
         "pareto": pareto, "devices": devices,
         "axis": result.axis, "unit": result.unit,

@@ -15,7 +15,7 @@ from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import MIN_REQUESTS, CapacitySearch, LatencySection, SlaSection
 from day0.results.report import render
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
-from day0.stages.latency.capacity import CHECK_ID, capacity_check, why_not_met
+from day0.stages.latency.capacity import CHECK_ID, burstier_share, capacity_check, why_not_met
 from day0.stages.latency.cli import format_report
 from day0.stages.latency.search import (
     CLIENT_LAGGED,
@@ -34,14 +34,15 @@ SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})  # p90 at 95%: 29 requests b
 
 
 def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, failed: int = 0,
-                 stalls: list[tuple[float, float]] = ()):
+                 stalls: list[tuple[float, float]] = (), offsets: list[float] | None = None):
     """Measured metrics of requests whose first token came ``ttfts_ms`` after their scheduled time
-    (request i scheduled at 100 + 0.01 i s), each sent ``lag_ms`` late (one figure for all, or one
-    per request), the client's loop stalled through ``stalls`` (perf_counter spans)."""
+    (request i scheduled at 100 + 0.01 i s, or 100 + ``offsets[i]``), each sent ``lag_ms`` late (one
+    figure for all, or one per request), the client's loop stalled through ``stalls`` (perf_counter spans)."""
     lags = lag_ms if isinstance(lag_ms, list) else [lag_ms] * len(ttfts_ms)
+    offsets = offsets or [0.01 * i for i in range(len(ttfts_ms))]
     results = []
     for i, (ttft, lag) in enumerate(zip(ttfts_ms, lags)):
-        scheduled = 100.0 + 0.01 * i  # in the order given
+        scheduled = 100.0 + offsets[i]  # in the order given
         r = RequestResult(i, "search", scheduled, scheduled + lag / 1000.0, 8, 4)
         r.msg_t, r.msg_n, r.output_tokens, r.ok = [ttft / 1000.0, ttft / 1000.0 + 0.01], [1, 3], 4, True
         r.finished = scheduled + r.msg_t[-1]
@@ -278,3 +279,14 @@ def test_a_server_failing_every_request_ends_the_search_instead_of_descending_wi
         run = run_latency(srv.url, "scripted", 300, settings, SlaSection.from_table({"ttft_p90_ms": 1000.0}))
     assert [pt.load for pt in run.search.points] == [8.0, 4.0], run.search.stopped
     assert run.search.stopped.startswith("every request failed at 8 req/s and at 4 req/s") and run.search.sustained is None
+
+
+def test_each_open_loop_point_says_how_bursty_its_arrivals_were():
+    """Evenly spaced arrivals are burstier than no Poisson draw; the same with 40 of them sent at
+    once, than nearly all; a closed loop's arrivals follow the server, and 29 requests have no p99."""
+    even = [0.01 * i for i in range(120)]
+    burst = even[:40] + [even[40]] * 40 + even[80:]
+    calm, bunched = (judge_point(10.0, metrics_with([50.0] * 120, offsets=o), SLA) for o in (even, burst))
+    assert burstier_share(calm, "rate") == 0.0 and burstier_share(bunched, "rate") > 0.95
+    assert burstier_share(bunched, "concurrency") is None
+    assert burstier_share(judge_point(10.0, metrics_with([50.0] * 29), SLA), "rate") is None
