@@ -8,6 +8,7 @@ collective sweep's per-iteration times follow nccl-tests' nearest-rank rule (``m
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -214,8 +215,6 @@ def offered_burst(offsets: Sequence[float], *, load: float = QUEUE_LOAD, draws: 
                   seed: int = 0) -> OfferedBurst | None:
     """Rank a schedule (send or scheduled offsets, seconds, in order) among ``draws`` Poisson
     schedules; None under 50 arrivals (a p99 of fewer is their maximum) or over no span."""
-    import random
-
     n = len(offsets)
     span = offsets[-1] - offsets[0] if n else 0.0
     if n < 50 or span <= 0:

@@ -143,8 +143,9 @@ def burstier_share(pt: SearchPoint, axis: str) -> float | None:
     """Of fresh Poisson schedules like the point's, the share its own arrivals queue worse than
     (docs/metrics.md, "Offered bursts"): near the edge one draw's bursts can decide a p99 over a few
     hundred requests, so a miss on arrivals burstier than 97% of draws reads differently from one on
-    a typical draw. Open loop only (a closed loop's arrivals follow the server); None under 50 requests."""
-    if axis != "rate":
+    a typical draw. Open-loop points only: a closed loop's arrivals (a concurrency search, the flat-out
+    run) follow the server. None under 50 requests."""
+    if axis != "rate" or SATURATION in pt.misses:
         return None
     offered = offered_burst(sorted(pt.metrics.sample_offsets_s))
     return None if offered is None else rounded(1.0 - offered.calmer)

@@ -22,6 +22,7 @@ from day0.stages.latency.search import (
     MEETS,
     MISSES,
     PROBED,
+    SATURATION,
     UNDECIDED,
     judge_point,
     requests_per_point,
@@ -283,10 +284,13 @@ def test_a_server_failing_every_request_ends_the_search_instead_of_descending_wi
 
 def test_each_open_loop_point_says_how_bursty_its_arrivals_were():
     """Evenly spaced arrivals are burstier than no Poisson draw; the same with 40 of them sent at
-    once, than nearly all; a closed loop's arrivals follow the server, and 29 requests have no p99."""
+    once, than nearly all; a closed loop's arrivals (a concurrency search, the flat-out run) follow
+    the server, and 29 requests have no p99."""
     even = [0.01 * i for i in range(120)]
     burst = even[:40] + [even[40]] * 40 + even[80:]
     calm, bunched = (judge_point(10.0, metrics_with([50.0] * 120, offsets=o), SLA) for o in (even, burst))
     assert burstier_share(calm, "rate") == 0.0 and burstier_share(bunched, "rate") > 0.95
     assert burstier_share(bunched, "concurrency") is None
+    bunched.misses = [SATURATION]  # the flat-out run: a closed loop inside a rate search
+    assert burstier_share(bunched, "rate") is None
     assert burstier_share(judge_point(10.0, metrics_with([50.0] * 29), SLA), "rate") is None
