@@ -485,7 +485,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--dense-requests", type=int, default=0,
                     help="prompts a dense rate (default: as many as day0's search points had)")
     ap.add_argument("--dense-max-points", type=int, default=40, help="at most this many rates (from 16 req/s in "
-                    "5%% steps, 40 reach 112 req/s)")
+                    "5%% steps, the 40th is 107 req/s)")
     ap.add_argument("--guidellm-path", type=Path, default=os.environ.get("GUIDELLM_PATH"),
                     help="folder GuideLLM was pip-installed into with --target (skipped without)")
     ap.add_argument("--guidellm-sweep-size", type=int, default=10, help="benchmarks in GuideLLM's sweep")
