@@ -26,9 +26,10 @@ the first tool would measure that.
   one draw's bursts decide a p99 over 300 requests, which is why the seed is drawn fresh each run
   unless ``--seed`` is given (a fixed one put the burstiest schedules of its rounds at 50.21 req/s,
   the cpu-tiny server's edge, in every run; docs/stages/latency.md, "The dense list's seeds").
-  What it costs depends on how far its start is from the answer, as day0's does. Every rate is vLLM's own ``main_async`` (its argument parser, random dataset,
-  Poisson arrivals and figures), all in one fresh process: a ``vllm bench serve`` process per rate
-  would spend ~20 s importing vLLM on a 2-core box. Each rate has its own seed, and ``vllm bench
+  What it costs depends on how far its start is from the answer, as day0's does. Every rate is
+  vLLM's own ``main_async`` (its argument parser, random dataset, Poisson arrivals and figures),
+  all in one fresh process: a ``vllm bench serve`` process per rate would spend ~20 s importing
+  vLLM on a 2-core box. Each rate has its own seed, and ``vllm bench
   serve``'s ready-check request is counted. Each rate's own requests (``--save-detailed``) are
   also judged by day0's rule (95% order-statistic bounds; a rate whose bounds straddle a limit
   tops the bracket as day0's undecided point does): the dense list's answer under that rule,
@@ -192,6 +193,14 @@ def limits(a: argparse.Namespace) -> dict[str, float]:
     return {"ttft": a.ttft_limit_ms, "tpot": a.tpot_limit_ms}
 
 
+def sla_table(a: argparse.Namespace) -> dict[str, float]:
+    """The same SLA as day0's limit keys (``ttft_p99_ms``): its ``--limit`` flags, its ``[sla]``
+    table for judging a dense rate by day0's rule, and the ``--json`` record's ``sla``."""
+    from day0.client.prom import pct_name
+
+    return {f"{m}_{pct_name(a.percentile)}_ms": v for m, v in limits(a).items()}
+
+
 def meets(ttft: float | None, tpot: float | None, ok: bool, a: argparse.Namespace) -> bool:
     """A point estimate within every limit and no failed request (how vLLM and GuideLLM are judged)."""
     return ok and ttft is not None and tpot is not None and ttft <= a.ttft_limit_ms and tpot <= a.tpot_limit_ms
@@ -223,13 +232,12 @@ def judged_by_day0(res: dict[str, Any], rate: float, a: argparse.Namespace) -> t
     is their largest value, its lower bound the seventh largest: the same data under the rule
     day0's answer is held to, so a gap left between the tools under it is in what they measured,
     not in how they judge."""
-    from day0.client.prom import pct_name
     from day0.config.latency import SlaSection
     from day0.stages.latency.from_vllm import read_vllm
     from day0.stages.latency.metrics import compute_metrics
     from day0.stages.latency.search import judge_point
 
-    sla = SlaSection.from_table({f"{m}_{pct_name(a.percentile)}_ms": v for m, v in limits(a).items()})
+    sla = SlaSection.from_table(sla_table(a))
     run = read_vllm(Path(f"main_async at {rate:g} req/s"), res, "dense")
     point = judge_point(rate, compute_metrics(run.phase, [50.0, a.percentile]), sla, queue=False)
     return point.verdict, {k: list(v) for k, v in point.bounds.items()}
@@ -273,13 +281,12 @@ def per_point(a: argparse.Namespace, day0: dict[str, Any] | None) -> int:
 
 
 def day0_command(url: str, tok: Path, a: argparse.Namespace, out: Path) -> list[str]:
-    p = f"p{a.percentile:g}".replace(".", "_")
     cmd = [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
            "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(a.seed),
            "--rate", f"{a.start_rate:g}", "--num-requests", str(a.day0_measure_requests), "--warmup", str(a.warmup),
            "--search", "--search-start-rate", f"{a.start_rate:g}", "--percentiles", f"50,{a.percentile:g}",
            "--json", str(out)]
-    cmd += [arg for m, limit in limits(a).items() for arg in ("--limit", f"{m}_{p}_ms={limit:g}")]
+    cmd += [arg for key, limit in sla_table(a).items() for arg in ("--limit", f"{key}={limit:g}")]
     return cmd + (["--search-requests", str(a.requests)] if a.requests else [])
 
 
@@ -581,8 +588,7 @@ def main() -> int:
         if not a.scripted_slots:  # a script has nothing to warm
             warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])
         rounds = [run_round(url, tok, a, r, skip) for r in range(a.rounds)]
-    out = report(rounds, {f"{m}_p{a.percentile:g}_ms": v for m, v in limits(a).items()},
-                 {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson", "ignore_eos": True})
+    out = report(rounds, sla_table(a), {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson", "ignore_eos": True})
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:

@@ -158,7 +158,9 @@ def server_view(before: str | None, after: str | None, p: float) -> dict[str, li
 
 def day0_cmd(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path) -> list[str]:
     """A fixed-rate run of day0's latency stage, the limit judged by its 95% bounds."""
-    key = f"ttft_p{a.percentile:g}_ms".replace(".", "_")
+    from day0.client.prom import pct_name
+
+    key = f"ttft_{pct_name(a.percentile)}_ms"  # a limit key takes '.' or '_' (day0.config.latency.LIMIT_KEY)
     return [sys.executable, "-m", "day0.stages.latency", "--url", url, "--model", a.model, "--tokenizer", str(tok),
             "--input-len", str(a.input_len), "--output-len", str(a.output_len), "--seed", str(seed),
             "--rate", f"{a.rate:g}", "--num-requests", str(a.requests), "--warmup", "0", "--no-fresh-prompts",
