@@ -89,6 +89,12 @@ class CapacitySearch(_Table):
                                                                    "the limit); a miss there moves the search below "
                                                                    "it. Default: 300 or twice a point's requests, "
                                                                    "whichever is more; 0 = off")
+    confirm_s: float = Field(30.0, ge=0, description="with the saturation figure bounding the search: the answer's "
+                                                     "point also goes on for at least this many seconds of unbroken "
+                                                     "load at its rate, judged with it as one sample (a few seconds "
+                                                     "can miss the server's slow spells: on the cpu-tiny server "
+                                                     "rates met over 6-second points missed over minutes); MLPerf's "
+                                                     "server runs last 600 s. 0 = by confirm_requests alone")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
                                                                  "the sustained point's achieved req/s)")
 
@@ -203,6 +209,9 @@ class LatencySection(_Table):
                 raise ValueError(f"dataset: expected \"sharegpt:/path/to.json\", got {self.dataset!r}")
             if self.length_mix:
                 raise ValueError("length_mix: not with dataset (the dataset gives the lengths)")
+        if self.search is not None and self.search.confirm_s >= self.duration_s:
+            raise ValueError(f"search.confirm_s: {self.search.confirm_s:g} s must be below duration_s "
+                             f"({self.duration_s:g} s), which stops scheduling every phase: raise duration_s")
         shortest = length_bounds(self.input_len)[0]
         if self.prefix_len and self.prefix_len >= shortest and not (self.dataset or self.length_mix):
             raise ValueError(f"prefix_len: {self.prefix_len} must be below the shortest input_len ({shortest}) "

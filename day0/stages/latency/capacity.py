@@ -201,7 +201,8 @@ def _verdict_text(pt: SearchPoint) -> str:
 def _extends_text(pt: SearchPoint) -> str:
     if not pt.extends:
         return ""
-    return f" (its point's {pt.extends} requests and {pt.metrics.sent - pt.extends} more, judged as one sample)"
+    return (f" (its point's {pt.extends} requests and {pt.metrics.sent - pt.extends} more, "
+            f"{pt.metrics.duration_s:.0f} s of load in all, judged as one sample)")
 
 
 def why_not_met(pt: SearchPoint) -> str:

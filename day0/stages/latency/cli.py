@@ -119,6 +119,10 @@ def add_search_flags(g: Any) -> None:
                    help="with the flat-out figure: before the search ends on a rate, its point goes on to N "
                         "requests in all, judged as one sample (default: 300 or twice --search-requests, whichever "
                         "is more; 0 = off)")
+    g.add_argument("--search-confirm-s", type=float, metavar="S",
+                   help="with the flat-out figure: the answer's point also goes on for at least S seconds of "
+                        "unbroken load at its rate, judged with it as one sample (default 30; 0 = by "
+                        "--search-confirm-requests alone; MLPerf's server runs last 600)")
     g.add_argument("--target-rate", type=float, metavar="REQ/S",
                    help="the load the launch must serve: the search reports the replicas it needs")
 
@@ -233,7 +237,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
                                                          ("search_probe_requests", "probe_requests"),
                                                          ("search_saturation_requests", "saturation_requests"),
                                                          ("search_saturation_concurrency", "saturation_concurrency"),
-                                                         ("search_confirm_requests", "confirm_requests"))
+                                                         ("search_confirm_requests", "confirm_requests"),
+                                                         ("search_confirm_s", "confirm_s"))
               if getattr(args, attr, None) is not None}
     if args.search or search:
         lat["search"] = search

@@ -389,7 +389,8 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
     # with the flat-out rate as the bracket's top, overload is a rate past it, not a TTFT trend: the queue
     # rule fired at 0.64-0.88 of that rate here, on 3-second points of stable loads (docs/stages/latency.md)
     queue_rule = not (sat is not None and sat.applies)
-    b.confirm = confirm_size(search, requests) if not queue_rule else 0
+    if not queue_rule:
+        b.confirm, b.hold_s = confirm_size(search, requests), search.confirm_s
     x: float | None = b.axis.start
     size = 0  # requests of the next point when not the default (a confirmation)
     while x is not None:
@@ -430,6 +431,7 @@ class _Bracket:
     missed: float | None = None  # lowest load that missed (or straddled a limit)
     presumed: float | None = None  # a lower end assumed until the bisection narrows to it (flat out / growth)
     confirm: int = 0  # requests the answer's point goes on to, in all (0: not)
+    hold_s: float = 0.0  # seconds of load at its rate the answer's point goes on for (0: not)
     confirmed: set[float] = field(default_factory=set)
     confirmations: int = 0
 
@@ -495,11 +497,22 @@ class _Bracket:
             return axis.between(low, missed), 0, ""
         if low != self.met:
             return low, 0, ""  # a probe or the presumed end: measured in full before the search ends on it
-        if self.confirm and low not in self.confirmed:
+        if (self.confirm or self.hold_s) and low not in self.confirmed:
             self.confirmed.add(low)  # its point and more requests at that load, judged as one sample
-            return low, self.confirm, ""
+            return low, self.confirm_at(low), ""
+        held = self.met_at(low) if low in self.confirmed else None
         return None, 0, (f"precision {search.precision:g} reached"
-                         + (f"; the answer held over {self.confirm} requests" if self.confirm else ""))
+                         + (f"; the answer held over {held.metrics.sent} requests, {held.metrics.duration_s:.0f} s of "
+                            "load" if held is not None else ""))
+
+    def confirm_at(self, x: float) -> int:
+        """Requests the answer's point at rate ``x`` goes on to, in all: ``confirm``, or its own and as
+        many more as keep ``x`` up for ``hold_s``, whichever is more (a confirmation needs the flat-out
+        figure, so only a rate search has one). A few seconds of load can fall between a server's slow
+        spells, and a replica serves through them (docs/stages/latency.md, "The answer holds for a while")."""
+        point = self.met_at(x)
+        own = point.metrics.sent if point is not None else 0
+        return max(self.confirm, own + math.ceil(self.hold_s * x) if self.hold_s else 0)
 
 
 async def _flat_out_top(saturate: Saturate, sla: SlaSection,
@@ -525,7 +538,8 @@ async def _measure_point(measure_at: Callable[..., Awaitable[LatencyMetrics]], x
     more = n - before.sent if before is not None else n
     say(f"capacity search: {axis.text(x)}, {more} requests"
         + (" (a probe: it only has to not miss)" if probing else "")
-        + (f" more, judged with the {before.sent} of its point ({n} in all)" if before is not None else ""))
+        + (f" more ({more / x:.0f} s at its rate), judged with the {before.sent} of its point ({n} in all)"
+           if before is not None else ""))
     rule = ClearMiss(sla, n, edge=not probing)
     if before is not None:
         rule.count(before)

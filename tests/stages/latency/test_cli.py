@@ -80,7 +80,9 @@ def test_search_flags_become_the_search_table():
     assert (lat.search.start_rate, lat.search.requests, lat.search.target_rate) == (5.0, 64, 50.0)
     assert lat.search.probe_requests == 32  # the default climb probes
     lat, _ = settings_from_args(_args("--search-probe-requests", "0"))
-    assert lat.search is not None and lat.search.probe_requests == 0
+    assert lat.search is not None and lat.search.probe_requests == 0 and lat.search.confirm_s == 30.0
+    lat, _ = settings_from_args(_args("--search-confirm-s", "120", "--duration", "600"))
+    assert lat.search is not None and lat.search.confirm_s == 120.0
 
 
 def test_a_step_or_search_point_offers_exactly_its_rate_unless_asked_for_the_draw():
@@ -104,6 +106,9 @@ def test_a_step_or_search_point_offers_exactly_its_rate_unless_asked_for_the_dra
     (("--percentiles", "50,120"), "latency.percentiles"),
     (("--min-goodput", "-2"), "sla.min_goodput_req_s"),
     (("--search-start-rate", "0"), "latency.search.start_rate"),
+    (("--search-confirm-s", "-1"), "latency.search.confirm_s"),
+    # a hold as long as every phase's scheduling would be cut short: MLPerf's 600 s needs a longer duration
+    (("--search-confirm-s", "600"), "latency.search.confirm_s: 600 s must be below duration_s (300 s)"),
 ])
 def test_a_bad_flag_is_one_line_naming_it(argv, named):
     with pytest.raises(SettingsError) as err:

@@ -91,7 +91,7 @@ def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_o
     measure_at, calls = counted(server(0.97 * top, 0.8 * top))
     # 8 full points and 6 confirmations: a confirmation does not count toward max_points (each
     # re-measures a load a counted point met), or this search would end on a short point's answer
-    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300)
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300, confirm_s=0)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
     # no climb from start_rate and no probes: full points from the middle of [figure / growth, figure], none
     # at or past it, and the presumed lower end never measured (the answer is above it)
@@ -113,11 +113,28 @@ def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_o
     assert check.evidence["saturation"]["applies"] is True
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_the_answer_also_holds_for_confirm_s_of_load_at_its_rate(seed):
+    """Where ``confirm_s`` seconds at the answer's rate are more requests than ``confirm_requests``, its
+    point goes on for those seconds; a rate met only over short points does not stand."""
+    top = random.Random(seed).uniform(50.0, 300.0)
+    measure_at, calls = counted(server(0.97 * top, 0.8 * top))
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300, confirm_s=10.0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    best, held = result.sustained_point, math.ceil(10.0 * result.sustained)
+    assert best.verdict == MEETS and best.extends == 60 and best.metrics.sent == 60 + held > 300
+    assert 0.8 * top / 1.05 <= best.load <= 0.8 * top and (best.load, held) in calls, calls
+    assert f"the answer held over {60 + held} requests" in result.stopped
+    off = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=0, confirm_s=0)
+    assert asyncio.run(search_capacity(server(0.97 * top, 0.8 * top), off, SLA, 60, lambda _m: None,
+                                       saturated(top))).sustained > 0.8 * top  # no confirmation: a short point's
+
+
 @pytest.mark.parametrize("share", [0.2, 0.45])
 def test_an_answer_under_the_presumed_lower_end_is_found_below_it(share):
     top = 100.0
     measure_at, calls = counted(server(share * top, share * top))
-    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=20, confirm_requests=300)
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=20, confirm_requests=300, confirm_s=0)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
     # the bisection came down to the presumed end, measured it in full (it missed) and went below it
     assert (pytest.approx(top / 2), 60) in calls and result.ceiling.load <= top / 2
@@ -151,7 +168,8 @@ def test_the_stage_bounds_a_scripted_servers_search_by_its_flat_out_rate():
     service_ms = schedule(script, 0, 4)[-1][0] * 1000.0
     settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
                               burstiness=100.0, search=CapacitySearch(precision=0.03, max_points=16, requests=60,
-                                                                      saturation_requests=120, confirm_requests=150))
+                                                                      saturation_requests=120, confirm_requests=0,
+                                                                      confirm_s=2.0))
     sla = SlaSection.from_table({"ttft_p90_ms": 2.5 * service_ms})
     for _attempt in range(3):  # a busy host's stall can make one point miss: the search is run again, at most twice
         with SSEServer(script) as srv:
@@ -167,7 +185,9 @@ def test_the_stage_bounds_a_scripted_servers_search_by_its_flat_out_rate():
     assert check.status == "pass" and r_star * 0.92 <= check.value <= r_star * 1.05, (r_star, check.message)
     assert run.search.points[1].load == pytest.approx(sat.req_s / math.sqrt(2))  # after the flat-out point
     assert min(pt.load for pt in run.search.points) > sat.req_s / 2  # the presumed lower end, not measured
-    assert run.search.sustained_point.metrics.sent == 150 and "flat out" in check.message
+    # the answer's point went on for 2 s of load at its rate, judged with it as one sample
+    best = run.search.sustained_point
+    assert best.extends == 60 and best.metrics.sent == 60 + math.ceil(2.0 * best.load) and "flat out" in check.message
 
 
 def test_the_load_generator_measures_how_long_its_own_loop_stalled():
