@@ -515,6 +515,9 @@ def parse_args() -> argparse.Namespace:
                     help="runs of every tool, the order reversed each round (ABBA); medians are compared")
     ap.add_argument("--skip", default="", help=f"comma-separated, of: {', '.join(TOOLS)}")
     ap.add_argument("--tool-timeout-s", type=float, default=900.0)
+    ap.add_argument("--hold-s", type=float, default=0.0, help="then hold each tool's answer this long on day0's "
+                    "load generator, judged by day0's rule (benchmarks/capacity_hold.py; default 0: not)")
+    ap.add_argument("--hold-window-s", type=float, default=30.0, help="the server's TTFT shown per window of this")
     ap.add_argument("--json", type=Path, help="write the table, the points and the ratios here")
     ap.add_argument("--tool", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -572,6 +575,19 @@ def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set
     return {t: results[t] for t in order}
 
 
+def held_answers(url: str, tok: Path, a: argparse.Namespace, out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each tool's median answer held for ``--hold-s`` (capacity_hold.py), on seeds no round used."""
+    from capacity_hold import hold, hold_line
+
+    print(f"\nholding each answer for {a.hold_s:g} s of unbroken load (day0's load generator, day0's rule)", flush=True)
+    held = []
+    for i, r in enumerate(x for x in out["tools"].values() if x["sustained"]):
+        held.append(hold(url, tok, a, r["tool"], r["sustained"], a.seed + 5000 + i, run_child, metrics_text,
+                         sla_table(a)))
+        print(hold_line(held[-1], a.hold_window_s), flush=True)
+    return held
+
+
 def main() -> int:
     a = parse_args()
     if a.tool == "vllm":
@@ -588,7 +604,10 @@ def main() -> int:
         if not a.scripted_slots:  # a script has nothing to warm
             warm_server(url, tok, a, [a.start_rate * k for k in a.server_warmup_ramp])
         rounds = [run_round(url, tok, a, r, skip) for r in range(a.rounds)]
-    out = report(rounds, sla_table(a), {"input_len": a.input_len, "output_len": a.output_len, "arrivals": "poisson", "ignore_eos": True})
+        out = report(rounds, sla_table(a), {"input_len": a.input_len, "output_len": a.output_len,
+                                            "arrivals": "poisson", "ignore_eos": True})
+        if a.hold_s:
+            out["holds"] = held_answers(url, tok, a, out)
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:
