@@ -12,9 +12,9 @@ the first tool would measure that.
 - day0: ``day0 latency --search`` (the server's flat-out rate first, 200 requests at once, as the
   bracket's top; then bisection to 5% from half of it; each point the fewest requests whose order
   statistics bound the percentile, 299 for p99 at 95%, judged by those bounds, never by the point
-  estimate; a point that has missed stops early; the answer measured once more over twice as many
-  requests). Its flat-out run, measured phase (``--day0-measure-requests``) and warm-up are
-  counted in what it spent.
+  estimate; a point that has missed stops early; the answer's point going on for 30 s more at its
+  rate, judged with it as one sample). Its flat-out run, measured phase
+  (``--day0-measure-requests``) and warm-up are counted in what it spent.
 - vLLM: vLLM 0.32 has ``vllm bench sweep serve`` and ``serve_workload`` but no ``serve_sla``, and
   ``sweep`` only benchmarks servers it launches itself; so, a dense ``vllm bench serve`` rate list:
   from ``--start-rate`` (where day0 starts; ``--dense-start`` for another) up by ``--dense-step``
@@ -68,7 +68,8 @@ measured a lighter workload. So the server started here runs with prefix caching
 Prints every tool's points, round by round, then a table (tool, sustained req/s as the median of
 its rounds and each round's, first missed req/s, requests spent per answer, wall seconds, drift)
 and the ratios day0/other of the median sustained rates and of the requests spent per answer;
-``--json`` writes the same. The issue's targets: sustained rates within 10%, day0's requests at
+``--json`` writes the same. ``--hold-s S`` then holds each tool's median answer for S seconds of
+unbroken load and judges it by day0's rule (``capacity_hold.py``): which answer a replica sustains. The issue's targets: sustained rates within 10%, day0's requests at
 most half the dense sweep's. Starts a vLLM engine: on a shared box take the engine lock. The
 figures move with whatever else the box runs (the server and every client share its cores).
 
