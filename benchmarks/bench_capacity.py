@@ -69,12 +69,13 @@ Prints every tool's points, round by round, then a table (tool, sustained req/s 
 its rounds and each round's, first missed req/s, requests spent per answer, wall seconds, drift)
 and the ratios day0/other of the median sustained rates and of the requests spent per answer;
 ``--json`` writes the same. ``--hold-s S`` then holds each tool's median answer for S seconds of
-unbroken load and judges it by day0's rule (``capacity_hold.py``): which answer a replica sustains. The issue's targets: sustained rates within 10%, day0's requests at
-most half the dense sweep's. Starts a vLLM engine: on a shared box take the engine lock. The
-figures move with whatever else the box runs (the server and every client share its cores).
+unbroken load and judges it by day0's rule (``capacity_hold.py``): which answer a replica
+sustains. The issue's targets: sustained rates within 10%, day0's requests at most half the dense
+sweep's. Starts a vLLM engine: on a shared box take the engine lock. The figures move with
+whatever else the box runs (the server and every client share its cores).
 
     flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_capacity.py [--start-rate 16] \\
-        [--ttft-limit-ms 300 --tpot-limit-ms 40] [--guidellm-path /tmp/guidellm-site] [--json out.json]
+        [--ttft-limit-ms 300 --tpot-limit-ms 40] [--guidellm-path /tmp/guidellm-site] [--hold-s 180] [--json out.json]
 """
 
 from __future__ import annotations
