@@ -119,3 +119,21 @@ def test_a_dense_rate_says_how_bursty_its_arrivals_were():
     point = {"rate": 50.21, "n": 300, "verdict": "misses", "ttft_ms": 589.4, "tpot_ms": 13.0, "offered_calmer": 0.03}
     assert "arrivals burstier than 97% of Poisson draws" in report.point_line(point)
     assert "Poisson draws" not in report.point_line(point | {"offered_calmer": None})
+
+
+def test_a_held_answer_passes_only_when_every_limit_passed_and_says_which_did_not():
+    """benchmarks/capacity_hold.py: the verdict over a hold's limits, and its printed line."""
+    import capacity_hold as hold
+
+    def held(*statuses: str) -> dict:
+        limits = {f"m{i}_p99_ms": {"status": st, "ms": 250.0, "lower": 240.0, "upper": 260.0}
+                  for i, st in enumerate(statuses)}
+        return {"tool": "day0", "rate": 41.2, "requests": 7420, "wall_s": 184.0, "limits": limits,
+                "windows_ms": [237.0, None], "why": ""}
+
+    assert hold.verdict(held("pass", "pass")) == "pass"
+    assert hold.verdict(held("pass", "fail")) == "fail" and hold.verdict(held("error", "fail")) == "fail"
+    assert hold.verdict(held("pass", "error")) == "error" and hold.verdict(held()) == "error"  # nothing judged
+    line = hold.hold_line(held("pass", "fail"), 30.0)
+    assert line.startswith("    day0: 41.2 req/s held 7420 requests (184 s): FAIL")
+    assert "m1_p99_ms 250.0 [240.0, 260.0] fail" in line and "per 30 s (ms): 237, -" in line
