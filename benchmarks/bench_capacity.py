@@ -577,19 +577,6 @@ def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set
     return {t: results[t] for t in order}
 
 
-def held_answers(url: str, tok: Path, a: argparse.Namespace, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each tool's median answer held for ``--hold-s`` (capacity_hold.py), on seeds no round used."""
-    from capacity_hold import hold, hold_line
-
-    print(f"\nholding each answer for {a.hold_s:g} s of unbroken load (day0's load generator, day0's rule)", flush=True)
-    held = []
-    for i, r in enumerate(x for x in out["tools"].values() if x["sustained"]):
-        held.append(hold(url, tok, a, r["tool"], r["sustained"], a.seed + 5000 + i, run_child, metrics_text,
-                         sla_table(a)))
-        print(hold_line(held[-1], a.hold_window_s), flush=True)
-    return held
-
-
 def main() -> int:
     a = parse_args()
     if a.tool == "vllm":
@@ -609,7 +596,9 @@ def main() -> int:
         out = report(rounds, sla_table(a), {"input_len": a.input_len, "output_len": a.output_len,
                                             "arrivals": "poisson", "ignore_eos": True})
         if a.hold_s:
-            out["holds"] = held_answers(url, tok, a, out)
+            from capacity_hold import hold_each
+
+            out["holds"] = hold_each(url, tok, a, out["tools"], run_child, metrics_text, sla_table(a))
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:

@@ -95,3 +95,17 @@ def hold_line(h: dict[str, Any], window_s: float) -> str:
     return (f"{h['tool']:>8}: {h['rate']:.4g} req/s held {h['requests']} requests ({h['wall_s']:.0f} s): "
             f"{verdict(h).upper()}  {figures}\n          server's TTFT per {window_s:g} s (ms): {wins or '-'}"
             + (f"\n          {h['why']}" if h["why"] else ""))
+
+
+def hold_each(url: str, tok: Path, a: argparse.Namespace, tools: dict[str, dict[str, Any]],
+              run_child: Callable[..., tuple[str, str, float]], scrape: Callable[[str], str | None],
+              limits: dict[str, float]) -> list[dict[str, Any]]:
+    """Each tool's median answer (``tools``: capacity_report's per-tool results) held in turn, on
+    seeds no round used (``a.seed`` + 5000 + i), each printed as it ends."""
+    print(f"\nholding each answer for {a.hold_s:g} s of unbroken load (day0's load generator, day0's rule)",
+          flush=True)
+    held = []
+    for i, r in enumerate(x for x in tools.values() if x["sustained"]):
+        held.append(hold(url, tok, a, r["tool"], r["sustained"], a.seed + 5000 + i, run_child, scrape, limits))
+        print(hold_line(held[-1], a.hold_window_s), flush=True)
+    return held
