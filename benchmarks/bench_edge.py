@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_capacity  # noqa: E402  (the server, its warm-up, the child runner and vLLM bench's rate)
-from capacity_report import fmt  # noqa: E402
+from capacity_report import fmt, limit_figures  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 RUN_IN, FLAT_OUT = "+run-in", "+flat-out"
@@ -183,11 +183,10 @@ def read_day0(out: Path, a: argparse.Namespace) -> dict[str, Any]:
     c = next((c for c in checks if c["id"].endswith(key)), None)
     if c is None:
         return {"note": f"no {key} check in day0's output"}
-    ev = c.get("evidence", {})
-    b = ev.get("bounds", {})  # an undecided check ("error") keeps its point estimate in the evidence
-    told, bursts = c.get("value"), ev.get("tail_bursts") or {}
-    return {"p_ms": ev.get("point_estimate") if told is None else told, "lower": b.get("lower"), "upper": b.get("upper"),
-            "status": c["status"], "burst_factor": bursts.get("factor")}
+    told = limit_figures(c)
+    bursts = c.get("evidence", {}).get("tail_bursts") or {}
+    return {"p_ms": told["ms"], "lower": told["lower"], "upper": told["upper"], "status": told["status"],
+            "burst_factor": bursts.get("factor")}
 
 
 def read_vllm(stdout: str, a: argparse.Namespace) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from capacity_report import fmt
+from capacity_report import fmt, limit_figures
 
 
 def windows(url: str, every_s: float, percentile: float, done: threading.Event,
@@ -66,15 +66,9 @@ def hold(url: str, tok: Path, a: argparse.Namespace, tool: str, rate: float, see
         done.set()
         watcher.join()
         checks = json.loads(out.read_text()) if out.exists() else []
-    judged = {}
-    for key in limits:
-        check = next((c for c in checks if c["id"] == f"latency.{key.removesuffix('_ms')}"), None)
-        if check is not None:
-            ev = check.get("evidence", {})
-            bounds = ev.get("bounds", {})
-            told = check.get("value")  # an undecided check keeps its estimate in the evidence
-            judged[key] = {"status": check["status"], "ms": ev.get("point_estimate") if told is None else told,
-                           "lower": bounds.get("lower"), "upper": bounds.get("upper")}
+    by_id = {c["id"]: c for c in checks}
+    ids = {key: f"latency.{key.removesuffix('_ms')}" for key in limits}  # ttft_p99_ms -> latency.ttft_p99
+    judged = {key: limit_figures(by_id[check_id]) for key, check_id in ids.items() if check_id in by_id}
     return {"tool": tool, "rate": rate, "requests": n, "wall_s": round(wall, 1), "limits": judged,
             "windows_ms": seen[0] if seen else [], "why": why or ("" if judged else "no limited check in its output")}
 

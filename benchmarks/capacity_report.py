@@ -16,6 +16,15 @@ def fmt(x: float | None, spec: str = ".4g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def limit_figures(check: dict[str, Any]) -> dict[str, Any]:
+    """A limited percentile's check from day0's ``--json``: its status, estimate (ms) and 95% bounds.
+    An undecided check (``error``) has no value; it keeps its estimate in the evidence."""
+    ev = check.get("evidence", {})
+    bounds, told = ev.get("bounds", {}), check.get("value")
+    return {"status": check["status"], "ms": ev.get("point_estimate") if told is None else told,
+            "lower": bounds.get("lower"), "upper": bounds.get("upper")}
+
+
 def combined(tool: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """A tool's answer over its rounds: the median sustained rate of the rounds that had one (a
     round without is shown as "-" among the rounds), the median requests and wall time of one

@@ -137,3 +137,12 @@ def test_a_held_answer_passes_only_when_every_limit_passed_and_says_which_did_no
     line = hold.hold_line(held("pass", "fail"), 30.0)
     assert line.startswith("    day0: 41.2 req/s held 7420 requests (184 s): FAIL")
     assert "m1_p99_ms 250.0 [240.0, 260.0] fail" in line and "per 30 s (ms): 237, -" in line
+
+
+def test_a_limit_check_reads_its_estimate_from_the_evidence_when_undecided():
+    """capacity_report.limit_figures, which bench_edge and capacity_hold read day0's checks with."""
+    met = {"status": "pass", "value": 250.0, "evidence": {"bounds": {"lower": 240.0, "upper": 260.0}}}
+    undecided = {"status": "error", "value": None,
+                 "evidence": {"point_estimate": 301.0, "bounds": {"lower": 290.0, "upper": None}}}
+    assert report.limit_figures(met) == {"status": "pass", "ms": 250.0, "lower": 240.0, "upper": 260.0}
+    assert report.limit_figures(undecided) == {"status": "error", "ms": 301.0, "lower": 290.0, "upper": None}
