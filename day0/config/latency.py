@@ -89,11 +89,12 @@ class CapacitySearch(_Table):
                                                                    "the limit); a miss there moves the search below "
                                                                    "it. Default: 300 or twice a point's requests, "
                                                                    "whichever is more; 0 = off")
-    confirm_s: float = Field(30.0, ge=0, description="with the saturation figure bounding the search: the answer's "
-                                                     "point also goes on for at least this many seconds of unbroken "
-                                                     "load at its rate, judged with it as one sample (a few seconds "
-                                                     "can miss the server's slow spells: on the cpu-tiny server "
-                                                     "rates met over 6-second points missed over minutes); MLPerf's "
+    confirm_s: float = Field(30.0, ge=0, description="with the saturation figure bounding the search: the answer is "
+                                                     "judged over at least this many seconds of load at its rate, "
+                                                     "its point's own included, as one sample (a few seconds can "
+                                                     "miss the server's slow spells: on the cpu-tiny server rates "
+                                                     "met over 6-second points missed over minutes); below one that "
+                                                     "did not meet, each point is held from its start. MLPerf's "
                                                      "server runs last 600 s. 0 = by confirm_requests alone")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
                                                                  "the sustained point's achieved req/s)")

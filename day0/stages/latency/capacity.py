@@ -199,6 +199,9 @@ def _verdict_text(pt: SearchPoint) -> str:
 
 
 def _extends_text(pt: SearchPoint) -> str:
+    if pt.held and not pt.extends:
+        return (f" (held from its start, {pt.metrics.duration_s:.0f} s of load: a held rate above it did not meet, "
+                "so no short point here)")
     if not pt.extends:
         return ""
     return (f" (its point's {pt.extends} requests and {pt.metrics.sent - pt.extends} more, "

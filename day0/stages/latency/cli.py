@@ -120,8 +120,8 @@ def add_search_flags(g: Any) -> None:
                         "requests in all, judged as one sample (default: 300 or twice --search-requests, whichever "
                         "is more; 0 = off)")
     g.add_argument("--search-confirm-s", type=float, metavar="S",
-                   help="with the flat-out figure: the answer's point also goes on for at least S seconds of "
-                        "unbroken load at its rate, judged with it as one sample (default 30; 0 = by "
+                   help="with the flat-out figure: the answer is judged over at least S seconds of load at its "
+                        "rate, its point's own included, as one sample (default 30; 0 = by "
                         "--search-confirm-requests alone; MLPerf's server runs last 600)")
     g.add_argument("--target-rate", type=float, metavar="REQ/S",
                    help="the load the launch must serve: the search reports the replicas it needs")

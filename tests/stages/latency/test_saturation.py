@@ -89,8 +89,8 @@ def saturated(req_s: float, queued: bool = True):
 def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_over_a_longer_point(seed):
     top = random.Random(seed).uniform(5.0, 300.0)
     measure_at, calls = counted(server(0.97 * top, 0.8 * top))
-    # 8 full points and 6 confirmations: a confirmation does not count toward max_points (each
-    # re-measures a load a counted point met), or this search would end on a short point's answer
+    # 7 counted points and 4 extensions: an extension does not count toward max_points (each re-measures
+    # a load a counted point met), or this search would end on a short point's answer
     search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300, confirm_s=0)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
     # no climb from start_rate and no probes: full points from the middle of [figure / growth, figure], none
@@ -99,13 +99,19 @@ def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_o
     assert not any(pt.verdict == PROBED for pt in result.points)
     flat = next(pt for pt in result.points if SATURATION in pt.misses)
     assert flat.load == top and flat.verdict == MISSES and result.saturation.req_s == top
-    # the answer is a load met over 300 requests: its point's 60 and 240 more, judged as one sample; short
-    # points that met above it were confirmed the same way and missed
+    # the answer is a load met over 300 requests, judged as one sample (a point's 60 and 240 more, or 300
+    # from its start); short points that met above it were confirmed the same way and missed
     best = result.sustained_point
     assert best.verdict == MEETS and best.metrics.sent == 300 and 0.8 * top / 1.05 <= best.load <= 0.8 * top, calls
-    assert best.extends == 60 and best.metrics.completed == 300 and len(best.metrics.samples["ttft"]) == 300
-    assert (best.load, 240) in calls and "the answer held over 300 requests" in result.stopped
+    assert best.held and best.metrics.completed == 300 and len(best.metrics.samples["ttft"]) == 300
+    assert (best.load, 300 - best.extends) in calls and "the answer held over 300 requests" in result.stopped
     assert any(n == 240 and x > 0.8 * top for x, n in calls), calls  # a short point's meet did not stand
+    # below the first confirmation that missed, each point is held (extended, or 300 from its start), one
+    # precision step under the lowest load not met: no short point, and every step within 5% of the last
+    walk = calls[next(i for i, (_, n) in enumerate(calls) if n != 60):]
+    assert all(n != 60 for _, n in walk) and any(n == 300 for _, n in walk), calls
+    assert all(1.0 < a / b <= 1.05 + 1e-6 for (a, _), (b, _) in zip(walk, walk[1:])), walk
+    assert f"{len(walk) - 1} held rates above it did not meet" in result.stopped
     # what the search spent counts each request once: the confirmations' own, not their points' again
     assert result.requests_sent == sum(n for _, n in calls) + 200
     check = capacity_check(result, SLA, search)
@@ -121,10 +127,10 @@ def test_the_answer_also_holds_for_confirm_s_of_load_at_its_rate(seed):
     measure_at, calls = counted(server(0.97 * top, 0.8 * top))
     search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300, confirm_s=10.0)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
-    best, held = result.sustained_point, math.ceil(10.0 * result.sustained)
-    assert best.verdict == MEETS and best.extends == 60 and best.metrics.sent == 60 + held > 300
-    assert 0.8 * top / 1.05 <= best.load <= 0.8 * top and (best.load, held) in calls, calls
-    assert f"the answer held over {60 + held} requests" in result.stopped
+    best, held = result.sustained_point, math.ceil(10.0 * result.sustained)  # its point's own included
+    assert best.verdict == MEETS and best.held and best.metrics.sent == held > 300
+    assert 0.8 * top / 1.05 <= best.load <= 0.8 * top and (best.load, held - best.extends) in calls, calls
+    assert f"the answer held over {held} requests" in result.stopped
     off = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=0, confirm_s=0)
     assert asyncio.run(search_capacity(server(0.97 * top, 0.8 * top), off, SLA, 60, lambda _m: None,
                                        saturated(top))).sustained > 0.8 * top  # no confirmation: a short point's
@@ -169,7 +175,7 @@ def test_the_stage_bounds_a_scripted_servers_search_by_its_flat_out_rate():
     settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
                               burstiness=100.0, search=CapacitySearch(precision=0.03, max_points=16, requests=60,
                                                                       saturation_requests=120, confirm_requests=0,
-                                                                      confirm_s=2.0))
+                                                                      confirm_s=4.0))
     sla = SlaSection.from_table({"ttft_p90_ms": 2.5 * service_ms})
     for _attempt in range(3):  # a busy host's stall can make one point miss: the search is run again, at most twice
         with SSEServer(script) as srv:
@@ -185,9 +191,9 @@ def test_the_stage_bounds_a_scripted_servers_search_by_its_flat_out_rate():
     assert check.status == "pass" and r_star * 0.92 <= check.value <= r_star * 1.05, (r_star, check.message)
     assert run.search.points[1].load == pytest.approx(sat.req_s / math.sqrt(2))  # after the flat-out point
     assert min(pt.load for pt in run.search.points) > sat.req_s / 2  # the presumed lower end, not measured
-    # the answer's point went on for 2 s of load at its rate, judged with it as one sample
+    # the answer was judged over 4 s of load at its rate, its point's own included, as one sample
     best = run.search.sustained_point
-    assert best.extends == 60 and best.metrics.sent == 60 + math.ceil(2.0 * best.load) and "flat out" in check.message
+    assert best.held and best.metrics.sent == math.ceil(4.0 * best.load) > 60 and "flat out" in check.message
 
 
 def test_the_load_generator_measures_how_long_its_own_loop_stalled():
