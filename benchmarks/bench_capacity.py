@@ -12,8 +12,9 @@ the first tool would measure that.
 - day0: ``day0 latency --search`` (the server's flat-out rate first, 200 requests at once, as the
   bracket's top; then bisection to 5% from half of it; each point the fewest requests whose order
   statistics bound the percentile, 299 for p99 at 95%, judged by those bounds, never by the point
-  estimate; a point that has missed stops early; the answer's point going on for 30 s more at its
-  rate, judged with it as one sample). Its flat-out run, measured phase
+  estimate; a point that has missed stops early; the answer judged over 30 s of load at its rate,
+  its point's own included, as one sample, and below one that missed, held points one 5% step at
+  a time). Its flat-out run, measured phase
   (``--day0-measure-requests``) and warm-up are counted in what it spent.
 - vLLM: vLLM 0.32 has ``vllm bench sweep serve`` and ``serve_workload`` but no ``serve_sla``, and
   ``sweep`` only benchmarks servers it launches itself; so, a dense ``vllm bench serve`` rate list:
@@ -236,8 +237,8 @@ def judged_by_day0(res: dict[str, Any], rate: float, a: argparse.Namespace) -> t
     not in how they judge."""
     from day0.config.latency import SlaSection
     from day0.stages.latency.from_vllm import read_vllm
+    from day0.stages.latency.judging import judge_point
     from day0.stages.latency.metrics import compute_metrics
-    from day0.stages.latency.search import judge_point
 
     sla = SlaSection.from_table(sla_table(a))
     run = read_vllm(Path(f"main_async at {rate:g} req/s"), res, "dense")

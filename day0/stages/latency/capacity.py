@@ -17,6 +17,7 @@ from day0.client.prom import pct_name
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import offered_burst, samples_to_bound
+from day0.stages.latency.judging import lag_text
 from day0.stages.latency.measurement import (
     CLIENT_LAGGED,
     MEETS,
@@ -28,7 +29,6 @@ from day0.stages.latency.measurement import (
     SearchResult,
 )
 from day0.stages.latency.metrics import SOURCE, rounded
-from day0.stages.latency.search import lag_text
 
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest load meeting the SLA (confidence-bounded)"
 

@@ -35,10 +35,10 @@ from day0.stages.latency.capacity import CHECK_ID as CAPACITY
 from day0.stages.latency.capacity import point_load, why_not_met
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.importing import FORMATS, import_checks, read_result, write_run
+from day0.stages.latency.judging import lag_text
 from day0.stages.latency.measurement import CLIENT_LAGGED, LatencyRun
 from day0.stages.latency.metrics import METRIC_TITLES, LatencyMetrics
 from day0.stages.latency.run import report_percentiles, run_latency
-from day0.stages.latency.search import lag_text
 from day0.stages.latency.settings import EngineContext
 
 
@@ -355,7 +355,8 @@ def format_report(run: LatencyRun, checks: Sequence[Check], show: Callable[[str]
     for sp in sorted(run.search.points if run.search else [], key=lambda x: x.load):
         bounds = ", ".join(f"{k} {'?' if lo is None else f'{lo:.1f}'}..{'?' if hi is None else f'{hi:.1f}'} ms"
                            for k, (lo, hi) in sp.bounds.items())
-        sent = f"{sp.metrics.sent} requests" + (f": {sp.extends} + {sp.metrics.sent - sp.extends}" if sp.extends else "")
+        sent = f"{sp.metrics.sent} requests" + (f": {sp.extends} + {sp.metrics.sent - sp.extends}" if sp.extends
+                                                else ", held from its start" if sp.held else "")
         lines.append(f"search {point_load(run.search, sp.load)} ({sent}): {bounds} -> {sp.verdict}"
                      + (f" ({why_not_met(sp)})" if sp.misses else f" ({lag_text(sp)})" if sp.verdict == CLIENT_LAGGED
                         else ""))

@@ -53,8 +53,8 @@ class SearchPoint:
     undecided: list[str]
     bounds: dict[str, tuple[float | None, float | None]]
     lag_ms: float
-    early: str = ""  # why the point stopped before its last request (search.ClearMiss), "" when it ran out
-    quarters_ms: tuple[float, float] | None = None  # median TTFT of its first and last quarter (search.quarter_ttfts)
+    early: str = ""  # why the point stopped before its last request (judging.ClearMiss), "" when it ran out
+    quarters_ms: tuple[float, float] | None = None  # median TTFT of its first and last quarter (judging.quarter_ttfts)
     extends: int = 0  # requests of the earlier point at this load that ``metrics`` includes (a confirmation)
     held: bool = False  # judged as the answer's confirmation: a point's extension (``extends``), or, below one that
     # did not meet, a point of the confirmation's size from its start (search._Bracket.walk_down)

@@ -9,9 +9,9 @@ from day0.client.prom import pct_name
 from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile
+from day0.stages.latency.judging import judge_point
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, LatencyRun, SweepPoint
 from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
-from day0.stages.latency.search import judge_point
 
 
 async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], settings: LatencySection,

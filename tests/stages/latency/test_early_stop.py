@@ -1,5 +1,5 @@
 """A capacity-search point stops once it has missed whatever its remaining requests do, or (a
-full point) once it cannot meet (``day0.stages.latency.search.ClearMiss``), and the load generator
+full point) once it cannot meet (``day0.stages.latency.judging.ClearMiss``), and the load generator
 honours the stop (``day0.client.loadgen`` ``until``): fewer requests sent, those in flight
 cancelled."""
 
@@ -15,8 +15,9 @@ from day0.client.stream import RequestResult
 from day0.client.workload import WorkloadSpec, build_requests
 from day0.config.latency import CapacitySearch, SlaSection
 from day0.core.stats import bound_ranks, percentile_bounds
+from day0.stages.latency.judging import ClearMiss
 from day0.stages.latency.measurement import MEETS, MISSES, UNDECIDED
-from day0.stages.latency.search import ClearMiss, search_capacity
+from day0.stages.latency.search import search_capacity
 from tests.stages.latency.test_search import metrics_with
 from tests.support.sse_server import Script, SSEServer
 

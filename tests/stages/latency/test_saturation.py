@@ -18,6 +18,7 @@ from day0.client.stream import RequestResult
 from day0.config.latency import CapacitySearch, LatencySection, SlaSection
 from day0.stages.latency import latency_checks, run_latency
 from day0.stages.latency.capacity import CHECK_ID, capacity_check
+from day0.stages.latency.judging import judge_point, lag_text
 from day0.stages.latency.measurement import SATURATION, Saturation
 from day0.stages.latency.saturation import middle_window, saturation_of
 from day0.stages.latency.search import (
@@ -26,8 +27,6 @@ from day0.stages.latency.search import (
     MISSES,
     PROBED,
     UNDECIDED,
-    judge_point,
-    lag_text,
     search_capacity,
 )
 from tests.stages.latency.test_search import counted, metrics_with
@@ -117,6 +116,10 @@ def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_o
     check = capacity_check(result, SLA, search)
     assert check.status == "pass" and f"of the {top:.4g} req/s it completes flat out" in check.message
     assert check.evidence["saturation"]["applies"] is True
+    # the table tells an extension from a point held from its start
+    verdicts = [row[-1] for row in check.evidence["table"]["rows"]]
+    assert any("held from its start" in v for v in verdicts), verdicts
+    assert any("its point's 60 requests and 240 more" in v for v in verdicts), verdicts
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -134,6 +137,15 @@ def test_the_answer_also_holds_for_confirm_s_of_load_at_its_rate(seed):
     off = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=0, confirm_s=0)
     assert asyncio.run(search_capacity(server(0.97 * top, 0.8 * top), off, SLA, 60, lambda _m: None,
                                        saturated(top))).sustained > 0.8 * top  # no confirmation: a short point's
+
+
+def test_a_walk_down_cut_short_by_max_points_says_its_answer_was_not_held():
+    top = 100.0
+    measure_at, calls = counted(server(0.97 * top, 0.5 * top))  # short points overstate by nearly half
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=6, confirm_requests=300, confirm_s=0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    assert result.stopped.startswith("max_points (6) reached; no rate under the confirmations"), result.stopped
+    assert not result.sustained_point.held and result.sustained > 0.5 * top  # a short point's, and the text says so
 
 
 @pytest.mark.parametrize("share", [0.2, 0.45])

@@ -17,6 +17,7 @@ from day0.results.report import render
 from day0.stages.latency import compute_metrics, latency_checks, run_latency
 from day0.stages.latency.capacity import CHECK_ID, burstier_share, capacity_check, why_not_met
 from day0.stages.latency.cli import format_report
+from day0.stages.latency.judging import judge_point
 from day0.stages.latency.search import (
     CLIENT_LAGGED,
     MEETS,
@@ -24,7 +25,6 @@ from day0.stages.latency.search import (
     PROBED,
     SATURATION,
     UNDECIDED,
-    judge_point,
     requests_per_point,
     search_capacity,
 )
