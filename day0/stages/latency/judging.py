@@ -35,7 +35,6 @@ def stall_limit(sla: SlaSection) -> float | None:
     return max(STALL_SHARE * min(limits), STALL_FLOOR_MS) if limits else None
 
 
-
 @dataclass
 class _Tally:
     """One limited percentile in a :class:`ClearMiss`: values past ``limit`` (ms) seen so far, how many

@@ -88,7 +88,7 @@ def saturated(req_s: float, queued: bool = True):
 def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_over_a_longer_point(seed):
     top = random.Random(seed).uniform(5.0, 300.0)
     measure_at, calls = counted(server(0.97 * top, 0.8 * top))
-    # 7 counted points and 4 extensions: an extension does not count toward max_points (each re-measures
+    # 7 counted points and 3 extensions: an extension does not count toward max_points (each re-measures
     # a load a counted point met), or this search would end on a short point's answer
     search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300, confirm_s=0)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
