@@ -20,12 +20,15 @@ engine lock.
 ``--versus=ARGS`` (with the "=", since ARGS starts with a dash) runs a second arm with those
 arguments on top, the two in ABBA order on the same seeds, and prints each arm's spread: does a
 setting make the answer more reproducible, on one server, with the box's drift shared.
+``--versus-tree DIR`` makes the second arm another checkout's day0 (``git worktree add DIR
+COMMIT``; its own load workers too): a change paired against its parent, same server, same seeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -48,13 +51,22 @@ def command(url: str, tok: Path, a: argparse.Namespace, seed: int, out: Path, ar
             "--search-requests", str(a.requests), "--seed", str(seed), "--json", str(out), *a.extra, *arm]
 
 
-def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int, arm: list[str]) -> dict:
+def tree_env(tree: Path | None) -> dict[str, str] | None:
+    """The environment that imports day0 from ``tree``: first on the path, and the working folder
+    (this checkout, for ``-m``) left off it; None: this checkout's."""
+    return None if tree is None else {**os.environ, "PYTHONPATH": str(tree.resolve()), "PYTHONSAFEPATH": "1"}
+
+
+def one_run(url: str, tok: Path, a: argparse.Namespace, seed: int, arm: list[str],
+            tree: Path | None = None) -> dict:
     """One search in its own process (bench_capacity's runner: a run past ``--run-timeout-s`` has
-    its whole process group killed, load workers included; exit 1 is a failed check, still an answer)."""
+    its whole process group killed, load workers included; exit 1 is a failed check, still an answer),
+    with day0 from ``tree`` when given."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "checks.json"
         _, why, wall = bench_capacity.run_child(command(url, tok, a, seed, out, arm),
-                                                argparse.Namespace(tool_timeout_s=a.run_timeout_s), ok=(0, 1))
+                                                argparse.Namespace(tool_timeout_s=a.run_timeout_s),
+                                                env=tree_env(tree), ok=(0, 1))
         checks = json.loads(out.read_text()) if out.exists() else []
     cap = next((c for c in checks if c["id"] == "latency.capacity"), None)
     if cap is None:
@@ -107,6 +119,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the runs here")
     ap.add_argument("--versus", metavar="ARGS", help="a second arm: these day0 latency arguments on top, the two arms "
                                                      "in ABBA rounds on the same seeds, --runs each")
+    ap.add_argument("--versus-tree", type=Path, metavar="DIR",
+                    help="a second arm: day0 from this checkout (a git worktree of another commit), same seeds")
     ap.add_argument("extra", nargs="*", help="after --: more day0 latency arguments, every run")
     a = ap.parse_args()
     # what bench_capacity's server and warm-up read; the profile's prefix cache stays on (day0 alone
@@ -115,13 +129,14 @@ def main() -> int:
                                 server_warmup=a.server_warmup, start_rate=a.warmup_rate,
                                 input_len=a.warmup_input_len, output_len=32, seed=0, percentile=90.0,
                                 tool_timeout_s=a.run_timeout_s)
-    arms = {"A": [], "B": shlex.split(a.versus)} if a.versus else {"A": []}
+    arms = {"A": [], "B": shlex.split(a.versus or "")} if a.versus or a.versus_tree else {"A": []}
+    trees = {"B": a.versus_tree}
     runs = []
     with bench_capacity.serving(server) as (url, tok):
         bench_capacity.warm_server(url, tok, server)
         for i, (name, seed) in enumerate(schedule(a.runs, list(arms))):
             own = saturation(url, tok, a, seed)
-            r = one_run(url, tok, a, seed, arms[name])
+            r = one_run(url, tok, a, seed, arms[name], trees.get(name))
             flat_out = r["search_saturation_req_s"] or own
             r |= {"arm": name, "saturation_req_s": flat_out}
             r["share"] = r["value"] / flat_out if r["value"] and r["status"] == "pass" and flat_out else None
@@ -138,7 +153,8 @@ def main() -> int:
         flat = [r["saturation_req_s"] for r in mine if r["saturation_req_s"]]
         shares = [r["share"] for r in mine if r["share"]]
         spreads[name] = {"answers": spread(answers), "flat_out": spread(flat), "shares": spread(shares)}
-        label = f"arm {name} ({' '.join(extra) or 'as documented'})"
+        label = f"arm {name} ({' '.join(extra) or 'as documented'}" + (
+            f", day0 from {trees[name]})" if trees.get(name) else ")")
         shown = {k: fmt(v, ".3f") for k, v in spreads[name].items()}
         print(f"\n{label}: answers {answers}; spread (highest / lowest) {shown['answers']}\n"
               f"  flat out {flat} req/s, spread {shown['flat_out']} (the server's own drift)\n"
