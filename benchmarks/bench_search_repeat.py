@@ -123,6 +123,9 @@ def main() -> int:
                     help="a second arm: day0 from this checkout (a git worktree of another commit), same seeds")
     ap.add_argument("extra", nargs="*", help="after --: more day0 latency arguments, every run")
     a = ap.parse_args()
+    if a.versus_tree is not None and not (a.versus_tree / "day0" / "__init__.py").is_file():
+        # else the arm would import this checkout's day0 (installed editable) and pair a change with itself
+        ap.error(f"--versus-tree {a.versus_tree}: no day0 package there (git worktree add DIR COMMIT)")
     # what bench_capacity's server and warm-up read; the profile's prefix cache stays on (day0 alone
     # runs here, and its nonce keeps its prompts out of the cache)
     server = argparse.Namespace(url=a.url, tokenizer=None, model=a.model, prefix_caching=True,
