@@ -166,7 +166,7 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         if prior is None and b.counted() >= search.max_points:
             return result(f"max_points ({search.max_points}) reached" + (
                 "; no rate under the confirmations that did not meet has held yet, so an answer here met over its "
-                "short point only" if b.walking else ""))
+                "short point only" if b.missed_holds() else ""))
         n = size or (probe if probing else requests)
         point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule, prior, held=bool(size))
         if point.verdict == CLIENT_LAGGED:  # a host's hiccup passes: the same point once more, fresh prompts
@@ -204,7 +204,6 @@ class _Bracket:
     hold_s: float = 0.0  # seconds of load at its rate the answer's point goes on for (0: not)
     confirmed: set[float] = field(default_factory=set)
     confirmations: int = 0  # extensions of a point that met (a point held from its start is a point)
-    walking: bool = False  # a confirmation did not meet: every point below is held (:meth:`walk_down`)
 
     def counted(self) -> int:
         """The points ``max_points`` bounds: not probes that stayed probes, not the flat-out figure, not
@@ -212,6 +211,12 @@ class _Bracket:
         of the walk down, held from its start, is a load measured anew and counts."""
         return sum(pt.verdict not in (PROBED, CLIENT_LAGGED) and SATURATION not in pt.misses
                    for pt in self.points) - self.confirmations
+
+    def missed_holds(self) -> set[float]:
+        """The loads a confirmation did not meet at; once there is one, every point below is held
+        (:meth:`walk_down`). A confirmation the client lagged through concluded nothing: it is measured
+        again at the same load, and that load counts once."""
+        return {pt.load for pt in self.points if pt.held and pt.verdict not in (MEETS, CLIENT_LAGGED)}
 
     def met_at(self, x: float) -> SearchPoint | None:
         """The last point that met at load ``x`` (what a confirmation there goes on from)."""
@@ -242,8 +247,6 @@ class _Bracket:
 
     def record(self, point: SearchPoint) -> None:
         x = point.load
-        if point.held and point.verdict != MEETS:
-            self.walking = True
         if point.verdict == MEETS:
             self.met = x if self.met is None else max(self.met, x)
         elif point.verdict != PROBED:  # a miss, or bounds straddling a limit: the SLA's edge is at or below it
@@ -261,7 +264,7 @@ class _Bracket:
                     return x, 0, ""  # the same load again, full-sized: "at least max_rate" is a claim
                 return None, 0, f"every point met the SLA up to {axis.limit_key} ({axis.text(axis.limit)})"
             return axis.up(x, search.growth), 0, ""
-        if self.walking:
+        if self.missed_holds():
             return self.walk_down(missed)
         if low is None:
             return axis.down(missed, search.growth), 0, ""
@@ -286,7 +289,7 @@ class _Bracket:
             if point is None or size > point.metrics.sent:
                 return x, size, ""
         held = point if x in self.confirmed else None
-        missed = sum(pt.held and pt.verdict != MEETS for pt in self.points)
+        missed = len(self.missed_holds())
         return None, 0, (f"precision {self.search.precision:g} reached"
                          + (f"; the answer held over {held.metrics.sent} requests, {held.metrics.duration_s:.0f} s of "
                             "load" if held is not None else "")

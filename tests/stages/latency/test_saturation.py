@@ -139,6 +139,23 @@ def test_the_answer_also_holds_for_confirm_s_of_load_at_its_rate(seed):
                                        saturated(top))).sustained > 0.8 * top  # no confirmation: a short point's
 
 
+def test_a_held_rate_measured_again_after_the_client_lagged_counts_once():
+    top = 100.0
+    base, lagged = server(0.97 * top, 0.8 * top), []
+
+    async def measure_at(rate: float, n: int, until=None):
+        if n == 300 and not lagged:  # the walk's first point held from its start: the client fell behind
+            lagged.append(rate)
+            return metrics_with([60.0] * n, lag_ms=2000.0 / rate)  # two arrival gaps late
+        return await base(rate, n)
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=8, confirm_requests=300, confirm_s=0)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    at = [pt.verdict for pt in result.points if pt.load == lagged[0]]
+    assert at == [CLIENT_LAGGED, UNDECIDED] or at == [CLIENT_LAGGED, MISSES], at  # measured again, then missed
+    missed = {pt.load for pt in result.points if pt.held and pt.verdict in (MISSES, UNDECIDED)}
+    assert lagged[0] in missed and f"({len(missed)} held rates above it did not meet)" in result.stopped
+
+
 def test_a_walk_down_cut_short_by_max_points_says_its_answer_was_not_held():
     top = 100.0
     measure_at, calls = counted(server(0.97 * top, 0.5 * top))  # short points overstate by nearly half
