@@ -65,6 +65,7 @@ class LoadShape:
     precise_timing: bool = True  # spin the last ~1 ms before a send (epoll sleeps are ms-coarse)
     arrivals: str = "immediate"  # one of ARRIVALS
     exact_rate: bool = False  # rescale the schedule so it offers exactly request_rate (arrival_offsets' exact)
+    stream: str = ""  # which of the seed's schedules (arrival_offsets' stream): a sweep step's or search point's own
 
     def validate(self) -> None:
         if self.mode not in ("concurrency", "rate"):
@@ -87,7 +88,7 @@ class LoadShape:
         if self.mode != "rate":
             return None
         return arrival_offsets(count, self.request_rate, self.burstiness, self.seed, first=self.arrivals,
-                               exact=self.exact_rate)
+                               exact=self.exact_rate, stream=self.stream)
 
 
 @dataclass

@@ -279,7 +279,7 @@ ARRIVALS: tuple[str, ...] = ("immediate", "vllm")
 
 
 def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, first: str = "immediate",
-                    exact: bool = False) -> list[float]:
+                    exact: bool = False, stream: str = "") -> list[float]:
     """Scheduled send times (s from the start) of an open-loop arrival process.
 
     Gaps are gamma distributed with shape ``burstiness`` and mean ``1/rate``: burstiness 1 is a
@@ -295,9 +295,16 @@ def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, fi
     ``exact`` rescales an ``immediate`` schedule the same way, so its last request lands at
     ``(count - 1) / rate``: the schedule then offers exactly ``rate``. Unscaled, the rate a schedule
     realises is a draw: over 60 Poisson gaps it is off by 13% (one standard deviation, 1/sqrt(59)),
-    and a capacity search, whose points share one seed, would carry that one factor into its answer.
-    Rescaled, the gaps are the same process conditioned on where the last arrival falls (a Poisson
-    schedule's times are then uniform order statistics), so the bursts inside a point stay.
+    and a capacity search would carry that factor into its answer. Rescaled, the gaps are the same
+    process conditioned on where the last arrival falls (a Poisson schedule's times are then uniform
+    order statistics), so the bursts inside a point stay.
+
+    ``stream`` names one of the seed's schedules: the phases of a sweep or a search, many at one
+    seed, each draw their own. Without it every point's gaps were the same draws rescaled, so one
+    burst of the seed's sat at the same request of every point, and a point long enough to reach it
+    missed wherever it was put (2026-12-06: six 30 s holds from 35.9 down to 31.0 req/s each stopped
+    at request 872-882, where seed 38082's schedule crowds 1.67x its rate into one second). The
+    unnamed stream is the seed's own schedule, so a measured phase is the same run after run.
 
     ``rate = inf`` sends everything at t=0 under either. The draws come from this seed's own
     random stream (not numpy's), so a schedule never matches vLLM's draw for draw, only in law.
@@ -312,7 +319,7 @@ def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, fi
         raise WorkloadError(f"arrivals: expected one of {', '.join(ARRIVALS)}, got {first!r}")
     if math.isinf(rate):
         return [0.0] * count
-    rng = random.Random(f"{seed}:arrivals")
+    rng = random.Random(f"{seed}:{stream}:arrivals" if stream else f"{seed}:arrivals")
 
     def gap() -> float:
         return 1.0 / rate if math.isinf(burstiness) else rng.gammavariate(burstiness, 1.0 / (rate * burstiness))

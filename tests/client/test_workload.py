@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 
 import pytest
@@ -145,6 +146,29 @@ def test_an_exact_schedule_offers_exactly_its_rate_and_keeps_its_bursts(burstine
     assert arrival_offsets(n, rate, burstiness, seed=3, first="vllm", exact=True) == \
         arrival_offsets(n, rate, burstiness, seed=3, first="vllm")  # vLLM's convention is exact already
     assert arrival_offsets(1, rate, burstiness, seed=3, exact=True) == [0.0]
+
+
+def test_each_named_stream_draws_its_own_schedule_and_the_unnamed_one_is_the_seeds_own():
+    """A sweep's steps and a search's points share a seed and name their streams: the same name gives
+    the same schedule run after run, another name other gaps (not the same ones rescaled, which put
+    one burst at the same request of every point); the measured phase's unnamed stream stays the
+    seed's own draw."""
+    def proportions(t: list[float]) -> list[float]:
+        return [(b - a) / t[-1] for a, b in zip(t, t[1:])]
+
+    rate, n = 30.0, 200
+    one, again = (arrival_offsets(n, rate, 1.0, 7, exact=True, stream="search1") for _ in range(2))
+    other = arrival_offsets(n, rate * 1.05, 1.0, 7, exact=True, stream="search2")
+    seeds_own = arrival_offsets(n, rate, 1.0, 7, exact=True)
+    assert one == again
+    assert proportions(other) != pytest.approx(proportions(one), rel=1e-3)
+    assert proportions(seeds_own) != pytest.approx(proportions(one), rel=1e-3)
+    rng = random.Random("7:arrivals")  # the key every earlier run's measured phase used
+    t, raw = 0.0, [0.0]
+    for _ in range(n - 1):
+        t += rng.gammavariate(1.0, 1.0 / rate)
+        raw.append(t)
+    assert arrival_offsets(n, rate, 1.0, 7) == raw
 
 
 def test_an_unknown_arrivals_convention_is_refused():

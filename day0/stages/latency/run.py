@@ -147,7 +147,8 @@ async def measure_latency(
                     server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
 
         async def measure_at(rate: float, n: int) -> LatencyMetrics:
-            sp = await load.phase(model, requests(n, f"sweep{rate:g}"), load_shape(s, rate), "sweep")
+            stream = f"sweep{rate:g}"  # the step's own prompts and arrivals
+            sp = await load.phase(model, requests(n, stream), load_shape(s, rate, stream), "sweep")
             return compute_metrics(sp, pcts, slo)
 
         sweep = await run_sweep(measure_at, s, sla, say)
@@ -164,11 +165,12 @@ async def _search(load: _Load, model: str, requests: Callable[[int, str], list[R
 
     async def search_at(x: float, n: int, until: Until | None = None) -> LatencyMetrics:
         nonlocal points
-        points += 1  # each point its own prompts: a fresh stream name
+        points += 1  # each point its own prompts and arrivals: a fresh stream name
+        stream = f"search{points}"
         waited = await settle(load.session, load.base_url) if s.server_metrics else 0.0
         if waited >= 1.0:
             say(f"capacity search: waited {waited:.1f} s for the server to finish the last point's requests")
-        sp = await load.phase(model, requests(n, f"search{points}"), search_shape(s, x), "search", until)
+        sp = await load.phase(model, requests(n, stream), search_shape(s, x, stream), "search", until)
         return compute_metrics(sp, pcts, slo)
 
     async def saturate() -> tuple[Saturation, LatencyMetrics | None]:

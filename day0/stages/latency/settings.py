@@ -61,24 +61,27 @@ def workload_spec(s: LatencySection, *, nonce: int | None = None, dataset: Datas
                         dataset.pairs if dataset else ())
 
 
-def load_shape(s: LatencySection, rate: float | None = None) -> LoadShape:
+def load_shape(s: LatencySection, rate: float | None = None, stream: str = "") -> LoadShape:
     """The measured load, or (``rate`` given) a sweep step: open loop, capped only when the
     profile's own load is open loop with a cap, its schedule rescaled to offer exactly ``rate``
-    (``exact_rates``): a step's verdict names its rate, so it must be the rate offered."""
+    (``exact_rates``): a step's verdict names its rate, so it must be the rate offered. A step
+    names its ``stream`` (its prompts' name) and draws its own arrivals from the seed: steps that
+    shared one schedule shared its bursts, and one burst could decide them all."""
     if rate is None:
         return LoadShape(mode=s.load, concurrency=s.concurrency, request_rate=s.request_rate,
                          burstiness=s.burstiness, seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals)
     cap = s.concurrency if s.load == "rate" else 0
     return LoadShape(mode="rate", concurrency=cap, request_rate=rate, burstiness=s.burstiness,
-                     seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals, exact_rate=s.exact_rates)
+                     seed=s.seed, duration_s=s.duration_s, arrivals=s.arrivals, exact_rate=s.exact_rates,
+                     stream=stream)
 
 
-def search_shape(s: LatencySection, x: float) -> LoadShape:
-    """A capacity-search point at ``x`` on its axis: a request rate (as a sweep step), or a closed
-    loop of ``x`` requests in flight."""
+def search_shape(s: LatencySection, x: float, stream: str = "") -> LoadShape:
+    """A capacity-search point at ``x`` on its axis: a request rate (as a sweep step, on its own
+    ``stream``'s arrivals), or a closed loop of ``x`` requests in flight."""
     if s.search is not None and s.search.over == "concurrency":
         return LoadShape(mode="concurrency", concurrency=int(x), seed=s.seed, duration_s=s.duration_s)
-    return load_shape(s, x)
+    return load_shape(s, x, stream)
 
 
 def load_workers(s: LatencySection, base_url: str | None = None) -> int:

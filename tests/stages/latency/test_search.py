@@ -28,6 +28,7 @@ from day0.stages.latency.search import (
     requests_per_point,
     search_capacity,
 )
+from day0.stages.latency.settings import load_shape, search_shape
 from tests.support import run_factory as rf
 from tests.support.sse_server import Script, SSEServer, capacity, schedule, served_capacity
 
@@ -257,6 +258,31 @@ def test_the_stage_finds_the_capacity_of_a_scripted_server_within_5_percent():
     assert len(printed) == len(run.search.points) and printed[0].endswith("-> probed") and "ttft_p90 " in printed[0]
     assert run.search.sustained_point.metrics.sent == 120 and any(line.endswith("-> meets") for line in printed)
     assert any(line.endswith("(ttft_p90)") or "queue_growth" in line for line in printed)
+
+
+def test_each_search_point_and_sweep_step_draws_its_own_arrivals_and_a_seed_repeats_them():
+    """One seed, many points: each point's schedule is its stream's own draw (the name its prompts
+    have), not the seed's one draw rescaled, which put one burst at the same request of every point
+    so that it decided them all; and the seed and the point's number give the same schedule again."""
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1, seed=3,
+                              server_metrics=False, sweep_rates=[150.0, 200.0], sweep_requests=40,
+                              search=CapacitySearch(start_rate=100.0, requests=40, probe_requests=0, max_points=3,
+                                                    saturation_requests=0))
+    with SSEServer(Script(ttft_ms=[1.0], gaps_ms=[1.0])) as srv:
+        run = run_latency(srv.url, "scripted", 300, settings, SlaSection.from_table({"ttft_p90_ms": 5000.0}))
+
+    def proportions(offsets: list[float]) -> list[float]:  # the draw, whatever its rate and length
+        return [round((b - a) / (offsets[10] - offsets[0]), 6) for a, b in zip(offsets[:10], offsets[1:11])]
+
+    phases = [(f"search{i}", search_shape(settings, pt.load, f"search{i}"), pt.metrics)
+              for i, pt in enumerate(run.search.points, start=1)]
+    phases += [(f"sweep{p.rate:g}", load_shape(settings, p.rate, f"sweep{p.rate:g}"), p.metrics)
+               for p in run.sweep]
+    assert len(run.search.points) >= 3 and len(run.sweep) == 2 and not any(pt.extends for pt in run.search.points)
+    for name, shape, m in phases:  # every request met, so the sample is the whole schedule, in order
+        assert m.sample_offsets_s == pytest.approx(shape.offsets(m.sent), abs=1e-9), name
+    drawn = [tuple(proportions(m.sample_offsets_s)) for _, _, m in phases]
+    assert len(set(drawn)) == len(drawn), drawn
 
 
 def test_the_report_shows_the_capacity_headline_and_the_points(tmp_path):
