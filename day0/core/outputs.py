@@ -98,6 +98,15 @@ def _settle(fh: BinaryIO, mode: int | None) -> None:
     os.fsync(fh.fileno())
 
 
+def cache_root() -> Path:
+    """Where day0 keeps what it builds once and reads many times (the tiny models, the installed
+    vLLM's rules): ``$DAY0_CACHE_DIR``, else ``$XDG_CACHE_HOME/day0``, else ``~/.cache/day0``."""
+    if env := os.environ.get("DAY0_CACHE_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "day0"
+
+
 @contextmanager
 def replacing(path: Path | str, *, mode: int | None = None,
               error: type[InputError] = InputError) -> Iterator[BinaryIO]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from day0.config.tiny import TinySpec
-from day0.core.outputs import write_file
+from day0.core.outputs import cache_root, write_file
 from day0.model.tiny_archs import model_config, weights
 
 BUILDER_VERSION = 3  # 3: a chat template with tool and reasoning sections; <think> and </think> tokens
@@ -61,13 +60,6 @@ _WORDS = (
 def spec_digest(spec: TinySpec) -> str:
     payload = json.dumps({"builder": BUILDER_VERSION, **spec.identity()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def cache_root() -> Path:
-    if env := os.environ.get("DAY0_CACHE_DIR"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "day0"
 
 
 def cached_model(spec: TinySpec, *, log: Callable[[str], None] | None = None) -> Path:

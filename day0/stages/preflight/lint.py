@@ -4,26 +4,24 @@ Why: vLLM finds most of these mistakes only after a multi-node launch has spent 
 weights (or never: a wrong block size degrades silently to a slower backend). Each rule here is a
 rule vLLM 0.32 enforces or a documented trap, and every finding says why and how to fix it.
 
-vLLM is imported lazily (``vllm_rules``) because importing it costs seconds: the argument names
-come from ``vllm.engine.arg_utils.EngineArgs`` and the accepted values from its type literals, so
-the lint follows the installed vLLM. Without vLLM the rules fall back to a snapshot of 0.32.0.
+The rules come from the installed vLLM (``rules.vllm_rules``): the argument names from
+``vllm.engine.arg_utils.EngineArgs`` and the accepted values from its type literals, so the lint
+follows the installed vLLM, read once per install. Without vLLM they are a snapshot of 0.32.0.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
-import typing
-from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from day0.core.record import Check, measured
 from day0.model import archs
 from day0.stages.preflight.cpu_kernels import cpu_kernel_findings
 from day0.stages.preflight.experts import expert_parallel_findings
 from day0.stages.preflight.findings import SEVERITIES, Finding, Severity
+from day0.stages.preflight.rules import VllmRules, vllm_rules
 
 __all__ = ["SEVERITIES", "Finding", "Severity", "VllmRules", "lint", "lint_checks", "vllm_rules"]
 
@@ -46,70 +44,6 @@ COMPATIBLE_OVERRIDES = {
     "modelopt": {"modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed"},
     "mxfp4": {"mxfp4", "gpt_oss_mxfp4"},
 }
-
-# Snapshot of vLLM 0.32.0 for machines without vLLM (the live values win when vLLM imports).
-_SNAPSHOT_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
-_SNAPSHOT_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
-_SNAPSHOT_QUANT = ("awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
-                   "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
-                   "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
-                   "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
-                   "nvfp4_per_token", "mxfp8")
-
-
-@dataclass(frozen=True)
-class VllmRules:
-    """What the installed vLLM accepts; built once per run and passed in (no module-level cache)."""
-
-    version: str
-    engine_arg_names: frozenset[str]
-    dtypes: tuple[str, ...]
-    kv_cache_dtypes: tuple[str, ...]
-    quantization_methods: tuple[str, ...]
-    default_gpu_memory_utilization: float
-    from_vllm: bool
-    # The OpenAI server's own flags (FrontendArgs: api_key, host, chat_template, ...): not EngineArgs,
-    # but what `engine.args` may hold when day0 starts vLLM's server.
-    server_arg_names: frozenset[str] = frozenset()
-
-
-def vllm_rules() -> VllmRules:
-    """Read the rules from vLLM's own classes; a snapshot (``from_vllm=False``) when vLLM is absent."""
-    try:
-        from vllm import __version__ as version
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-    except ImportError:
-        return VllmRules("0.32.0 (snapshot)", frozenset(), _SNAPSHOT_DTYPES, _SNAPSHOT_KV_DTYPES, _SNAPSHOT_QUANT,
-                         0.92, False)
-    fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
-    try:
-        from vllm.entrypoints.launchers.cli_args import FrontendArgs
-
-        server_args = frozenset(f.name for f in dataclasses.fields(FrontendArgs)) - set(fields)
-    except (ImportError, TypeError):  # the module moved between vLLM releases: accept the secret we know of
-        server_args = frozenset({"api_key"})
-    return VllmRules(
-        version=str(version),
-        engine_arg_names=frozenset(name for name in fields if not name.startswith("_")),
-        dtypes=_literal_values(fields["dtype"].type) or _SNAPSHOT_DTYPES,
-        kv_cache_dtypes=_literal_values(fields["kv_cache_dtype"].type) or _SNAPSHOT_KV_DTYPES,
-        quantization_methods=tuple(QUANTIZATION_METHODS),
-        default_gpu_memory_utilization=float(fields["gpu_memory_utilization"].default),
-        from_vllm=True,
-        server_arg_names=server_args,
-    )
-
-
-def _literal_values(tp: Any) -> tuple[str, ...]:
-    """Strings of a ``Literal[...]`` (possibly inside ``X | None``), for vLLM's typed fields."""
-    if typing.get_origin(tp) is Literal:
-        return tuple(str(v) for v in typing.get_args(tp))
-    out: list[str] = []
-    for arg in typing.get_args(tp):
-        out.extend(_literal_values(arg))
-    return tuple(out)
-
 
 def lint(
     engine_args: dict[str, Any],
