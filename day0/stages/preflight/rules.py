@@ -44,7 +44,8 @@ CACHE_CAP = 1 << 20  # bytes: a kept rules file is a few KiB
 
 @dataclass(frozen=True)
 class VllmRules:
-    """What the installed vLLM accepts; built once per run and passed in (no module-level cache)."""
+    """What the installed vLLM accepts; passed in where it is used (no module-level state): kept on
+    disk once per install (:func:`vllm_rules`), never in a process."""
 
     version: str
     engine_arg_names: frozenset[str]
