@@ -302,9 +302,10 @@ def arrival_offsets(count: int, rate: float, burstiness: float, seed: int, *, fi
     ``stream`` names one of the seed's schedules: the phases of a sweep or a search, many at one
     seed, each draw their own. Without it every point's gaps were the same draws rescaled, so one
     burst of the seed's sat at the same request of every point, and a point long enough to reach it
-    missed wherever it was put (2026-12-06: six 30 s holds from 35.9 down to 31.0 req/s each stopped
-    at request 872-882, where seed 38082's schedule crowds 1.67x its rate into one second). The
-    unnamed stream is the seed's own schedule, so a measured phase is the same run after run.
+    missed wherever it was put (2026-12-06: five 30 s holds at four rates from 35.9 down to 31.0 req/s
+    each stopped at request 872-882, where seed 38082's schedule crowds 1.67x its rate into one
+    second). The unnamed stream is the seed's own schedule, so a measured phase is the same run
+    after run.
 
     ``rate = inf`` sends everything at t=0 under either. The draws come from this seed's own
     random stream (not numpy's), so a schedule never matches vLLM's draw for draw, only in law.
