@@ -29,6 +29,7 @@ from day0.stages.latency.measurement import (
     SearchResult,
 )
 from day0.stages.latency.metrics import SOURCE, rounded
+from day0.stages.latency.spells import late_text
 
 CHECK_ID, TITLE = "latency.capacity", "Capacity: highest load meeting the SLA (confidence-bounded)"
 
@@ -123,9 +124,10 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
     told = (f"sustains {point_load(result, best)} within the SLA ({result.confidence:.0%} bounds, "
             f"{result.requests_per_point} requests a point{probes})")
     if top is not None:
+        late = late_text(top.late)
         told += (f"; {point_load(result, top.load)} misses {why_not_met(top)}" if top.verdict == MISSES else
                  f"; {point_load(result, top.load)} is the SLA's edge ({', '.join(top.undecided)}: the limit inside "
-                 "the interval)")
+                 f"the interval{'; ' + late if late else ''})")
     if result.saturation is not None and not result.saturation.applies:
         told += f"; {result.saturation.text()}"
     told += f"; {result.stopped}"
@@ -172,6 +174,8 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
         "order": [rounded(pt.load) for pt in result.points], "stopped": result.stopped,
         "requests_per_point": result.requests_per_point, "probe_requests": result.probe_requests,
         "requests_sent": result.requests_sent,
+        "late": [{"offered": rounded(pt.load), "limit": lt.key, "limit_ms": lt.limit_ms,
+                  "spells": [asdict(sp) for sp in lt.spells]} for pt in result.points for lt in pt.late if lt.late],
         "confidence": result.confidence,
         "saturation": None if result.saturation is None else {**asdict(result.saturation),
                                                                "applies": result.saturation.applies,
@@ -219,7 +223,8 @@ def why_not_met(pt: SearchPoint) -> str:
         why += " (what the server completes flat out: a rate at or past it queues without bound)"
     if "queue_growth" in pt.misses and pt.quarters_ms is not None:
         why += f" (median TTFT {pt.quarters_ms[0]:.4g} -> {pt.quarters_ms[1]:.4g} ms, first to last quarter)"
-    return why
+    late = late_text(pt.late)
+    return why + (f" ({late})" if late else "")
 
 
 def _bounds_chart(result: SearchResult, by_load: list[SearchPoint], sla: SlaSection) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from day0.config.latency import SlaSection
 from day0.core.stats import bound_ranks, percentile, percentile_bounds
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, MISSES, UNDECIDED, SearchPoint
 from day0.stages.latency.metrics import LatencyMetrics, tpot_of
+from day0.stages.latency.spells import TIME_METRICS, LateSpells, late_spells
 
 # A point's queue grows when the median TTFT of its last quarter of requests (by scheduled time) is
 # more than QUEUE_GROWTH times its first quarter's, and higher by more than QUEUE_FLOOR of the
@@ -165,8 +166,21 @@ def judge_point(load: float, m: LatencyMetrics, sla: SlaSection, early: ClearMis
         verdict = MISSES if misses else UNDECIDED if undecided else CLIENT_LAGGED
     else:
         verdict = MISSES if misses else UNDECIDED if undecided else MEETS
-    return SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "",
-                       quarters)
+    point = SearchPoint(load, m, verdict, misses, undecided, bounds, lag, early.why if early is not None else "",
+                        quarters)
+    point.late = late_of(m, sla, misses + undecided, None if gap_ms is None else load)
+    return point
+
+
+def late_of(m: LatencyMetrics, sla: SlaSection, keys: list[str], rate: float | None) -> list[LateSpells]:
+    """The late requests of each TTFT or E2E limit in ``keys``, spell by spell (``spells.late_spells``;
+    ``rate`` None: a closed loop, no schedule); none where the scheduled times do not pair with the values."""
+    out = []
+    for key, (metric, _, limit) in limits_by_key(sla).items():
+        values = m.samples.get(metric) or []
+        if key in keys and metric in TIME_METRICS and values and len(values) == len(m.sample_offsets_s):
+            out.append(LateSpells(key, limit, late_spells(m.sample_offsets_s, values, limit, rate)))
+    return out
 
 
 def limits_by_key(sla: SlaSection) -> dict[str, tuple[str, float, float]]:

@@ -16,6 +16,7 @@ from day0.client.prom import PrefixCacheWindow, ServerFigure
 from day0.client.spec_decode import Acceptance
 from day0.config.latency import LatencySection, SlaSection
 from day0.stages.latency.metrics import LatencyMetrics
+from day0.stages.latency.spells import LateSpells
 
 
 @dataclass
@@ -26,6 +27,7 @@ class SweepPoint:
     metrics: LatencyMetrics
     meets_sla: bool
     failing: list[str]
+    late: list[LateSpells] = field(default_factory=list)  # as a search point's (SearchPoint.late)
 
 
 # A capacity-search point's verdicts (:class:`SearchPoint`)
@@ -58,6 +60,8 @@ class SearchPoint:
     extends: int = 0  # requests of the earlier point at this load that ``metrics`` includes (a confirmation)
     held: bool = False  # judged as the answer's confirmation: a point's extension (``extends``), or, below one that
     # did not meet, a point of the confirmation's size from its start (search._Bracket.walk_down)
+    late: list[LateSpells] = field(default_factory=list)  # each TTFT or E2E limit it did not meet: its late
+    # requests spell by spell, with the arrivals before each (day0.stages.latency.spells)
 
     @property
     def unbounded(self) -> list[str]:

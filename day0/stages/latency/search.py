@@ -40,6 +40,7 @@ from day0.stages.latency.measurement import (
     SearchResult,
 )
 from day0.stages.latency.metrics import LatencyMetrics, pooled
+from day0.stages.latency.spells import late_text
 
 
 def confirm_size(search: CapacitySearch, requests: int) -> int:
@@ -111,7 +112,7 @@ def saturation_point(sat: Saturation, m: LatencyMetrics, sla: SlaSection) -> Sea
     """The flat-out figure as the search's top miss: every rate at or past it queues without bound.
     Its bounds are the closed loop's own (the Pareto view's flat-out point), not a rate's."""
     point = judge_point(sat.req_s or 0.0, m, sla)
-    point.verdict, point.misses, point.undecided = MISSES, [SATURATION], []
+    point.verdict, point.misses, point.undecided, point.late = MISSES, [SATURATION], [], []
     return point
 
 
@@ -359,7 +360,9 @@ async def _measure_point(measure_at: Callable[..., Awaitable[LatencyMetrics]], x
                         gap_ms=None if axis.integer else 1000.0 / x, queue=queue)
     point.extends, point.held = (before.sent if before is not None else 0), held
     if point.early:
-        say(f"capacity search: {axis.text(x)} stopped early after {m.sent} requests: {point.early}")
+        late = late_text(point.late)
+        say(f"capacity search: {axis.text(x)} stopped early after {m.sent} requests: {point.early}"
+            + (f" ({late})" if late else ""))
     if probing and point.verdict in (MEETS, UNDECIDED):
         point.verdict = PROBED
     return point

@@ -12,6 +12,7 @@ from day0.core.stats import percentile
 from day0.stages.latency.judging import judge_point
 from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, LatencyRun, SweepPoint
 from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
+from day0.stages.latency.spells import late_text
 
 
 async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]], settings: LatencySection,
@@ -27,7 +28,7 @@ async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]
         failing = point.misses + [f"{key} undecided" for key in point.undecided]
         if point.verdict == CLIENT_LAGGED:
             failing.append(f"client lagged {point.lag_ms:.1f} ms (p90)")
-        points.append(SweepPoint(rate, point.metrics, point.verdict == MEETS, failing))
+        points.append(SweepPoint(rate, point.metrics, point.verdict == MEETS, failing, point.late))
         if point.verdict != MEETS:
             break
     return points
@@ -48,10 +49,10 @@ def sweep_check(run: LatencyRun) -> Check:
             refs.append({"y": limit, "label": f"{metric} {pct_name(p)} limit"})
     rows = [[pt.rate, rounded(pt.metrics.request_throughput), rounded(percentile(pt.metrics.samples["ttft"], 99)),
              rounded(percentile(pt.metrics.samples["tpot"], 99)), rounded(pt.metrics.error_rate),
-             "meets" if pt.meets_sla else "misses: " + ", ".join(pt.failing)] for pt in run.sweep]
+             "meets" if pt.meets_sla else "misses: " + _failing(pt)] for pt in run.sweep]
     last = run.sweep[-1]
     msg = (f"highest swept rate meeting the SLA: {best:g} req/s" +
-           ("" if last.meets_sla else f"; {last.rate:g} req/s does not meet it ({', '.join(last.failing)})")
+           ("" if last.meets_sla else f"; {last.rate:g} req/s does not meet it ({_failing(last)})")
            + ("" if lims else " (no latency limit set: only errors judged)"))
     return measured("latency.sla_sweep", "Highest request rate meeting the SLA", best, None, unit="req/s",
                     direction="higher_is_better", message=msg,
@@ -61,3 +62,9 @@ def sweep_check(run: LatencyRun) -> Check:
                               "table": {"columns": ["offered req/s", "achieved req/s", "ttft p99", "tpot p99",
                                                     "error rate", "SLA"], "rows": rows}},
                     source=SOURCE)
+
+
+def _failing(pt: SweepPoint) -> str:
+    """What a step did not meet, with its late requests spell by spell (``spells``)."""
+    late = late_text(pt.late)
+    return ", ".join(pt.failing) + (f"; {late}" if late else "")
