@@ -6,10 +6,11 @@ Near a server's edge its first tokens do not run late one by one. On the cpu-tin
 came in spells of 1 to 149 requests, each right after one of the schedule's busiest seconds; the
 same schedule replayed on fresh prompts brought about half of them back, a fresh schedule none, and the
 server's own histogram counted them as the client did. So a miss reads with the burst that built
-its queue (which a longer run at that rate meets again), or as a spell that lasts the rest of the
-point (a rate the server does not sustain), or a spell after an ordinary second (likely a stall of
-the host or the engine). The requests of one spell are one event, not independent samples, though the
-order-statistic bounds count them as many (docs/metrics.md, "Confidence" and "Spells")."""
+its queue (which a longer run at that rate meets again), or, after an ordinary second, as a rate the
+server does not sustain (the point completed well under its offered rate: a queue that needs no
+burst) or a stall of the host or the engine. The requests of one spell are one event, not
+independent samples, though the order-statistic bounds count them as many (docs/metrics.md,
+"Confidence" and "Spells")."""
 
 from __future__ import annotations
 
