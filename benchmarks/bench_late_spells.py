@@ -69,13 +69,14 @@ def past_bound(before: str, after: str, limit_ms: float) -> tuple[float, int] | 
 async def holds(url: str, a: argparse.Namespace) -> dict[str, Any]:
     from day0.client.loadgen import ClientOptions, LoadShape, make_session, make_streams, run_phase
     from day0.client.prom import scrape
-    from day0.client.workload import WorkloadSpec, build_requests, new_nonce
+    from day0.client.workload import WorkloadSpec, build_requests, new_nonce, read_vocab
     from day0.config.profile import load_profile
     from day0.stages.latency.saturation import measure_saturation, settle
     from day0.stages.latency.spells import late_spells
     from day0.stages.latency.stage import workload_vocab
 
-    vocab = workload_vocab(load_profile("cpu-tiny")) if not a.url else a.vocab_size
+    vocab = (read_vocab(a.tokenizer) if a.tokenizer else a.vocab_size if a.url
+             else workload_vocab(load_profile("cpu-tiny")))
     opts = ClientOptions(endpoint="completions", ignore_eos=True)
     spec = WorkloadSpec(input_len=a.input_len, output_len=a.output_len, nonce=new_nonce())
     out: dict[str, Any] = {"holds": []}
@@ -138,7 +139,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", help="a running server (default: start the cpu-tiny server)")
     ap.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: the cpu-tiny model's)")
-    ap.add_argument("--vocab-size", type=int, default=384, help="token ids of --url's prompts stay below this")
+    ap.add_argument("--vocab-size", type=int, default=384,
+                    help="token ids of --url's prompts stay below this (without --tokenizer)")
     ap.add_argument("--prefix-caching", action="store_true", help="keep the profile's prefix caching")
     ap.add_argument("--model", default="day0-tiny", help="served model name")
     ap.add_argument("--input-len", type=int, default=128)

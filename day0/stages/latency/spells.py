@@ -28,8 +28,8 @@ SHOWN = 3  # spells a line names (the largest); the record keeps them all
 class Spell:
     """Late requests whose scheduled times lie close together (``JOIN_S``), and the arrivals the
     schedule offered in the ``LEAD_S`` before the first: ``lead`` requests, ``ratio`` times the
-    point's rate, more than in ``busier`` of the point's other such seconds (each ending at one of its
-    requests; ties count half). None without a rate (a closed loop has no schedule) or a whole
+    point's rate, more than in ``busier`` of the point's seconds (each ending at one of its requests;
+    ties count half). None without a rate (a closed loop has no schedule) or a whole
     second before the spell."""
 
     start_s: float  # scheduled time of its first late request, seconds after the point's t=0
