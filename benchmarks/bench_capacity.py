@@ -338,15 +338,10 @@ def vllm_argv(url: str, a: argparse.Namespace, rate: float, seed: int) -> list[s
             "--metric-percentiles", f"{a.percentile:g}", "--disable-tqdm", "--save-detailed"]
 
 
-def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float],
-                      limit_ms: float) -> dict[str, float] | None:
-    """Of one dense rate's first tokens, how many the server's own histogram
-    (``vllm:time_to_first_token_seconds``, from the request's arrival in the engine to its first
-    token) and vLLM bench's client put past the histogram's first bucket bound at or above the TTFT
-    limit (500 ms for 300): the server as the arbiter when the two clients disagree near the edge.
-    The scrape right after a rate can miss its last few requests (here it counted 299 of the 301
-    a rate sent, its ready check included: the server's histogram trails its last responses).
-    None when /metrics could not be read or has no such bucket."""
+def ttft_window(before: str | None, after: str | None) -> Any:
+    """The server's own first-token histogram (``vllm:time_to_first_token_seconds``, from the
+    request's arrival in the engine to its first token) between two /metrics scrapes; None when
+    either could not be read or parsed, or has no such histogram."""
     from day0.client.prom import SERVER_METRICS, PromError, delta, parse_histograms
 
     name = SERVER_METRICS["ttft"][0]
@@ -354,10 +349,21 @@ def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float
         return None
     try:
         h = parse_histograms(after).get(name)
-        if h is None:
-            return None
-        d = delta(parse_histograms(before).get(name), h)
+        return None if h is None else delta(parse_histograms(before).get(name), h)
     except PromError:
+        return None
+
+
+def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float],
+                      limit_ms: float) -> dict[str, float] | None:
+    """Of one dense rate's first tokens, how many the server's own histogram (:func:`ttft_window`)
+    and vLLM bench's client put past the histogram's first bucket bound at or above the TTFT
+    limit (500 ms for 300): the server as the arbiter when the two clients disagree near the edge.
+    The scrape right after a rate can miss its last few requests (here it counted 299 of the 301
+    a rate sent, its ready check included: the server's histogram trails its last responses).
+    None when /metrics could not be read or has no such bucket."""
+    d = ttft_window(before, after)
+    if d is None:
         return None
     bound = next((le for le, _ in d.buckets if math.isfinite(le) and le * 1000.0 >= limit_ms), None)
     if bound is None:

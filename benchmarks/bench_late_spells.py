@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_capacity import serving  # noqa: E402  (the same server, started the same way)
+from bench_capacity import serving, ttft_window  # noqa: E402  (the same server, read the same way)
 
 PASSES = ("first", "replay", "fresh")
 
@@ -52,15 +52,9 @@ def recur(first: list[dict[str, Any]], other: list[dict[str, Any]], near_s: floa
 
 def past_bound(before: str, after: str, limit_ms: float) -> tuple[float, int] | None:
     """(the server histogram's largest finite bucket bound at or under the limit, in ms; the first tokens
-    it counted past it between the scrapes); None without such a bucket."""
-    from day0.client.prom import SERVER_METRICS, delta, parse_histograms
-
-    name = SERVER_METRICS["ttft"][0]
-    h = parse_histograms(after).get(name)
-    if h is None:
-        return None
-    d = delta(parse_histograms(before).get(name), h)
-    bounds = [le for le, _ in d.buckets if le * 1000.0 <= limit_ms]
+    it counted past it between the scrapes); None without such a bucket (or histogram)."""
+    d = ttft_window(before, after)
+    bounds = [le for le, _ in d.buckets if le * 1000.0 <= limit_ms] if d is not None else []
     if not bounds:
         return None
     return bounds[-1] * 1000.0, round(d.total - dict(d.buckets)[bounds[-1]])

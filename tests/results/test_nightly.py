@@ -11,8 +11,9 @@ it dropped only 7.4x idle, and in one CI run, with the emulated-node collective 
 worker, under 2x: a baseline slowed by its neighbours leaves a small injected slowdown inside the
 gross factor. (``collectives.dtype = "float16"`` slows gloo's reduction only ~2x, and on this
 shared 2-core box two identical runs were measured up to 2.4x apart in busbw under the other
-helpers' load, so one run per side cannot tell a 2x slowdown from noise here.) For the same reason the nightly profile below gives
-busbw a wide 70% tolerance, wider than the gross factor; a dedicated runner keeps the default 5%.
+helpers' load, so one run per side cannot tell a 2x slowdown from noise here.) For the same
+reason the nightly profile below gives busbw a wide 70% tolerance, wider than the gross factor; a
+dedicated runner keeps the default 5%.
 """
 
 from __future__ import annotations
