@@ -311,7 +311,8 @@ def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
         err = row[col["error"]] if "error" in col and isinstance(row[col["error"]], (int, float)) else 0.0
         ran = round(row[2] / (1.0 - err)) if err < 1 else n  # completed + failed: an early-stopped point ran fewer
         bounds = {k: row[i] for k, i in col.items() if k.startswith(("ttft_", "tpot_"))}
-        points.append({"rate": row[0], "n": ran, "completed": row[2], "verdict": str(row[-1]).split(":")[0],
+        points.append({"rate": row[0], "achieved": row[1], "n": ran, "completed": row[2],
+                       "verdict": str(row[-1]).split(":")[0],
                        "bounds_ms": bounds, "why": str(row[-1])})
     # a confirmation's row holds its point's requests too: the search's own count sends each once
     spent = a.warmup + a.day0_measure_requests + ev.get("requests_sent", sum(p["n"] for p in points))

@@ -17,7 +17,8 @@ or past it misses without a point spent there, the bisection starts under it, an
 judged over a longer sample before the search ends on it (its confirmation: ``confirm_requests``, and
 ``confirm_s`` seconds of load at its rate). Below a confirmation that did not meet, short points have
 shown they overstate what holds, so the search walks down one ``precision`` step at a time with
-points of the confirmation's size (:meth:`_Bracket.walk_down`).
+points of the confirmation's size (:meth:`_Bracket.walk_down`), past the rates a hold that was
+overloaded showed it cannot complete.
 """
 
 from __future__ import annotations
@@ -41,6 +42,24 @@ from day0.stages.latency.measurement import (
 )
 from day0.stages.latency.metrics import LatencyMetrics, pooled
 from day0.stages.latency.spells import late_text
+
+OVERLOAD = 1.2  # a held miss offered more than this times what it completed queued for its whole length
+
+
+@dataclass(frozen=True)
+class Skip:
+    """The walk down past an overloaded hold: offered ``load``, it completed ``completed`` req/s; the
+    walk went on at ``to`` (one ``precision`` step over that, or a short point that met within the step
+    above it, whose point the hold extends)."""
+
+    load: float
+    completed: float
+    to: float
+
+
+def skip_text(k: Skip, axis: Axis) -> str:
+    return (f"{axis.text(k.load)} held completed only {k.completed:.4g} req/s, so the walk went on at "
+            f"{axis.text(k.to)}, past the rates between")
 
 
 def confirm_size(search: CapacitySearch, requests: int) -> int:
@@ -142,7 +161,7 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
     would almost always have met, and told the bisection nothing it does not assume."""
     axis = axis_of(search)
     probe = search.probe_requests if 0 < search.probe_requests < requests else 0
-    b = _Bracket(axis, search)
+    b = _Bracket(axis, search, requests)
     sat: Saturation | None = None
 
     def result(stopped: str) -> SearchResult:
@@ -182,7 +201,10 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         if stop:
             return result(stop)
         b.record(point)
+        skips = len(b.skips)
         x, size, stop = b.next_load(point, probing)
+        if len(b.skips) > skips:
+            say(f"capacity search: {skip_text(b.skips[-1], b.axis)}")
         if stop:
             return result(stop)
     lowest = min(pt.load for pt in b.points) if b.points else b.axis.start
@@ -197,6 +219,7 @@ class _Bracket:
 
     axis: Axis
     search: CapacitySearch
+    requests: int  # a full point's: the fewest over which a hold's completed rate is read (:meth:`overloaded`)
     points: list[SearchPoint] = field(default_factory=list)
     met: float | None = None  # highest load that met
     missed: float | None = None  # lowest load that missed (or straddled a limit)
@@ -205,6 +228,7 @@ class _Bracket:
     hold_s: float = 0.0  # seconds of load at its rate the answer's point goes on for (0: not)
     confirmed: set[float] = field(default_factory=set)
     confirmations: int = 0  # extensions of a point that met (a point held from its start is a point)
+    skips: list[Skip] = field(default_factory=list)  # where the walk down went past an overloaded hold
 
     def counted(self) -> int:
         """The points ``max_points`` bounds: not probes that stayed probes, not the flat-out figure, not
@@ -294,8 +318,8 @@ class _Bracket:
         return None, 0, (f"precision {self.search.precision:g} reached"
                          + (f"; the answer held over {held.metrics.sent} requests, {held.metrics.duration_s:.0f} s of "
                             "load" if held is not None else "")
-                         + (f" ({missed} held {'rates' if missed > 1 else 'rate'} above it did not meet)"
-                            if missed else ""))
+                         + (f" ({missed} held {'rates' if missed > 1 else 'rate'} above it did not meet"
+                            + "".join(f"; {skip_text(k, self.axis)}" for k in self.skips) + ")" if missed else ""))
 
     def walk_down(self, top: float) -> tuple[float | None, int, str]:
         """Below a confirmation that did not meet, short points have shown they overstate what holds (on
@@ -304,16 +328,46 @@ class _Bracket:
         from where it stopped at a short point that met within that step, until one holds, which is then
         the answer at the set precision (``top``: the lowest load not met). A walk from above, not a
         bisection: a hold that misses stops once it cannot meet, while one that passes costs its whole
-        length, and a bisection passes more often."""
-        axis = self.axis
+        length, and a bisection passes more often.
+
+        Past an overloaded hold (:meth:`overloaded`) the step goes straight to one ``precision`` step over
+        what that hold completed: the rates between would each queue as it did. Should the hold there
+        meet, the rates between it and ``top`` are bisected, held."""
+        axis, precision = self.axis, self.search.precision
         held = [pt.load for pt in self.points if pt.held and pt.verdict == MEETS and pt.load < top]
-        if held and axis.narrow(max(held), top, self.search.precision):
+        if held and axis.narrow(max(held), top, precision):
             return self.end_on(max(held))
-        step = top / (1.0 + self.search.precision) * (1.0 + 1e-9)  # within the precision of ``top``, not past it
+        if held:  # a hold met below the skip: the server had completed more than its overloaded hold showed
+            return self.end_on(axis.between(max(held), top))
+        step = top / (1.0 + precision) * (1.0 + 1e-9)  # within the precision of ``top``, not past it
+        skip = self.overloaded()
+        skip = skip if skip is not None and skip.to < step else None
+        step = skip.to if skip is not None else step
         if step < axis.floor:
             return None, 0, ""
-        met = [pt.load for pt in self.points if pt.verdict == MEETS and step <= pt.load < top]
-        return self.end_on(max(met) if met else step)
+        met = [pt.load for pt in self.points
+               if pt.verdict == MEETS and step <= pt.load < min(top, step * (1.0 + precision))]
+        x = max(met) if met else step
+        if skip is not None:
+            self.skips.append(replace(skip, to=x))
+        return self.end_on(x)
+
+    def overloaded(self) -> Skip | None:
+        """The held miss that completed the fewest requests a second, where that is
+        under ``1 / OVERLOAD`` of its offered rate over at least a point's requests: the server fell behind
+        for the whole hold, a queue and not a spell (a hold stopped on a spell has the spell's requests in
+        flight, cancelled: near the edge that put its completed rate up to 13% under its offered one, where
+        a rate 5% lower then held; docs/stages/latency.md, "Below a hold that missed"). With it, the next
+        held rate is one ``precision`` step over what it completed (only a rate search holds points: a
+        confirmation needs the flat-out figure)."""
+        behind = [pt for pt in self.points
+                  if pt.held and pt.verdict in (MISSES, UNDECIDED)
+                  and pt.metrics.completed >= self.requests and pt.load > OVERLOAD * pt.metrics.request_throughput]
+        if not behind:
+            return None
+        worst = min(behind, key=lambda pt: pt.metrics.request_throughput)
+        done = worst.metrics.request_throughput
+        return Skip(worst.load, done, done * (1.0 + self.search.precision))
 
     def confirm_at(self, x: float) -> int:
         """Requests the answer's sample at rate ``x`` spans, in all (its point's own included):

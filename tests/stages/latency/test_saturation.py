@@ -10,6 +10,7 @@ import asyncio
 import math
 import random
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -27,6 +28,8 @@ from day0.stages.latency.search import (
     MISSES,
     PROBED,
     UNDECIDED,
+    _Bracket,
+    axis_of,
     search_capacity,
 )
 from tests.stages.latency.test_search import counted, metrics_with
@@ -69,12 +72,14 @@ def test_the_figure_bounds_a_search_only_when_metrics_showed_requests_waiting():
     assert failed.req_s is None and not failed.applies and "0 of 100 requests completed" in failed.why
 
 
-def server(capacity_rate: float, settles_at: float):
-    """measure_at for a server whose short points meet up to ``capacity_rate`` but whose longer ones
-    (a queue that settles slowly) meet only up to ``settles_at``."""
+def server(capacity_rate: float, settles_at: float, completes: float | None = None, short_n: int = 60):
+    """measure_at for a server whose short points (``short_n`` requests or fewer) meet up to
+    ``capacity_rate`` but whose longer ones (a queue that settles slowly) meet only up to ``settles_at``;
+    a point completes what it is offered, or at most ``completes`` req/s where one is given (overload)."""
     async def measure_at(rate: float, n: int, until=None):
-        fine = rate <= settles_at or (rate <= capacity_rate and n <= 60)
-        return metrics_with([50.0 if fine else 50.0 + 400.0 * (i + 1) / n for i in range(n)])
+        fine = rate <= settles_at or (rate <= capacity_rate and n <= short_n)
+        done = rate if completes is None or n <= short_n else min(rate, completes)
+        return metrics_with([50.0 if fine else 50.0 + 400.0 * (i + 1) / n for i in range(n)], span_s=n / done)
     return measure_at
 
 
@@ -163,6 +168,83 @@ def test_a_walk_down_cut_short_by_max_points_says_its_answer_was_not_held():
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
     assert result.stopped.startswith("max_points (6) reached; no rate under the confirmations"), result.stopped
     assert not result.sustained_point.held and result.sustained > 0.5 * top  # a short point's, and the text says so
+
+
+def held_rates(calls: list[tuple[float, int]]) -> list[float]:
+    return [x for x, n in calls if n != 60]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_below_an_overloaded_hold_the_walk_goes_on_one_step_over_what_it_completed(seed):
+    """Short points meet up to 0.97 of the flat-out rate; held, the server completes only ``mu`` a second
+    (its edge under 0.65 of it): the first hold, far above, completes under 1 / 1.2 of its rate, and the
+    walk skips the rates between instead of holding each."""
+    rng = random.Random(seed)
+    top = rng.uniform(50.0, 300.0)
+    edge = rng.uniform(0.45, 0.6) * top
+    mu = 1.02 * edge  # a rate just past the edge queues: what it completes is barely above it
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=30, confirm_requests=300, confirm_s=0)
+    said: list[str] = []
+    measure_at, calls = counted(server(0.97 * top, edge, completes=mu))
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, said.append, saturated(top)))
+    held = held_rates(calls)
+    # the first hold, far above the edge (its point's 60 at its rate, then 240 at mu), then the skip
+    first = next(pt for pt in result.points if pt.held)
+    done = first.metrics.request_throughput
+    assert first.load == held[0] > 0.85 * top and first.load > 1.2 * done
+    assert 1.05 * done <= held[1] < 1.05 ** 2 * done, (held, done)  # or a short point's within the step
+    assert edge / 1.05 <= result.sustained <= edge and result.sustained_point.held, (result.sustained, edge)
+    # every step after the skip is one precision step at most: those holds completed nearly what they were offered
+    assert all(1.0 < a / b <= 1.05 + 1e-6 for a, b in zip(held[1:], held[2:])), held
+    assert "held completed only" in result.stopped and any("held completed only" in line for line in said)
+    # the same server without the overload's signature (every hold completes what it is offered) walks
+    # one step at a time from the first hold down: many more held rates
+    plain, plain_calls = counted(server(0.97 * top, edge))
+    walked = asyncio.run(search_capacity(plain, search, SLA, 60, lambda _m: None, saturated(top)))
+    assert len(held_rates(plain_calls)) > len(held) + 3 and "held completed only" not in walked.stopped
+
+
+def test_a_skip_that_lands_under_the_edge_is_bisected_back_up_to_the_precision():
+    """An overloaded hold that completed less than the server sustains (here 0.6 of its edge): the hold
+    one step over it meets, and held points between it and the lowest held miss narrow to the precision."""
+    top, edge = 100.0, 60.0
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=16, confirm_requests=300, confirm_s=0)
+    measure_at, calls = counted(server(0.97 * top, edge, completes=0.6 * edge))
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    held, first = held_rates(calls), next(pt for pt in result.points if pt.held)
+    assert held[1] == pytest.approx(1.05 * first.metrics.request_throughput) and held[1] < edge / 1.05, held
+    assert edge / 1.05 <= result.sustained <= edge and result.sustained_point.held, (result.sustained, held)
+    assert len(held) <= 8, held  # a bisection from there, not a walk up one step at a time
+
+
+def test_a_hold_that_completed_under_its_rate_by_a_spell_walks_one_step():
+    """A hold stopped on a spell has that spell's requests in flight: 13% under its offered rate is not
+    overload (``search.OVERLOAD``), and the walk goes one precision step at a time."""
+    top = 100.0
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=12, confirm_requests=300, confirm_s=0)
+
+    def behind(rate: float, n: int, until=None):  # every hold completes 0.87 of its rate
+        return server(0.97 * top, 0.6 * top, completes=0.87 * rate)(rate, n, until)
+    measure_at, calls = counted(behind)
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    held = held_rates(calls)
+    assert all(1.0 < a / b <= 1.05 + 1e-6 for a, b in zip(held, held[1:])), held
+    assert 0.6 * top / 1.05 <= result.sustained <= 0.6 * top and "completed only" not in result.stopped
+
+
+def test_overload_is_read_over_a_points_requests_at_least():
+    """A hold that stopped after fewer requests than a point has too few to read a completed rate from
+    (40 over one second is 40 +- 6 req/s by count alone)."""
+    search = CapacitySearch(start_rate=1.0, precision=0.05, confirm_requests=300, confirm_s=0)
+    b = _Bracket(axis_of(search), search, 60)
+    b.points.append(replace(judge_point(100.0, metrics_with([500.0] * 40, span_s=1.0), SLA), held=True))
+    assert b.overloaded() is None
+    b.points.append(replace(judge_point(90.0, metrics_with([500.0] * 80, span_s=2.0), SLA), held=True))
+    b.points.append(replace(judge_point(80.0, metrics_with([500.0] * 120, span_s=2.0), SLA), held=True))
+    skip = b.overloaded()  # the one that completed the least: 40 req/s offered 90
+    assert (skip.load, skip.completed, skip.to) == (90.0, pytest.approx(40.0), pytest.approx(42.0))
+    met = replace(judge_point(70.0, metrics_with([50.0] * 120, span_s=2.0), SLA), held=True)  # not a miss: no skip
+    assert met.verdict == MEETS and _Bracket(axis_of(search), search, 60, points=[met]).overloaded() is None
 
 
 @pytest.mark.parametrize("share", [0.2, 0.45])

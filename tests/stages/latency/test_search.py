@@ -36,10 +36,11 @@ SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})  # p90 at 95%: 29 requests b
 
 
 def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, failed: int = 0,
-                 stalls: list[tuple[float, float]] = (), offsets: list[float] | None = None):
+                 stalls: list[tuple[float, float]] = (), offsets: list[float] | None = None, span_s: float = 2.0):
     """Measured metrics of requests whose first token came ``ttfts_ms`` after their scheduled time
     (request i scheduled at 100 + 0.01 i s, or 100 + ``offsets[i]``), each sent ``lag_ms`` late (one
-    figure for all, or one per request), the client's loop stalled through ``stalls`` (perf_counter spans)."""
+    figure for all, or one per request), the client's loop stalled through ``stalls`` (perf_counter spans),
+    over a phase of ``span_s`` (its completed rate: the requests over it)."""
     lags = lag_ms if isinstance(lag_ms, list) else [lag_ms] * len(ttfts_ms)
     offsets = offsets or [0.01 * i for i in range(len(ttfts_ms))]
     results = []
@@ -54,7 +55,7 @@ def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, faile
         bad.error, bad.reason = "http", "http_500"
         results.append(bad)
     longest = max((1000.0 * (b - a) for a, b in stalls), default=None)
-    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 102.0, loop_stall_ms=longest,
+    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 100.0 + span_s, loop_stall_ms=longest,
                                        loop_stalls={0: list(stalls)}), [50, 90, 99])
 
 
