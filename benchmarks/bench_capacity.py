@@ -85,7 +85,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -101,6 +100,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from capacity_report import report, show  # noqa: E402  (the table: pure, tested without a server)
+from server_metrics import cache_share, first_tokens_past, metrics_text  # noqa: E402
 
 TOOLS = ("day0", "vllm", "guidellm")
 ROUND_SEED_STEP = 100  # round r's prompts and arrivals: seed + r x this (a dense list's rates use seed + i, i < 100)
@@ -339,40 +339,6 @@ def vllm_argv(url: str, a: argparse.Namespace, rate: float, seed: int) -> list[s
             "--metric-percentiles", f"{a.percentile:g}", "--disable-tqdm", "--save-detailed"]
 
 
-def ttft_window(before: str | None, after: str | None) -> Any:
-    """The server's own first-token histogram (``vllm:time_to_first_token_seconds``, from the
-    request's arrival in the engine to its first token) between two /metrics scrapes; None when
-    either could not be read or parsed, or has no such histogram."""
-    from day0.client.prom import SERVER_METRICS, PromError, delta, parse_histograms
-
-    name = SERVER_METRICS["ttft"][0]
-    if before is None or after is None:
-        return None
-    try:
-        h = parse_histograms(after).get(name)
-        return None if h is None else delta(parse_histograms(before).get(name), h)
-    except PromError:
-        return None
-
-
-def first_tokens_past(before: str | None, after: str | None, ttfts_s: list[float],
-                      limit_ms: float) -> dict[str, float] | None:
-    """Of one dense rate's first tokens, how many the server's own histogram (:func:`ttft_window`)
-    and vLLM bench's client put past the histogram's first bucket bound at or above the TTFT
-    limit (500 ms for 300): the server as the arbiter when the two clients disagree near the edge.
-    The scrape right after a rate can miss its last few requests (here it counted 299 of the 301
-    a rate sent, its ready check included: the server's histogram trails its last responses).
-    None when /metrics could not be read or has no such bucket."""
-    d = ttft_window(before, after)
-    if d is None:
-        return None
-    bound = next((le for le, _ in d.buckets if math.isfinite(le) and le * 1000.0 >= limit_ms), None)
-    if bound is None:
-        return None
-    return {"bound_ms": bound * 1000.0, "server": round(d.total - dict(d.buckets)[bound]), "server_n": round(d.total),
-            "client": sum(1 for t in ttfts_s if t and t > bound)}
-
-
 async def vllm_dense(url: str, a: argparse.Namespace) -> None:
     """The dense rate list, one JSON line a rate: up by ``dense_step`` from ``start_rate`` until a
     rate misses (down until one meets when the first misses), at most ``dense_max_points``."""
@@ -538,31 +504,6 @@ def parse_args() -> argparse.Namespace:
     if a.scripted_drift and (not a.scripted_slots or min(a.scripted_drift) <= 0 or a.scripted_drift_period <= 0):
         ap.error("--scripted-drift: factors above 0, a period above 0, and --scripted-slots")
     return a
-
-
-def metrics_text(url: str) -> str | None:
-    """The server's /metrics text, for the prefix-cache window around a tool's run and the server's
-    first-token histogram around a dense rate; None when it cannot be read (the run is then shown
-    without those)."""
-    from day0.client.prom import PromError, scrape_sync
-
-    try:
-        return scrape_sync(url)
-    except PromError:
-        return None
-
-
-def cache_share(before: str | None, after: str | None) -> float | None:
-    """Of the prompt tokens the server looked up between the two scrapes, the share it found cached."""
-    from day0.client.prom import PromError, prefix_cache_window
-
-    if before is None or after is None:
-        return None
-    try:
-        window = prefix_cache_window(before, after)
-    except PromError:
-        return None
-    return round(window.share, 4) if window is not None and window.queries > 0 else None
 
 
 def run_round(url: str, tok: Path, a: argparse.Namespace, number: int, skip: set[str]) -> dict[str, dict[str, Any]]:

@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_capacity  # noqa: E402  (the server, its warm-up, the child runner and vLLM bench's rate)
+import server_metrics  # noqa: E402
 from capacity_report import fmt, limit_figures  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -224,14 +225,14 @@ def one_run(arm: str, url: str, tok: Path, a: argparse.Namespace, seed: int) -> 
         why_in = before_run(kind, url, tok, a, seed + 5000) if kind else ""
         if tool == "day0" and not kind:
             time.sleep(a.pause_s)
-        before = bench_capacity.metrics_text(url)
+        before = server_metrics.metrics_text(url)
         cmd = day0_cmd(url, tok, a, seed, out) if tool == "day0" else vllm_cmd(url, tok, a, seed)
         stdout, why, wall = bench_capacity.run_child(cmd, a, ok=(0, 1), started=cpu.watch)
-        after = bench_capacity.metrics_text(url)
+        after = server_metrics.metrics_text(url)
         told = read_day0(out, a) if tool == "day0" else read_vllm(stdout, a)
     why = "; ".join(w for w in (f"{kind[1:]} {why_in}" if why_in else "", why) if w)
     return {"arm": arm, "seed": seed, **told, "server": server_view(before, after, a.percentile),
-            "cache": bench_capacity.cache_share(before, after), "client_cores": cpu.client_cores(),
+            "cache": server_metrics.cache_share(before, after), "client_cores": cpu.client_cores(),
             "wall_s": round(wall, 1), **({"why": why} if why else {})}
 
 

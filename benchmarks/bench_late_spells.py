@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_capacity import serving, ttft_window  # noqa: E402  (the same server, read the same way)
+from bench_capacity import serving  # noqa: E402  (the same server)
+from server_metrics import ttft_window  # noqa: E402  (read the same way)
 
 PASSES = ("first", "replay", "fresh")
 

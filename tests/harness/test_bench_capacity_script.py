@@ -15,6 +15,7 @@ bench = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = bench
 spec.loader.exec_module(bench)
 import capacity_report as report  # noqa: E402  (on the path once bench_capacity is loaded)
+import server_metrics  # noqa: E402
 
 SLA = argparse.Namespace(percentile=99.0, ttft_limit_ms=300.0, tpot_limit_ms=40.0)
 
@@ -81,10 +82,10 @@ def test_first_tokens_past_the_limit_as_the_server_and_the_client_saw_them():
     """A 300 ms limit reads at the server's 500 ms bound; only the rate's own window counts."""
     before = ttft_histogram({0.25: 100, 0.75: 5})
     after = ttft_histogram({0.25: 390, 0.5: 5, 0.75: 8, float("inf"): 2})
-    got = bench.first_tokens_past(before, after, [0.1] * 296 + [0.45, 0.6, 0.9, 2.0], 300.0)
+    got = server_metrics.first_tokens_past(before, after, [0.1] * 296 + [0.45, 0.6, 0.9, 2.0], 300.0)
     assert got == {"bound_ms": 500.0, "server": 5, "server_n": 300, "client": 3}
-    assert bench.first_tokens_past(None, after, [0.1], 300.0) is None
-    assert bench.first_tokens_past(before, after, [0.1], 5000.0) is None  # no finite bound that high
+    assert server_metrics.first_tokens_past(None, after, [0.1], 300.0) is None
+    assert server_metrics.first_tokens_past(before, after, [0.1], 5000.0) is None  # no finite bound that high
 
 
 def tool_round(tool: str, sustained: float | None, requests: int, **extra) -> dict:
