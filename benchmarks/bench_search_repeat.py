@@ -100,6 +100,8 @@ def saturation(url: str, tok: Path, a: argparse.Namespace, seed: int) -> float |
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the runs' seeds are this and the next --runs - 1 (another set of draws than an earlier run's)")
     ap.add_argument("--model", default="day0-tiny")
     ap.add_argument("--input-len", default="64:512", help="prompt tokens, N or LO:HI")
     ap.add_argument("--ttft-limit-ms", type=float, default=1000.0, help="TTFT p90 limit")
@@ -137,7 +139,7 @@ def main() -> int:
     runs = []
     with bench_capacity.serving(server) as (url, tok):
         bench_capacity.warm_server(url, tok, server)
-        for i, (name, seed) in enumerate(schedule(a.runs, list(arms))):
+        for i, (name, seed) in enumerate(schedule(a.runs, list(arms), a.first_seed)):
             own = saturation(url, tok, a, seed)
             r = one_run(url, tok, a, seed, arms[name], trees.get(name))
             flat_out = r["search_saturation_req_s"] or own
@@ -173,17 +175,17 @@ def spread(values: list[float]) -> float | None:
     return max(values) / min(values) if len(values) > 1 else None
 
 
-def schedule(runs: int, arms: list[str]) -> list[tuple[str, int]]:
-    """(arm, seed) in run order: one arm, each run on its own seed; two arms in ABBA rounds, both
-    arms on the same seeds (a paired comparison: the same prompts and arrival draws), so a drift of
-    the box over the runs falls on both alike."""
+def schedule(runs: int, arms: list[str], first_seed: int = 0) -> list[tuple[str, int]]:
+    """(arm, seed) in run order, seeds from ``first_seed``: one arm, each run on its own seed; two
+    arms in ABBA rounds, both arms on the same seeds (a paired comparison: the same prompts and
+    arrival draws), so a drift of the box over the runs falls on both alike."""
     if len(arms) == 1:
-        return [(arms[0], seed) for seed in range(runs)]
+        return [(arms[0], first_seed + i) for i in range(runs)]
     first, second = arms
     order = []
     for r in range((runs + 1) // 2):
         order += [(first, 2 * r), (second, 2 * r), (second, 2 * r + 1), (first, 2 * r + 1)]
-    return [(arm, seed) for arm, seed in order if seed < runs]
+    return [(arm, first_seed + i) for arm, i in order if i < runs]
 
 
 if __name__ == "__main__":

@@ -29,3 +29,10 @@ def test_the_other_arm_imports_day0_from_its_own_tree_not_from_the_working_folde
     leaky = {**bench.tree_env(tmp_path)}
     leaky.pop("PYTHONSAFEPATH")
     assert imported_day0(leaky) == str(REPO / "day0" / "__init__.py")
+
+
+def test_two_arms_run_abba_on_the_same_seeds_from_the_first_one():
+    paired = bench.schedule(3, ["A", "B"], first_seed=10)
+    assert paired == [("A", 10), ("B", 10), ("B", 11), ("A", 11), ("A", 12), ("B", 12)]
+    assert bench.schedule(2, ["A"], first_seed=5) == [("A", 5), ("A", 6)]
+    assert bench.schedule(2, ["A", "B"]) == [("A", 0), ("B", 0), ("B", 1), ("A", 1)]
