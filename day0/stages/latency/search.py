@@ -43,13 +43,13 @@ from day0.stages.latency.measurement import (
 from day0.stages.latency.metrics import LatencyMetrics, pooled
 from day0.stages.latency.spells import late_text
 
-OVERLOAD = 1.2  # a held miss offered more than this times what it completed queued for its whole length
+OVERLOAD = 1.3  # a held miss offered more than this times what it completed queued for its whole length
 
 
 @dataclass(frozen=True)
 class Skip:
     """The walk down past an overloaded hold: offered ``load``, it completed ``completed`` req/s; the
-    walk went on at ``to`` (one ``precision`` step over that, or a short point that met within the step
+    walk went on at ``to`` (two ``precision`` steps over that, or a short point that met within the step
     above it, whose point the hold extends)."""
 
     load: float
@@ -330,9 +330,9 @@ class _Bracket:
         bisection: a hold that misses stops once it cannot meet, while one that passes costs its whole
         length, and a bisection passes more often.
 
-        Past an overloaded hold (:meth:`overloaded`) the step goes straight to one ``precision`` step over
-        what that hold completed: the rates between would each queue as it did. Should the hold there
-        meet, the rates between it and ``top`` are bisected, held."""
+        Past an overloaded hold (:meth:`overloaded`) the step goes straight to two ``precision`` steps
+        over what that hold completed: the rates between would each queue as it did. Should the hold
+        there meet, the rates between it and ``top`` are bisected, held."""
         axis, precision = self.axis, self.search.precision
         held = [pt.load for pt in self.points if pt.held and pt.verdict == MEETS and pt.load < top]
         if held and axis.narrow(max(held), top, precision):
@@ -353,13 +353,15 @@ class _Bracket:
         return self.end_on(x)
 
     def overloaded(self) -> Skip | None:
-        """The held miss that completed the fewest requests a second, where that is
-        under ``1 / OVERLOAD`` of its offered rate over at least a point's requests: the server fell behind
-        for the whole hold, a queue and not a spell (a hold stopped on a spell has the spell's requests in
-        flight, cancelled: near the edge that put its completed rate up to 13% under its offered one, where
-        a rate 5% lower then held; docs/stages/latency.md, "Below a hold that missed"). With it, the next
-        held rate is one ``precision`` step over what it completed (only a rate search holds points: a
-        confirmation needs the flat-out figure)."""
+        """Of the held misses that completed under ``1 / OVERLOAD`` of their offered rate over at least a
+        point's requests, the one that completed the fewest a second: the server fell behind for the
+        whole hold, a queue and not a spell. A hold stopped on a spell has the spell's requests in
+        flight, cancelled, so it completes under its rate too: near the edge, holds offered up to 1.23
+        times what they completed were within 5% of a rate that then held. And what an overloaded hold
+        completed was 0.92-1.09 of the rate that then held, so the next held rate is two ``precision``
+        steps over it: one step landed under the answer in two of seven skips, where a hold that meets
+        costs its whole length (docs/stages/latency.md, "Past an overloaded hold the walk skips"). Only a
+        rate search holds points (a confirmation needs the flat-out figure)."""
         behind = [pt for pt in self.points
                   if pt.held and pt.verdict in (MISSES, UNDECIDED)
                   and pt.metrics.completed >= self.requests and pt.load > OVERLOAD * pt.metrics.request_throughput]
@@ -367,7 +369,7 @@ class _Bracket:
             return None
         worst = min(behind, key=lambda pt: pt.metrics.request_throughput)
         done = worst.metrics.request_throughput
-        return Skip(worst.load, done, done * (1.0 + self.search.precision))
+        return Skip(worst.load, done, done * (1.0 + self.search.precision) ** 2)
 
     def confirm_at(self, x: float) -> int:
         """Requests the answer's sample at rate ``x`` spans, in all (its point's own included):
