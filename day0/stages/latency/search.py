@@ -357,10 +357,10 @@ class _Bracket:
         hold; a hold that did not meet completed its requests over its length less the ones in flight
         when it stopped (cancelled), so what it completed understates that. Hence the held miss (over at
         least a point's requests) that completed the fewest a second, and ``BACKLOG_STEPS`` ``precision``
-        steps over that (1.158 times it at 5%): in 19 searches on bench_search_repeat's workload the
-        answer was at most 1.13 times what any of 87 held misses completed, 1.17 once, near the edge,
-        where the skip would have landed 1.2% under the answer, within the precision of the miss above
-        it (docs/stages/latency.md, "Past an overloaded hold the walk skips"). A hold stopped on a spell
+        steps over that (1.158 times it at 5%): in 31 searches on bench_search_repeat's workload the
+        answer was at most 1.13 times what any of 138 held misses completed, 1.16 and 1.17 once each,
+        near the edge, where the bound lands at the answer or 1.2% under it, within the precision of the
+        miss above it (docs/stages/latency.md, "Past an overloaded hold the walk skips"). A hold stopped on a spell
         completes nearly its rate, which puts this over the walk's next step, where it changes nothing.
         Only a rate search holds points (a confirmation needs the flat-out figure)."""
         behind = [pt for pt in self.points
