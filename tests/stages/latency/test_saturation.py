@@ -72,13 +72,13 @@ def test_the_figure_bounds_a_search_only_when_metrics_showed_requests_waiting():
     assert failed.req_s is None and not failed.applies and "0 of 100 requests completed" in failed.why
 
 
-def server(capacity_rate: float, settles_at: float, completes: float | None = None, short_n: int = 60):
-    """measure_at for a server whose short points (``short_n`` requests or fewer) meet up to
-    ``capacity_rate`` but whose longer ones (a queue that settles slowly) meet only up to ``settles_at``;
-    a point completes what it is offered, or at most ``completes`` req/s where one is given (overload)."""
+def server(capacity_rate: float, settles_at: float, completes: float | None = None):
+    """measure_at for a server whose short points (60 requests) meet up to ``capacity_rate`` but whose
+    longer ones (a queue that settles slowly) meet only up to ``settles_at``; a point completes what it
+    is offered, or a longer one at most ``completes`` req/s where that is given (overload)."""
     async def measure_at(rate: float, n: int, until=None):
-        fine = rate <= settles_at or (rate <= capacity_rate and n <= short_n)
-        done = rate if completes is None or n <= short_n else min(rate, completes)
+        fine = rate <= settles_at or (rate <= capacity_rate and n <= 60)
+        done = rate if completes is None or n <= 60 else min(rate, completes)
         return metrics_with([50.0 if fine else 50.0 + 400.0 * (i + 1) / n for i in range(n)], span_s=n / done)
     return measure_at
 
@@ -206,7 +206,7 @@ def test_below_an_overloaded_hold_the_walk_goes_on_three_steps_over_what_it_comp
 
 def test_a_skip_that_lands_under_the_edge_is_bisected_back_up_to_the_precision():
     """An overloaded hold that completed less than the server sustains (here 0.6 of its edge): the hold
-    one step over it meets, and held points between it and the lowest held miss narrow to the precision."""
+    three steps over it meets, and held points between it and the lowest held miss narrow to the precision."""
     top, edge = 100.0, 60.0
     search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=16, confirm_requests=300, confirm_s=0)
     measure_at, calls = counted(server(0.97 * top, edge, completes=0.6 * edge))
