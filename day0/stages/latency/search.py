@@ -359,10 +359,10 @@ class _Bracket:
         least a point's requests) that completed the fewest a second, and ``BACKLOG_STEPS`` ``precision``
         steps over that (1.158 times it at 5%): in 31 searches on bench_search_repeat's workload the
         answer was at most 1.13 times what any of 138 held misses completed, 1.16 and 1.17 once each,
-        near the edge, where the bound lands at the answer or 1.2% under it, within the precision of the
-        miss above it (docs/stages/latency.md, "Past an overloaded hold the walk skips"). A hold stopped on a spell
-        completes nearly its rate, which puts this over the walk's next step, where it changes nothing.
-        Only a rate search holds points (a confirmation needs the flat-out figure)."""
+        near the edge, where the bound lands at the answer or 1.2% under it, within the precision of
+        the miss above it (docs/stages/latency.md, "Past an overloaded hold the walk skips"). A hold
+        stopped on a spell completes nearly its rate, which puts this over the walk's next step, where
+        it changes nothing. Only a rate search holds points (a confirmation needs the flat-out figure)."""
         behind = [pt for pt in self.points
                   if pt.held and pt.verdict in (MISSES, UNDECIDED) and pt.metrics.completed >= self.requests]
         if not behind:
