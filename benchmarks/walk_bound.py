@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from day0.config.latency import CapacitySearch  # noqa: E402
+from day0.stages.latency.search import BACKLOG_STEPS  # noqa: E402
+
+STEPS = (1.0 + CapacitySearch().precision) ** BACKLOG_STEPS  # the search's own bound, at its default precision
 HELD = ("held from its start", "its point's")  # a confirmation's row says one of these (capacity._extends_text)
 
 
@@ -65,7 +72,8 @@ def answer_over_achieved(runs: list[dict[str, Any]], min_requests: int) -> list[
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path, help="bench_search_repeat.py --json outputs")
-    ap.add_argument("--factor", type=float, action="append", help="bound / achieved (default 1.05^3 and 1.05^2)")
+    ap.add_argument("--factor", type=float, action="append",
+                    help="bound / achieved (default: the search's own, 1.05^3, and one step less)")
     ap.add_argument("--min-requests", type=int, default=60, help="a held miss's fewest requests (a point's)")
     a = ap.parse_args()
     runs = [r for f in a.files for r in json.loads(f.read_text())["runs"] if r.get("status") == "pass"]
@@ -73,7 +81,7 @@ def main() -> int:
     print(f"{len(runs)} searches, {len(ratios)} held misses: answer / achieved at most "
           f"{', '.join(f'{x:.3f}' for x in ratios[:3])}")
     plain = [r for r in runs if "completed only" not in r["message"]]
-    for factor in a.factor or [1.05 ** 3, 1.05 ** 2]:
+    for factor in a.factor or [STEPS, STEPS / (1.0 + CapacitySearch().precision)]:
         got = [counted(r, factor, a.min_requests) for r in plain]
         for g in got:
             print(f"  x{factor:.4f} seed {g['seed']}: answer {g['answer']:.2f}, bound {g['bound'] or 0:.2f}"

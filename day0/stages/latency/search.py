@@ -237,11 +237,15 @@ class _Bracket:
         return sum(pt.verdict not in (PROBED, CLIENT_LAGGED) and SATURATION not in pt.misses
                    for pt in self.points) - self.confirmations
 
+    def held_misses(self) -> list[SearchPoint]:
+        """The confirmations that did not meet. One the client lagged through concluded nothing: it is
+        measured again at the same load."""
+        return [pt for pt in self.points if pt.held and pt.verdict not in (MEETS, CLIENT_LAGGED)]
+
     def missed_holds(self) -> set[float]:
-        """The loads a confirmation did not meet at; once there is one, every point below is held
-        (:meth:`walk_down`). A confirmation the client lagged through concluded nothing: it is measured
-        again at the same load, and that load counts once."""
-        return {pt.load for pt in self.points if pt.held and pt.verdict not in (MEETS, CLIENT_LAGGED)}
+        """The loads a confirmation did not meet at (each counted once); once there is one, every point
+        below is held (:meth:`walk_down`)."""
+        return {pt.load for pt in self.held_misses()}
 
     def met_at(self, x: float) -> SearchPoint | None:
         """The last point that met at load ``x`` (what a confirmation there goes on from)."""
@@ -363,8 +367,7 @@ class _Bracket:
         the miss above it (docs/stages/latency.md, "Past an overloaded hold the walk skips"). A hold
         stopped on a spell completes nearly its rate, which puts this over the walk's next step, where
         it changes nothing. Only a rate search holds points (a confirmation needs the flat-out figure)."""
-        behind = [pt for pt in self.points
-                  if pt.held and pt.verdict in (MISSES, UNDECIDED) and pt.metrics.completed >= self.requests]
+        behind = [pt for pt in self.held_misses() if pt.metrics.completed >= self.requests]
         if not behind:
             return None
         worst = min(behind, key=lambda pt: pt.metrics.request_throughput)
