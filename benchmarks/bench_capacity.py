@@ -26,7 +26,7 @@ the first tool would measure that.
   (``day0.core.stats.offered_burst``, "arrivals burstier than 92% of Poisson draws"): near the edge
   one draw's bursts decide a p99 over 300 requests, which is why the seed is drawn fresh each run
   unless ``--seed`` is given (a fixed one put the burstiest schedules of its rounds at 50.21 req/s,
-  the cpu-tiny server's edge, in every run; docs/stages/latency.md, "The dense list's seeds").
+  the cpu-tiny server's edge, in every run; docs/stages/capacity-evidence.md, "The dense list's seeds").
   What it costs depends on how far its start is from the answer, as day0's does. Every rate is
   vLLM's own ``main_async`` (its argument parser, random dataset, Poisson arrivals and figures),
   all in one fresh process: a ``vllm bench serve`` process per rate would spend ~20 s importing
@@ -56,7 +56,7 @@ floor under any agreement between tools.
 ``--scripted-slots N`` runs every tool against the scripted slot server instead
 (``tests/support/sse_server.py``: N requests served at once, 165 ms each, the rest queued): its
 capacity is known and its edge holds still, so what the tools answer there is the tools, not the
-box (docs/stages/latency.md has the runs).
+box (docs/stages/capacity-evidence.md has the runs).
 
 The prefix cache. vLLM's random dataset builds a prompt from consecutive token ids at a random
 offset, so on cpu-tiny's 384-token vocabulary prompts often share their first blocks: 72% of the
@@ -174,7 +174,7 @@ def warm_server(url: str, tok: Path, a: argparse.Namespace, rates: list[float] |
     load generator), counted for no tool. After a warm-up at the start rate alone, day0's first
     round (the first tool to load the server near its edge) answered below its second in 6 of 7
     runs (0.68-0.93 of it); ramped to three times the start rate, 0.986, 1.032 and 0.894 (3 runs,
-    2026-12-05; docs/stages/latency.md)."""
+    2026-12-05; docs/stages/capacity-evidence.md)."""
     if not a.server_warmup:
         return
     for rate in rates or [a.start_rate]:

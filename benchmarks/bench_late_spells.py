@@ -1,7 +1,7 @@
 """Where do a server's late first tokens come from: its arrivals, or its host?
 
 Near the edge a capacity search's short points meet at rates its 30 s holds do not
-(docs/stages/latency.md, "Late first tokens come in spells"). This script asks why, on one server:
+(docs/stages/capacity-evidence.md, "Late first tokens come in spells"). This script asks why, on one server:
 after a run-in and a flat-out run (day0's own, ``day0.stages.latency.saturation``), each of
 ``--shares`` of the flat-out rate is held for ``--hold-s`` seconds three times: a Poisson schedule,
 the same schedule again on fresh prompts (the replay), and a fresh schedule. Each hold's TTFTs past

@@ -125,7 +125,7 @@ def samples_to_bound(p: float, confidence: float = 0.95) -> int:
 # The bounds above hold for independent samples. Requests that share a queue are not: near a
 # server's edge one burst of arrivals delays the next dozen requests together, so the slowest
 # requests come in runs and a sample of n says less than n independent ones would. Measured here
-# (docs/stages/latency.md, "One rate, the arms in turn"): at 47 req/s on the cpu-tiny server, the
+# (docs/stages/capacity-evidence.md, "One rate, the arms in turn"): at 47 req/s on the cpu-tiny server, the
 # 95% intervals of one workload run five times minutes apart overlapped in 1 to 4 of 10 pairs.
 
 TAIL_SHARE = 0.1  # the slowest tenth: enough samples (30 of 299) to count runs in, still the tail
@@ -183,7 +183,7 @@ def tail_bursts(series: Sequence[float], share: float = TAIL_SHARE) -> TailBurst
 # A percentile over a few hundred Poisson arrivals near a server's edge is decided as much by the
 # draw of arrivals as by the server: the cpu-tiny vLLM server met 51.6 req/s on one draw and missed
 # 50.21 on another minutes apart, and a benchmark that reuses a seed per rate reuses its bursts in
-# every run (docs/stages/latency.md, "The dense list's seeds").
+# every run (docs/stages/capacity-evidence.md, "The dense list's seeds").
 
 QUEUE_LOAD = 0.85  # the reference server's utilisation: near an edge, where bursts decide a tail
 OFFER_DRAWS = 200  # Poisson draws the schedule is ranked among: a share to the nearest half percent

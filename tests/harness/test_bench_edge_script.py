@@ -1,5 +1,5 @@
 """benchmarks/bench_edge.py: the ABBA order, the overlap count and the per-arm summary its
-closing lines (and docs/stages/latency.md's figures) rest on, and the client-CPU window."""
+closing lines (and docs/stages/capacity-evidence.md's figures) rest on, and the client-CPU window."""
 
 import importlib.util
 import os

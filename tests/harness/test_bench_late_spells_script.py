@@ -1,4 +1,4 @@
-"""benchmarks/bench_late_spells.py: what its "recur" and server-count columns (and docs/stages/latency.md's
+"""benchmarks/bench_late_spells.py: what its "recur" and server-count columns (and docs/stages/capacity-evidence.md's
 "Late first tokens come in spells") rest on, without a server."""
 
 import importlib.util

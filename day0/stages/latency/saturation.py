@@ -3,7 +3,7 @@ and the settle before each search point.
 
 An open loop at or past the rate a server completes flat out queues without bound, but a search
 point of a few seconds that starts on an idle server ends before that queue reaches a limit, and
-probes of 32 requests meet every bound at any rate (measured on cpu-tiny: docs/stages/latency.md,
+probes of 32 requests meet every bound at any rate (measured on cpu-tiny: docs/stages/capacity-evidence.md,
 "Is it the server or the search?"). So a rate search first keeps the server's batch full for a
 while (a closed loop), reads the rate it completes requests at, and misses every rate at or past
 it without spending a point there. The figure bounds the search only when /metrics showed

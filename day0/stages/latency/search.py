@@ -174,7 +174,7 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
             b.missed, b.presumed = top.load, top.load / search.growth
             b.axis = replace(axis, start=axis.between(b.presumed, top.load), floor=b.presumed / 64.0)
     # with the flat-out rate as the bracket's top, overload is a rate past it, not a TTFT trend: the queue
-    # rule fired at 0.64-0.88 of that rate here, on 3-second points of stable loads (docs/stages/latency.md)
+    # rule fired at 0.64-0.88 of that rate here, on 3-second points of stable loads (docs/stages/capacity-evidence.md)
     queue_rule = not (sat is not None and sat.applies)
     if not queue_rule:
         b.confirm, b.hold_s = confirm_size(search, requests), search.confirm_s

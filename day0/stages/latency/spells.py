@@ -2,7 +2,7 @@
 the schedule offered in the second before it.
 
 Near a server's edge its first tokens do not run late one by one. On the cpu-tiny server
-(docs/stages/latency.md, "Late first tokens come in spells") the values past a 300 ms TTFT limit
+(docs/stages/capacity-evidence.md, "Late first tokens come in spells") the values past a 300 ms TTFT limit
 came in spells of 1 to 149 requests, each right after one of the schedule's busiest seconds; the
 same schedule replayed on fresh prompts brought about half of them back, a fresh schedule none, and the
 server's own histogram counted them as the client did. So a miss reads with the burst that built

@@ -271,7 +271,7 @@ def test_a_figure_that_does_not_apply_leaves_the_climb_and_its_queue_rule_as_the
 
 
 def test_with_the_figure_a_rising_ttft_within_the_limit_is_no_miss():
-    """The queue rule fired on short points of stable loads (docs/stages/latency.md); with the flat-out
+    """The queue rule fired on short points of stable loads (docs/stages/capacity-evidence.md); with the flat-out
     rate bounding the search a point is judged by its limits alone."""
     rising = metrics_with([10.0] * 15 + [60.0] * 15 + [80.0] * 15 + [90.0] * 15)  # 10 -> 90 ms, under 100
     assert judge_point(20.0, rising, SLA).misses == ["queue_growth"]
