@@ -319,7 +319,8 @@ def run_day0(url: str, tok: Path, a: argparse.Namespace) -> dict[str, Any]:
     note = (f"{len(points)} search points of up to {n} requests (a point that has missed stops early; its cancelled "
             f"in-flight requests not counted) + {a.warmup} warm-up + {a.day0_measure_requests} measured; "
             f"latency.capacity {cap['status']}: {cap['message']}")
-    told = summary("day0", points, spent, wall, note, requests_per_point=n, check=cap["status"])
+    told = summary("day0", points, spent, wall, note, requests_per_point=n, check=cap["status"],
+                   by_part=ev.get("requests_by_part"))
     # the check's own answer: a short point that met above a confirmation that did not is no answer
     told["sustained"] = cap.get("value") if cap["status"] == "pass" else None
     # and its first load not met: a point stopped once it could not meet is undecided, not a miss

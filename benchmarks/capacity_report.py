@@ -71,6 +71,22 @@ def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x and y else None
 
 
+PARTS = {"held_met": "the hold that met", "held_not_met": "held, not met", "short": "short points",
+         "flat_out": "flat out"}
+
+
+def spend_shares(day0: dict[str, Any], other: dict[str, Any]) -> dict[str, float] | None:
+    """day0's requests in one round by what they served (its ``requests_by_part``, the rest being its
+    warm-up and measured phase) as shares of another tool's requests in the same round: where "half
+    the dense list's requests" is won or lost (docs/stages/capacity-evidence.md, "What a search
+    spends"). None where day0 did not say or the other tool spent nothing."""
+    parts = day0.get("by_part")
+    if not parts or not other.get("requests"):
+        return None
+    shares = {k: parts.get(k, 0) / other["requests"] for k in PARTS}
+    return {**shares, "rest": (day0["requests"] - sum(parts.values())) / other["requests"]}
+
+
 def point_line(p: dict[str, Any]) -> str:
     if "bounds_ms" in p:
         figures = ", ".join(f"{k} {v} ms" for k, v in p["bounds_ms"].items())
@@ -128,4 +144,12 @@ def report(rounds: list[dict[str, dict[str, Any]]], sla: dict[str, float], workl
             per_round = ", ".join(fmt(r.get("sustained_by_bounds"), ".3f") for r in each)
             print(f"day0 / {tool} with {tool}'s own requests judged by day0's rule: sustained "
                   f"{fmt(q['sustained_by_bounds'], '.3f')} (by round: {per_round})")
-    return {"sla": sla, "workload": workload, "tools": results, "rounds": rounds, "ratios_day0_over": rat}
+    spend = {tool: [spend_shares(r["day0"], r[tool]) if "day0" in r else None for r in rounds]
+             for tool in rat}
+    for tool, shares in spend.items():
+        for i, s in enumerate(shares, 1):
+            if s is not None:
+                print(f"day0's requests in round {i}, as shares of {tool}'s: "
+                      + ", ".join(f"{label} {s[k]:.3f}" for k, label in PARTS.items()) + f", the rest {s['rest']:.3f}")
+    return {"sla": sla, "workload": workload, "tools": results, "rounds": rounds, "ratios_day0_over": rat,
+            "day0_spend_shares": spend}

@@ -109,6 +109,19 @@ def test_the_table_compares_medians_over_rounds_and_keeps_each_round():
     assert got["sla"] == {"ttft_p99_ms": 300.0} and len(got["rounds"]) == 3
 
 
+def test_what_day0_spent_is_split_into_shares_of_the_other_tools_requests_in_the_same_round():
+    parts = {"flat_out": 200, "short": 421, "held_met": 1348, "held_not_met": 1150}
+    day0 = tool_round("day0", 44.92, 3131, by_part=parts)  # 12 more: its warm-up and measured phase
+    rounds = [{"day0": day0, "vllm": tool_round("vllm", 38.51, 6000)},
+              {"vllm": tool_round("vllm", 46.8, 7200), "day0": tool_round("day0", 46.06, 4248)}]
+    got = report.report(rounds, {"ttft_p99_ms": 300.0}, {"input_len": 128})["day0_spend_shares"]["vllm"]
+    assert got[0] == {"held_met": pytest.approx(1348 / 6000), "held_not_met": pytest.approx(1150 / 6000),
+                      "short": pytest.approx(421 / 6000), "flat_out": pytest.approx(200 / 6000),
+                      "rest": pytest.approx(12 / 6000)}
+    assert got[1] is None  # a round whose day0 did not say (an older run) has no split
+    assert report.spend_shares(day0, tool_round("vllm", None, 0)) is None
+
+
 def test_no_ratio_without_an_answer_on_both_sides():
     rounds = [{"day0": tool_round("day0", None, 900), "vllm": tool_round("vllm", 41.5, 3600,
                                                                          sustained_by_bounds=37.73)}]

@@ -173,7 +173,7 @@ def _evidence(result: SearchResult, sla: SlaSection, search: CapacitySearch, dev
         "axis": result.axis, "unit": result.unit,
         "order": [rounded(pt.load) for pt in result.points], "stopped": result.stopped,
         "requests_per_point": result.requests_per_point, "probe_requests": result.probe_requests,
-        "requests_sent": result.requests_sent,
+        "requests_sent": result.requests_sent, "requests_by_part": result.requests_by_part,
         "late": [{"offered": rounded(pt.load), "limit": lt.key, "limit_ms": lt.limit_ms,
                   "spells": [asdict(sp) for sp in lt.spells]} for pt in result.points for lt in pt.late if lt.late],
         "confidence": result.confidence,

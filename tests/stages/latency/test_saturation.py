@@ -20,7 +20,7 @@ from day0.config.latency import CapacitySearch, LatencySection, SlaSection
 from day0.stages.latency import latency_checks, run_latency
 from day0.stages.latency.capacity import CHECK_ID, capacity_check
 from day0.stages.latency.judging import judge_point, lag_text
-from day0.stages.latency.measurement import SATURATION, Saturation
+from day0.stages.latency.measurement import SATURATION, Saturation, SearchPoint, SearchResult
 from day0.stages.latency.saturation import middle_window, saturation_of
 from day0.stages.latency.search import (
     CLIENT_LAGGED,
@@ -83,6 +83,23 @@ def server(capacity_rate: float, settles_at: float, completes: float | None = No
     return measure_at
 
 
+def test_what_a_search_spent_counts_each_request_once_in_the_part_that_judged_it():
+    """A short point's requests count with the hold that went on from it; with a hold the client
+    lagged through, measured again from the same point, with the last one."""
+    def pt(load, n, verdict, held=False, extends=0, misses=()):
+        return SearchPoint(load, metrics_with([50.0] * n), verdict, list(misses), [], {}, 0.0,
+                           extends=extends, held=held)
+    points = [pt(70.0, 200, MISSES, misses=[SATURATION]),
+              pt(52.0, 299, MEETS), pt(52.0, 299 + 400, MISSES, held=True, extends=299),  # held, missed
+              pt(50.0, 299, MEETS), pt(50.0, 299 + 500, CLIENT_LAGGED, held=True, extends=299),
+              pt(50.0, 299 + 1000, MEETS, held=True, extends=299),  # measured again: the answer
+              pt(55.0, 120, UNDECIDED)]
+    result = SearchResult(points, 299, 0.95, "precision 0.05 reached")
+    assert result.requests_by_part == {"flat_out": 200, "short": 120, "held_met": 1299,
+                                       "held_not_met": 699 + 500}
+    assert sum(result.requests_by_part.values()) == result.requests_sent == 200 + 299 + 400 + 299 + 500 + 1000 + 120
+
+
 def saturated(req_s: float, queued: bool = True):
     async def saturate():
         return Saturation(req_s, 200, 200, queued), metrics_with([900.0] * 200)
@@ -118,7 +135,13 @@ def test_a_search_under_the_flat_out_rate_starts_below_it_and_the_answer_holds_o
     assert f"{len(walk) - 1} held rates above it did not meet" in result.stopped
     # what the search spent counts each request once: the confirmations' own, not their points' again
     assert result.requests_sent == sum(n for _, n in calls) + 200
+    # and says what they served: every hold is 300 requests (an extension of 240 takes its point's 60 along)
+    shorts, extensions, holds = (sum(1 for _, n in calls if n == k) for k in (60, 240, 300))
+    assert result.requests_by_part == {"flat_out": 200, "short": 60 * (shorts - extensions), "held_met": 300,
+                                       "held_not_met": 300 * (extensions + holds - 1)}, calls
+    assert sum(result.requests_by_part.values()) == result.requests_sent
     check = capacity_check(result, SLA, search)
+    assert check.evidence["requests_by_part"] == result.requests_by_part
     assert check.status == "pass" and f"of the {top:.4g} req/s it completes flat out" in check.message
     assert check.evidence["saturation"]["applies"] is True
     # the table tells an extension from a point held from its start
