@@ -71,7 +71,7 @@ def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x and y else None
 
 
-PARTS = {"held_met": "the hold that met", "held_not_met": "held, not met", "short": "short points",
+PARTS = {"held_met": "the hold that met", "held_not_met": "held misses", "short": "short points",
          "flat_out": "flat out"}
 
 

@@ -137,7 +137,8 @@ def queue_percentile(script: Script, rate: float, max_tokens: int, p: float = 99
 def queue_edge(script: Script, limit_s: float, max_tokens: int, p: float = 99.0) -> float:
     """The highest rate (req/s, to 0.1%) whose long-run p-th percentile TTFT is within ``limit_s``
     (:func:`queue_percentile`): the long-run truth a capacity answer on this script estimates
-    (short points, starting near an empty queue, land above it: docs/stages/latency.md)."""
+    (short points, starting near an empty queue, land above it: docs/stages/capacity-evidence.md, "The long run
+    is the truth, and short points overshoot it")."""
     lo, hi = 0.0, capacity(script, max_tokens) / min(script.drift or [1.0])  # past it every window queues
     while hi - lo > hi * 0.001:
         mid = (lo + hi) / 2

@@ -118,7 +118,13 @@ class SearchResult:
     def requests_sent(self) -> int:
         """What the search sent, the flat-out run included; a confirmation's own requests only (its
         metrics include the point it goes on from)."""
-        return sum(pt.metrics.sent - pt.extends for pt in self.points)
+        return sum(pt.metrics.sent - pt.extends for pt in self.points) + self._flat_out_unplaced
+
+    @property
+    def _flat_out_unplaced(self) -> int:
+        """The flat-out run's requests where its figure did not apply: sent, but no point holds them."""
+        placed = any(SATURATION in pt.misses for pt in self.points)
+        return 0 if self.saturation is None or placed else self.saturation.requests
 
     @property
     def requests_by_part(self) -> dict[str, int]:
@@ -129,7 +135,7 @@ class SearchResult:
         point). The split answers what a search's cost is made of: on a server whose 30 s edge sits
         well under the rate its short points meet, the held points that did not meet
         (docs/stages/capacity-evidence.md, "What a search spends")."""
-        parts = {"flat_out": 0, "short": 0, "held_met": 0, "held_not_met": 0}
+        parts = {"flat_out": self._flat_out_unplaced, "short": 0, "held_met": 0, "held_not_met": 0}
         went_on: dict[float, tuple[str, int]] = {}  # load -> (the last hold's part, its point's requests)
         for pt in self.points:
             part = ("flat_out" if SATURATION in pt.misses else "short" if not pt.held
