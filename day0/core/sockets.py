@@ -1,4 +1,5 @@
-"""TCP connections as the kernel lists them in ``/proc/<pid>/net/tcp{,6}``: the one reader.
+"""TCP connections as the kernel lists them in ``/proc/<pid>/net/tcp{,6}``: the one reader; and the
+one way to pick a port for a server day0 starts (:func:`free_port`).
 
 A table under ``/proc/<pid>/net`` is the whole network namespace's, so it shows which addresses
 traffic really used; ``/proc/self/fd`` narrows it to one process's sockets. The collective ranks
@@ -11,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import os
+import random
 import re
 import socket
 import struct
@@ -98,3 +100,38 @@ def node_ip(address: str | None, ifname: str | None) -> str | None:
         return socket.gethostbyname(address)
     except OSError:
         return None
+
+
+PORT_FLOOR = 10000  # free_port's lowest pick: above the well-known and most registered service ports
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_low(path: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port the kernel hands out as a connection's source port (32768 where unreadable)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", *, tries: int = 64, floor: int = PORT_FLOOR, low: int | None = None) -> int:
+    """A TCP port free on ``host`` now, for a server day0 starts a moment later (vLLM's, a torch
+    rendezvous, slurmctld), picked below the kernel's ephemeral range. A port that ``bind(0)`` hands
+    back is an ephemeral one: until the server binds it, any connection the host opens may take it
+    as its source port. A slurmctld started while other live tests ran beside it lost its port
+    that way ("Address already in use", a CI run of 2026-12-06). Below the range only an explicit bind takes
+    a port. Picks in [``floor``, ``low``), ``low`` the range's start unless given; falls back to
+    ``bind(0)`` where that leaves no room or every try was taken."""
+    top = ephemeral_low() if low is None else low
+    pick = random.SystemRandom()
+    for _ in range(tries if top > floor else 0):
+        port = pick.randrange(floor, top)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

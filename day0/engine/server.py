@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any, Callable
 from day0.config.profile import Profile
 from day0.core.outputs import open_output, replacing
 from day0.core.redact import Redactor
+from day0.core.sockets import free_port
 from day0.engine.cluster.launchers import spawn
 from day0.engine.cluster.nodes import Cluster
 from day0.engine.endpoint import Endpoint, api_key
@@ -88,12 +88,6 @@ def cli_args(args: dict[str, Any]) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerEngine:

@@ -20,8 +20,9 @@ import pytest
 
 from day0.core.record import EventLog, load, rebuild
 from day0.core.redact import REDACTED, Redactor, is_secret_key
+from day0.core.sockets import free_port
 from day0.engine.process import die_with_parent, stop_process_group
-from day0.engine.server import free_port, scrub_log
+from day0.engine.server import scrub_log
 from tests.support import REPO
 from tests.support.hostile import leaks
 

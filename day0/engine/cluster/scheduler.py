@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from day0.core.commands import run_command
+from day0.core.sockets import free_port
 from day0.engine.cluster.sbatch import SINFO_NODES, parse_node_states
 from day0.engine.process import pid_alive
 
@@ -111,7 +112,8 @@ def slurm_up(folder: Path, nodes: Sequence[SlurmNode], controller: str, log: Log
         raise SchedulerError(why)
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # munged refuses a socket directory others can write to
-    cluster = SlurmCluster(folder=folder, nodes=tuple(nodes), controller=controller, port=_free_port(controller))
+    # a port of its own, not 6817: a host's own slurmctld is left alone
+    cluster = SlurmCluster(folder=folder, nodes=tuple(nodes), controller=controller, port=free_port(controller))
     _write_files(cluster)
     t0 = time.monotonic()
     _start_munged(folder)
@@ -129,13 +131,6 @@ def slurm_up(folder: Path, nodes: Sequence[SlurmNode], controller: str, log: Log
 def _all_idle(cluster: SlurmCluster) -> bool:
     states = cluster.node_states()
     return len(states) == len(cluster.nodes) and all(state == "idle" for state, _ in states.values())
-
-
-def _free_port(address: str) -> int:
-    """A port free on the bridge address, so a host that runs its own slurmctld (6817) is left alone."""
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def _write_files(c: SlurmCluster) -> None:

@@ -21,12 +21,13 @@ it), ``tp_equivalence`` (vLLM's TP path), ``cli``.
 """
 
 from day0.core.collective_ops import OPS
+from day0.core.sockets import free_port
 from day0.core.stages import Figure, Stage
 from day0.stages.collectives.checks import result_checks
 from day0.stages.collectives.cli import add_cli, main
 from day0.stages.collectives.exact import ExactPattern
 from day0.stages.collectives.faults import diagnose
-from day0.stages.collectives.launcher import free_port, run_local
+from day0.stages.collectives.launcher import run_local
 from day0.stages.collectives.links import links_check
 from day0.stages.collectives.multinode import run_cluster
 from day0.stages.collectives.nccl_tests import import_nccl_tests

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from day0.core.outputs import open_output, write_file
+from day0.core.sockets import free_port
 from day0.engine.process import signal_group
 from day0.stages.collectives.faults import clean_error, diagnose
 from day0.stages.collectives.rank import run_rank
@@ -36,13 +36,6 @@ from day0.stages.collectives.result import (
     load_result,
 )
 from day0.stages.collectives.settings import CollectivesSection, SettingsError, coerce_settings
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port on ``host``, the rendezvous address (``day0.engine.free_port`` binds loopback only)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class _Rank:

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from day0.core.sockets import free_port
 from day0.engine.cluster.launchers import spawn
 from day0.engine.process import pid_alive
 from day0.stages.collectives.launcher import (
     _Rank,
     _tail,
     finish_result,
-    free_port,
     kill_and_reap,
     prepare_out_dir,
     rank_base_env,

@@ -20,9 +20,9 @@ import torch
 from day0.config.collectives import CollectivesSection
 from day0.config.errors import SettingsError
 from day0.core.collective_ops import OPS, OpCall, OpContext, transpose
+from day0.core.sockets import free_port
 from day0.stages.collectives import load_result, result_checks
 from day0.stages.collectives.busbw import bus_factor, peak_offrank, plan, size_from_count
-from day0.stages.collectives.launcher import free_port
 from day0.stages.collectives.rank import run_rank
 from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.routing import draw_experts, expert_owners, route

@@ -21,9 +21,9 @@ import pytest
 from day0.config.collectives import CollectivesSection
 from day0.config.errors import SettingsError
 from day0.core.collective_ops import OPS, BusFactor, OpCall, OpContext, OpRegistry, OpSpec, UnknownCollective
+from day0.core.sockets import free_port
 from day0.stages.collectives import load_result, result_checks
 from day0.stages.collectives.busbw import bus_factor, busbw_gbps
-from day0.stages.collectives.launcher import free_port
 from day0.stages.collectives.nccl_format import op_from_name
 from day0.stages.collectives.rank import run_rank
 from day0.stages.collectives.rank_env import RankEnv
