@@ -119,9 +119,9 @@ def free_port(host: str = "127.0.0.1", *, tries: int = 64, floor: int = PORT_FLO
     rendezvous, slurmctld), picked below the kernel's ephemeral range. A port that ``bind(0)`` hands
     back is an ephemeral one: until the server binds it, any connection the host opens may take it
     as its source port. A slurmctld started while other live tests ran beside it lost its port
-    that way ("Address already in use", a CI run of 2026-12-06). Below the range only an explicit bind takes
-    a port. Picks in [``floor``, ``low``), ``low`` the range's start unless given; falls back to
-    ``bind(0)`` where that leaves no room or every try was taken."""
+    that way ("Address already in use", a CI run of 2026-12-06). Below the range only an explicit
+    bind takes a port. Picks in [``floor``, ``low``), ``low`` the range's start unless given; falls
+    back to ``bind(0)`` where that leaves no room or every try was taken."""
     top = ephemeral_low() if low is None else low
     pick = random.SystemRandom()
     for _ in range(tries if top > floor else 0):

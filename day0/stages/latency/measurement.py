@@ -117,8 +117,8 @@ class SearchResult:
     @property
     def requests_sent(self) -> int:
         """What the search sent, the flat-out run included; a confirmation's own requests only (its
-        metrics include the point it goes on from)."""
-        return sum(pt.metrics.sent - pt.extends for pt in self.points) + self._flat_out_unplaced
+        metrics include the point it goes on from): :attr:`requests_by_part` added up."""
+        return sum(self.requests_by_part.values())
 
     @property
     def _flat_out_unplaced(self) -> int:
