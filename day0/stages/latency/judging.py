@@ -23,10 +23,12 @@ from day0.stages.latency.spells import TIME_METRICS, LateSpells, late_spells
 # point at a low rate (30 ms becoming 60 ms against a 2 s limit) from reading as a queue.
 QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
 # A point the client's event loop stalled through for more than STALL_SHARE of the tightest per-event
-# limit (TTFT, E2E, ITL), and more than STALL_FLOOR_MS, cannot miss on latency: the stall delayed
-# sends and reads alike, so it is measured again, once (``loop_stall``; TPOT, averaged over a
-# request's tokens, is left out). The floor lets a busy host's ordinary stalls of a few tens of ms
-# stand as latency: they touch the few requests in flight, not a percentile over hundreds.
+# limit (TTFT, E2E, ITL), and more than STALL_FLOOR_MS, misses on latency only where its values with
+# the stall taken out still miss (``stall_free``): the stall delayed sends and reads alike, and a point
+# it decides is measured again, once (``loop_stall``; TPOT, averaged over a request's tokens, does not
+# set the share: a stall moves it by the stall over the request's tokens). The floor lets a busy
+# host's ordinary stalls of a few tens of ms stand as latency: they touch the few requests in flight,
+# not a percentile over hundreds.
 STALL_SHARE, STALL_FLOOR_MS = 0.1, 50.0
 
 
@@ -190,17 +192,18 @@ def limits_by_key(sla: SlaSection) -> dict[str, tuple[str, float, float]]:
 
 def stall_free(misses: list[str], undecided: list[str], m: LatencyMetrics, sla: SlaSection,
                early: ClearMiss | None) -> tuple[list[str], list[str]]:
-    """The misses and undecided limits that stand with each request's TTFT and E2E taken down by the
-    time the client's loop stalled through while it was in flight (``*_without_stalls``): failures,
-    and a TTFT or E2E limit that the values without the stalls still miss (or still cannot meet,
-    where the stop rule decided it: counted as it counts). TPOT, ITL and queue growth do not stand:
-    a stall sits in their gaps and no per-request figure takes it out."""
+    """The misses and undecided limits that stand with each request's TTFT, E2E and TPOT taken down by
+    the time the client's loop stalled through while it was in flight (``*_without_stalls``): failures,
+    and a TTFT, E2E or TPOT limit that the values without the stalls still miss (or still cannot meet,
+    where the stop rule decided it: counted as it counts). A stall of 55 ms adds under 2 ms to the
+    TPOT of a 32-token request, so it does not excuse one 30 ms past a limit. ITL and queue growth do
+    not stand: a stall sits in their gaps and no per-request figure takes it out."""
     limits = limits_by_key(sla)
     kept_misses = [k for k in misses if k in ("error_rate", "no_completed_requests")]
     kept_undecided: list[str] = []
     for key in misses + undecided:
         metric, p, limit = limits.get(key, ("", 0.0, 0.0))
-        if metric not in ("ttft", "e2e"):
+        if metric not in ("ttft", "e2e", "tpot"):
             continue
         values = m.samples.get(f"{metric}_without_stalls") or m.samples.get(metric) or []
         if early is not None and early.key == key:
@@ -225,16 +228,17 @@ def lag_text(point: SearchPoint) -> str:
 
 def lag_free(misses: list[str], m: LatencyMetrics, sla: SlaSection) -> list[str]:
     """The misses that stand with the client's send lag taken out: errors, TPOT and ITL (their
-    clocks start after the send), and a TTFT limit whose lower bound from the actual send
-    (``ttft_from_send``) is still past it. E2E and queue growth include the lag: not conclusive."""
+    clocks start after the send), and a TTFT or E2E limit whose lower bound from the actual send
+    (``ttft_from_send``, ``e2e_from_send``) is still past it. Queue growth includes the lag: not
+    conclusive."""
     limits = limits_by_key(sla)
     kept = []
     for key in misses:
         metric, p, limit = limits.get(key, (key, 0.0, 0.0))
         if key in ("error_rate", "no_completed_requests") or metric in ("tpot", "itl"):
             kept.append(key)
-        elif metric == "ttft":
-            lower = percentile_bounds(m.samples.get("ttft_from_send") or [], p, sla.confidence).lower
+        elif metric in ("ttft", "e2e"):
+            lower = percentile_bounds(m.samples.get(f"{metric}_from_send") or [], p, sla.confidence).lower
             if lower is not None and lower > limit:
                 kept.append(key)
     return kept

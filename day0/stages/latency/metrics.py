@@ -121,8 +121,9 @@ class LatencyMetrics:
     goodput: float | None
     slo_ms: dict[str, float]
     stats: dict[str, Stats]  # ttft, tpot, itl, itl_token, e2e, send_lag, ttft_from_send
-    samples: dict[str, list[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send,
-    # ttft_without_stalls, e2e_without_stalls (the client loop's stalls taken out); pooled itl, itl_token
+    samples: dict[str, list[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send, e2e_from_send,
+    # ttft_without_stalls, e2e_without_stalls, tpot_without_stalls (the client loop's stalls taken out:
+    # what each was at least); pooled itl, itl_token
     sample_offsets_s: list[float]  # scheduled time of each successful request since t=0
     token_source: str
     output_tokens_source: str
@@ -147,12 +148,17 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
     e2e = [r.e2e * ms for r in ok]  # type: ignore[operator]
     lag = [r.send_lag * ms for r in ok]
     ttft_send = [(r.ttft - r.send_lag) * ms for r in ok]  # type: ignore[operator]
+    e2e_send = [(r.e2e - r.send_lag) * ms for r in ok]  # type: ignore[operator]
     # the client's own stalls taken out: what a request's TTFT and E2E were at least, had its loop run
     ttft_free = [(r.ttft - phase.stalled_through(r.scheduled, r.scheduled + r.ttft, r.shard)) * ms  # type: ignore[operator]
                  for r in ok]
     e2e_free = [(r.e2e - phase.stalled_through(r.scheduled, r.scheduled + r.e2e, r.shard)) * ms for r in ok]  # type: ignore[operator]
     tpots = [tpot_of(r) for r in ok]
     tpot = [t * ms for t in tpots if t is not None]
+    # at least: a stall delayed reading the last token by no more than the time stalled through while
+    # in flight (e2e_free), and the first token was read no earlier than it came
+    tpot_free = [max(ef - r.ttft * ms, 0.0) / (r.output_tokens - 1)  # type: ignore[operator]
+                 for r, ef, t in zip(ok, e2e_free, tpots) if t is not None]
     itl: list[float] = []
     itl_tok: list[float] = []
     for r in ok:
@@ -196,7 +202,8 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
         good_requests=good, goodput=(good / dur) if good is not None else None, slo_ms=slo,
         stats=stats,
         samples={"ttft": ttft, "tpot": tpot, "e2e": e2e, "send_lag": lag, "ttft_from_send": ttft_send,
-                 "ttft_without_stalls": ttft_free, "e2e_without_stalls": e2e_free,
+                 "e2e_from_send": e2e_send,
+                 "ttft_without_stalls": ttft_free, "e2e_without_stalls": e2e_free, "tpot_without_stalls": tpot_free,
                  "itl": itl, "itl_token": itl_tok},
         sample_offsets_s=[r.scheduled - phase.started for r in ok],
         token_source=token_source(phase.results), output_tokens_source=out_src,

@@ -407,6 +407,40 @@ def test_a_point_the_client_stalled_through_cannot_miss_on_latency_and_is_measur
     assert check.status == "error" and "stalled 300 ms" in check.message and "twice at 30 req/s" in check.message
 
 
+def decoding(slow: int, stall_ms: float):
+    """299 requests 10 ms apart from 100 s, first token 50 ms after their scheduled time, then 31 more
+    tokens at 10 ms each (TPOT 10 ms), the last ``slow`` at 45 ms each (TPOT 45 ms, in flight 102.95-104.4
+    s); the client's loop stalled ``stall_ms`` from 103.0 s, through all of the slow ones."""
+    from day0.stages.latency.metrics import compute_metrics
+
+    results = []
+    for i in range(299):
+        scheduled, tpot = 100.0 + 0.01 * i, 0.045 if i >= 299 - slow else 0.010
+        r = RequestResult(i, "search", scheduled, scheduled, 128, 32)
+        r.msg_t, r.msg_n, r.output_tokens, r.ok = [0.05, 0.05 + 31 * tpot], [1, 31], 32, True
+        r.finished = scheduled + r.msg_t[-1]
+        results.append(r)
+    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 103.0, loop_stall_ms=stall_ms,
+                                       loop_stalls={0: [(103.0, 103.0 + stall_ms / 1000.0)]}), [50, 90, 99])
+
+
+def test_a_stall_excuses_a_tpot_past_the_limit_only_where_it_could_have_caused_it():
+    """A stall delays the last token's read by at most the time the request was in flight through it,
+    so a TPOT moves by at most that over the request's tokens less one. 8 of 299 TPOTs at 45 ms against
+    a 40 ms limit (the p99's lower bound past it): a 55 ms stall (over the 50 ms tolerance) takes 1.8 ms
+    off each and they stand, a miss of the server's (a 30 s hold in bench_capacity run ad was measured
+    again in full over such a stall); a 310 ms stall takes 10 ms off each and they are the client's."""
+    limits = SlaSection.from_table({"ttft_p99_ms": 300.0, "tpot_p99_ms": 40.0})
+    m = decoding(8, 55.0)
+    assert m.samples["tpot_without_stalls"][-8:] == pytest.approx([45.0 - 55.0 / 31] * 8)
+    assert m.samples["tpot_without_stalls"][0] == pytest.approx(10.0)  # done before the stall
+    point = judge_point(30.0, m, limits)
+    assert point.verdict == MISSES and point.misses == ["tpot_p99"]
+    assert judge_point(30.0, decoding(8, 310.0), limits).verdict == CLIENT_LAGGED
+    assert judge_point(30.0, decoding(8, 20.0), limits).verdict == MISSES  # under the tolerance: as measured
+    assert judge_point(30.0, decoding(0, 310.0), limits).verdict == MEETS
+
+
 def test_a_flat_out_run_that_fails_leaves_no_metrics_watcher_running():
     from day0.client.stream import ClientOptions, make_session
     from day0.stages.latency.saturation import measure_saturation

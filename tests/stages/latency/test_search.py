@@ -94,6 +94,12 @@ def test_a_point_is_judged_by_its_bounds_not_its_estimate():
     assert overloaded.verdict == MISSES and overloaded.misses == ["ttft_p90"]
     client_made = judge_point(10.0, metrics_with([180.0] * 29, lag_ms=150.0), SLA, gap_ms=100.0)
     assert client_made.verdict == CLIENT_LAGGED
+    # the same for E2E (first token + 10 ms here) against 200 ms: 360 ms from the actual send is the
+    # engine's miss, 110 ms (260 from the schedule) the client's
+    e2e = SlaSection.from_table({"e2e_p90_ms": 200.0})
+    e2e_over = judge_point(10.0, metrics_with([500.0] * 29, lag_ms=150.0), e2e, gap_ms=100.0)
+    assert e2e_over.verdict == MISSES and e2e_over.misses == ["e2e_p90"]
+    assert judge_point(10.0, metrics_with([250.0] * 29, lag_ms=150.0), e2e, gap_ms=100.0).verdict == CLIENT_LAGGED
 
 
 def test_requests_per_point_bound_the_highest_limited_percentile():
