@@ -69,7 +69,8 @@ measured a lighter workload. So the server started here runs with prefix caching
 Prints every tool's points, round by round, then a table (tool, sustained req/s as the median of
 its rounds and each round's, first missed req/s, requests spent per answer, wall seconds, drift)
 and the ratios day0/other of the median sustained rates and of the requests spent per answer;
-``--json`` writes the same. ``--hold-s S`` then holds each tool's median answer for S seconds of
+``--json`` writes the same, with the commit the script ran from and the setup that sets each tool's
+cost (``capacity_runs.py`` counts the targets over many such records: one run's ratio is a guess). ``--hold-s S`` then holds each tool's median answer for S seconds of
 unbroken load and judges it by day0's rule (``capacity_hold.py``): which answer a replica
 sustains. The issue's targets: sustained rates within 10%, day0's requests at most half the dense
 sweep's. Starts a vLLM engine: on a shared box take the engine lock. The figures move with
@@ -552,8 +553,29 @@ def main() -> int:
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:
-        a.json.write_text(json.dumps({"seed": a.seed, **out}, indent=1) + "\n")
+        a.json.write_text(json.dumps({"seed": a.seed, "code": code_version(), "setup": setup(a), **out}, indent=1)
+                          + "\n")
     return 0
+
+
+def code_version() -> str | None:
+    """The commit this script ran from ("+changes" when the checkout differs from it), so a record
+    read later (``capacity_runs.py``) names the code behind it; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
+def setup(a: argparse.Namespace) -> dict[str, Any]:
+    """What sets a run's cost besides the SLA and workload: where each tool starts, the dense list's
+    grid, its requests a rate, the rounds, and a scripted server's slots (0: the cpu-tiny server)."""
+    return {"start_rate": a.start_rate, "dense_start": a.dense_start or a.start_rate, "dense_step": a.dense_step,
+            "dense_requests": a.dense_requests, "rounds": a.rounds, "scripted_slots": a.scripted_slots}
 
 
 if __name__ == "__main__":

@@ -162,3 +162,15 @@ def test_a_limit_check_reads_its_estimate_from_the_evidence_when_undecided():
                  "evidence": {"point_estimate": 301.0, "bounds": {"lower": 290.0, "upper": None}}}
     assert report.limit_figures(met) == {"status": "pass", "ms": 250.0, "lower": 240.0, "upper": 260.0}
     assert report.limit_figures(undecided) == {"status": "error", "ms": 301.0, "lower": 290.0, "upper": None}
+
+
+def test_a_record_names_the_commit_it_ran_from_and_the_setup_that_sets_its_cost():
+    """What capacity_runs.py reads to tell runs of other code or another question apart."""
+    import re
+
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", bench.code_version() or ""), bench.code_version()
+    a = argparse.Namespace(start_rate=16.0, dense_start=0.0, dense_step=1.05, dense_requests=300, rounds=2,
+                           scripted_slots=0)
+    assert bench.setup(a) == {"start_rate": 16.0, "dense_start": 16.0, "dense_step": 1.05, "dense_requests": 300,
+                              "rounds": 2, "scripted_slots": 0}
+    assert bench.setup(argparse.Namespace(**{**vars(a), "dense_start": 4.0}))["dense_start"] == 4.0
