@@ -2,18 +2,18 @@
 
 One run of ``bench_capacity.py`` answers with the median of its rounds, and the server's edge moves
 from run to run on a shared box (docs/stages/capacity-evidence.md): a ratio from one run is a guess.
-This reads
-``bench_capacity.py --json`` records and prints, per run, day0 / the other tool's sustained rate and
-requests spent, whether the run met each target (a run or round where either tool had no answer
-meets neither), and over the runs: how many met each and both, the
-median of each ratio, and the same counts per round. The targets: the sustained rates agree within
+This reads ``bench_capacity.py --json`` records and prints, per run, day0 / the other tool's
+sustained rate and requests spent, and whether the run met each target (a run or round where either
+tool had no answer meets neither); then, over the runs and over their rounds, how many met each
+target and both, and the median of each ratio. The targets: the sustained rates agree within
 ``--agree`` (the larger over the smaller, 1.10 by default: "within 10%" either way), and day0 spends
 at most ``--spend`` (0.5) of the other tool's requests.
 
-Records that asked a different question cannot be counted together: every file must hold the
-first one's SLA and workload, and its setup (where each tool starts, the dense list's grid and
-requests a rate; records from before bench_capacity wrote one are taken as they are). A file that is not such a record, or asks another question, is one line
-naming the file and the key (exit 2). No server: the runs' own records.
+Records that asked a different question are not counted together: every file must hold the first
+one's SLA and workload, and its setup (where each tool starts, the dense list's grid and requests a
+rate; records from before bench_capacity wrote one are taken as they are). A file that is not such a
+record, or asked another question, is one line naming the file and the key (exit 2). No server: the
+runs' own records.
 
     .venv/bin/python benchmarks/capacity_runs.py /tmp/runs/cap-*.json [--tool vllm] [--json summary.json]
 """
@@ -171,6 +171,8 @@ def main() -> int:
     ap.add_argument("--spend", type=float, default=SPEND, help="day0's requests over the other tool's, at most")
     ap.add_argument("--json", type=Path, help="write the runs and the counts here")
     a = ap.parse_args()
+    if not a.agree >= 1.0 or not a.spend > 0.0:
+        ap.error(f"--agree at least 1 and --spend above 0, got {a.agree:g} and {a.spend:g}")
     try:
         runs = read_runs(a.files, a.tool)
     except BadRecord as e:

@@ -110,3 +110,11 @@ def test_the_printed_table_names_each_run_and_what_it_met_and_the_json_keeps_bot
                               "both in 1; medians 1.125 and 0.500")
     saved = json.loads((tmp_path / "out.json").read_text())
     assert [r["name"] for r in saved["runs"]] == ["cap-a", "cap-b"] and saved["over_runs"]["both"] == 1
+
+
+def test_targets_that_cannot_be_met_or_missed_are_refused(tmp_path):
+    good = write(tmp_path, "good", record([(40, 40, 2000, 6000)]))
+    for flag, value in (("--agree", "0.9"), ("--spend", "0")):
+        run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "capacity_runs.py"), str(good), flag, value],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "--agree at least 1 and --spend above 0" in run.stderr
