@@ -70,9 +70,9 @@ Prints every tool's points, round by round, then a table (tool, sustained req/s 
 its rounds and each round's, first missed req/s, requests spent per answer, wall seconds, drift)
 and the ratios day0/other of the median sustained rates and of the requests spent per answer;
 ``--json`` writes the same, with the commit the script ran from and the setup that sets each tool's
-cost (``capacity_runs.py`` counts the targets over many such records: one run's ratio is a guess). ``--hold-s S`` then holds each tool's median answer for S seconds of
-unbroken load and judges it by day0's rule (``capacity_hold.py``): which answer a replica
-sustains. The issue's targets: sustained rates within 10%, day0's requests at most half the dense
+cost (``capacity_runs.py`` counts the targets over many such records: one run's ratio is a guess).
+``--hold-s S`` then holds each tool's median answer for S seconds of unbroken load and judges it by
+day0's rule (``capacity_hold.py``): which answer a replica sustains. The issue's targets: sustained rates within 10%, day0's requests at most half the dense
 sweep's. Starts a vLLM engine: on a shared box take the engine lock. The figures move with
 whatever else the box runs (the server and every client share its cores).
 

@@ -3,8 +3,10 @@ records that cannot be counted together refused in one line (no server)."""
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +25,8 @@ def record(rounds: list[tuple[float | None, float, int, int]], **extra) -> dict:
     """A bench_capacity --json record: per round (day0 sustained, dense sustained, day0 requests,
     dense requests), and the ratios of the rounds' medians as the bench writes them."""
     def median(xs):
-        xs = sorted(x for x in xs if x)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
+        xs = [x for x in xs if x]
+        return statistics.median(xs) if xs else None
     d0 = median([r[0] for r in rounds]), median([r[2] for r in rounds])
     dense = median([r[1] for r in rounds]), median([r[3] for r in rounds])
     return {"seed": 1, "sla": SLA, "workload": WORKLOAD,
@@ -34,7 +36,7 @@ def record(rounds: list[tuple[float | None, float, int, int]], **extra) -> dict:
                                           "requests": d0[1] / dense[1]}}, **extra}
 
 
-def write(tmp_path, name: str, rec) -> object:
+def write(tmp_path: Path, name: str, rec: dict) -> Path:
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(rec))
     return path

@@ -409,8 +409,9 @@ def test_a_point_the_client_stalled_through_cannot_miss_on_latency_and_is_measur
 
 def decoding(slow: int, stall_ms: float):
     """299 requests 10 ms apart from 100 s, first token 50 ms after their scheduled time, then 31 more
-    tokens at 10 ms each (TPOT 10 ms), the last ``slow`` at 45 ms each (TPOT 45 ms, in flight 102.95-104.4
-    s); the client's loop stalled ``stall_ms`` from 103.0 s, through all of the slow ones."""
+    tokens at 10 ms each (TPOT 10 ms), the last ``slow`` at 45 ms each (TPOT 45 ms; 8 of them are in
+    flight from 102.91 s to past 104.3 s); the client's loop stalled ``stall_ms`` from 103.0 s, through
+    all of the slow ones."""
     from day0.stages.latency.metrics import compute_metrics
 
     results = []
