@@ -72,8 +72,8 @@ and the ratios day0/other of the median sustained rates and of the requests spen
 ``--json`` writes the same, with the commit the script ran from and the setup that sets each tool's
 cost (``capacity_runs.py`` counts the targets over many such records: one run's ratio is a guess).
 ``--hold-s S`` then holds each tool's median answer for S seconds of unbroken load and judges it by
-day0's rule (``capacity_hold.py``): which answer a replica sustains. The issue's targets: sustained rates within 10%, day0's requests at most half the dense
-sweep's. Starts a vLLM engine: on a shared box take the engine lock. The figures move with
+day0's rule (``capacity_hold.py``): which answer a replica sustains. The issue's targets: sustained
+rates within 10%, day0's requests at most half the dense sweep's. Starts a vLLM engine: on a shared box take the engine lock. The figures move with
 whatever else the box runs (the server and every client share its cores).
 
     flock /tmp/day0-engine.lock .venv/bin/python benchmarks/bench_capacity.py [--start-rate 16] \\
@@ -553,22 +553,11 @@ def main() -> int:
     print(f"\nrun time {time.monotonic() - t0:.0f} s (server start included); load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     if a.json:
-        a.json.write_text(json.dumps({"seed": a.seed, "code": code_version(), "setup": setup(a), **out}, indent=1)
+        from day0.core.environment import git_commit  # the run record's own: the commit, "-dirty" if changed
+
+        a.json.write_text(json.dumps({"seed": a.seed, "code": git_commit(ROOT), "setup": setup(a), **out}, indent=1)
                           + "\n")
     return 0
-
-
-def code_version() -> str | None:
-    """The commit this script ran from ("+changes" when the checkout differs from it), so a record
-    read later (``capacity_runs.py``) names the code behind it; None outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30, check=True).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("+changes" if changed else "")
 
 
 def setup(a: argparse.Namespace) -> dict[str, Any]:

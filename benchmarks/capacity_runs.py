@@ -59,7 +59,7 @@ class Pair:
 @dataclass(frozen=True)
 class Run:
     name: str
-    code: str | None  # the commit bench_capacity ran from, where its record says
+    code: str | None  # the commit bench_capacity ran from ("-dirty": a changed checkout), where its record says
     median: Pair
     rounds: list[Pair]
 
@@ -151,7 +151,8 @@ def lines(runs: list[Run], tool: str, agree: float = AGREE, spend: float = SPEND
     for r in runs:
         met = ("agree " if r.median.agrees(agree) else "") + ("half" if r.median.cheap(spend) else "")
         each = ", ".join(f"{fmt(p.sustained, '.3f')}/{fmt(p.requests, '.3f')}" for p in r.rounds)
-        out.append(f"{r.name:<12} {r.code or '-':<9} {fmt(r.median.sustained, '.3f'):>9} "
+        code = "-" if r.code is None else r.code[:9] + ("-dirty" if r.code.endswith("-dirty") else "")
+        out.append(f"{r.name:<12} {code:<9} {fmt(r.median.sustained, '.3f'):>9} "
                    f"{fmt(r.median.requests, '.3f'):>8}  {met or '-':<10} ({each})")
     s = summary(runs, agree, spend)
     for over in ("runs", "rounds"):

@@ -165,10 +165,13 @@ def test_a_limit_check_reads_its_estimate_from_the_evidence_when_undecided():
 
 
 def test_a_record_names_the_commit_it_ran_from_and_the_setup_that_sets_its_cost():
-    """What capacity_runs.py reads to tell runs of other code or another question apart."""
+    """What capacity_runs.py reads to tell runs of other code or another question apart (the commit
+    is the run record's own ``git_commit``, of the script's checkout)."""
     import re
 
-    assert re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", bench.code_version() or ""), bench.code_version()
+    from day0.core.environment import git_commit
+
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", git_commit(bench.ROOT) or ""), git_commit(bench.ROOT)
     a = argparse.Namespace(start_rate=16.0, dense_start=0.0, dense_step=1.05, dense_requests=300, rounds=2,
                            scripted_slots=0)
     assert bench.setup(a) == {"start_rate": 16.0, "dense_start": 16.0, "dense_step": 1.05, "dense_requests": 300,

@@ -120,3 +120,11 @@ def test_targets_that_cannot_be_met_or_missed_are_refused(tmp_path):
         run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "capacity_runs.py"), str(good), flag, value],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == 2 and "--agree at least 1 and --spend above 0" in run.stderr
+
+
+def test_a_commit_is_shown_short_and_a_changed_checkout_says_so(tmp_path):
+    full = "0123456789abcdef0123456789abcdef01234567"
+    paths = [write(tmp_path, "clean", record([(40, 40, 2000, 6000)], code=full)),
+             write(tmp_path, "dirty", record([(40, 40, 2000, 6000)], code=full + "-dirty"))]
+    rows = runs_script.lines(runs_script.read_runs(paths, "vllm"), "vllm")
+    assert rows[1].split()[1] == "012345678" and rows[2].split()[1] == "012345678-dirty"
