@@ -115,6 +115,10 @@ def add_search_flags(g: Any) -> None:
                         "misses every rate at or past it (default 200; 0 = off: the climb from --search-start-rate)")
     g.add_argument("--search-saturation-concurrency", type=whole_number(0), metavar="N",
                    help="requests in flight while measuring saturation (default 0: all at once)")
+    g.add_argument("--search-saturation-max-requests", type=whole_number(0), metavar="N",
+                   help="while none of the flat-out run's requests wait (the server's batch holds them all), run "
+                        "it again with twice as many, up to N (default 3200: vLLM's max_num_seqs is 1024 by "
+                        "default on an H100)")
     g.add_argument("--search-confirm-requests", type=whole_number(0), metavar="N",
                    help="with the flat-out figure: before the search ends on a rate, its point goes on to N "
                         "requests in all, judged as one sample (default: 300 or twice --search-requests, whichever "
@@ -237,6 +241,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
                                                          ("search_probe_requests", "probe_requests"),
                                                          ("search_saturation_requests", "saturation_requests"),
                                                          ("search_saturation_concurrency", "saturation_concurrency"),
+                                                         ("search_saturation_max_requests", "saturation_max_requests"),
                                                          ("search_confirm_requests", "confirm_requests"),
                                                          ("search_confirm_s", "confirm_s"))
               if getattr(args, attr, None) is not None}

@@ -88,16 +88,18 @@ class Saturation:
     queued: bool | None
     why: str = ""
     window_s: float = 0.0  # the middle of the run the rate is read over
+    tried: tuple[int, ...] = ()  # requests of the runs before this one, each too few to fill the batch
 
     @property
     def applies(self) -> bool:
         return self.req_s is not None and bool(self.queued) and not self.why
 
     def text(self) -> str:
+        before = f"; runs of {', '.join(map(str, self.tried))} requests showed no queue" if self.tried else ""
         if self.req_s is None:
-            return f"saturation not measured: {self.why}"
+            return f"saturation not measured: {self.why}{before}"
         told = (f"flat out {self.req_s:.4g} req/s ({self.requests} requests, {self.concurrency} in flight, read over "
-                f"the middle {self.window_s:.3g} s)")
+                f"the middle {self.window_s:.3g} s{before})")
         return told + ("" if self.applies else f", not used: {self.why}")
 
 
@@ -124,7 +126,9 @@ class SearchResult:
     def _flat_out_unplaced(self) -> int:
         """The flat-out run's requests where its figure did not apply: sent, but no point holds them."""
         placed = any(SATURATION in pt.misses for pt in self.points)
-        return 0 if self.saturation is None or placed else self.saturation.requests
+        if self.saturation is None:
+            return 0
+        return sum(self.saturation.tried) + (0 if placed else self.saturation.requests)
 
     @property
     def requests_by_part(self) -> dict[str, int]:

@@ -28,7 +28,7 @@ from day0.client.workload import Request, Vocab, as_text, build_requests, new_no
 from day0.config.latency import LatencySection, SlaSection
 from day0.stages.latency.measurement import CacheIntent, LatencyRun, Saturation, SearchResult, SpecWindow
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics
-from day0.stages.latency.saturation import measure_saturation, settle
+from day0.stages.latency.saturation import flat_out, measure_saturation, settle
 from day0.stages.latency.search import requests_per_point, search_capacity
 from day0.stages.latency.settings import (
     DEFAULT_BLOCK_SIZE,
@@ -179,9 +179,13 @@ async def _search(load: _Load, model: str, requests: Callable[[int, str], list[R
             return Saturation(None, n, search.saturation_concurrency or n, None,
                               "latency.server_metrics = false, so no /metrics to show the batch full"), None
         say(f"capacity search: saturation, {n} requests, {search.saturation_concurrency or n} in flight")
-        reqs = requests(n, "saturation")
-        sat, phase = await measure_saturation(lambda shape: load.phase(model, reqs, shape, "saturation"),
-                                              load.session, load.base_url, n, search.saturation_concurrency, s.seed)
+
+        async def run(count: int, in_flight: int) -> tuple[Saturation, PhaseResult]:
+            reqs = requests(count, f"saturation{count}")  # each run its own prompts: no cache hit on a rerun
+            return await measure_saturation(lambda shape: load.phase(model, reqs, shape, "saturation"),
+                                            load.session, load.base_url, count, in_flight, s.seed)
+
+        sat, phase = await flat_out(run, n, search.saturation_concurrency, search.saturation_max_requests, say)
         return sat, compute_metrics(phase, pcts, slo)
 
     return await search_capacity(search_at, search, sla, requests_per_point(search, sla), say,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Awaitable, Callable, Sequence
 
 import aiohttp
@@ -63,8 +64,7 @@ def saturation_of(results: Sequence[RequestResult], requests: int, concurrency: 
                           "no /metrics poll landed in the window it was read over", end - start)
     if max(seen) <= 0:
         return Saturation(rate, requests, concurrency, False,
-                          f"no request waited in {len(seen)} /metrics polls: the batch was not full (raise "
-                          "latency.search.saturation_requests or saturation_concurrency)", end - start)
+                          f"no request waited in {len(seen)} /metrics polls: the batch was not full", end - start)
     return Saturation(rate, requests, concurrency, True, window_s=end - start)
 
 
@@ -100,6 +100,34 @@ async def measure_saturation(phase: Callable[[LoadShape], Awaitable[PhaseResult]
         watcher.cancel()
         stopped = await watcher  # never raises (_watch returns why it stopped): a failed phase leaves no task
     return saturation_of(result.results, requests, c, polls if polls else None, stopped), result
+
+
+Measure = Callable[[int, int], Awaitable[tuple[Saturation, PhaseResult]]]  # (requests, in flight) -> a run
+
+
+async def flat_out(measure: Measure, requests: int, concurrency: int, max_requests: int,
+                   say: Callable[[str], None]) -> tuple[Saturation, PhaseResult]:
+    """The flat-out run, doubled (its requests, and its in-flight count where one is set) while
+    /metrics shows none of them waiting in the window the rate is read over, up to ``max_requests``.
+    The figure bounds a search only when the batch was full, and a server's batch is whatever its
+    ``max_num_seqs`` (or KV cache) allows: vLLM's own default is 1024 on an H100, H200 or B200 and
+    256 on other GPUs, so a fixed 200 would leave every GPU server's batch room and its search
+    without a top (the cpu-tiny server's 16 fill at the first run). A fast server's window can
+    also be shorter than the /metrics polls, which a longer run mends too. The runs that showed no
+    queue are counted (``tried``)."""
+    tried: list[int] = []
+    while True:
+        sat, phase = await measure(requests, concurrency)
+        if sat.queued is not False or requests * 2 > max_requests:
+            if sat.queued is False:
+                sat = replace(sat, why=f"{sat.why} at {requests} requests (raise "
+                                       f"latency.search.saturation_max_requests, {max_requests}, past the server's "
+                                       "max_num_seqs)")
+            return replace(sat, tried=tuple(tried)), phase
+        tried.append(requests)
+        requests, concurrency = requests * 2, concurrency * 2
+        say(f"capacity search: {sat.why}; flat out again with {requests} requests, "
+            f"{concurrency or requests} in flight")
 
 
 async def settle(session: aiohttp.ClientSession, base_url: str, timeout_s: float = 30.0) -> float:

@@ -21,7 +21,7 @@ from day0.stages.latency import latency_checks, run_latency
 from day0.stages.latency.capacity import CHECK_ID, capacity_check
 from day0.stages.latency.judging import judge_point, lag_text
 from day0.stages.latency.measurement import SATURATION, Saturation, SearchPoint, SearchResult
-from day0.stages.latency.saturation import middle_window, saturation_of
+from day0.stages.latency.saturation import flat_out, middle_window, saturation_of
 from day0.stages.latency.search import (
     CLIENT_LAGGED,
     MEETS,
@@ -70,6 +70,76 @@ def test_the_figure_bounds_a_search_only_when_metrics_showed_requests_waiting():
     assert not blind.applies and blind.queued is None and "HTTP 404" in blind.why
     failed = saturation_of(finished_at([1.0] * 100, ok=False), 100, 100, [(1.0, 5.0)])
     assert failed.req_s is None and not failed.applies and "0 of 100 requests completed" in failed.why
+
+
+def batch_of(size: int, req_s: float = 40.0):
+    """A flat-out run against a server whose batch holds ``size`` requests: with more in flight some
+    wait (/metrics shows them), with no more none do; the (requests, in flight) of every run."""
+    runs: list[tuple[int, int]] = []
+
+    async def measure(requests: int, in_flight: int) -> tuple[Saturation, PhaseResult]:
+        runs.append((requests, in_flight))
+        full = (in_flight or requests) > size
+        sat = Saturation(req_s, requests, in_flight or requests, full,
+                         "" if full else "no request waited in 4 /metrics polls: the batch was not full")
+        return sat, PhaseResult("saturation", LoadShape(mode="concurrency", concurrency=in_flight or requests),
+                                [], 0.0, 1.0, 0)
+    return measure, runs
+
+
+def test_a_flat_out_run_doubles_until_the_servers_batch_is_full():
+    """vLLM's default max_num_seqs is 1024 on an H100: 200 requests at once leave its batch room, and
+    a figure read off a batch with room is no ceiling. Each run that did not fill it is counted."""
+    said: list[str] = []
+    measure, runs = batch_of(1024)
+    sat, _ = asyncio.run(flat_out(measure, 200, 0, 3200, said.append))
+    assert runs == [(200, 0), (400, 0), (800, 0), (1600, 0)] and sat.applies
+    assert sat.requests == 1600 and sat.tried == (200, 400, 800)
+    assert "runs of 200, 400, 800 requests showed no queue" in sat.text()
+    assert len(said) == 3 and "flat out again with 400 requests, 400 in flight" in said[0]
+    points = [SearchPoint(sat.req_s, metrics_with([900.0] * 1600), MISSES, [SATURATION], [], {}, 0.0)]
+    assert SearchResult(points, 299, 0.95, "", saturation=sat).requests_by_part["flat_out"] == 3000
+    # a set in-flight count doubles with the requests; a batch the first run fills is measured once
+    measure, runs = batch_of(100)
+    assert asyncio.run(flat_out(measure, 400, 50, 3200, said.append))[0].applies and runs == [(400, 50), (800, 100),
+                                                                                           (1600, 200)]
+    measure, runs = batch_of(16)
+    assert asyncio.run(flat_out(measure, 200, 0, 3200, said.append))[0].tried == () and runs == [(200, 0)]
+
+
+def test_the_doubling_stops_at_its_cap_and_says_what_to_raise():
+    measure, runs = batch_of(5000)
+    sat, _ = asyncio.run(flat_out(measure, 200, 0, 1000, lambda _: None))
+    assert runs == [(200, 0), (400, 0), (800, 0)] and not sat.applies  # 1600 would pass the cap
+    assert "at 800 requests (raise latency.search.saturation_max_requests, 1000," in sat.why
+    assert "not used" in sat.text() and "runs of 200, 400 requests" in sat.text()
+    unplaced = SearchResult([], 299, 0.95, "", saturation=sat)
+    assert unplaced.requests_by_part["flat_out"] == 1400  # every run sent, no point holds them
+    measure, runs = batch_of(5000)
+    assert asyncio.run(flat_out(measure, 200, 0, 0, lambda _: None))[0].tried == () and runs == [(200, 0)]
+
+    async def blind(requests: int, in_flight: int) -> tuple[Saturation, PhaseResult]:
+        runs.append((requests, in_flight))  # no /metrics: more requests would not show a queue either
+        return Saturation(40.0, requests, requests, None, "no /metrics"), PhaseResult(
+            "saturation", LoadShape(mode="concurrency", concurrency=requests), [], 0.0, 1.0, 0)
+    runs.clear()
+    assert asyncio.run(flat_out(blind, 200, 0, 3200, lambda _: None))[0].why == "no /metrics" and runs == [(200, 0)]
+
+
+def test_the_stage_doubles_its_flat_out_run_past_a_scripted_servers_batch():
+    # 16 slots and 12 in flight at first: nothing waits, so no ceiling; doubled until /metrics shows a queue
+    script = Script(ttft_ms=[10.0], gaps_ms=[15.0], slots=16)
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
+                              burstiness=100.0, search=CapacitySearch(max_points=2, requests=30, saturation_requests=12,
+                                                                      confirm_requests=0, confirm_s=0.0))
+    with SSEServer(script) as srv:
+        run = run_latency(srv.url, "scripted", 300, settings, SlaSection.from_table({"ttft_p90_ms": 1000.0}))
+        sent = sum(1 for e in srv.log() if e["phase"] == "saturation")
+    sat = run.search.saturation
+    assert sat is not None and sat.applies and sat.tried and sat.tried[0] == 12, sat
+    assert sat.tried == tuple(12 * 2 ** k for k in range(len(sat.tried))) and sat.requests == 2 * sat.tried[-1]
+    assert sent == sat.requests + sum(sat.tried) == run.search.requests_by_part["flat_out"]
+    assert sat.req_s == pytest.approx(capacity(script, 4), rel=0.25) and "showed no queue" in sat.text()
 
 
 def server(capacity_rate: float, settles_at: float, completes: float | None = None):
