@@ -167,25 +167,28 @@ Until = Callable[[RequestResult], bool]
 
 
 async def drive(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions, *,
-                t0: float, phase: str, tag: str, until: Until | None = None) -> tuple[list[RequestResult], int]:
+                t0: float, phase: str, tag: str, until: Until | None = None,
+                stop: asyncio.Event | None = None) -> tuple[list[RequestResult], int]:
     """Drive ``part`` from the perf_counter instant ``t0``; (results in send order, requests not sent).
 
     Requests scheduled at or after ``t0 + duration_s`` are not sent (kept back, not failed).
-    ``until`` may end the phase early: requests it kept back or cancelled count as not sent."""
+    ``until`` may end the phase early, and so may ``stop`` once set from outside (a load worker's
+    stop from the process that judges the whole phase): requests kept back or cancelled count as
+    not sent."""
     deadline = t0 + part.duration_s if part.duration_s else float("inf")
+    stop = stop or asyncio.Event()
     if part.offsets is None:
-        return await _closed_loop(streams, url, model, part, opts, deadline, phase, tag, until)
-    return await _open_loop(streams, url, model, part, opts, t0, deadline, phase, tag, until)
+        return await _closed_loop(streams, url, model, part, opts, deadline, phase, tag, until, stop)
+    return await _open_loop(streams, url, model, part, opts, t0, deadline, phase, tag, until, stop)
 
 
 async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
-                       deadline: float, phase: str, tag: str,
-                       until: Until | None = None) -> tuple[list[RequestResult], int]:
+                       deadline: float, phase: str, tag: str, until: Until | None,
+                       stop: asyncio.Event) -> tuple[list[RequestResult], int]:
     """``concurrency`` loops, each sending the next request when its previous one ends (scheduled = sent)."""
     perf = time.perf_counter
     queue = iter(part.requests)
     results: list[RequestResult] = []
-    stop = asyncio.Event()
 
     async def worker() -> None:
         for r in queue:
@@ -204,12 +207,11 @@ async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, op
 
 
 async def _open_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
-                     t0: float, deadline: float, phase: str, tag: str,
-                     until: Until | None = None) -> tuple[list[RequestResult], int]:
+                     t0: float, deadline: float, phase: str, tag: str, until: Until | None,
+                     stop: asyncio.Event) -> tuple[list[RequestResult], int]:
     """Each request at ``t0 + offset``, whatever is in flight; a cap makes it wait (inside its latency)."""
     cap = asyncio.Semaphore(part.concurrency) if part.concurrency > 0 else None
     tasks: list[asyncio.Task[RequestResult]] = []
-    stop = asyncio.Event()
 
     async def capped(r: Request, scheduled: float) -> RequestResult:
         rid = request_id(phase, tag, r.index)

@@ -18,8 +18,9 @@ need a start instant and results on a clock they share, which is what a node lau
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from day0.client.loadgen import LoadShape, LoopWatch, Part, PhaseResult, drive
 from day0.client.stream import ClientOptions, RequestResult, endpoint_url
@@ -112,15 +113,24 @@ def split_phase(base_url: str, model: str, requests: Sequence[Request], shape: L
     return specs, offsets or []
 
 
-async def run_shard(streams: StreamPool, spec: ShardSpec, t0: float) -> ShardResult:
+async def run_shard(streams: StreamPool, spec: ShardSpec, t0: float, *,
+                    finished: Callable[[RequestResult], None] | None = None,
+                    stop: asyncio.Event | None = None) -> ShardResult:
     """Run one shard from the perf_counter instant ``t0`` (the phase's t=0, shared by every shard),
-    its loop watched for stalls as a one-process phase's is."""
+    its loop watched for stalls as a one-process phase's is. With ``finished`` each request goes
+    to it as it ends, for a stop rule that judges the whole phase elsewhere, and ``stop``, once
+    that rule has fired, ends the shard as the rule would end a one-process phase."""
     url = endpoint_url(spec.base_url, spec.options.endpoint)
+
+    def mine(r: RequestResult) -> bool:
+        r.shard = spec.shard
+        if finished is not None:
+            finished(r)
+        return False
+
     async with LoopWatch() as watch:
         results, not_sent = await drive(streams, url, spec.model, spec.part(), spec.options, t0=t0,
-                                        phase=spec.phase, tag=spec.tag)
-    for r in results:
-        r.shard = spec.shard
+                                        phase=spec.phase, tag=spec.tag, until=mine, stop=stop)
     return ShardResult(spec.shard, results, not_sent, watch.longest_ms, watch.spans)
 
 

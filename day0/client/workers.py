@@ -4,7 +4,9 @@
 each keeps its keep-alive connections from warm-up to measurement, and drives every phase the
 same way: each worker gets its :class:`~day0.client.shards.ShardSpec` and prepares; once all say
 ``READY`` the pool picks the phase's t=0 a little in the future on the host's monotonic clock,
-says ``go``, and merges the raw results (``day0.client.shards.merge_shards``).
+says ``go``, and merges the raw results (``day0.client.shards.merge_shards``). A phase with a
+stop rule (a capacity-search point) has each worker stream its requests as they end, so the rule
+judges the whole phase in the pool's process and its stop reaches every worker mid-shard.
 
 The protocol is one JSON object per line on the worker's stdin and stdout, so a node launcher
 can run the same worker on another host (see ``day0.client.shards`` for what that needs).
@@ -21,18 +23,21 @@ import ipaddress
 import json
 import math
 import os
+import queue
 import socket
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlsplit
 
-from day0.client.loadgen import LoadShape, PhaseResult, new_tag
+from day0.client.loadgen import LoadShape, PhaseResult, Until, new_tag
 from day0.client.loops import LoopKind, loop_factory
 from day0.client.shards import ShardResult, ShardSpec, merge_shards, run_shard, split_phase
-from day0.client.stream import ClientOptions, make_streams
+from day0.client.stream import ClientOptions, RequestResult, make_streams
 from day0.client.wire import StreamPool
 from day0.client.workload import Request
 
@@ -126,6 +131,33 @@ class _Worker:
             raise WorkerError(f"load worker {self.number} exited (rc {self.proc.returncode}): "
                               f"{self.tail() or 'no output'}") from None
 
+    def write(self, obj: dict[str, Any]) -> None:
+        """A line without waiting for the pipe to drain (a stop, sent from a stop rule's callback);
+        a worker that has exited is left for its results' read to report."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.proc.stdin.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+    async def results(self, finished: Callable[[RequestResult], None]) -> ShardResult:
+        """This worker's shard: the requests it streamed as they ended (each to ``finished`` too),
+        then its last line, which holds the rest."""
+        streamed: list[RequestResult] = []
+        while True:
+            line = await self.receive()
+            try:
+                data = json.loads(line)
+                if "finished" not in data:
+                    part = ShardResult.from_json(data)
+                    break
+                r = RequestResult(**data["finished"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise WorkerError(f"a load worker's results cannot be read (load worker {self.number}: "
+                                  f"{type(exc).__name__}: {exc})") from None
+            streamed.append(r)
+            finished(r)
+        part.results = streamed + part.results
+        return part
+
     async def receive(self) -> str:
         assert self.proc.stdout is not None
         line = await self.proc.stdout.readline()
@@ -166,11 +198,19 @@ class WorkerPool:
         await self.close()
 
     async def run_phase(self, base_url: str, model: str, requests: Sequence[Request], shape: LoadShape,
-                        opts: ClientOptions, *, phase: str = "measure") -> PhaseResult:
-        """One phase split across the pool's workers (as many as it can use) and merged back."""
-        specs, offsets = split_phase(base_url, model, requests, shape, opts, self.size, phase=phase, tag=new_tag())
-        workers = self._workers[:len(specs)]
-        for w, spec in zip(workers, specs):
+                        opts: ClientOptions, *, phase: str = "measure", until: Until | None = None,
+                        workers: int | None = None) -> PhaseResult:
+        """One phase split across the pool's workers (as many as it can use) and merged back. With
+        ``until`` each worker sends each request as it ends, the rule judges them all here in the
+        order they arrive, and once it fires every worker is told to stop: what one process does
+        with a stop rule, a pipe's delay later (requests that end meanwhile are kept, as the rule
+        allows: it fires only on what no continuation can undo). ``workers``: use only that many
+        (a phase whose load one worker times well); default, all of them."""
+        tag = new_tag()
+        specs, offsets = split_phase(base_url, model, requests, shape, opts, min(workers or self.size, self.size),
+                                     phase=phase, tag=tag)
+        busy = self._workers[:len(specs)]
+        for w, spec in zip(busy, specs):
             await w.send({"cmd": "prepare", "spec": spec.to_json()})
 
         async def ready(w: _Worker) -> None:
@@ -179,17 +219,22 @@ class WorkerPool:
                 raise WorkerError(f"load worker {w.number}: {line.strip()[:300]}")
 
         try:
-            await asyncio.wait_for(asyncio.gather(*(ready(w) for w in workers)), READY_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.gather(*(ready(w) for w in busy)), READY_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise WorkerError(f"load workers not ready within {READY_TIMEOUT_S:g} s") from None
         t0 = time.perf_counter() + START_LEAD_S
-        for w in workers:
-            await w.send({"cmd": "go", "t0": t0})
-        lines = await asyncio.gather(*(w.receive() for w in workers))
-        try:
-            parts = [ShardResult.from_json(json.loads(line)) for line in lines]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise WorkerError(f"a load worker's results cannot be read ({type(exc).__name__}: {exc})") from None
+        for w in busy:
+            await w.send({"cmd": "go", "t0": t0, "stream": until is not None})
+        fired = False
+
+        def judge(r: RequestResult) -> None:
+            nonlocal fired
+            if until is not None and not fired and until(r):
+                fired = True
+                for w in busy:  # a worker already done reads it as stale and lets it pass
+                    w.write({"cmd": "stop", "tag": tag})
+
+        parts = await asyncio.gather(*(w.results(judge) for w in busy))
         return merge_shards(phase, shape, parts, t0, offsets)
 
     async def close(self) -> None:
@@ -213,31 +258,79 @@ class WorkerPool:
 # --------------------------------------------------------------------------- the worker side
 
 
-def _read(stdin: Any) -> dict[str, Any] | None:
-    line = stdin.readline()
-    return json.loads(line) if line.strip() else None
+class _Inbox:
+    """The worker's stdin, read on a thread of its own: ``prepare`` and ``go`` wait in a queue for
+    the main loop, and a ``stop`` for the shard running now sets its event at once, mid-shard (one
+    for a shard already done, or for another tag, is stale and dropped)."""
+
+    def __init__(self, stdin: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.queue = loop, queue.Queue[dict[str, Any] | None]()
+        self._lock = threading.Lock()
+        self._running: tuple[str, asyncio.Event] | None = None
+        threading.Thread(target=self._listen, args=(stdin,), daemon=True).start()
+
+    def _listen(self, stdin: Any) -> None:
+        try:
+            for line in stdin:
+                msg = json.loads(line) if line.strip() else None
+                if msg is None:
+                    break
+                if msg.get("cmd") == "stop":
+                    with self._lock:
+                        if self._running is not None and self._running[0] == msg.get("tag"):
+                            self.loop.call_soon_threadsafe(self._running[1].set)
+                    continue
+                self.queue.put(msg)
+        finally:
+            self.queue.put(None)
+
+    def next(self) -> dict[str, Any] | None:
+        return self.queue.get()
+
+    @contextlib.contextmanager
+    def running(self, tag: str, stop: asyncio.Event) -> Iterator[None]:
+        with self._lock:
+            self._running = (tag, stop)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running = None
 
 
 def worker_main(stdin: Any = None, stdout: Any = None, loop_kind: LoopKind = "auto") -> int:
-    """One worker: prepare a shard, say READY, wait for go, run it, print its raw results; repeat."""
+    """One worker: prepare a shard, say READY, wait for go, run it, print its raw results; repeat.
+    With ``"stream": true`` in go, each request goes out as a line as it ends (the pool judges them
+    for a stop rule) and the last line holds none of them again."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     loop = loop_factory(loop_kind)()
+    inbox = _Inbox(stdin, loop)
     streams: StreamPool | None = None
     gc.collect()
     gc.freeze()  # the imports' objects never move again: a full collection stays short mid-phase
+
+    def send(obj: dict[str, Any]) -> None:
+        stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        stdout.flush()
+
     try:
-        while (msg := _read(stdin)) is not None and msg.get("cmd") == "prepare":
+        while (msg := inbox.next()) is not None and msg.get("cmd") == "prepare":
             spec = ShardSpec.from_json(msg["spec"])
             if streams is None:
                 streams = make_streams(spec.options)
             stdout.write("READY\n")
             stdout.flush()
-            go = _read(stdin)
+            go = inbox.next()
             if go is None or go.get("cmd") != "go":
                 break
-            result = loop.run_until_complete(run_shard(streams, spec, float(go["t0"])))
-            stdout.write(json.dumps(result.to_json(), separators=(",", ":")) + "\n")
-            stdout.flush()
+            stream, stop = bool(go.get("stream")), asyncio.Event()
+            with inbox.running(spec.tag, stop):
+                result = loop.run_until_complete(run_shard(
+                    streams, spec, float(go["t0"]), stop=stop,
+                    finished=(lambda r: send({"finished": asdict(r)})) if stream else None))
+            if stream:
+                result.results = []  # the pool has each of them already
+            send(result.to_json())
     finally:
         if streams is not None:
             loop.run_until_complete(streams.close())

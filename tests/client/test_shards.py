@@ -161,6 +161,28 @@ def test_the_client_leaves_a_core_to_a_server_on_its_host(monkeypatch):
     assert client_cores("http://127.0.0.1:8000") == 1  # never none
 
 
+def test_a_search_has_every_core_the_client_may_take_and_each_phase_what_its_load_needs(server, monkeypatch):
+    """A search's loads are not known before it runs (up to what the server completes flat out):
+    sized on the measured load alone, a GPU server's search would lag on one worker and end
+    "could not measure". So its pool has every core the client may take and each phase uses one
+    worker per AUTO_MESSAGES_PER_WORKER messages a second it offers (here 50: 20 req/s of 4 tokens
+    needs 2, 40 needs 4 and gets the pool's 3)."""
+    import day0.client.workers as workers
+    import day0.stages.latency.settings as settings_mod
+    from day0.config.latency import CapacitySearch
+
+    monkeypatch.setattr(settings_mod, "client_cores", lambda url=None: 3)
+    monkeypatch.setattr(workers, "AUTO_MESSAGES_PER_WORKER", 50.0)
+    server.set_script(Script(ttft_ms=[5], gaps_ms=[2]))
+    s = LatencySection(num_requests=4, warmup_requests=0, output_len=4, input_len=8, concurrency=1,
+                       server_metrics=False, search=CapacitySearch(start_rate=5.0, max_rate=50.0, probe_requests=16,
+                                                                   requests=30, saturation_requests=0))
+    assert load_workers(s, server.url) == 3 and load_workers(s.model_copy(update={"search": None}), server.url) == 1
+    run = run_latency(server.url, "scripted", VOCAB, s, SlaSection(ttft_p90_ms=2000))
+    used = {pt.load: pt.metrics.workers for pt in run.search.points}
+    assert run.metrics.workers == 1 and used[5.0] == 1 and used[20.0] == 2 and max(used.values()) == 3, used
+
+
 # ----------------------------------------------------------------------------- live, against the scripted server
 
 
@@ -226,6 +248,71 @@ def test_a_pool_splits_every_phase_and_the_stage_reports_its_workers(server):
     assert run.metrics.workers == 2 and run.metrics.completed == 10 and run.warmup.completed == 2
     table = {c.id: c for c in latency_checks(run)}["latency.output_throughput"].evidence["table"]["rows"]
     assert ["load workers (processes)", 2] in table
+
+
+def test_a_stop_rule_judges_the_whole_phase_across_workers_and_stops_them_all(server):
+    """A search point's stop rule (``Until``) sees every worker's requests as they end, in one
+    process; once it fires, no worker sends more. Without it a point above the answer would run
+    to its end on a pool, its whole 30 s for a hold."""
+    server.set_script(Script(ttft_ms=[20], gaps_ms=[5]))
+    reqs = build_requests(WorkloadSpec(8, 4), VOCAB, 400)
+    shape = LoadShape(mode="rate", request_rate=100.0, concurrency=0, seed=3)  # 4 s of arrivals
+    seen: list[RequestResult] = []
+
+    def until(r: RequestResult) -> bool:
+        seen.append(r)
+        return len(seen) >= 30
+
+    async def go():
+        async with WorkerPool(2) as pool:
+            stopped = await pool.run_phase(server.url, "scripted", reqs, shape, ClientOptions(), phase="search",
+                                           until=until)
+            after = await pool.run_phase(server.url, "scripted", reqs[:20], shape, ClientOptions(), phase="next")
+        return stopped, after
+
+    stopped, after = asyncio.run(asyncio.wait_for(go(), 60))
+    assert {r.shard for r in seen[:30]} == {0, 1}  # both workers' requests, judged together
+    assert 30 <= len(stopped.results) < 100 and stopped.not_sent == 400 - len(stopped.results), len(stopped.results)
+    assert {(r.index, r.shard) for r in seen} <= {(r.index, r.shard) for r in stopped.results}
+    assert [r.index for r in stopped.results] == sorted(r.index for r in stopped.results)
+    received = [e for e in server.log() if e["phase"] == "search"]
+    assert len(received) < 120  # the stop reached the workers: nothing was sent for the 4 s it had left
+    # the next phase runs whole: a stop belongs to its own phase's tag
+    assert len(after.results) == 20 and after.not_sent == 0 and all(r.ok for r in after.results)
+
+
+def test_a_workers_stop_lands_only_on_the_shard_it_names():
+    """The worker reads its stdin on a thread (``_Inbox``): a stop sets the running shard's event
+    at once, and one for a shard already done or another phase's tag (the pool sends a stop to
+    every worker, some of which have finished) is dropped, never queued for the next phase."""
+    import os
+
+    from day0.client.workers import _Inbox
+
+    loop = asyncio.new_event_loop()
+    read, write = os.pipe()
+    inbox = _Inbox(os.fdopen(read), loop)
+    out = os.fdopen(write, "w", buffering=1)
+
+    def say(*msgs: dict) -> None:
+        for m in msgs:
+            out.write(json.dumps(m) + "\n")
+
+    stop = asyncio.Event()
+    say({"cmd": "stop", "tag": "a"}, {"cmd": "prepare", "n": 0})  # nothing running: dropped
+    assert inbox.next() == {"cmd": "prepare", "n": 0}
+    with inbox.running("a", stop):
+        say({"cmd": "stop", "tag": "b"}, {"cmd": "prepare", "n": 1})
+        assert inbox.next() == {"cmd": "prepare", "n": 1}
+        loop.run_until_complete(asyncio.sleep(0))
+        assert not stop.is_set()  # another phase's
+        say({"cmd": "stop", "tag": "a"}, {"cmd": "prepare", "n": 2})
+        assert inbox.next() == {"cmd": "prepare", "n": 2}
+        loop.run_until_complete(asyncio.sleep(0))
+        assert stop.is_set()
+    out.close()
+    assert inbox.next() is None  # stdin closed: the worker's loop ends
+    loop.close()
 
 
 def test_a_worker_that_died_is_named_not_waited_for(server):

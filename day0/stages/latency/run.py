@@ -37,6 +37,7 @@ from day0.stages.latency.settings import (
     dataset_lengths,
     load_shape,
     load_workers,
+    phase_workers,
     search_shape,
     workload_spec,
 )
@@ -61,16 +62,18 @@ class _Load:
     a pool of worker processes that each drive a shard (``day0.client.workers``)."""
 
     def __init__(self, session: aiohttp.ClientSession, streams: StreamPool, pool: WorkerPool | None, base_url: str,
-                 opts: ClientOptions) -> None:
+                 opts: ClientOptions, share: Callable[[LoadShape], int]) -> None:
         self.session, self.streams, self.pool, self.base_url, self.opts = session, streams, pool, base_url, opts
+        self.share = share  # how many of the pool's workers a phase at this load uses
 
     async def phase(self, model: str, reqs: Sequence[Request], shape: LoadShape, name: str,
                     until: Until | None = None) -> PhaseResult:
-        """``until`` (a stop rule) is honoured in this process only: a pool's workers run their
-        shards to the end (a stop would have to cross processes mid-phase)."""
+        """``until`` (a stop rule) judges the whole phase here, a pool's workers' requests as they end
+        (``WorkerPool.run_phase``)."""
         if self.pool is None:
             return await run_phase(self.streams, self.base_url, model, reqs, shape, self.opts, phase=name, until=until)
-        return await self.pool.run_phase(self.base_url, model, reqs, shape, self.opts, phase=name)
+        return await self.pool.run_phase(self.base_url, model, reqs, shape, self.opts, phase=name, until=until,
+                                         workers=self.share(shape))
 
 
 async def _scrape(session: aiohttp.ClientSession, base_url: str) -> tuple[Any, str | None]:
@@ -121,7 +124,7 @@ async def measure_latency(
                 raise RuntimeError(f"{base_url}/v1/models lists no model; pass the served model name")
             model = names[0]
         pool = await stack.enter_async_context(WorkerPool(workers)) if workers > 1 else None
-        load = _Load(session, streams, pool, base_url, opts)
+        load = _Load(session, streams, pool, base_url, opts, lambda shape: phase_workers(s, shape, workers))
         warm = None
         if s.warmup_requests:
             say(f"warm-up: {s.warmup_requests} requests")

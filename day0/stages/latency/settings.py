@@ -86,14 +86,30 @@ def search_shape(s: LatencySection, x: float, stream: str = "") -> LoadShape:
 
 def load_workers(s: LatencySection, base_url: str | None = None) -> int:
     """Load-generator processes for the run: ``workers`` as set, or (0) enough for the heaviest
-    phase it will offer (the measured load or the highest sweep rate), at most the cores the
-    client may take beside a server at ``base_url`` (``client_cores``)."""
+    phase it will offer, at most the cores the client may take beside a server at ``base_url``
+    (``client_cores``). The measured load and the highest sweep rate are known before the run; a
+    capacity search's loads are not (up to what the server completes flat out), so with a search
+    the run has every core it may take, and each phase uses what its own load needs
+    (:func:`phase_workers`)."""
     if s.workers:
         return s.workers
+    cores = client_cores(base_url)
+    if s.search is not None:
+        return cores
     lo, hi = length_bounds(s.output_len)
     shapes = [load_shape(s)] + [load_shape(s, rate) for rate in s.sweep_rates[-1:]]
-    cores = client_cores(base_url)
     return max(auto_workers(shape, (lo + hi) / 2, cores) for shape in shapes)
+
+
+def phase_workers(s: LatencySection, shape: LoadShape, pool: int) -> int:
+    """The workers of a pool of ``pool`` that one phase at ``shape`` uses: the whole pool, as
+    sized for the run's heaviest phase (each worker keeps its connections warm from one phase to
+    the next), except in a run whose pool a search sized (``workers = 0``): there, one per
+    ``AUTO_MESSAGES_PER_WORKER`` messages a second the phase offers."""
+    if s.workers or s.search is None:
+        return pool
+    lo, hi = length_bounds(s.output_len)
+    return auto_workers(shape, (lo + hi) / 2, pool)
 
 
 def client_options(s: LatencySection, headers: dict[str, str] | None = None) -> ClientOptions:

@@ -196,3 +196,22 @@ def test_a_confirmation_stops_once_its_point_and_what_came_after_cannot_meet():
     rule = ClearMiss(lax, 598, edge=True)
     rule.count(metrics_with([50.0] * 298 + [250.0]))
     assert [rule(done(250.0)) for _ in range(allowed)][-1] is True
+
+
+def test_a_search_on_load_workers_stops_its_points_early_too():
+    """The stop rule judges the pool's requests in the stage's process and stops every worker
+    (``WorkerPool.run_phase``): on a pool, as in one process, a point that has missed costs the
+    requests up to its proof, not its whole schedule."""
+    from day0.config.latency import LatencySection
+    from day0.stages.latency import run_latency
+
+    settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=2,
+                              search=CapacitySearch(start_rate=40.0, probe_requests=0, requests=120, max_points=2,
+                                                    saturation_requests=0))
+    with SSEServer(Script(ttft_ms=[30.0], gaps_ms=[5.0])) as srv:  # every first token past the 10 ms limit
+        run = run_latency(srv.url, "scripted", 300, settings, SlaSection.from_table({"ttft_p90_ms": 10.0}))
+        received = len([e for e in srv.log() if e["phase"] == "search"])
+    points = run.search.points
+    assert len(points) == 2 and all(pt.verdict == MISSES and pt.early for pt in points), points
+    assert run.metrics.workers == 2 and all(pt.metrics.sent < 60 for pt in points), [pt.metrics.sent for pt in points]
+    assert received < 120, received  # of the two points' 240: the rest never left the workers
