@@ -84,10 +84,10 @@ class CapacitySearch(_Table):
     saturation_max_requests: int = Field(3200, ge=0, description="while /metrics shows none of the flat-out "
                                                                  "run's requests waiting (the server's batch holds "
                                                                  "them all), it runs again with twice the requests "
-                                                                 "(and twice saturation_concurrency, if set), up to "
-                                                                 "this many: vLLM's default max_num_seqs is 1024 on "
-                                                                 "an H100, H200 or B200 and 256 on other GPUs; at or "
-                                                                 "under saturation_requests = no second run")
+                                                                 "(and twice saturation_concurrency, if set), while "
+                                                                 "twice is at most this many (0 = one run): vLLM's "
+                                                                 "default max_num_seqs is 1024 on an H100, H200 or "
+                                                                 "B200 and 256 on other GPUs")
     confirm_requests: Optional[int] = Field(None, ge=0, description="with the saturation figure bounding the "
                                                                    "search: before the search ends on a rate, its "
                                                                    "point goes on to this many requests in all, "

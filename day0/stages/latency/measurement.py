@@ -88,7 +88,7 @@ class Saturation:
     queued: bool | None
     why: str = ""
     window_s: float = 0.0  # the middle of the run the rate is read over
-    tried: tuple[int, ...] = ()  # requests of the runs before this one, each too few to fill the batch
+    tried: tuple[int, ...] = ()  # requests of each run before this one, none of which showed a queue
 
     @property
     def applies(self) -> bool:
@@ -124,7 +124,8 @@ class SearchResult:
 
     @property
     def _flat_out_unplaced(self) -> int:
-        """The flat-out run's requests where its figure did not apply: sent, but no point holds them."""
+        """The flat-out requests no point holds: every run that showed no queue (``tried``), and the
+        last one too where its figure did not apply (where it did, its point holds them)."""
         placed = any(SATURATION in pt.misses for pt in self.points)
         if self.saturation is None:
             return 0
