@@ -250,13 +250,16 @@ def test_a_pool_splits_every_phase_and_the_stage_reports_its_workers(server):
     assert ["load workers (processes)", 2] in table
 
 
-def test_a_stop_rule_judges_the_whole_phase_across_workers_and_stops_them_all(server):
+@pytest.mark.parametrize("shape", [LoadShape(mode="rate", request_rate=100.0, concurrency=0, seed=3),  # 4 s
+                                   LoadShape(mode="concurrency", concurrency=4)],  # 400 x 35 ms / 4: 3.5 s
+                         ids=["open", "closed"])
+def test_a_stop_rule_judges_the_whole_phase_across_workers_and_stops_them_all(server, shape):
     """A search point's stop rule (``Until``) sees every worker's requests as they end, in one
     process; once it fires, no worker sends more. Without it a point above the answer would run
     to its end on a pool, its whole 30 s for a hold."""
     server.set_script(Script(ttft_ms=[20], gaps_ms=[5]))
     reqs = build_requests(WorkloadSpec(8, 4), VOCAB, 400)
-    shape = LoadShape(mode="rate", request_rate=100.0, concurrency=0, seed=3)  # 4 s of arrivals
+    phase = f"stop{shape.mode}"
     seen: list[RequestResult] = []
 
     def until(r: RequestResult) -> bool:
@@ -265,7 +268,7 @@ def test_a_stop_rule_judges_the_whole_phase_across_workers_and_stops_them_all(se
 
     async def go():
         async with WorkerPool(2) as pool:
-            stopped = await pool.run_phase(server.url, "scripted", reqs, shape, ClientOptions(), phase="search",
+            stopped = await pool.run_phase(server.url, "scripted", reqs, shape, ClientOptions(), phase=phase,
                                            until=until)
             after = await pool.run_phase(server.url, "scripted", reqs[:20], shape, ClientOptions(), phase="next")
         return stopped, after
@@ -274,9 +277,9 @@ def test_a_stop_rule_judges_the_whole_phase_across_workers_and_stops_them_all(se
     assert {r.shard for r in seen[:30]} == {0, 1}  # both workers' requests, judged together
     assert 30 <= len(stopped.results) < 100 and stopped.not_sent == 400 - len(stopped.results), len(stopped.results)
     assert {(r.index, r.shard) for r in seen} <= {(r.index, r.shard) for r in stopped.results}
-    assert [r.index for r in stopped.results] == sorted(r.index for r in stopped.results)
-    received = [e for e in server.log() if e["phase"] == "search"]
-    assert len(received) < 120  # the stop reached the workers: nothing was sent for the 4 s it had left
+    assert [r.scheduled for r in stopped.results] == sorted(r.scheduled for r in stopped.results)  # merged
+    received = [e for e in server.log() if e["phase"] == phase]
+    assert len(received) < 120  # the stop reached the workers: nothing was sent for the seconds left
     # the next phase runs whole: a stop belongs to its own phase's tag
     assert len(after.results) == 20 and after.not_sent == 0 and all(r.ok for r in after.results)
 
