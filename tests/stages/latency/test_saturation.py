@@ -101,8 +101,8 @@ def test_a_flat_out_run_doubles_until_the_servers_batch_is_full():
     assert SearchResult(points, 299, 0.95, "", saturation=sat).requests_by_part["flat_out"] == 3000
     # a set in-flight count doubles with the requests; a batch the first run fills is measured once
     measure, runs = batch_of(100)
-    assert asyncio.run(flat_out(measure, 400, 50, 3200, said.append))[0].applies and runs == [(400, 50), (800, 100),
-                                                                                           (1600, 200)]
+    assert asyncio.run(flat_out(measure, 400, 50, 3200, said.append))[0].applies
+    assert runs == [(400, 50), (800, 100), (1600, 200)]
     measure, runs = batch_of(16)
     assert asyncio.run(flat_out(measure, 200, 0, 3200, said.append))[0].tried == () and runs == [(200, 0)]
 
@@ -127,7 +127,7 @@ def test_the_doubling_stops_at_its_cap_and_says_what_to_raise():
 
 
 def test_the_stage_doubles_its_flat_out_run_past_a_scripted_servers_batch():
-    # 16 slots and 12 in flight at first: nothing waits, so no ceiling; doubled until /metrics shows a queue
+    # 12 at once fit the 16 slots (and end within one /metrics poll): no ceiling; doubled until a poll shows a queue
     script = Script(ttft_ms=[10.0], gaps_ms=[15.0], slots=16)
     settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1,
                               burstiness=100.0, search=CapacitySearch(max_points=2, requests=30, saturation_requests=12,
