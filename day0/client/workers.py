@@ -106,6 +106,11 @@ def auto_workers(shape: LoadShape, mean_output_len: float, cores: int | None = N
     return max(1, min(cores, math.ceil(need)))
 
 
+def _line(obj: dict[str, Any]) -> bytes:
+    """One protocol message: compact JSON and a newline."""
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
 class WorkerError(RuntimeError):
     """A worker process that died or broke the protocol; the message names it and its stderr."""
 
@@ -124,7 +129,7 @@ class _Worker:
     async def send(self, obj: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+            self.proc.stdin.write(_line(obj))
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             await self.proc.wait()
@@ -136,7 +141,7 @@ class _Worker:
         a worker that has exited is left for its results' read to report."""
         assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.proc.stdin.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+            self.proc.stdin.write(_line(obj))
 
     async def results(self, finished: Callable[[RequestResult], None]) -> ShardResult:
         """This worker's shard: the requests it streamed as they ended (each to ``finished`` too),

@@ -96,9 +96,8 @@ def load_workers(s: LatencySection, base_url: str | None = None) -> int:
     cores = client_cores(base_url)
     if s.search is not None:
         return cores
-    lo, hi = length_bounds(s.output_len)
     shapes = [load_shape(s)] + [load_shape(s, rate) for rate in s.sweep_rates[-1:]]
-    return max(auto_workers(shape, (lo + hi) / 2, cores) for shape in shapes)
+    return max(_for_load(s, shape, cores) for shape in shapes)
 
 
 def phase_workers(s: LatencySection, shape: LoadShape, pool: int) -> int:
@@ -108,8 +107,13 @@ def phase_workers(s: LatencySection, shape: LoadShape, pool: int) -> int:
     ``AUTO_MESSAGES_PER_WORKER`` messages a second the phase offers."""
     if s.workers or s.search is None:
         return pool
+    return _for_load(s, shape, pool)
+
+
+def _for_load(s: LatencySection, shape: LoadShape, cores: int) -> int:
+    """``auto_workers`` for ``shape`` at the workload's mean output length."""
     lo, hi = length_bounds(s.output_len)
-    return auto_workers(shape, (lo + hi) / 2, pool)
+    return auto_workers(shape, (lo + hi) / 2, cores)
 
 
 def client_options(s: LatencySection, headers: dict[str, str] | None = None) -> ClientOptions:
