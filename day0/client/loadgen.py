@@ -104,13 +104,6 @@ class PhaseResult:
     target_offsets: list[float] = field(default_factory=list)
     workers: int = 1  # processes that drove it (day0.client.workers)
     loop_stall_ms: float | None = None  # the longest a driving event loop did not run (None: not watched)
-    # perf_counter spans each driving loop did not run, by shard (0: the one loop of a one-process phase)
-    loop_stalls: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
-
-    def stalled_through(self, start: float, end: float, shard: int = 0) -> float:
-        """Seconds of [start, end] the loop that drove ``shard`` did not run (``loop_stall``'s spans
-        over STALL_KEEP_MS). Per shard: another worker's stall did not delay this one's requests."""
-        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.loop_stalls.get(shard, ()))
 
     @property
     def duration(self) -> float:
@@ -167,23 +160,32 @@ Until = Callable[[RequestResult], bool]
 
 
 async def drive(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions, *,
-                t0: float, phase: str, tag: str, until: Until | None = None,
+                t0: float, phase: str, tag: str, watch: "LoopWatch", until: Until | None = None,
                 stop: asyncio.Event | None = None) -> tuple[list[RequestResult], int]:
     """Drive ``part`` from the perf_counter instant ``t0``; (results in send order, requests not sent).
 
     Requests scheduled at or after ``t0 + duration_s`` are not sent (kept back, not failed).
     ``until`` may end the phase early, and so may ``stop`` once set from outside (a load worker's
     stop from the process that judges the whole phase): requests kept back or cancelled count as
-    not sent."""
+    not sent. ``watch`` is this loop's stall watch: each request carries what it stalled through
+    (:meth:`LoopWatch.stamp`) before ``until`` sees it, so a stop rule judges what the verdict will."""
     deadline = t0 + part.duration_s if part.duration_s else float("inf")
     stop = stop or asyncio.Event()
+
+    def ended(result: RequestResult) -> bool:
+        """A request's end: what it stalled through, then the stop rule, which may end the phase."""
+        watch.stamp(result)
+        if until is not None and until(result):
+            stop.set()
+        return stop.is_set()
+
     if part.offsets is None:
-        return await _closed_loop(streams, url, model, part, opts, deadline, phase, tag, until, stop)
-    return await _open_loop(streams, url, model, part, opts, t0, deadline, phase, tag, until, stop)
+        return await _closed_loop(streams, url, model, part, opts, deadline, phase, tag, ended, stop)
+    return await _open_loop(streams, url, model, part, opts, t0, deadline, phase, tag, ended, stop)
 
 
 async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
-                       deadline: float, phase: str, tag: str, until: Until | None,
+                       deadline: float, phase: str, tag: str, ended: Callable[[RequestResult], bool],
                        stop: asyncio.Event) -> tuple[list[RequestResult], int]:
     """``concurrency`` loops, each sending the next request when its previous one ends (scheduled = sent)."""
     perf = time.perf_counter
@@ -198,8 +200,7 @@ async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, op
             result = await stream_one(streams, url, r, model, opts, scheduled=now, phase=phase,
                                       request_id=request_id(phase, tag, r.index))
             results.append(result)
-            if until is not None and until(result):
-                stop.set()
+            ended(result)
 
     workers = [asyncio.create_task(worker()) for _ in range(min(part.concurrency, max(len(part.requests), 1)))]
     await _until_stopped(workers, stop)
@@ -207,7 +208,7 @@ async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, op
 
 
 async def _open_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
-                     t0: float, deadline: float, phase: str, tag: str, until: Until | None,
+                     t0: float, deadline: float, phase: str, tag: str, ended: Callable[[RequestResult], bool],
                      stop: asyncio.Event) -> tuple[list[RequestResult], int]:
     """Each request at ``t0 + offset``, whatever is in flight; a cap makes it wait (inside its latency)."""
     cap = asyncio.Semaphore(part.concurrency) if part.concurrency > 0 else None
@@ -221,8 +222,7 @@ async def _open_loop(streams: StreamPool, url: str, model: str, part: Part, opts
             async with cap:
                 result = await stream_one(streams, url, r, model, opts, scheduled=scheduled, phase=phase,
                                           request_id=rid)
-        if until is not None and until(result):
-            stop.set()
+        ended(result)
         return result
 
     for r, off in zip(part.requests, part.offsets or []):
@@ -272,11 +272,10 @@ async def run_phase(
     t0 = time.perf_counter()
     async with LoopWatch() as watch:
         results, not_sent = await drive(streams, url, model, part, opts, t0=t0, phase=phase, tag=new_tag(),
-                                        until=until)
+                                        watch=watch, until=until)
     ended = max((r.finished for r in results), default=time.perf_counter())
     results.sort(key=lambda r: r.scheduled)
-    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [], loop_stall_ms=watch.longest_ms,
-                       loop_stalls={0: watch.spans})
+    return PhaseResult(phase, shape, results, t0, ended, not_sent, offsets or [], loop_stall_ms=watch.longest_ms)
 
 
 STALL_TICK_S = 0.005
@@ -284,39 +283,57 @@ STALL_KEEP_MS = 10.0  # stalls kept as spans: a shorter one moves a request's fi
 
 
 class LoopWatch:
-    """``async with LoopWatch() as w:`` runs :func:`loop_stall` on this loop for the block's
-    duration: then ``w.longest_ms`` and ``w.spans``. The one way a phase or a worker's shard is
-    watched, so both report their stalls alike."""
+    """``async with LoopWatch() as w:`` watches this event loop for the block's duration: the longest
+    stretch it did not run beyond the tick it asked for (``w.longest_ms``), and each one over
+    STALL_KEEP_MS as a span. A loop that is not run sends nothing and reads nothing: every request
+    due or in flight then is late by that much, in the client, not the server. Measured on
+    cpu-tiny's 2-core box: single stalls of 60-460 ms about a second into a phase at 30 req/s, which
+    put 7 TTFTs past a 300 ms limit within 45 requests: a p99 miss the server did not earn. The one
+    way a phase or a worker's shard is watched, so both report their stalls alike, and each request
+    carries its own (:meth:`stamp`)."""
 
     def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []
+        self.spans: list[tuple[float, float]] = []  # perf_counter (from, to) the loop did not run
         self.longest_ms: float | None = None
+        self._worst, self._last = 0.0, time.perf_counter()
         self._stop = asyncio.Event()
-        self._task: asyncio.Task[float] | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> "LoopWatch":
-        self._task = asyncio.create_task(loop_stall(self._stop, self.spans))
+        self._last = time.perf_counter()
+        self._task = asyncio.create_task(self._watch())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
         assert self._task is not None
-        self.longest_ms = await self._task
+        await self._task
+        self.longest_ms = self._worst
 
+    async def _watch(self) -> None:
+        while not self._stop.is_set():
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.perf_counter()
+            gap_ms = (now - self._last - STALL_TICK_S) * 1000.0
+            if gap_ms > STALL_KEEP_MS:
+                self.spans.append((self._last + STALL_TICK_S, now))  # due at last + tick; nothing ran until now
+            self._worst, self._last = max(self._worst, gap_ms), now
 
-async def loop_stall(stop: asyncio.Event, spans: list[tuple[float, float]] | None = None) -> float:
-    """The longest stretch (ms) this event loop did not run while ``stop`` was unset, beyond the
-    tick it asked for; each one over STALL_KEEP_MS is appended to ``spans`` as (from, to) in
-    perf_counter seconds. A loop that is not run sends nothing and reads nothing: every request due
-    or in flight then is late by that much, in the client, not the server. Measured on cpu-tiny's
-    2-core box: single stalls of 60-460 ms about a second into a phase at 30 req/s, which put 7
-    TTFTs past a 300 ms limit within 45 requests: a p99 miss the server did not earn."""
-    worst, last = 0.0, time.perf_counter()
-    while not stop.is_set():
-        await asyncio.sleep(STALL_TICK_S)
+    def stalled_through(self, start: float, end: float) -> float:
+        """Seconds of [start, end] this loop did not run, up to now: the spans so far, and the stall
+        that has not ended for the watch yet (its wake-up may come after the callback asking: the
+        span it then records overlaps [start, end] by as much)."""
+        spans = list(self.spans)
         now = time.perf_counter()
-        gap_ms = (now - last - STALL_TICK_S) * 1000.0
-        if spans is not None and gap_ms > STALL_KEEP_MS:
-            spans.append((last + STALL_TICK_S, now))  # due to wake at last + tick; nothing ran until now
-        worst, last = max(worst, gap_ms), now
-    return worst
+        if (now - self._last - STALL_TICK_S) * 1000.0 > STALL_KEEP_MS:
+            spans.append((self._last + STALL_TICK_S, now))
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+
+    def stamp(self, r: RequestResult) -> None:
+        """What ``r`` stalled through until its first token and its last were read (its TTFT and
+        E2E windows from its scheduled send), set as it ends, so a stop rule judges it as the
+        verdict will (``day0.stages.latency.judging``)."""
+        if r.ttft is not None:
+            r.stalled_to_first = self.stalled_through(r.scheduled, r.scheduled + r.ttft)
+        if r.e2e is not None:
+            r.stalled_to_last = self.stalled_through(r.scheduled, r.scheduled + r.e2e)

@@ -19,7 +19,7 @@ need a start instant and results on a clock they share, which is what a node lau
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from day0.client.loadgen import LoadShape, LoopWatch, Part, PhaseResult, drive
@@ -65,18 +65,16 @@ class ShardResult:
     results: list[RequestResult]
     not_sent: int
     loop_stall_ms: float | None = None  # the longest its worker's loop did not run (None: not watched)
-    loop_stalls: list[tuple[float, float]] = field(default_factory=list)  # the spans, on the host's clock
 
     def to_json(self) -> dict[str, Any]:
         return {"shard": self.shard, "not_sent": self.not_sent, "results": [asdict(r) for r in self.results],
-                "loop_stall_ms": self.loop_stall_ms, "loop_stalls": self.loop_stalls}
+                "loop_stall_ms": self.loop_stall_ms}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ShardResult":
         stall = data.get("loop_stall_ms")
         return cls(int(data["shard"]), [RequestResult(**r) for r in data["results"]], int(data["not_sent"]),
-                   None if stall is None else float(stall),
-                   [(float(a), float(b)) for a, b in data.get("loop_stalls", [])])
+                   None if stall is None else float(stall))
 
 
 def shard_count(requested: int, requests: int, shape: LoadShape) -> int:
@@ -130,19 +128,18 @@ async def run_shard(streams: StreamPool, spec: ShardSpec, t0: float, *,
 
     async with LoopWatch() as watch:
         results, not_sent = await drive(streams, url, spec.model, spec.part(), spec.options, t0=t0,
-                                        phase=spec.phase, tag=spec.tag, until=mine, stop=stop)
-    return ShardResult(spec.shard, results, not_sent, watch.longest_ms, watch.spans)
+                                        phase=spec.phase, tag=spec.tag, watch=watch, until=mine, stop=stop)
+    return ShardResult(spec.shard, results, not_sent, watch.longest_ms)
 
 
 def merge_shards(phase: str, shape: LoadShape, parts: Sequence[ShardResult], t0: float,
                  offsets: list[float]) -> PhaseResult:
     """The shards' raw results as one phase, exactly as one process would have reported it:
     every request once, in scheduled order, the window from t0 to the last stream's end; the
-    longest stall of any worker's loop, and each worker's stall spans under its shard (a request
-    is judged against its own worker's: ``PhaseResult.stalled_through``)."""
+    longest stall of any worker's loop (each request carries what its own worker's loop stalled
+    through: ``LoopWatch.stamp``)."""
     results = sorted((r for p in parts for r in p.results), key=lambda r: (r.scheduled, r.index))
     ended = max((r.finished for r in results), default=t0)
     watched = [p.loop_stall_ms for p in parts if p.loop_stall_ms is not None]
     return PhaseResult(phase, shape, results, t0, ended, sum(p.not_sent for p in parts), list(offsets),
-                       workers=len(parts), loop_stall_ms=max(watched) if watched else None,
-                       loop_stalls={p.shard: list(p.loop_stalls) for p in parts})
+                       workers=len(parts), loop_stall_ms=max(watched) if watched else None)

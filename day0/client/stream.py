@@ -83,6 +83,10 @@ class RequestResult:
     token_source: str = "content"  # weakest evidence used for a message's token count
     count_mismatch: bool = False  # per-message counts disagree with the final usage
     shard: int = 0  # the shard (load worker) that drove it: whose loop's stalls it sat through
+    # seconds its driving loop did not run between its scheduled send and the read of its first token,
+    # and of its last (day0.client.loadgen.LoopWatch.stamp): what its TTFT and E2E hold of the client's
+    stalled_to_first: float = 0.0
+    stalled_to_last: float = 0.0
 
     @property
     def send_lag(self) -> float:

@@ -101,6 +101,23 @@ def tpot_of(r: RequestResult) -> float | None:
     return (r.e2e - r.ttft) / (r.output_tokens - 1)
 
 
+def ttft_without_stalls(r: RequestResult) -> float | None:
+    """What the TTFT was at least, had the client's loop run: the time it stalled through taken out."""
+    return None if r.ttft is None else r.ttft - r.stalled_to_first
+
+
+def e2e_without_stalls(r: RequestResult) -> float | None:
+    return None if r.e2e is None else r.e2e - r.stalled_to_last
+
+
+def tpot_without_stalls(r: RequestResult) -> float | None:
+    """At least: a stall delayed the last token's read by no more than the time stalled through
+    while in flight, and the first token was read no earlier than it came."""
+    if tpot_of(r) is None:
+        return None
+    return max(r.e2e - r.stalled_to_last - r.ttft, 0.0) / (r.output_tokens - 1)  # type: ignore[operator]
+
+
 @dataclass
 class LatencyMetrics:
     """Client-side figures of one measured phase (latencies in ms)."""
@@ -149,16 +166,12 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
     lag = [r.send_lag * ms for r in ok]
     ttft_send = [(r.ttft - r.send_lag) * ms for r in ok]  # type: ignore[operator]
     e2e_send = [(r.e2e - r.send_lag) * ms for r in ok]  # type: ignore[operator]
-    # the client's own stalls taken out: what a request's TTFT and E2E were at least, had its loop run
-    ttft_free = [(r.ttft - phase.stalled_through(r.scheduled, r.scheduled + r.ttft, r.shard)) * ms  # type: ignore[operator]
-                 for r in ok]
-    e2e_free = [(r.e2e - phase.stalled_through(r.scheduled, r.scheduled + r.e2e, r.shard)) * ms for r in ok]  # type: ignore[operator]
+    # the client's own stalls taken out (each request's, as its loop's watch stamped it)
+    ttft_free = [ttft_without_stalls(r) * ms for r in ok]  # type: ignore[operator]
+    e2e_free = [e2e_without_stalls(r) * ms for r in ok]  # type: ignore[operator]
     tpots = [tpot_of(r) for r in ok]
     tpot = [t * ms for t in tpots if t is not None]
-    # at least: a stall delayed reading the last token by no more than the time stalled through while
-    # in flight (e2e_free), and the first token was read no earlier than it came
-    tpot_free = [max(ef - r.ttft * ms, 0.0) / (r.output_tokens - 1)  # type: ignore[operator]
-                 for r, ef, t in zip(ok, e2e_free, tpots) if t is not None]
+    tpot_free = [t * ms for t in map(tpot_without_stalls, ok) if t is not None]
     itl: list[float] = []
     itl_tok: list[float] = []
     for r in ok:

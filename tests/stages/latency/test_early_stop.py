@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -215,3 +216,57 @@ def test_a_search_on_load_workers_stops_its_points_early_too():
     assert len(points) == 2 and all(pt.verdict == MISSES and pt.early for pt in points), points
     assert run.metrics.workers == 2 and all(pt.metrics.sent < 60 for pt in points), [pt.metrics.sent for pt in points]
     assert received < 120, received  # of the two points' 240: the rest never left the workers
+
+
+def test_the_rule_counts_each_value_with_the_clients_stalls_taken_out():
+    """What the verdict reads of a point the client's loop stalled through (``*_without_stalls``):
+    a first token read 250 ms after its schedule, 200 ms of it a stall, came at 50 ms, inside a
+    100 ms limit, and does not count; with 100 ms of stall it came at 150 ms, and counts."""
+    rule = ClearMiss(SLA, 32)
+    lower, _ = bound_ranks(32, 90.0, 0.95)
+    excused = done(250.0)
+    excused.stalled_to_first, excused.stalled_to_last = 0.2, 0.2
+    assert not any(rule(excused) for _ in range(32))
+    late = done(250.0)
+    late.stalled_to_first = late.stalled_to_last = 0.1
+    assert [rule(late) for _ in range(32 - lower + 1)][-1] is True and rule.missed
+    # TPOT: a stall moves it by the stall over the request's tokens less one (3 here)
+    tpot = ClearMiss(SlaSection.from_table({"tpot_p90_ms": 10.0}), 32)
+    slow = done(20.0)
+    slow.msg_t = [0.02, 0.02 + 3 * 0.03]  # TPOT 30 ms
+    slow.stalled_to_last = 0.045  # 15 ms a token of it the client's: 15 ms, still past 10
+    assert [tpot(slow) for _ in range(32 - lower + 1)][-1] is True
+    slow.stalled_to_last, tpot = 0.075, ClearMiss(SlaSection.from_table({"tpot_p90_ms": 10.0}), 32)
+    assert not any(tpot(slow) for _ in range(32))  # 5 ms a token: within
+
+
+def test_a_stall_of_the_clients_own_loop_does_not_stop_a_point():
+    """Live: the client's loop blocked 400 ms mid-point (a host that does not run it) puts first tokens
+    past a 300 ms limit as measured, enough that a rule counting them would stop the point; each
+    request is stamped with what it stalled through as it ends, so the rule sees the server's 20 ms
+    and the point runs to its end, as its verdict would have it (bench_capacity's runs ag and ah
+    measured four stopped 30 s holds again for this)."""
+    sla = SlaSection.from_table({"ttft_p90_ms": 300.0})
+    n, blocked = 60, []
+    rule = ClearMiss(sla, n, edge=True)
+    reqs = build_requests(WorkloadSpec(16, 4), 300, n)
+
+    def until(r: RequestResult) -> bool:
+        if not blocked and r.index >= 5:
+            blocked.append(r.index)
+            time.sleep(0.4)
+        return rule(r)
+
+    async def go(url: str):
+        async with make_streams(ClientOptions()) as streams:
+            return await run_phase(streams, url, "scripted", reqs, LoadShape(mode="rate", request_rate=40.0, seed=0),
+                                   ClientOptions(), phase="search", until=until)
+
+    with SSEServer(Script(ttft_ms=[20.0], gaps_ms=[5.0])) as srv:
+        phase = asyncio.run(go(srv.url))
+    raw_past = sum(1 for r in phase.results if r.ttft is not None and r.ttft > 0.3)
+    _, edge_needed = rule.thresholds("ttft_p90")
+    assert edge_needed is not None and raw_past >= edge_needed, raw_past  # as measured, they would stop it
+    assert len(phase.results) == n and phase.not_sent == 0 and not rule.why
+    assert max(r.stalled_to_first for r in phase.results) >= 0.3
+    assert all(r.ttft - r.stalled_to_first < 0.3 for r in phase.results if r.ttft is not None)

@@ -32,7 +32,7 @@ from day0.stages.latency.search import (
     axis_of,
     search_capacity,
 )
-from tests.stages.latency.test_search import counted, metrics_with
+from tests.stages.latency.test_search import counted, metrics_with, stamp
 from tests.support.sse_server import Script, SSEServer, capacity, schedule, served_capacity
 
 SLA = SlaSection.from_table({"ttft_p90_ms": 100.0})
@@ -405,27 +405,33 @@ def test_the_stage_bounds_a_scripted_servers_search_by_its_flat_out_rate():
 
 
 def test_the_load_generator_measures_how_long_its_own_loop_stalled():
-    from day0.client.loadgen import loop_stall
+    from day0.client.loadgen import LoopWatch
 
-    spans: list[tuple[float, float]] = []
     block: list[float] = []
+    inside: list[float] = []
 
-    async def blocked() -> float:
-        stop = asyncio.Event()
-        watch = asyncio.create_task(loop_stall(stop, spans))
-        await asyncio.sleep(0.02)
-        block.append(time.perf_counter())
-        time.sleep(0.15)  # a host that does not run the client (or a blocking call) for 150 ms
-        block.append(time.perf_counter())
-        await asyncio.sleep(0.02)
-        stop.set()
-        return await watch
-    assert 140.0 <= asyncio.run(blocked()) < 1000.0
+    async def blocked() -> LoopWatch:
+        async with LoopWatch() as watch:
+            await asyncio.sleep(0.02)
+            block.append(time.perf_counter())
+            time.sleep(0.15)  # a host that does not run the client (or a blocking call) for 150 ms
+            block.append(time.perf_counter())
+            # asked before the watch has woken: the stall that has not ended for it yet counts already
+            inside.append(watch.stalled_through(block[0] - 1.0, block[1]))
+            await asyncio.sleep(0.02)
+        return watch
+    watch = asyncio.run(blocked())
+    assert watch.longest_ms is not None and 140.0 <= watch.longest_ms < 1000.0
     # the stall as a span, which a request in flight through it has taken out of its figures
-    assert any(a <= block[0] + 0.01 and b >= block[1] for a, b in spans), (spans, block)
-    phase = PhaseResult("search", LoadShape(), [], 0.0, 1.0, loop_stalls={0: spans})
-    assert phase.stalled_through(block[0] - 1.0, block[1] + 1.0) >= 0.14
-    assert phase.stalled_through(block[1] + 0.5, block[1] + 1.0) == 0.0
+    assert any(a <= block[0] + 0.01 and b >= block[1] for a, b in watch.spans), (watch.spans, block)
+    assert inside[0] >= 0.14
+    assert watch.stalled_through(block[0] - 1.0, block[1] + 1.0) >= 0.14
+    assert watch.stalled_through(block[1] + 0.5, block[1] + 1.0) == 0.0
+    # a request stamped as it ends: its TTFT window (scheduled to first token) held the stall, its own
+    r = RequestResult(0, "search", block[0] - 0.01, block[0] - 0.01, 8, 4)
+    r.msg_t, r.msg_n, r.ok = [0.3, 0.4], [1, 3], True
+    watch.stamp(r)
+    assert 0.14 <= r.stalled_to_first <= r.stalled_to_last < 0.3
 
 
 def stalled(ttfts_ms: list[float], stall_ms: float, failed: int = 0, at: float = 103.0):
@@ -491,8 +497,9 @@ def decoding(slow: int, stall_ms: float):
         r.msg_t, r.msg_n, r.output_tokens, r.ok = [0.05, 0.05 + 31 * tpot], [1, 31], 32, True
         r.finished = scheduled + r.msg_t[-1]
         results.append(r)
-    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 103.0, loop_stall_ms=stall_ms,
-                                       loop_stalls={0: [(103.0, 103.0 + stall_ms / 1000.0)]}), [50, 90, 99])
+    stamp(results, [(103.0, 103.0 + stall_ms / 1000.0)])
+    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 103.0, loop_stall_ms=stall_ms),
+                           [50, 90, 99])
 
 
 def test_a_stall_excuses_a_tpot_past_the_limit_only_where_it_could_have_caused_it():

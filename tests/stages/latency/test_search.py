@@ -54,9 +54,21 @@ def metrics_with(ttfts_ms: list[float], lag_ms: float | list[float] = 0.0, faile
         bad = RequestResult(len(results), "search", 100.0, 100.0, 8, 4)
         bad.error, bad.reason = "http", "http_500"
         results.append(bad)
+    stamp(results, stalls)
     longest = max((1000.0 * (b - a) for a, b in stalls), default=None)
-    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 100.0 + span_s, loop_stall_ms=longest,
-                                       loop_stalls={0: list(stalls)}), [50, 90, 99])
+    return compute_metrics(PhaseResult("search", LoadShape(), results, 100.0, 100.0 + span_s, loop_stall_ms=longest),
+                           [50, 90, 99])
+
+
+def stamp(results: list[RequestResult], stalls: list[tuple[float, float]]) -> None:
+    """Each request's stalled time as the loop's watch stamps it as it ends, the loop having stalled
+    through ``stalls`` (perf_counter spans)."""
+    from day0.client.loadgen import LoopWatch
+
+    watch = LoopWatch()
+    watch.spans = list(stalls)
+    for r in results:
+        watch.stamp(r)
 
 
 def test_a_point_is_judged_by_its_bounds_not_its_estimate():
