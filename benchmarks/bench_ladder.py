@@ -11,6 +11,9 @@ process; TTFT 50 ms, then one token every 5 ms, 64 tokens, Poisson arrivals by d
 - day0 as it runs by default (``latency.workers = 0``: at each rate the worker count
   ``day0.client.workers.auto_workers`` picks, shown per row), with 1 load worker, and with N
   (``--workers``, default: the usable cores);
+- day0 with N load workers and a stop rule on each phase that never fires (``day0xN+stop``), as a
+  capacity search's points run: each request then crosses the worker's pipe as a JSON line as it
+  ends, for the rule in the parent; the ratio to day0xN is what that stream costs;
 - ``vllm bench serve`` (its ``benchmark()`` function, in a fresh process);
 - GuideLLM (``--guidellm-path DIR``: where it was ``pip install --target``-ed; skipped without).
 
@@ -53,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 VOCAB = 300
-TOOLS = ("day0", "day0x1", "day0xN", "vllm", "guidellm")
+TOOLS = ("day0", "day0x1", "day0xN", "day0xN+stop", "vllm", "guidellm")
 
 
 # --------------------------------------------------------------------------- the server
@@ -122,24 +125,28 @@ def requests(n: int, out_len: int, seed: int) -> list[Any]:
     return build_requests(WorkloadSpec(32, out_len, seed=seed), VOCAB, n)
 
 
-async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None) -> None:
+async def day0_ladder(url: str, a: argparse.Namespace, workers: int | None, watched: bool = False) -> None:
     """``workers`` load processes, or ``None``: day0's default (``latency.workers = 0``), the count
-    ``auto_workers`` picks for each rate, as the latency stage and ``day0 latency`` would."""
+    ``auto_workers`` picks for each rate, as the latency stage and ``day0 latency`` would.
+    ``watched``: each measured phase carries a stop rule that never fires, as a capacity search's
+    points carry one, so on a pool every request crosses a pipe as a line as it ends (the cost
+    that arm measures)."""
     from day0.client.loadgen import ClientOptions, LoadShape, make_streams, run_phase
     from day0.client.workers import WorkerPool, auto_workers, client_cores
 
     opts = ClientOptions()
-    tool = "day0" if workers is None else "day0x1" if workers == 1 else f"day0x{workers}"
+    tool = ("day0" if workers is None else "day0x1" if workers == 1 else f"day0x{workers}") + ("+stop" if watched else "")
+    until = (lambda r: False) if watched else None
     pools: dict[int, Any] = {}
     async with make_streams(opts) as s, contextlib.AsyncExitStack() as stack:
 
         async def phase(reqs: list[Any], shape: Any, name: str) -> Any:
             n = workers or auto_workers(shape, a.output_len, client_cores(url))
             if n == 1:
-                return await run_phase(s, url, "scripted", reqs, shape, opts, phase=name)
+                return await run_phase(s, url, "scripted", reqs, shape, opts, phase=name, until=until)
             if n not in pools:  # started outside the timed phase, as the stage starts its pool
                 pools[n] = await stack.enter_async_context(WorkerPool(n, a.loop))
-            return await pools[n].run_phase(url, "scripted", reqs, shape, opts, phase=name)
+            return await pools[n].run_phase(url, "scripted", reqs, shape, opts, phase=name, until=until)
 
         await phase(requests(8, a.output_len, 99), LoadShape(concurrency=8), "warmup")
         for rate in a.rate_list:
@@ -346,7 +353,7 @@ def tool_main(a: argparse.Namespace) -> int:
         from day0.client.loops import run
 
         workers = {"day0": None, "day0x1": 1}.get(a.tool, a.workers)
-        run(day0_ladder(a.url, a, workers), a.loop)
+        run(day0_ladder(a.url, a, workers, watched=a.tool.endswith("+stop")), a.loop)
     return 0
 
 
@@ -387,9 +394,12 @@ def report(results: dict[str, list[dict[str, Any]]], ceiling: list[dict[str, Any
         for other in ("vllm", "guidellm"):
             if other in best:
                 print(f"ratio {t} / {other}: " + (f"{best[t] / best[other]:.2f}" if best[other] else "n/a (0 sustained)"))
-    many = [t for t in best if t.startswith("day0x") and t != "day0x1"]
+    many = [t for t in best if t.startswith("day0x") and t != "day0x1" and not t.endswith("+stop")]
     if "day0x1" in best and many and best["day0x1"]:
         print(f"ratio {many[0]} / day0x1: {best[many[0]] / best['day0x1']:.2f}")
+    if many and f"{many[0]}+stop" in best and best[many[0]]:
+        print(f"ratio {many[0]}+stop / {many[0]} (each request streamed to a stop rule, as a search point's): "
+              f"{best[many[0] + '+stop'] / best[many[0]]:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"best": best, "ceiling": ceiling, "rows": results, "ref": ref}, indent=1))
 
@@ -437,7 +447,7 @@ def main() -> int:
         for tool in TOOLS:
             if tool in skip or (tool == "guidellm" and not a.guidellm_path):
                 continue
-            name = tool if tool != "day0xN" else f"day0x{a.workers}"
+            name = tool.replace("xN", f"x{a.workers}")
             results[name] = run_tool(tool, srv.url, a)
     finally:
         srv.close()
