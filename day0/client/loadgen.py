@@ -172,12 +172,11 @@ async def drive(streams: StreamPool, url: str, model: str, part: Part, opts: Cli
     deadline = t0 + part.duration_s if part.duration_s else float("inf")
     stop = stop or asyncio.Event()
 
-    def ended(result: RequestResult) -> bool:
+    def ended(result: RequestResult) -> None:
         """A request's end: what it stalled through, then the stop rule, which may end the phase."""
         watch.stamp(result)
         if until is not None and until(result):
             stop.set()
-        return stop.is_set()
 
     if part.offsets is None:
         return await _closed_loop(streams, url, model, part, opts, deadline, phase, tag, ended, stop)
@@ -185,7 +184,7 @@ async def drive(streams: StreamPool, url: str, model: str, part: Part, opts: Cli
 
 
 async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
-                       deadline: float, phase: str, tag: str, ended: Callable[[RequestResult], bool],
+                       deadline: float, phase: str, tag: str, ended: Callable[[RequestResult], None],
                        stop: asyncio.Event) -> tuple[list[RequestResult], int]:
     """``concurrency`` loops, each sending the next request when its previous one ends (scheduled = sent)."""
     perf = time.perf_counter
@@ -208,7 +207,7 @@ async def _closed_loop(streams: StreamPool, url: str, model: str, part: Part, op
 
 
 async def _open_loop(streams: StreamPool, url: str, model: str, part: Part, opts: ClientOptions,
-                     t0: float, deadline: float, phase: str, tag: str, ended: Callable[[RequestResult], bool],
+                     t0: float, deadline: float, phase: str, tag: str, ended: Callable[[RequestResult], None],
                      stop: asyncio.Event) -> tuple[list[RequestResult], int]:
     """Each request at ``t0 + offset``, whatever is in flight; a cap makes it wait (inside its latency)."""
     cap = asyncio.Semaphore(part.concurrency) if part.concurrency > 0 else None
@@ -323,11 +322,14 @@ class LoopWatch:
         """Seconds of [start, end] this loop did not run, up to now: the spans so far, and the stall
         that has not ended for the watch yet (its wake-up may come after the callback asking: the
         span it then records overlaps [start, end] by as much)."""
-        spans = list(self.spans)
-        now = time.perf_counter()
+        now, total = time.perf_counter(), 0.0
         if (now - self._last - STALL_TICK_S) * 1000.0 > STALL_KEEP_MS:
-            spans.append((self._last + STALL_TICK_S, now))
-        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+            total += max(0.0, min(end, now) - max(start, self._last + STALL_TICK_S))
+        for a, b in reversed(self.spans):  # in time order: only the last few can reach a request in flight
+            if b <= start:
+                break
+            total += max(0.0, min(end, b) - max(start, a))
+        return total
 
     def stamp(self, r: RequestResult) -> None:
         """What ``r`` stalled through until its first token and its last were read (its TTFT and
