@@ -13,14 +13,16 @@ Records that asked a different question are not counted together: every file mus
 one's SLA and workload, and its setup (where each tool starts, the dense list's grid and requests a
 rate; records from before bench_capacity wrote one are taken as they are). A file that is not such a
 record, or asked another question, is one line naming the file and the key (exit 2). No server: the
-runs' own records.
+runs' own records, plain or gzipped (``.json.gz``: the runs behind docs/stages/capacity-evidence.md's
+counts since 2026-12-06's evening are kept so in benchmarks/records/capacity/).
 
-    .venv/bin/python benchmarks/capacity_runs.py /tmp/runs/cap-*.json [--tool vllm] [--json summary.json]
+    .venv/bin/python benchmarks/capacity_runs.py benchmarks/records/capacity/*.json.gz [--tool vllm] [--json summary.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capacity_report import fmt  # noqa: E402
 
 AGREE, SPEND = 1.10, 0.5
+MAX_RECORD_BYTES = 64 * 2**20  # a record is ~75 kB; past this it is not one (or a gzip bomb)
 
 
 class BadRecord(Exception):
@@ -86,8 +89,13 @@ def _object(path: Path, key: str, value: Any) -> dict[str, Any]:
 def read_run(path: Path, tool: str) -> tuple[Run, dict[str, Any]]:
     """One record's run against ``tool``, and the question it asked (its SLA and workload)."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise BadRecord(path, "(file)", f"over {MAX_RECORD_BYTES >> 20} MiB{' unpacked' if path.suffix == '.gz' else ''}: "
+                            "not a bench_capacity record")
+        record = json.loads(raw)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadRecord(path, "(file)", f"not a JSON record: {e}") from None
     record = _object(path, "(top level)", record)
     ratios = _object(path, f"ratios_day0_over.{tool}",
@@ -107,7 +115,7 @@ def read_run(path: Path, tool: str) -> tuple[Run, dict[str, Any]]:
     setup = record.get("setup")  # older records have none
     question = {"sla": record.get("sla"), "workload": record.get("workload"),
                 "setup": {k: v for k, v in setup.items() if k != "rounds"} if isinstance(setup, dict) else None}
-    return Run(path.stem, record.get("code"), median, pairs), question
+    return Run(path.name.removesuffix(".gz").removesuffix(".json"), record.get("code"), median, pairs), question
 
 
 def read_runs(paths: list[Path], tool: str) -> list[Run]:

@@ -128,3 +128,27 @@ def test_a_commit_is_shown_short_and_a_changed_checkout_says_so(tmp_path):
              write(tmp_path, "dirty", record([(40, 40, 2000, 6000)], code=full + "-dirty"))]
     rows = runs_script.lines(runs_script.read_runs(paths, "vllm"), "vllm")
     assert rows[1].split()[1] == "012345678" and rows[2].split()[1] == "012345678-dirty"
+
+
+def test_a_gzipped_record_counts_as_its_plain_twin_and_one_that_unpacks_too_large_is_refused(tmp_path, monkeypatch):
+    """The runs behind docs/stages/capacity-evidence.md's counts are kept gzipped in the repo
+    (benchmarks/records/capacity/), so the count is rerun from a checkout, not from a /tmp that went
+    with its box; a record read is bounded, packed or not."""
+    import gzip
+
+    rec = record([(40, 44, 2000, 6000), (41, 40, 3200, 6000)])
+    plain = write(tmp_path, "plain", rec)
+    packed = tmp_path / "packed.json.gz"
+    packed.write_bytes(gzip.compress(json.dumps(rec).encode()))
+    a, _ = runs_script.read_run(plain, "vllm")
+    b, _ = runs_script.read_run(packed, "vllm")
+    assert (a.name, b.name) == ("plain", "packed") and (a.median, a.rounds) == (b.median, b.rounds)
+    monkeypatch.setattr(runs_script, "MAX_RECORD_BYTES", 1000)
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * 10_000 + json.dumps(rec).encode()))  # 10 kB unpacked, 100 B packed
+    with pytest.raises(runs_script.BadRecord, match=r"bomb.json.gz: \(file\): over 0 MiB unpacked"):
+        runs_script.read_run(bomb, "vllm")
+    torn = tmp_path / "torn.json.gz"
+    torn.write_bytes(packed.read_bytes()[:40])
+    with pytest.raises(runs_script.BadRecord, match=r"torn.json.gz: \(file\): not a JSON record"):
+        runs_script.read_run(torn, "vllm")
