@@ -92,8 +92,8 @@ def read_run(path: Path, tool: str) -> tuple[Run, dict[str, Any]]:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
             raw = f.read(MAX_RECORD_BYTES + 1)
         if len(raw) > MAX_RECORD_BYTES:
-            raise BadRecord(path, "(file)", f"over {MAX_RECORD_BYTES >> 20} MiB{' unpacked' if path.suffix == '.gz' else ''}: "
-                            "not a bench_capacity record")
+            packed = " unpacked" if path.suffix == ".gz" else ""
+            raise BadRecord(path, "(file)", f"over {MAX_RECORD_BYTES:,} bytes{packed}: not a bench_capacity record")
         record = json.loads(raw)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadRecord(path, "(file)", f"not a JSON record: {e}") from None

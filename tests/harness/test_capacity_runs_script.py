@@ -146,7 +146,7 @@ def test_a_gzipped_record_counts_as_its_plain_twin_and_one_that_unpacks_too_larg
     monkeypatch.setattr(runs_script, "MAX_RECORD_BYTES", 1000)
     bomb = tmp_path / "bomb.json.gz"
     bomb.write_bytes(gzip.compress(b" " * 10_000 + json.dumps(rec).encode()))  # 10 kB unpacked, 100 B packed
-    with pytest.raises(runs_script.BadRecord, match=r"bomb.json.gz: \(file\): over 0 MiB unpacked"):
+    with pytest.raises(runs_script.BadRecord, match=r"bomb.json.gz: \(file\): over 1,000 bytes unpacked"):
         runs_script.read_run(bomb, "vllm")
     torn = tmp_path / "torn.json.gz"
     torn.write_bytes(packed.read_bytes()[:40])

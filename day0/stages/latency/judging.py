@@ -25,10 +25,10 @@ QUEUE_GROWTH, QUEUE_FLOOR = 2.0, 0.1
 # A point the client's event loop stalled through for more than STALL_SHARE of the tightest per-event
 # limit (TTFT, E2E, ITL), and more than STALL_FLOOR_MS, misses on latency only where its values with
 # the stall taken out still miss (``stall_free``): the stall delayed sends and reads alike, and a point
-# it decides is measured again, once (``loop_stall``; TPOT, averaged over a request's tokens, does not
-# set the share: a stall moves it by the stall over the request's tokens). The floor lets a busy
-# host's ordinary stalls of a few tens of ms stand as latency: they touch the few requests in flight,
-# not a percentile over hundreds.
+# it decides is measured again, once (stalls: ``day0.client.loadgen.LoopWatch``; TPOT, averaged over
+# a request's tokens, does not set the share: a stall moves it by the stall over the request's
+# tokens). The floor lets a busy host's ordinary stalls of a few tens of ms stand as latency: they
+# touch the few requests in flight, not a percentile over hundreds.
 STALL_SHARE, STALL_FLOOR_MS = 0.1, 50.0
 
 
