@@ -320,10 +320,11 @@ class LoopWatch:
 
     def stalled_through(self, start: float, end: float) -> float:
         """Seconds of [start, end] this loop did not run, up to now: the spans so far, and the stall
-        that has not ended for the watch yet (its wake-up may come after the callback asking: the
-        span it then records overlaps [start, end] by as much)."""
+        that has not ended for the watch yet, while it watches (its wake-up may come after the
+        callback asking: the span it then records overlaps [start, end] by as much)."""
         now, total = time.perf_counter(), 0.0
-        if (now - self._last - STALL_TICK_S) * 1000.0 > STALL_KEEP_MS:
+        watching = self._task is not None and not self._stop.is_set()
+        if watching and (now - self._last - STALL_TICK_S) * 1000.0 > STALL_KEEP_MS:
             total += max(0.0, min(end, now) - max(start, self._last + STALL_TICK_S))
         for a, b in reversed(self.spans):  # in time order: only the last few can reach a request in flight
             if b <= start:
