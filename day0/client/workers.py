@@ -106,9 +106,10 @@ def auto_workers(shape: LoadShape, mean_output_len: float, cores: int | None = N
     return max(1, min(cores, math.ceil(need)))
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    """One protocol message: compact JSON and a newline."""
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+def _line(obj: dict[str, Any]) -> str:
+    """One protocol message, either way (the pool's commands, a worker's results): compact JSON and a
+    newline."""
+    return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
 class WorkerError(RuntimeError):
@@ -129,7 +130,7 @@ class _Worker:
     async def send(self, obj: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(_line(obj))
+            self.proc.stdin.write(_line(obj).encode())
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             await self.proc.wait()
@@ -141,7 +142,7 @@ class _Worker:
         a worker that has exited is left for its results' read to report."""
         assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.proc.stdin.write(_line(obj))
+            self.proc.stdin.write(_line(obj).encode())
 
     async def results(self, finished: Callable[[RequestResult], None]) -> ShardResult:
         """This worker's shard: the requests it streamed as they ended (each to ``finished`` too),
@@ -315,7 +316,7 @@ def worker_main(stdin: Any = None, stdout: Any = None, loop_kind: LoopKind = "au
     gc.freeze()  # the imports' objects never move again: a full collection stays short mid-phase
 
     def send(obj: dict[str, Any]) -> None:
-        stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        stdout.write(_line(obj))
         stdout.flush()
 
     try:
