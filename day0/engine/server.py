@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -113,6 +115,7 @@ class ServerEngine:
         self.log_path = self.run_dir / (f"{prefix}-node0.log" if self.cluster else f"engine-{name}.log")
         self.redactor = profile.redactor()
         self._t0 = 0.0  # when launch() started the processes
+        self.rpc_dir: Path | None = None  # where vLLM binds its IPC sockets (:meth:`_own_rpc_dir`; None: the default)
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
@@ -145,7 +148,23 @@ class ServerEngine:
         key = api_key(self.profile)
         if key:
             env["VLLM_API_KEY"] = key
+        if self.rpc_dir is not None:
+            env["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
         return env
+
+    def _own_rpc_dir(self) -> Path | None:
+        """A folder of this engine's own for vLLM's ZMQ IPC sockets, removed at :meth:`stop`.
+
+        vLLM binds them under ``VLLM_RPC_BASE_PATH`` (default: the temp folder) and its SIGTERM
+        shutdown force-kills the engine core, so every stop left socket files in /tmp (3 per
+        server with vLLM 0.32: a nightly CI fills /tmp with them). Not where the user set the path,
+        and not where a node runs on another host: it could not bind in a folder made here.
+        """
+        if "VLLM_RPC_BASE_PATH" in os.environ or "VLLM_RPC_BASE_PATH" in self.profile.engine.env:
+            return None
+        if self.cluster is not None and not self.cluster.launcher.same_host:
+            return None
+        return Path(tempfile.mkdtemp(prefix="day0-vllm-rpc-"))
 
     def start(self) -> EngineInfo:
         self.launch()
@@ -157,6 +176,7 @@ class ServerEngine:
         eng = self.profile.engine
         model = resolve_model(self.profile, self.log)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rpc_dir = self._own_rpc_dir()
         self._t0 = time.perf_counter()
         if self.cluster:
             host, port = self._start_nodes(model)
@@ -314,6 +334,9 @@ class ServerEngine:
         for _, proc, lp in procs:
             stop_process_group(proc, self.profile.engine.shutdown_timeout_s)
             scrub_log(lp, self.redactor)
+        if self.rpc_dir is not None:  # every process is gone: nothing binds in it any more
+            shutil.rmtree(self.rpc_dir, ignore_errors=True)
+            self.rpc_dir = None
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
         assert self.endpoint is not None, "greedy() before start()"

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -177,7 +179,7 @@ def test_canaries_reach_no_file_of_a_run(tmp_path):
 # --------------------------------------------------------------------------- a keyed deployment, end to end
 
 
-def _start_keyed_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _start_keyed_server(model_dir: Path, port: int, log: Path, rpc_dir: Path) -> subprocess.Popen[bytes]:
     """vLLM's server as a site runs it, by hand, with ``--api-key``: the deployment under test."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", "day0-tiny", "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
@@ -186,7 +188,8 @@ def _start_keyed_server(model_dir: Path, port: int, log: Path) -> subprocess.Pop
            # served for agents, as cpu-tiny's own server is (the agents stage's requests carry the key too)
            "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # its IPC sockets in a folder of its own, not in /tmp, where vLLM's forced shutdown leaves them (docs/engine.md)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_RPC_BASE_PATH": str(rpc_dir)}
     with log.open("wb") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=die_with_parent)
@@ -217,7 +220,8 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server_log = tmp_path / "keyed-server.log"
-    proc = _start_keyed_server(model_dir, port, server_log)
+    rpc_dir = Path(tempfile.mkdtemp(prefix="day0-keyed-rpc-"))  # short: a socket's path has 107 bytes at most
+    proc = _start_keyed_server(model_dir, port, server_log, rpc_dir)
     try:
         _wait_healthy(url, proc, server_log)
         req = urllib.request.Request(url + "/v1/models")
@@ -246,6 +250,7 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
             cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**os.environ, "VLLM_API_KEY": KEY})
     finally:
         stop_process_group(proc, 20)
+        shutil.rmtree(rpc_dir, ignore_errors=True)
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-6000:]
     rec = load(out / "latest" / "run.json")

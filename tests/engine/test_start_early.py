@@ -16,18 +16,7 @@ from day0.config.profile import load_profile
 from day0.engine import server as server_mod
 from day0.engine.engines import Engines
 from day0.engine.server import ServerEngine
-
-FAKE_SERVER = """
-import http.server, sys, time
-time.sleep(float(sys.argv[2]))
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
+from tests.support.fake_vllm import FAKE_SERVER
 
 
 @pytest.fixture

@@ -67,3 +67,12 @@ def test_a_shared_prefix_workload_hits_what_it_shares_and_passes(live):
     print(f"shared prefix: share {check.value}, intended {cache.intended:.3f}, limit {check.limit}")
     assert check.status == "pass", check.message
     assert check.value > 0.1  # the prefix (64 + nonce tokens: two 32-token blocks) was found
+
+
+def test_the_servers_ipc_sockets_are_bound_in_its_own_folder(live):
+    """vLLM honours ``VLLM_RPC_BASE_PATH``: its sockets are in the folder the engine removes at its
+    stop (tests/engine/test_rpc_dir.py), not in /tmp, where its forced shutdown leaves them."""
+    _, engine, _ = live
+    assert engine.rpc_dir is not None
+    sockets = [p for p in engine.rpc_dir.iterdir() if p.is_socket()]
+    assert sockets, f"vLLM bound no socket in {engine.rpc_dir}"

@@ -1,0 +1,74 @@
+"""vLLM's IPC sockets stay in a folder of the engine's own, gone once the engine stops.
+
+vLLM binds its ZMQ IPC sockets under ``VLLM_RPC_BASE_PATH`` (default: /tmp) and its SIGTERM
+shutdown force-kills the engine core, so each server stop left socket files in /tmp (3 per server
+with vLLM 0.32, counted on this box). The server process is the labelled fake of
+tests/support/fake_vllm.py, doing what vLLM does: it binds a Unix socket under the path and dies on
+SIGTERM without unlinking it. The live half (vLLM binds where day0 points it) is in
+tests/stages/latency/test_prefix_cache_live.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from day0.config.profile import load_profile
+from day0.engine.cluster.launchers import LocalLauncher, NetnsLauncher, Node, SrunLauncher, SshLauncher
+from day0.engine.cluster.nodes import Cluster
+from day0.engine.server import ServerEngine
+from tests.support.fake_vllm import FAKE_SERVER
+
+
+def _sockets(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.is_socket()]
+
+
+def _engine(tmp_path: Path, monkeypatch, env: dict[str, str] | None = None, cluster: Cluster | None = None) -> ServerEngine:
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    monkeypatch.setattr(ServerEngine, "command", lambda self, model, port: [sys.executable, "-c", FAKE_SERVER, str(port), "0", "rpc"])
+    profile = load_profile("cpu-tiny", overrides={"engine": {"startup_timeout_s": 30, "env": env or {}}})
+    return ServerEngine(profile, tmp_path / "run", lambda _: None, cluster=cluster)
+
+
+def test_the_servers_sockets_are_in_its_own_folder_and_the_stop_removes_what_the_server_left(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, monkeypatch)
+    engine.start()
+    folder = engine.rpc_dir
+    try:
+        assert folder is not None and folder.is_dir()
+        deadline = time.monotonic() + 10
+        while not _sockets(folder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_sockets(folder)) == 1  # the server bound where day0 pointed it
+    finally:
+        engine.stop()
+    assert not folder.exists() and engine.rpc_dir is None
+
+
+def test_a_path_the_user_set_is_kept(tmp_path, monkeypatch):
+    own = tmp_path / "mine"
+    own.mkdir()
+    engine = _engine(tmp_path, monkeypatch, env={"VLLM_RPC_BASE_PATH": str(own)})
+    engine.start()
+    try:
+        assert engine.rpc_dir is None
+        assert engine.environment()["VLLM_RPC_BASE_PATH"] == str(own)
+    finally:
+        engine.stop()
+    assert own.is_dir()  # never day0's to remove
+
+
+def test_only_nodes_on_this_host_get_a_folder_made_here(tmp_path, monkeypatch):
+    nodes = [Node("node0", 0, "10.0.0.1", host="a", netns="n0"), Node("node1", 1, "10.0.0.2", host="b", netns="n1")]
+    made = {}
+    launchers = {"local": LocalLauncher(), "netns": NetnsLauncher(), "srun": SrunLauncher(),
+                 "srun of an emulated cluster": SrunLauncher(conf="/run/day0-emu/slurm.conf"), "ssh": SshLauncher()}
+    for name, launcher in launchers.items():
+        engine = _engine(tmp_path, monkeypatch, cluster=Cluster(nodes, launcher))
+        folder = engine._own_rpc_dir()
+        made[name] = folder is not None
+        if folder is not None:
+            folder.rmdir()
+    assert made == {"local": True, "netns": True, "srun": False, "srun of an emulated cluster": True, "ssh": False}
