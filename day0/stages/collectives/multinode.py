@@ -140,6 +140,9 @@ def run_cluster(settings: CollectivesSection | Mapping[str, Any] | None, cluster
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
                    "--nproc-per-node", str(per), "--node-rank", str(k), "--master-addr", cluster.master_addr,
                    "--master-port", str(port), "--max-restarts", "0", "--monitor-interval", "0.1",
+                   # no per-rank log folders: the ranks report through out/ranks and torchrun's
+                   # summary, and without it each torchrun leaves a torchelastic_* folder in /tmp
+                   "--log-dir", os.devnull,
                    "-m", "day0.stages.collectives", "run", "--worker", "--settings", str(out / SETTINGS_FILE),
                    "--out-dir", str(out)]
             agents.procs.append(spawn(cluster.launcher, nd, cmd, cmd_env, logs[k], base,
