@@ -4,6 +4,7 @@ answers, its log kept in the run folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -333,6 +334,7 @@ class ServerEngine:
             signal_group(proc.pid, signal.SIGTERM)
         for _, proc, lp in procs:
             stop_process_group(proc, self.profile.engine.shutdown_timeout_s)
+            remove_file_stores(lp)
             scrub_log(lp, self.redactor)
         if self.rpc_dir is not None:  # every process is gone: nothing binds in it any more
             shutil.rmtree(self.rpc_dir, ignore_errors=True)
@@ -343,6 +345,28 @@ class ServerEngine:
         endpoint = self.endpoint
         return [endpoint.greedy(p, max_tokens)
                 for p in prompts]
+
+
+# vLLM's one-node rendezvous: a torch FileStore in the temp folder, named in the log as
+# "distributed_init_method=file:///tmp/vllm_dist_<32 hex>". Only an engine core that exits cleanly
+# removes it, and vLLM 0.32's SIGTERM shutdown force-kills the core.
+RENDEZVOUS_FILE = re.compile(r"distributed_init_method=file://(/\S*/vllm_dist_[0-9a-f]{32})(?![0-9a-f])")
+
+
+def remove_file_stores(log: Path) -> list[Path]:
+    """Remove the rendezvous files an engine's log names, once the engine is gone; what was removed.
+
+    Only a path the log names in vLLM's own pattern, so nothing else in the temp folder is touched.
+    """
+    if not log.is_file():
+        return []
+    removed = []
+    with log.open("r", encoding="utf-8", errors="replace") as fh:
+        for path in {Path(m.group(1)) for line in fh for m in RENDEZVOUS_FILE.finditer(line)}:
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove: a stop never fails on it
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def scrub_log(path: Path, redactor: Redactor) -> None:

@@ -24,7 +24,7 @@ from day0.core.record import EventLog, load, rebuild
 from day0.core.redact import REDACTED, Redactor, is_secret_key
 from day0.core.sockets import free_port
 from day0.engine.process import die_with_parent, stop_process_group
-from day0.engine.server import scrub_log
+from day0.engine.server import remove_file_stores, scrub_log
 from tests.support import REPO
 from tests.support.hostile import leaks
 
@@ -251,6 +251,7 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
     finally:
         stop_process_group(proc, 20)
         shutil.rmtree(rpc_dir, ignore_errors=True)
+        remove_file_stores(server_log)
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-6000:]
     rec = load(out / "latest" / "run.json")

@@ -7,12 +7,15 @@ One vLLM server (the cpu-tiny profile: the tiny model, ``enable_prefix_caching =
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from day0.client.workload import read_vocab
 from day0.config.latency import LatencySection
 from day0.config.profile import load_profile
 from day0.engine import ServerEngine, served_name
+from day0.engine.server import RENDEZVOUS_FILE
 from day0.model.tiny import cached_model
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.run import run_latency
@@ -69,10 +72,13 @@ def test_a_shared_prefix_workload_hits_what_it_shares_and_passes(live):
     assert check.value > 0.1  # the prefix (64 + nonce tokens: two 32-token blocks) was found
 
 
-def test_the_servers_ipc_sockets_are_bound_in_its_own_folder(live):
+def test_what_the_server_puts_in_the_temp_folder_is_where_its_stop_finds_it(live):
     """vLLM honours ``VLLM_RPC_BASE_PATH``: its sockets are in the folder the engine removes at its
-    stop (tests/engine/test_rpc_dir.py), not in /tmp, where its forced shutdown leaves them."""
+    stop, not in /tmp; and its log names the rendezvous file the stop removes
+    (tests/engine/test_temp_leftovers.py): vLLM's forced shutdown leaves both behind."""
     _, engine, _ = live
     assert engine.rpc_dir is not None
     sockets = [p for p in engine.rpc_dir.iterdir() if p.is_socket()]
     assert sockets, f"vLLM bound no socket in {engine.rpc_dir}"
+    named = {Path(m.group(1)) for m in RENDEZVOUS_FILE.finditer(engine.log_path.read_text(errors="replace"))}
+    assert len(named) == 1 and next(iter(named)).is_file(), f"{engine.log_path} names no rendezvous file: {named}"

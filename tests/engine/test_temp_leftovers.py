@@ -1,11 +1,11 @@
-"""vLLM's IPC sockets stay in a folder of the engine's own, gone once the engine stops.
+"""What a vLLM server leaves in the temp folder is gone once the engine stops.
 
-vLLM binds its ZMQ IPC sockets under ``VLLM_RPC_BASE_PATH`` (default: /tmp) and its SIGTERM
-shutdown force-kills the engine core, so each server stop left socket files in /tmp (3 per server
-with vLLM 0.32, counted on this box). The server process is the labelled fake of
-tests/support/fake_vllm.py, doing what vLLM does: it binds a Unix socket under the path and dies on
-SIGTERM without unlinking it. The live half (vLLM binds where day0 points it) is in
-tests/stages/latency/test_prefix_cache_live.py.
+vLLM 0.32's SIGTERM shutdown force-kills the engine core, so what only a clean exit removes stays:
+its ZMQ IPC sockets (under ``VLLM_RPC_BASE_PATH``, default /tmp; 3 per server, counted on this box)
+and its rendezvous file (``/tmp/vllm_dist_<hex>``, named in its log). The server process is the
+labelled fake of tests/support/fake_vllm.py, doing what vLLM does with its sockets: it binds one
+under the path and dies on SIGTERM without unlinking it. The live half (vLLM binds where day0
+points it, and names its rendezvous file in the log) is in tests/stages/latency/test_prefix_cache_live.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from day0.config.profile import load_profile
 from day0.engine.cluster.launchers import LocalLauncher, NetnsLauncher, Node, SrunLauncher, SshLauncher
 from day0.engine.cluster.nodes import Cluster
-from day0.engine.server import ServerEngine
+from day0.engine.server import ServerEngine, remove_file_stores
 from tests.support.fake_vllm import FAKE_SERVER
 
 
@@ -72,3 +72,30 @@ def test_only_nodes_on_this_host_get_a_folder_made_here(tmp_path, monkeypatch):
         if folder is not None:
             folder.rmdir()
     assert made == {"local": True, "netns": True, "srun": False, "srun of an emulated cluster": True, "ssh": False}
+
+
+def test_the_rendezvous_files_a_log_names_are_removed_and_nothing_else(tmp_path):
+    named = tmp_path / "vllm_dist_0123456789abcdef0123456789abcdef"
+    other = tmp_path / "vllm_dist_fedcba9876543210fedcba9876543210"  # another engine's, running
+    near = tmp_path / "vllm_dist_0123456789abcdef0123456789abcdef0"  # not vLLM's name: one digit more
+    for f in (named, other, near):
+        f.write_bytes(b"store")
+    log = tmp_path / "engine-server.log"
+    log.write_text(f"(EngineCore pid=1) INFO [worker.py:80] world_size=1 rank=0 local_rank=0 "
+                   f"distributed_init_method=file://{named} backend=gloo\n"
+                   f"distributed_init_method=file://{near} backend=gloo\n")
+    assert remove_file_stores(log) == [named]
+    assert not named.exists() and other.exists() and near.exists()
+    assert remove_file_stores(log) == []  # again: nothing left, no error
+    assert remove_file_stores(tmp_path / "no-such.log") == []
+
+
+def test_the_stop_removes_the_rendezvous_file_its_server_named(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, monkeypatch)
+    store = tmp_path / "vllm_dist_00000000000000000000000000000001"
+    store.write_bytes(b"store")
+    engine.start()
+    with engine.log_path.open("a") as fh:
+        fh.write(f"distributed_init_method=file://{store} backend=gloo\n")
+    engine.stop()
+    assert not store.exists()
