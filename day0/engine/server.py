@@ -179,11 +179,15 @@ class ServerEngine:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rpc_dir = self._own_rpc_dir()
         self._t0 = time.perf_counter()
-        if self.cluster:
-            host, port = self._start_nodes(model)
-        else:
-            host, port = "127.0.0.1", free_port()
-            self._start_local(model, port)
+        try:
+            if self.cluster:
+                host, port = self._start_nodes(model)
+            else:
+                host, port = "127.0.0.1", free_port()
+                self._start_local(model, port)
+        except BaseException:
+            self.stop()  # the nodes started before the one that failed, and the socket folder
+            raise
         self.info = EngineInfo(
             mode="server", view="http", model=model, served_model_name=served_name(self.profile),
             base_url=f"http://{host}:{port}", pid=self.proc.pid if self.proc else None,

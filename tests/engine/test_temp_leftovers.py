@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from day0.config.profile import load_profile
 from day0.engine.cluster.launchers import LocalLauncher, NetnsLauncher, Node, SrunLauncher, SshLauncher
 from day0.engine.cluster.nodes import Cluster
@@ -99,3 +101,14 @@ def test_the_stop_removes_the_rendezvous_file_its_server_named(tmp_path, monkeyp
         fh.write(f"distributed_init_method=file://{store} backend=gloo\n")
     engine.stop()
     assert not store.exists()
+
+
+def test_a_launch_that_fails_leaves_no_folder(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, monkeypatch)
+    monkeypatch.setattr(ServerEngine, "command", lambda self, model, port: [str(tmp_path / "no-such-python")])
+    made: list[Path] = []
+    own = ServerEngine._own_rpc_dir
+    monkeypatch.setattr(ServerEngine, "_own_rpc_dir", lambda self: made.append(own(self)) or made[-1])
+    with pytest.raises(OSError):
+        engine.launch()
+    assert len(made) == 1 and made[0] is not None and not made[0].exists() and engine.rpc_dir is None
