@@ -93,6 +93,10 @@ def cli_args(args: dict[str, Any]) -> list[str]:
     return out
 
 
+# A Unix socket's path holds 107 bytes (sun_path, its NUL aside); vLLM names each socket by a uuid4.
+_SOCKET_PATH_MAX, _SOCKET_NAME = 107, 36
+
+
 class ServerEngine:
     """vLLM's OpenAI server as a subprocess; the whole process group goes at stop().
 
@@ -165,7 +169,11 @@ class ServerEngine:
             return None
         if self.cluster is not None and not self.cluster.launcher.same_host:
             return None
-        return Path(tempfile.mkdtemp(prefix="day0-vllm-rpc-"))
+        folder = Path(tempfile.mkdtemp(prefix="day0-rpc-"))
+        if len(os.fsencode(folder)) + 1 + _SOCKET_NAME > _SOCKET_PATH_MAX:
+            folder.rmdir()  # a long $TMPDIR: vLLM could not bind there, so it binds where it would have
+            return None
+        return folder
 
     def start(self) -> EngineInfo:
         self.launch()

@@ -10,7 +10,9 @@ points it, and names its rendezvous file in the log) is in tests/stages/latency/
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,8 +52,7 @@ def test_the_servers_sockets_are_in_its_own_folder_and_the_stop_removes_what_the
 
 
 def test_a_path_the_user_set_is_kept(tmp_path, monkeypatch):
-    own = tmp_path / "mine"
-    own.mkdir()
+    own = Path(tempfile.mkdtemp(prefix="d0-"))  # short: tmp_path under xdist is too long for a socket's path
     engine = _engine(tmp_path, monkeypatch, env={"VLLM_RPC_BASE_PATH": str(own)})
     engine.start()
     try:
@@ -60,6 +61,21 @@ def test_a_path_the_user_set_is_kept(tmp_path, monkeypatch):
     finally:
         engine.stop()
     assert own.is_dir()  # never day0's to remove
+    shutil.rmtree(own)
+
+
+def test_a_temp_folder_too_long_for_a_sockets_path_is_left_to_vllm(tmp_path, monkeypatch):
+    usual = tempfile.gettempdir()
+    deep = tmp_path / ("t" * 60)  # + day0-rpc-XXXXXXXX/ + a uuid: past the 107 bytes of a socket's path
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    engine = _engine(tmp_path, monkeypatch)
+    assert engine._own_rpc_dir() is None
+    assert list(deep.iterdir()) == []
+    monkeypatch.setattr(tempfile, "tempdir", usual)
+    folder = engine._own_rpc_dir()
+    assert folder is not None
+    folder.rmdir()
 
 
 def test_only_nodes_on_this_host_get_a_folder_made_here(tmp_path, monkeypatch):
