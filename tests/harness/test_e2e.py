@@ -13,6 +13,8 @@ import pytest
 
 from day0.core.record import load
 from day0.engine import group_alive
+from day0.engine.server import RENDEZVOUS_FILE
+from day0.engine.vllm_cli import FOLDER_LINE
 from tests.support import REPO
 
 pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)
@@ -79,6 +81,10 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
     # at start-up (cpu-tiny's VLLM_ENABLE_V1_MULTIPROCESSING; docs/engine.md, "Start-up time")
     log = Path(engine["log_path"]).read_text()
     assert "(EngineCore" in log and "(Worker" not in log and "(VllmWorker" not in log, log[-2000:]
+    # nothing of the server's is left in the temp folder: its sockets' folder, its rendezvous file
+    # (docs/engine.md, "What a server leaves in the temp folder")
+    left = [Path(m.group(1)) for m in (*FOLDER_LINE.finditer(log), *RENDEZVOUS_FILE.finditer(log))]
+    assert len(left) == 2 and not [p for p in left if p.exists()], left
     assert "verdict:" in out and "run record:" in out
     # the report and the JUnit file are rendered from the record at the end of the session
     latest = tmp_path / "reports" / "latest"

@@ -49,7 +49,6 @@ class Node:
 
 class Launcher(Protocol):
     kind: str
-    same_host: bool  # every node it starts on is this host (shares its filesystem, /tmp included)
 
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
         """The command line that runs ``cmd`` on ``node`` with ``env`` added to its environment."""
@@ -62,7 +61,6 @@ class Launcher(Protocol):
 
 class LocalLauncher:
     kind = "local"
-    same_host = True
 
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
         return list(cmd)
@@ -76,7 +74,6 @@ class NetnsLauncher:
     environment and execs the command, so it stays the direct child and dies with the harness)."""
 
     kind = "netns"
-    same_host = True
 
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
         if not node.netns:
@@ -97,7 +94,6 @@ class SrunLauncher:
 
     def __init__(self, conf: str = "") -> None:
         self.conf = conf
-        self.same_host = bool(conf)  # the Slurm of an emulated cluster: its nodes are this host
 
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
         prefix = ["env", f"SLURM_CONF={self.conf}"] if self.conf else []
@@ -113,7 +109,6 @@ class SshLauncher:
     environment on the remote command line (ssh does not forward the local one)."""
 
     kind = "ssh"
-    same_host = False
 
     def __init__(self, cwd: Path | str | None = None, options: Sequence[str] = ("-o", "BatchMode=yes")) -> None:
         self.cwd = str(cwd or Path.cwd())

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_sta
 from day0.engine.cluster.nodes import ClusterError, open_cluster
 from day0.engine.multinode import node_commands, node_env
 from day0.engine.process import pid_alive, signal_group
+from day0.engine.vllm_cli import FOLDER_LINE
 from tests.support import REPO
 
 PY = sys.executable
@@ -406,3 +408,8 @@ def test_one_vllm_engine_across_two_emulated_nodes(tmp_path):
     finally:
         engines.stop()
     _assert_nothing_left()
+    # each node's socket folder: node0's went with its SIGTERM; node1's rank was SIGKILLed above,
+    # which nothing can clean up after, so the test removes what it caused
+    folders = {n: Path(FOLDER_LINE.search((tmp_path / f"engine-{n}.log").read_text()).group(1)) for n in ("node0", "node1")}
+    shutil.rmtree(folders["node1"], ignore_errors=True)
+    assert not folders["node0"].exists()

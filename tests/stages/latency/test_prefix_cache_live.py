@@ -16,6 +16,7 @@ from day0.config.latency import LatencySection
 from day0.config.profile import load_profile
 from day0.engine import ServerEngine, served_name
 from day0.engine.server import RENDEZVOUS_FILE
+from day0.engine.vllm_cli import FOLDER_LINE
 from day0.model.tiny import cached_model
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.run import run_latency
@@ -73,12 +74,14 @@ def test_a_shared_prefix_workload_hits_what_it_shares_and_passes(live):
 
 
 def test_what_the_server_puts_in_the_temp_folder_is_where_its_stop_finds_it(live):
-    """vLLM honours ``VLLM_RPC_BASE_PATH``: its sockets are in the folder the engine removes at its
-    stop, not in /tmp; and its log names the rendezvous file the stop removes
-    (tests/engine/test_temp_leftovers.py): vLLM's forced shutdown leaves both behind."""
+    """vLLM binds its sockets in the folder ``vllm_cli serve`` made and names in the log (removed as
+    the server exits), not in /tmp; and the log names the rendezvous file the stop removes
+    (tests/engine/test_temp_leftovers.py; after a whole run, tests/harness/test_e2e.py)."""
     _, engine, _ = live
-    assert engine.rpc_dir is not None
-    sockets = [p for p in engine.rpc_dir.iterdir() if p.is_socket()]
-    assert sockets, f"vLLM bound no socket in {engine.rpc_dir}"
-    named = {Path(m.group(1)) for m in RENDEZVOUS_FILE.finditer(engine.log_path.read_text(errors="replace"))}
+    log = engine.log_path.read_text(errors="replace")
+    folder = FOLDER_LINE.search(log)
+    assert folder, f"{engine.log_path} names no socket folder"
+    sockets = [p for p in Path(folder.group(1)).iterdir() if p.is_socket()]
+    assert sockets, f"vLLM bound no socket in {folder.group(1)}"
+    named = {Path(m.group(1)) for m in RENDEZVOUS_FILE.finditer(log)}
     assert len(named) == 1 and next(iter(named)).is_file(), f"{engine.log_path} names no rendezvous file: {named}"
