@@ -24,6 +24,7 @@ from day0.config.topology import EmulateSection
 from day0.core.sockets import namespace_connections
 from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers
 from day0.engine.server import cli_args
+from day0.engine.vllm_cli import FOLDER_LINE
 from day0.model.locate import resolve_model
 from tests.support import REPO
 
@@ -200,6 +201,10 @@ def test_sbatch_runs_the_recipe_across_the_nodes_and_the_run_is_accepted(slurm_c
     assert checks["collectives.transport.inter_node"]["status"] == "pass"
     engine_log = next((tmp_path / "out").glob("vllm-*.log")).read_text(errors="replace")
     assert "headless multiproc executor, with head node address node0:" in engine_log  # Slurm's name for it
+    # stopped the way vLLM cleans up after itself (SIGTERM to the step's tasks, not to srun): each
+    # node's socket folder is gone
+    folders = [Path(m.group(1)) for m in FOLDER_LINE.finditer(engine_log)]
+    assert len(folders) == 2 and not [f for f in folders if f.exists()], folders
     assert seen, "no TCP connection from node1's vLLM ranks to node0 while the engine served"
     print(f"real Slurm recipe: ACCEPTED in {wall:.0f} s wall (sbatch to job end)")
     assert_nodes_empty(cluster)
