@@ -23,7 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
 _version = md.version
@@ -47,7 +47,7 @@ md.version = _lookup  # at import: vLLM's spawned workers import this module aga
 
 
 @contextlib.contextmanager
-def own_rpc_folder(environ: dict[str, str]) -> Iterator[Path | None]:
+def own_rpc_folder(environ: MutableMapping[str, str]) -> Iterator[Path | None]:
     """``VLLM_RPC_BASE_PATH`` in ``environ`` (the process's own, which its engine core and workers
     inherit) set to a new folder for the duration, then the folder removed with what is in it.
 
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> None:
     from vllm.entrypoints.cli.main import main as vllm_main
 
     if argv[:1] == ["serve"]:
-        with own_rpc_folder(os.environ):  # type: ignore[arg-type]
+        with own_rpc_folder(os.environ):
             vllm_main()
     else:
         vllm_main()
