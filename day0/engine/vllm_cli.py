@@ -11,27 +11,22 @@ serve`` with it:
     .venv/bin/python -m day0.engine.vllm_cli bench serve --backend openai --base-url URL ...
 
 ``serve`` binds vLLM's ZMQ IPC sockets in a folder of its own, made on the node it runs on and
-removed as it exits (:func:`own_rpc_folder`).
+removed as it exits (:func:`day0.engine.rpc_folder.own_rpc_folder`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata as md
 import os
-import re
 import shutil
+import signal
 import sys
-import tempfile
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable
 from pathlib import Path
 
+from day0.engine.rpc_folder import own_rpc_folder
+
 _version = md.version
-# A Unix socket's path holds 107 bytes (sun_path, its NUL aside); vLLM names each socket by a uuid4.
-_SOCKET_PATH_MAX, _SOCKET_NAME = 107, 36
-# The server log's line naming the folder, so a person (and a test) can see where they went.
-FOLDER_NOTE = "day0: vLLM's IPC sockets go in {folder}, removed as this process exits"
-FOLDER_LINE = re.compile(re.escape(FOLDER_NOTE).replace(re.escape("{folder}"), r"(\S+)"))
 
 
 def _lookup(name: str) -> str:
@@ -43,46 +38,36 @@ def _lookup(name: str) -> str:
     return _version(name)
 
 
-md.version = _lookup  # at import: vLLM's spawned workers import this module again, as __mp_main__
+# Only in the program and in the workers vLLM spawns from it (which import it again as
+# __mp_main__): a process that merely imports this module keeps its own importlib.metadata.
+if __name__ in ("__main__", "__mp_main__"):
+    md.version = _lookup
 
 
-@contextlib.contextmanager
-def own_rpc_folder(environ: MutableMapping[str, str]) -> Iterator[Path | None]:
-    """``VLLM_RPC_BASE_PATH`` in ``environ`` (the process's own, which its engine core and workers
-    inherit) set to a new folder for the duration, then the folder removed with what is in it.
-
-    vLLM binds its IPC sockets there (default: the temp folder), and its SIGTERM shutdown
-    force-kills the engine core, so the socket files outlived every server (3 per server with
-    vLLM 0.32; 294 in /tmp after a day of this project's tests). vLLM turns SIGTERM into a return
-    (the API server) or ``SystemExit`` (a headless rank), so the folder goes with any stop short of
-    SIGKILL, on whichever node the rank runs. Left as it is where the user set the path, or where the
-    temp folder's path is so long that a socket's path in a new folder would not fit.
-    """
-    if environ.get("VLLM_RPC_BASE_PATH"):
-        yield None
-        return
-    folder = Path(tempfile.mkdtemp(prefix="day0-rpc-"))
-    if len(os.fsencode(folder)) + 1 + _SOCKET_NAME > _SOCKET_PATH_MAX:
-        folder.rmdir()
-        yield None
-        return
-    environ["VLLM_RPC_BASE_PATH"] = str(folder)
-    print(FOLDER_NOTE.format(folder=folder), file=sys.stderr, flush=True)
-    try:
-        yield folder
-    finally:
-        environ.pop("VLLM_RPC_BASE_PATH", None)
+def _remove_then_die(folder: Path) -> Callable[[int, object], None]:
+    """A SIGTERM handler for vLLM's start-up: remove the folder, then die of the signal as the
+    default would have. vLLM installs its own handler only after seconds of imports and engine
+    start-up, and a stop in between (the deadline of a start that hangs) ends the process where no
+    ``finally`` runs."""
+    def handler(signum: int, frame: object) -> None:
         shutil.rmtree(folder, ignore_errors=True)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    return handler
 
 
 def main(argv: list[str]) -> None:
     sys.argv = ["vllm", *argv]
-    from vllm.entrypoints.cli.main import main as vllm_main
+    if argv[:1] != ["serve"]:
+        from vllm.entrypoints.cli.main import main as vllm_main
 
-    if argv[:1] == ["serve"]:
-        with own_rpc_folder(os.environ):
-            vllm_main()
-    else:
+        vllm_main()
+        return
+    with own_rpc_folder(os.environ) as folder:
+        if folder is not None:
+            signal.signal(signal.SIGTERM, _remove_then_die(folder))
+        from vllm.entrypoints.cli.main import main as vllm_main
+
         vllm_main()
 
 

@@ -12,6 +12,7 @@ tests/harness/test_e2e.py; the server process here is the labelled fake of tests
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +25,8 @@ from day0.config.profile import load_profile
 from day0.engine import server as server_mod
 from day0.engine.cluster.launchers import LocalLauncher, Node
 from day0.engine.cluster.nodes import Cluster
+from day0.engine.rpc_folder import FOLDER_LINE, own_rpc_folder
 from day0.engine.server import ServerEngine, remove_file_stores
-from day0.engine.vllm_cli import FOLDER_LINE, own_rpc_folder
 from tests.support.fake_vllm import FAKE_SERVER
 
 
@@ -70,6 +71,26 @@ def test_serve_runs_vllm_inside_the_folder_and_other_commands_outside_it(tmp_pat
     assert f"bind: {folder} ['serve', 'm']" in served.stdout and not Path(folder).exists()
     bench = subprocess.run([sys.executable, "-c", probe, "bench", "serve"], capture_output=True, text=True, timeout=120, env=env)
     assert "bind: None ['bench', 'serve']" in bench.stdout and not FOLDER_LINE.search(bench.stderr)
+
+
+def test_a_stop_before_vllm_has_a_handler_of_its_own_removes_the_folder_and_dies_of_the_signal():
+    """vLLM installs its SIGTERM handler only after its imports: a stop before that must not leave
+    the folder, and must end the process as SIGTERM's default does."""
+    probe = ("import os, sys, time, vllm.entrypoints.cli.main as m; "
+             "m.main = lambda: (print('bind:', os.environ['VLLM_RPC_BASE_PATH'], flush=True), time.sleep(60)); "
+             "from day0.engine.vllm_cli import main; main(sys.argv[1:])")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
+    proc = subprocess.Popen([sys.executable, "-c", probe, "serve", "m"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        folder = Path(line.split()[1])
+        assert line.startswith("bind:") and folder.is_dir()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM and not folder.exists()
 
 
 def test_the_rendezvous_files_a_log_names_are_removed_and_nothing_else(tmp_path):

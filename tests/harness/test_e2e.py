@@ -13,8 +13,8 @@ import pytest
 
 from day0.core.record import load
 from day0.engine import group_alive
+from day0.engine.rpc_folder import FOLDER_LINE
 from day0.engine.server import RENDEZVOUS_FILE
-from day0.engine.vllm_cli import FOLDER_LINE
 from tests.support import REPO
 
 pytestmark = pytest.mark.engine  # starts vLLM: one such test at a time under xdist (tests/conftest.py)

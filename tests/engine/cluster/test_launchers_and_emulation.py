@@ -35,7 +35,7 @@ from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_sta
 from day0.engine.cluster.nodes import ClusterError, open_cluster
 from day0.engine.multinode import node_commands, node_env
 from day0.engine.process import pid_alive, signal_group
-from day0.engine.vllm_cli import FOLDER_LINE
+from day0.engine.rpc_folder import FOLDER_LINE
 from tests.support import REPO
 
 PY = sys.executable

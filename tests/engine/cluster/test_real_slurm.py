@@ -23,8 +23,8 @@ from day0.config.profile import load_profile
 from day0.config.topology import EmulateSection
 from day0.core.sockets import namespace_connections
 from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers
+from day0.engine.rpc_folder import FOLDER_LINE
 from day0.engine.server import cli_args
-from day0.engine.vllm_cli import FOLDER_LINE
 from day0.model.locate import resolve_model
 from tests.support import REPO
 

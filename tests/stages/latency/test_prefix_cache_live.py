@@ -15,8 +15,8 @@ from day0.client.workload import read_vocab
 from day0.config.latency import LatencySection
 from day0.config.profile import load_profile
 from day0.engine import ServerEngine, served_name
+from day0.engine.rpc_folder import FOLDER_LINE
 from day0.engine.server import RENDEZVOUS_FILE
-from day0.engine.vllm_cli import FOLDER_LINE
 from day0.model.tiny import cached_model
 from day0.stages.latency.checks import latency_checks
 from day0.stages.latency.run import run_latency
