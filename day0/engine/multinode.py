@@ -29,10 +29,16 @@ class NodeCommand:
     env: dict[str, str]
 
 
-def rendezvous_port(profile: Profile) -> int:
-    """The port vLLM's ranks meet on at node0. On emulated nodes every namespace has its own ports,
-    so any one is free; on real nodes the topology names it (a firewall usually decides)."""
-    return profile.topology.master_port or random.randint(20000, 29999)
+def node0_ports(profile: Profile) -> tuple[int, int]:
+    """(HTTP port, the port vLLM's ranks meet on) at node0. On emulated nodes every namespace has
+    its own ports, so any one is free; on real nodes the topology names the rendezvous port (a
+    firewall usually decides). Neither is the port after the rendezvous port: the collectives
+    stage meets there (:func:`day0.stages.collectives.multinode.collectives_port`)."""
+    master = profile.topology.master_port or random.randint(20000, 29999)
+    http = random.randint(20000, 29999)
+    while http in (master, master + 1):
+        http = random.randint(20000, 29999)
+    return http, master
 
 
 def node_commands(profile: Profile, cluster: Cluster, model: str, port: int, master_port: int,

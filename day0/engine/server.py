@@ -26,7 +26,7 @@ from day0.engine.cluster.nodes import Cluster
 from day0.engine.endpoint import Endpoint, api_key
 from day0.engine.handle import Completion, EngineError, EngineInfo, Log, served_name
 from day0.engine.loaded import expert_placement
-from day0.engine.multinode import cross_node_connections, engine_cli_args, node_commands, rendezvous_port
+from day0.engine.multinode import cross_node_connections, engine_cli_args, node0_ports, node_commands
 from day0.engine.process import die_with_parent, signal_group, stop_process_group
 from day0.engine.rootcause import excerpt, root_cause
 from day0.model.locate import local_model_dir, resolve_model
@@ -206,9 +206,7 @@ class ServerEngine:
     def _start_nodes(self, model: str) -> tuple[str, int]:
         """Rank 0 (HTTP) on node0 and headless ranks on the others, each through the launcher."""
         assert self.cluster is not None
-        port, master_port = rendezvous_port(self.profile), rendezvous_port(self.profile)
-        while master_port == port:
-            master_port = rendezvous_port(self.profile)
+        port, master_port = node0_ports(self.profile)
         cmds = node_commands(self.profile, self.cluster, model, port, master_port, cli_args(self._args()),
                              served_name(self.profile))
         node0 = self.cluster.nodes[0]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from day0.stages.collectives import (
+    collectives_port,
     engine_cross_node_check,
     links_check,
     load_result,
@@ -39,7 +40,7 @@ def sweep(settings, day0_profile, day0_session, day0_repeat):
         cluster = day0_session.engines.cluster()
         if cluster.multi_node:
             return run_cluster(settings, cluster, out, devices_per_node=topology.devices_per_node,
-                               master_port=topology.master_port)
+                               master_port=collectives_port(topology.master_port))
     return run_local(settings, settings.world_size, out)
 
 

@@ -29,7 +29,7 @@ from day0.stages.collectives.exact import ExactPattern
 from day0.stages.collectives.faults import diagnose
 from day0.stages.collectives.launcher import run_local
 from day0.stages.collectives.links import links_check
-from day0.stages.collectives.multinode import run_cluster
+from day0.stages.collectives.multinode import collectives_port, run_cluster
 from day0.stages.collectives.nccl_tests import import_nccl_tests
 from day0.stages.collectives.rank_env import RankEnv
 from day0.stages.collectives.result import CollectivesResult, RankState, load_result, nccl_log_text
@@ -48,6 +48,7 @@ __all__ = [
     "SettingsError",
     "add_cli",
     "coerce_settings",
+    "collectives_port",
     "diagnose",
     "engine_cross_node_check",
     "free_port",

@@ -114,6 +114,13 @@ class _ClusterRank(_Rank):
                     pass
 
 
+def collectives_port(engine_master_port: int) -> int:
+    """Where the collectives' ranks meet on node0 when the topology names vLLM's rendezvous port:
+    the port after it. vLLM's ranks hold theirs while the engine serves, and the collectives run
+    beside it; 0 (none named) leaves the choice to :func:`run_cluster`."""
+    return engine_master_port + 1 if engine_master_port else 0
+
+
 def run_cluster(settings: CollectivesSection | Mapping[str, Any] | None, cluster: Any, out_dir: Path | str, *,
                 devices_per_node: int = 1, master_port: int = 0, env: Mapping[str, str] | None = None,
                 poll_s: float = 0.05) -> CollectivesResult:

@@ -33,9 +33,10 @@ from day0.engine.cluster.launchers import (
 )
 from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_stale
 from day0.engine.cluster.nodes import ClusterError, open_cluster
-from day0.engine.multinode import node_commands, node_env
+from day0.engine.multinode import node0_ports, node_commands, node_env
 from day0.engine.process import pid_alive, signal_group
 from day0.engine.rpc_folder import FOLDER_LINE
+from day0.stages.collectives import collectives_port
 from tests.support import REPO
 
 PY = sys.executable
@@ -413,3 +414,17 @@ def test_one_vllm_engine_across_two_emulated_nodes(tmp_path):
     folders = {n: Path(FOLDER_LINE.search((tmp_path / f"engine-{n}.log").read_text()).group(1)) for n in ("node0", "node1")}
     shutil.rmtree(folders["node1"], ignore_errors=True)
     assert not folders["node0"].exists()
+
+
+def test_a_named_rendezvous_port_is_vllms_and_the_collectives_meet_on_the_next():
+    """With ``topology.master_port`` set the engine's start looped forever (its HTTP port was drawn
+    from the same setting until the two differed), and the collectives took the very port vLLM's
+    ranks hold while the engine serves beside them."""
+    profile = load_profile("cpu-2node", overrides={"topology": {"master_port": 29611}})
+    for _ in range(200):
+        http, master = node0_ports(profile)
+        assert master == 29611 and http not in (29611, 29612) and 20000 <= http <= 29999
+    assert collectives_port(profile.topology.master_port) == 29612
+    assert collectives_port(0) == 0  # none named: run_cluster picks
+    drawn = node0_ports(load_profile("cpu-2node"))
+    assert drawn[0] != drawn[1]
