@@ -16,6 +16,7 @@ removed as it exits (:func:`day0.engine.rpc_folder.own_rpc_folder`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import shutil
@@ -58,12 +59,8 @@ def _remove_then_die(folder: Path) -> Callable[[int, object], None]:
 
 def main(argv: list[str]) -> None:
     sys.argv = ["vllm", *argv]
-    if argv[:1] != ["serve"]:
-        from vllm.entrypoints.cli.main import main as vllm_main
-
-        vllm_main()
-        return
-    with own_rpc_folder(os.environ) as folder:
+    serving = argv[:1] == ["serve"]
+    with own_rpc_folder(os.environ) if serving else contextlib.nullcontext() as folder:
         if folder is not None:
             signal.signal(signal.SIGTERM, _remove_then_die(folder))
         from vllm.entrypoints.cli.main import main as vllm_main

@@ -7,12 +7,11 @@ then every file under the run's output folder is read back byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.request
@@ -24,6 +23,7 @@ from day0.core.record import EventLog, load, rebuild
 from day0.core.redact import REDACTED, Redactor, is_secret_key
 from day0.core.sockets import free_port
 from day0.engine.process import die_with_parent, stop_process_group
+from day0.engine.rpc_folder import own_rpc_folder
 from day0.engine.server import remove_file_stores, scrub_log
 from tests.support import REPO
 from tests.support.hostile import leaks
@@ -179,7 +179,7 @@ def test_canaries_reach_no_file_of_a_run(tmp_path):
 # --------------------------------------------------------------------------- a keyed deployment, end to end
 
 
-def _start_keyed_server(model_dir: Path, port: int, log: Path, rpc_dir: Path) -> subprocess.Popen[bytes]:
+def _start_keyed_server(model_dir: Path, port: int, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """vLLM's server as a site runs it, by hand, with ``--api-key``: the deployment under test."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", "day0-tiny", "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
@@ -188,8 +188,6 @@ def _start_keyed_server(model_dir: Path, port: int, log: Path, rpc_dir: Path) ->
            # served for agents, as cpu-tiny's own server is (the agents stage's requests carry the key too)
            "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
-    # its IPC sockets in a folder of its own, not in /tmp, where vLLM's forced shutdown leaves them (docs/engine.md)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_RPC_BASE_PATH": str(rpc_dir)}
     with log.open("wb") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=die_with_parent)
@@ -220,8 +218,12 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server_log = tmp_path / "keyed-server.log"
-    rpc_dir = Path(tempfile.mkdtemp(prefix="day0-keyed-rpc-"))  # short: a socket's path has 107 bytes at most
-    proc = _start_keyed_server(model_dir, port, server_log, rpc_dir)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # its IPC sockets in a folder of its own, as day0's servers have (docs/engine.md), not in /tmp
+    # where vLLM's forced shutdown leaves them
+    rpc = contextlib.ExitStack()
+    rpc.enter_context(own_rpc_folder(env))
+    proc = _start_keyed_server(model_dir, port, server_log, env)
     try:
         _wait_healthy(url, proc, server_log)
         req = urllib.request.Request(url + "/v1/models")
@@ -250,7 +252,7 @@ def test_external_mode_against_a_keyed_server_is_accepted(tmp_path):
             cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**os.environ, "VLLM_API_KEY": KEY})
     finally:
         stop_process_group(proc, 20)
-        shutil.rmtree(rpc_dir, ignore_errors=True)
+        rpc.close()
         remove_file_stores(server_log)
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-6000:]
