@@ -98,7 +98,7 @@ class TopologySection(Section):
     hosts: list[str] = Field([], description="ssh: the nodes' host names, node0 first (srun reads Slurm's list)")
     socket_ifname: str = Field("", description="the interface torch/gloo and vLLM bind on every node "
                                                "(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); emulated nodes set their own")
-    master_port: int = Field(0, ge=0, le=65535,
+    master_port: int = Field(0, ge=0, le=65534,  # the collectives take the next port, itself a port
                              description="the port vLLM's ranks meet on at node0 (0: a free one); "
                                          "the collectives stage meets on the port after it")
     emulate: Optional[EmulateSection] = None

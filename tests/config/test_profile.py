@@ -74,6 +74,7 @@ def test_extends_a_relative_file_and_detects_cycles(tmp_path):
         ('[engine]\nmode = "external"\n', "engine.url: required when mode"),
         ('[model]\nsource = "path"\n', "model.path: required when source"),
         ('[topology]\nnodes = 0\n', "topology.nodes:"),
+        ('[topology]\nmaster_port = 65535\n', "topology.master_port:"),  # the collectives' would be 65536
         ('[topology]\nintra_node = "nvl"\n', "topology.intra_node: expected 'shm', 'pcie' or 'nvlink'"),
         ("[kvcache]\nfragmentation_limit = 5\n", "kvcache.fragmentation_limit:"),
         ('[report]\nsignatories = [{name = "A"}]\n', "report.signatories.0.role: required value missing"),
