@@ -85,8 +85,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        namespaces, links = day0_leftovers()
+    except EmulationError as exc:  # no iproute2: one line, as `up` says it
+        Terminal().print(f"day0: blocked: {exc}", err=True)
+        return 2
     clusters = _known()
-    namespaces, links = day0_leftovers()
     known_ns = {nd["netns"] for c in clusters for nd in c["nodes"]}  # type: ignore[index]
     orphans = [ns for ns in namespaces if ns not in known_ns]
     term = Terminal()
@@ -108,8 +112,15 @@ def cmd_down(args: argparse.Namespace) -> int:
     if not args.cid and not args.all:
         term.print("day0: cluster down: name a cluster id (see `day0 cluster status`) or --all", err=True)
         return 2
-    targets = sorted(cluster_ids()) if args.all else [args.cid]
-    removed = [cid for cid in targets if teardown_cid(cid)]
+    try:
+        targets = sorted(cluster_ids()) if args.all else [args.cid]
+        removed = [cid for cid in targets if teardown_cid(cid)]
+    except EmulationBlocked as exc:
+        term.print(f"day0: blocked: {exc}", err=True)
+        return 2
+    except EmulationError as exc:
+        term.print(f"day0: {exc}", err=True)
+        return 1
     if not removed:
         term.print("nothing to remove" if args.all else f"day0: no cluster {args.cid!r} on this host", err=True)
         return 1

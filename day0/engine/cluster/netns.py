@@ -39,6 +39,7 @@ from day0.engine.cluster.scheduler import SchedulerError, SlurmCluster, SlurmNod
 NETNS_PREFIX = "day0-"
 STATE_DIR = Path("/run/day0-clusters")
 NODE_IFNAME = "veth0"
+_CID = re.compile(r"[0-9a-z]{1,8}")  # a cluster id: the owner's pid and a letter, or a hand-made cluster's
 _NETNS = re.compile(r"^day0-(?P<cid>[0-9a-z]{1,8})-node(?P<i>\d+)$")
 _LINK = re.compile(r"^d0(?:b(?P<bcid>[0-9a-z]{1,8})|(?P<vcid>[0-9a-z]{1,8})n\d+)$")
 
@@ -185,14 +186,14 @@ class EmulatedCluster:
 
     def _save(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
-        path = STATE_DIR / f"{self.cid}.json"
+        path = state_file(self.cid)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=1), encoding="utf-8")
         tmp.replace(path)
 
     @classmethod
     def load(cls, cid: str) -> "EmulatedCluster":
-        data = json.loads((STATE_DIR / f"{cid}.json").read_text(encoding="utf-8"))
+        data = json.loads(state_file(cid).read_text(encoding="utf-8"))
         data["nodes"] = [EmulatedNode(**nd) for nd in data["nodes"]]
         return cls(**data)
 
@@ -224,7 +225,16 @@ class EmulatedCluster:
 
 
 def cluster_folder(cid: str) -> Path:
+    """The cluster's own folder. The one place a cluster id becomes a path, so the id is checked
+    here: `day0 cluster down` takes it from the command line, runs as root, and removes the folder
+    (``/``, ``.`` or ``../x`` would have been removed)."""
+    if not _CID.fullmatch(cid):
+        raise ValueError(f"cluster id {cid!r}: not a day0 cluster's (1-8 of 0-9 and a-z; `day0 cluster status` lists them)")
     return STATE_DIR / cid
+
+
+def state_file(cid: str) -> Path:
+    return cluster_folder(cid).with_name(f"{cid}.json")
 
 
 def teardown(cid: str, namespaces: Sequence[str], links: Sequence[str]) -> None:
@@ -242,7 +252,7 @@ def teardown(cid: str, namespaces: Sequence[str], links: Sequence[str]) -> None:
         if link in present:
             _ip("ip", "link", "del", link, check=False)
     with contextlib.suppress(OSError):
-        (STATE_DIR / f"{cid}.json").unlink()
+        state_file(cid).unlink()
     shutil.rmtree(cluster_folder(cid), ignore_errors=True)
 
 
@@ -303,13 +313,25 @@ def _owner_alive(cid: str) -> bool:
 
 
 def teardown_cid(cid: str) -> bool:
-    """Remove everything of cluster ``cid`` found by name, state file or not; True when something was there."""
-    namespaces, links = day0_leftovers()
-    ns = [n for n in namespaces if _NETNS.match(n)["cid"] == cid]  # type: ignore[index]
-    ln = [x for x in links if _link_cid(x) == cid]
-    had_files = cluster_folder(cid).exists()
+    """Remove everything of cluster ``cid`` found by name, state file or not; True when something was
+    there. What is still there afterwards (``ip`` refused: not root) raises, named: the removal is
+    idempotent and quiet, so only a second look can tell "removed" from "tried"."""
+    files = (cluster_folder(cid), state_file(cid))  # first: an id that is not one is refused before any `ip`
+    ns, ln = _cluster_parts(cid)
+    had_files = any(p.exists() for p in files)
     teardown(cid, ns, ln)
+    ns_left, ln_left = _cluster_parts(cid)
+    left = [*ns_left, *ln_left, *(str(p) for p in files if p.exists())]
+    if left:
+        raise EmulationError(f"cluster {cid}: still there after its removal: {', '.join(left)} (is this root?)")
     return bool(ns or ln or had_files)
+
+
+def _cluster_parts(cid: str) -> tuple[list[str], list[str]]:
+    """The namespaces and host links of cluster ``cid`` that exist now."""
+    namespaces, links = day0_leftovers()
+    return ([n for n in namespaces if _NETNS.match(n)["cid"] == cid],  # type: ignore[index]
+            [x for x in links if _link_cid(x) == cid])
 
 
 def _link_cid(name: str) -> str:
@@ -322,8 +344,8 @@ def cluster_ids() -> set[str]:
     namespaces, links = day0_leftovers()
     cids = {_NETNS.match(ns)["cid"] for ns in namespaces} | {_link_cid(ln) for ln in links}  # type: ignore[index]
     if STATE_DIR.is_dir():
-        cids |= {p.stem for p in STATE_DIR.glob("*.json")}
-        cids |= {p.name for p in STATE_DIR.iterdir() if p.is_dir() and re.fullmatch(r"[0-9a-z]{1,8}", p.name)}
+        cids |= {p.stem for p in STATE_DIR.glob("*.json") if _CID.fullmatch(p.stem)}
+        cids |= {p.name for p in STATE_DIR.iterdir() if p.is_dir() and _CID.fullmatch(p.name)}
     return cids
 
 
@@ -331,7 +353,10 @@ def sweep_stale(log: Log = lambda m: None) -> list[str]:
     """Remove the namespaces, links and state files of clusters whose owning run is dead."""
     gone = [cid for cid in sorted(cluster_ids()) if not _owner_alive(cid)]
     for cid in gone:
-        teardown_cid(cid)
+        try:
+            teardown_cid(cid)
+        except EmulationError as exc:  # another run's leftovers must not stop this one; said, not hidden
+            log(str(exc))
     if gone:
         log(f"removed emulated clusters left by runs that are gone: {', '.join(gone)}")
     return gone

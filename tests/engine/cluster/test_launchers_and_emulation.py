@@ -375,6 +375,46 @@ def test_cluster_cli_up_status_down(tmp_path):
     _assert_nothing_left(cid)
 
 
+@pytest.mark.parametrize("cid", ["/", ".", "..", "VICTIM", "abc/../.."])
+def test_cluster_down_refuses_what_is_not_a_cluster_id_before_it_removes_anything(tmp_path, cid):
+    """The id becomes a path under /run/day0-clusters, removed as root: an absolute path, ``.`` or a
+    climb out of it would have been removed whole (``.``: every cluster's state)."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    proc = subprocess.run([PY, "-m", "day0.cli", "cluster", "down", cid.replace("VICTIM", str(victim))],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "not a day0 cluster's" in proc.stderr, proc.stderr
+    assert (victim / "keep").exists()
+
+
+def test_cluster_status_and_down_without_iproute2_are_one_line(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    for args in (["status"], ["down", "--all"]):
+        proc = subprocess.run([PY, "-m", "day0.cli", "cluster", *args], capture_output=True, text=True, cwd=REPO,
+                              timeout=60, env={**os.environ, "PATH": str(empty)})
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("day0: blocked: ip not found") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_removal_that_left_something_says_what_and_a_sweep_goes_on(monkeypatch):
+    """A labelled fake: `ip` that deletes nothing (as for a user without CAP_NET_ADMIN, whose
+    `ip ... del` fails quietly). `down` must not print "removed"; a run's sweep logs it and goes on."""
+    from day0.engine.cluster import netns
+
+    monkeypatch.setattr(netns, "day0_leftovers", lambda: (["day0-4242-node0"], ["d0b4242"]))
+    monkeypatch.setattr(netns, "teardown", lambda cid, ns, ln: None)
+    monkeypatch.setattr(netns, "_owner_alive", lambda cid: False)
+    with pytest.raises(netns.EmulationError, match=r"^cluster 4242: still there after its removal: "
+                                                   r"day0-4242-node0, d0b4242 \(is this root\?\)$"):
+        netns.teardown_cid("4242")
+    said: list[str] = []
+    assert netns.sweep_stale(said.append) == ["4242"]
+    assert said[0].startswith("cluster 4242: still there")
+
+
 def test_the_two_node_preset_is_tp2_across_two_emulated_nodes():
     p = load_profile("cpu-2node")
     assert p.topology.nodes == 2 and p.topology.emulate is not None and p.engine.args["tensor_parallel_size"] == 2
