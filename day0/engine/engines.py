@@ -109,8 +109,9 @@ class Engines:
             except EngineError as exc:
                 self._errors[view] = exc
                 raise
-            except KeyboardInterrupt:
-                engine.stop()
+            except BaseException:  # an interrupt, or a fault of day0's own: nothing of the engine stays up
+                with contextlib.suppress(Exception):
+                    engine.stop()
                 raise
             self._engines[view] = engine
             if self.on_start:

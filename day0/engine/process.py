@@ -27,7 +27,8 @@ def signal_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the group, wait, then SIGKILL whatever is left of it.
+    """SIGTERM the group, wait, then SIGKILL whatever is left of it: ``grace_s`` in all, for the
+    leader and the rest of its group together.
 
     A second Ctrl-C or SIGTERM during the grace period (an impatient user, a CI runner's second
     signal) cuts the grace short but never the kill: a vLLM server still starting up ignores
@@ -35,13 +36,13 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     """
     pgid = proc.pid
     interrupted: BaseException | None = None
+    deadline = time.monotonic() + grace_s
     signal_group(pgid, signal.SIGTERM)
     try:
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + grace_s
         while group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
     except KeyboardInterrupt as exc:

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -311,14 +312,26 @@ class ServerEngine:
         return ""
 
     def stop(self) -> None:
-        """Every node's process group: SIGTERM to all first (ranks shut down together), then each is waited for."""
+        """Every node's process group: SIGTERM to all first (ranks shut down together), then each is
+        waited for, ``engine.shutdown_timeout_s`` in all, not per node. Whatever stops one node (a
+        second Ctrl-C, a log that cannot be rewritten) is raised only once every node is stopped:
+        a rank left running holds its devices and the rendezvous port."""
         procs, self.procs = self.procs, []
         for _, proc, _ in procs[1:]:
             signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.profile.engine.shutdown_timeout_s
+        first: BaseException | None = None
         for _, proc, lp in procs:
-            stop_process_group(proc, self.profile.engine.shutdown_timeout_s)
-            remove_file_stores(lp)
-            scrub_log(lp, self.redactor)
+            hurry = isinstance(first, KeyboardInterrupt)  # the user asked twice: no more grace, still the kill
+            grace = 0.0 if hurry else max(0.0, deadline - time.monotonic())
+            for step in (partial(stop_process_group, proc, grace), partial(remove_file_stores, lp),
+                         partial(scrub_log, lp, self.redactor)):
+                try:
+                    step()
+                except BaseException as exc:  # noqa: BLE001 (raised below, once the other nodes are stopped)
+                    first = first or exc
+        if first is not None:
+            raise first
 
     def greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
         assert self.endpoint is not None, "greedy() before start()"

@@ -136,6 +136,68 @@ def test_a_second_interrupt_cuts_the_grace_short_but_never_the_kill():
     assert elapsed < 30  # the 60 s grace was cut short
 
 
+def test_the_grace_is_one_period_for_the_leader_and_its_group_together(monkeypatch):
+    """A server that ignores SIGTERM gets ``grace_s`` in all before the SIGKILL, not ``grace_s`` for
+    its leader and as much again for the rest of its group. A labelled fake: a clock that the waits
+    advance instead of sleeping, and a group that never leaves."""
+    from types import SimpleNamespace
+
+    from day0.engine import process
+
+    clock = [0.0]
+    killed_at: list[float] = []
+
+    def advance(s: float) -> None:
+        clock[0] += s
+
+    class Hung:
+        pid = 4242
+
+        def wait(self, timeout: float | None = None) -> int:
+            advance(timeout or 0.0)
+            raise subprocess.TimeoutExpired("hung", timeout or 0.0)
+
+    monkeypatch.setattr(process, "time", SimpleNamespace(monotonic=lambda: clock[0], sleep=advance))
+    monkeypatch.setattr(process, "group_alive", lambda pgid: True)
+    monkeypatch.setattr(process, "signal_group", lambda pgid, sig=signal.SIGKILL: None)
+    monkeypatch.setattr(process, "_kill_group", lambda proc, pgid: killed_at.append(clock[0]))
+    process.stop_process_group(Hung(), grace_s=30.0)  # type: ignore[arg-type]
+    assert killed_at == [pytest.approx(30.0, abs=0.5)]
+
+
+def test_a_second_interrupt_while_one_node_stops_still_kills_every_node(tmp_path):
+    """Two nodes that ignore SIGTERM, a Ctrl-C during the first one's grace: the interrupt comes out
+    of stop() only once both groups are gone (a rank left running holds its devices and the
+    rendezvous port), and the second node gets no grace of its own."""
+    from day0.config.profile import load_profile
+    from day0.engine.server import ServerEngine
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    profile = load_profile("cpu-tiny", overrides={"engine": {"shutdown_timeout_s": 60}})
+    engine = ServerEngine(profile, tmp_path, print, name="two-nodes")
+    for node in ("node0", "node1"):
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        engine.procs.append((node, proc, tmp_path / f"{node}.log"))
+    pids = {node: proc.pid for node, proc, _ in engine.procs}
+    time.sleep(0.5)
+
+    def second_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, second_interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            engine.stop()
+        elapsed = time.monotonic() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert [node for node, pid in pids.items() if group_alive(pid)] == []
+    assert elapsed < 30  # neither node waited out its 60 s
+
+
 def test_the_package_hands_out_each_name_from_its_module_and_a_submodule_pulls_in_no_http_client():
     """``day0 weights audit`` imports day0.engine.loaded; the package's names load on first use, so
     that import no longer brings aiohttp's client (~0.3 s of every such process)."""

@@ -74,6 +74,21 @@ def test_an_early_launch_nobody_waited_for_is_stopped_with_the_run(fake_vllm, tm
     assert proc.poll() is not None
 
 
+def test_a_fault_of_day0s_own_while_waiting_stops_the_engine_it_launched(fake_vllm, tmp_path, monkeypatch):
+    """Not an EngineError (an `ip netns pids` that timed out, a bug): the early engine has left the
+    launched list and never reached the started one, so only this stop keeps it from serving on,
+    unreferenced, beside the next stage's fresh start."""
+    engines = _engines(tmp_path)
+    engines.launch_early()
+    (early,) = engines._launched.values()
+    proc = early.proc
+    assert proc is not None
+    monkeypatch.setattr(ServerEngine, "wait", lambda self: (_ for _ in ()).throw(RuntimeError("day0's own fault")))
+    with pytest.raises(RuntimeError, match="day0's own fault"):
+        engines.http()
+    assert proc.poll() is not None and early.procs == []
+
+
 def test_only_a_server_is_launched_early(tmp_path):
     profile = load_profile("cpu-tiny", overrides={"engine": {"mode": "inprocess"}})
     engines = Engines(profile, tmp_path, lambda _: None)
