@@ -5,6 +5,7 @@ answers, its log kept in the run folder."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -250,7 +251,7 @@ class ServerEngine:
         try:
             with urllib.request.urlopen(self.info.base_url + "/health", timeout=2) as resp:  # type: ignore[union-attr]
                 return resp.status == 200
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):  # the last: not HTTP (yet)
             return False
 
     def _fail(self, what: str, node: str | None = None) -> None:
@@ -297,11 +298,13 @@ class ServerEngine:
                 return None if resp.status == 200 else f"/health answered {resp.status}"
         except urllib.error.HTTPError as exc:
             return f"/health answered {exc.code}"
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError) as exc:  # RemoteDisconnected too, an HTTPException as well
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ConnectionRefusedError):
                 return "/health refused the connection"
             return None  # a timeout on a busy box is not a death
+        except http.client.HTTPException as exc:  # something listens on the port, and it is not vLLM's server
+            return f"/health answered something that is not HTTP ({type(exc).__name__})"
 
     @staticmethod
     def _cause_suffix(*logs: Path) -> str:

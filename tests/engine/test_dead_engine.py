@@ -7,6 +7,7 @@ fake, an HTTP server answering /health with a scripted status, beside the real l
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,61 @@ def test_a_serving_engine_is_not_declared_dead(engine, tmp_path):
     engines = Engines(load_profile("cpu-tiny"), tmp_path, lambda _: None)
     engines._engines["http"] = engine(200)
     assert engines.dead() is None and "http" in engines._engines
+
+
+def test_a_port_answering_something_that_is_not_http_is_not_serving(engine):
+    """What listens on the engine's port is not vLLM's server (a port drawn on a node that something
+    else took): /health gets bytes that are not HTTP. A reason, not a traceback."""
+    import socket
+
+    eng = engine(200)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def garbage() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+
+    threading.Thread(target=garbage, daemon=True).start()
+    try:
+        eng.info = dataclasses.replace(eng.info, base_url=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        assert eng.alive() == ("vLLM server up but not serving (/health answered something that is not HTTP "
+                               "(BadStatusLine)): segmentation fault in cpu_fused_moe.cpp:242 (fused_moe_impl)")
+        assert eng._healthy() is False
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("models", [[{"id": "m"}], {"data": ["m"]}, {"data": None}, {"data": [{"id": 3}]}])
+def test_an_external_server_whose_model_list_is_not_openais_is_one_line(tmp_path, models):
+    import json
+
+    from day0.engine.external import ExternalEngine
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps(models).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        profile = load_profile("cpu-tiny", overrides={"engine": {"mode": "external", "url": url}})
+        with pytest.raises(EngineError) as err:
+            ExternalEngine(profile, lambda _: None).start()
+    finally:
+        server.shutdown()
+    assert str(err.value) == (f"external engine {url}: /v1/models is not OpenAI's model list "
+                              f'({{"data": [{{"id": ...}}]}}): {models!r}')
