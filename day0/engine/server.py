@@ -144,8 +144,12 @@ class ServerEngine:
         return engine_cli_args(args) if self.cluster else args
 
     def environment(self) -> dict[str, str]:
-        eng = self.profile.engine
-        env = {**os.environ, **eng.env}
+        return {**os.environ, **self.deployment_env()}
+
+    def deployment_env(self) -> dict[str, str]:
+        """What the server needs beyond its host's own environment: ``engine.env`` and the API key.
+        A launcher that cannot pass this process's environment on (ssh) carries this to every node."""
+        env = dict(self.profile.engine.env)
         key = api_key(self.profile)
         if key:
             env["VLLM_API_KEY"] = key
@@ -218,7 +222,7 @@ class ServerEngine:
         base = self.environment()
         for nc in cmds:
             log_path = self.log_path.with_name(self.log_path.name.replace("node0", nc.node.name))
-            proc = spawn(self.cluster.launcher, nc.node, nc.argv, nc.env, log_path, base,
+            proc = spawn(self.cluster.launcher, nc.node, nc.argv, {**self.deployment_env(), **nc.env}, log_path, base,
                          header=lambda argv: "$ " + " ".join(self.redactor.argv(argv)))
             self.procs.append((nc.node.name, proc, log_path))
         return node0.address, port

@@ -4,11 +4,13 @@ Stages and engines that start processes on nodes (engine ranks, collective ranks
 :class:`Launcher` for the command line and call :func:`spawn`; none of them names ``ip netns``,
 ``srun`` or ``ssh``. A launcher only wraps a command: the node-specific environment
 (:meth:`Node.env`) travels the way that launcher carries environment (the process's own for
-local/netns/srun, the remote command line for ssh).
+local/netns/srun, the ssh channel's stdin for ssh).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -54,8 +56,9 @@ class Launcher(Protocol):
         """The command line that runs ``cmd`` on ``node`` with ``env`` added to its environment."""
         ...
 
-    def carries_env(self) -> bool:
-        """Whether the started process inherits the local environment (else argv carries ``env``)."""
+    def env_input(self, env: Mapping[str, str]) -> bytes | None:
+        """What the started process reads on its stdin to get ``env``; None: it inherits the local
+        environment, ``env`` added, and its stdin is empty."""
         ...
 
 
@@ -65,8 +68,8 @@ class LocalLauncher:
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
         return list(cmd)
 
-    def carries_env(self) -> bool:
-        return True
+    def env_input(self, env: Mapping[str, str]) -> bytes | None:
+        return None
 
 
 class NetnsLauncher:
@@ -80,8 +83,8 @@ class NetnsLauncher:
             raise ValueError(f"{node.name}: no network namespace (is the emulated cluster up?)")
         return ["ip", "netns", "exec", node.netns, *cmd]
 
-    def carries_env(self) -> bool:
-        return True
+    def env_input(self, env: Mapping[str, str]) -> bytes | None:
+        return None
 
 
 class SrunLauncher:
@@ -100,13 +103,38 @@ class SrunLauncher:
         return [*prefix, "srun", "--nodes=1", "--ntasks=1", "-w", node.host or node.address, "--overlap",
                 "--export=ALL", "--kill-on-bad-exit=1", *cmd]
 
-    def carries_env(self) -> bool:
-        return True
+    def env_input(self, env: Mapping[str, str]) -> bytes | None:
+        return None
+
+
+# The remote side of an ssh launch, run by sh whatever the login shell is. The environment arrives
+# first on stdin (base64 of `export` lines): on a command line `ps` on either host would show an
+# API key. Then stdin stays open as the harness's lifeline: without a tty sshd signals nothing when
+# its client goes, so a stopped (or SIGKILLed) harness left the remote ranks running. At EOF the
+# whole session gets SIGTERM, as a local group does at a stop, and SIGKILL once the command is gone
+# or 30 s have passed.
+# A background list's stdin is /dev/null in a shell without job control: hence fd 3.
+_REMOTE = """cd "$1" || exit 1
+shift
+IFS= read -r env64 || exit 1
+eval "$(printf '%s' "$env64" | base64 -d)" || exit 1
+exec 3<&0
+"$@" </dev/null 3<&- &
+child=$!
+(trap '' TERM; cat <&3; kill -TERM 0; i=0
+ while kill -0 "$child" && [ $i -lt 30 ]; do sleep 1; i=$((i + 1)); done; kill -KILL 0) >/dev/null 2>&1 &
+watch=$!
+wait "$child"
+status=$?
+kill -KILL "$watch" 2>/dev/null
+exit "$status"
+"""
 
 
 class SshLauncher:
-    """Another host over ssh: non-interactive (BatchMode), in the same directory, the node's
-    environment on the remote command line (ssh does not forward the local one)."""
+    """Another host over ssh: non-interactive (BatchMode), in the same directory; the node's
+    environment goes through the channel (ssh does not forward the local one), and the remote
+    process lives as long as the channel does (``_REMOTE``)."""
 
     kind = "ssh"
 
@@ -115,12 +143,12 @@ class SshLauncher:
         self.options = list(options)
 
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        remote = f"cd {shlex.quote(self.cwd)} && exec env {assigns} {shlex.join(cmd)}".replace("env  ", "env ")
+        remote = shlex.join(["exec", "sh", "-c", _REMOTE, "day0-node", self.cwd, *cmd])
         return ["ssh", *self.options, node.host or node.address, remote]
 
-    def carries_env(self) -> bool:
-        return False
+    def env_input(self, env: Mapping[str, str]) -> bytes | None:
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+        return base64.b64encode(exports.encode()) + b"\n"
 
 
 def launcher_for(kind: str) -> Launcher:
@@ -138,12 +166,19 @@ def spawn(launcher: Launcher, node: Node, cmd: Sequence[str], env: Mapping[str, 
     ``header``, the log's first line, may be made from the command line the launcher built."""
     node_env = {**node.env(), **env}
     argv = launcher.argv(node, cmd, node_env)
-    full_env = {**base_env, **node_env} if launcher.carries_env() else dict(base_env)
+    env_input = launcher.env_input(node_env)
+    full_env = {**base_env, **node_env} if env_input is None else dict(base_env)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     text = header(argv) if callable(header) else header
     with log_path.open("wb") as fh:
         if text:
             fh.write(text.encode() + b"\n")
             fh.flush()
-        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=full_env, preexec_fn=die_with_parent,
+                                stdin=subprocess.DEVNULL if env_input is None else subprocess.PIPE)
+    if env_input is not None and proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):  # a launch that died at once: its log says why
+            proc.stdin.write(env_input)
+            proc.stdin.flush()
+        # left open: the process lives while it is (the Popen holds it, and this process's death closes it)
+    return proc

@@ -7,6 +7,7 @@ they skip with that reason elsewhere and fail under CI=true. Every emulation tes
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -34,10 +36,11 @@ from day0.engine.cluster.launchers import (
 from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_stale
 from day0.engine.cluster.nodes import ClusterError, open_cluster
 from day0.engine.multinode import node0_ports, node_commands, node_env
-from day0.engine.process import pid_alive, signal_group
+from day0.engine.process import pid_alive, signal_group, stop_process_group
 from day0.engine.rpc_folder import FOLDER_LINE
 from day0.stages.collectives import collectives_port
 from tests.support import REPO
+from tests.support.fake_ssh import FAKE_SSH
 
 PY = sys.executable
 
@@ -49,7 +52,7 @@ NODE1 = Node("node1", 1, "198.18.0.2", host="gpu02", netns="day0-1-node1", ifnam
 
 def test_local_launcher_runs_the_command_as_it_is():
     assert LocalLauncher().argv(NODE1, ["python", "-m", "x"], {"A": "1"}) == ["python", "-m", "x"]
-    assert LocalLauncher().carries_env()
+    assert LocalLauncher().env_input({"A": "1"}) is None  # inherited, stdin empty
 
 
 def test_netns_launcher_enters_the_nodes_namespace():
@@ -65,15 +68,70 @@ def test_srun_launcher_places_one_task_on_the_named_host():
     assert "--overlap" in argv and "--export=ALL" in argv and argv[-3:] == ["python", "-m", "x"]
 
 
-def test_ssh_launcher_carries_the_nodes_environment_on_the_remote_command_line():
+def test_ssh_launcher_runs_the_command_in_the_same_folder_and_sends_the_environment_apart():
     launcher = SshLauncher(cwd="/shared/day0 src")
-    argv = launcher.argv(NODE1, ["python", "-c", "print('a b')"], {"GLOO_SOCKET_IFNAME": "ib0", "X": "a b"})
+    env = {"GLOO_SOCKET_IFNAME": "ib0", "X": "a b", "VLLM_API_KEY": "sk-not-on-a-command-line"}
+    argv = launcher.argv(NODE1, ["python", "-c", "print('a b')"], env)
     assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "gpu02"]
     remote = shlex.split(argv[4])
-    assert remote[:3] == ["cd", "/shared/day0 src", "&&"]
-    assert remote[3:7] == ["exec", "env", "GLOO_SOCKET_IFNAME=ib0", "X=a b"]
-    assert remote[7:] == ["python", "-c", "print('a b')"]
-    assert not launcher.carries_env()
+    assert remote[:3] == ["exec", "sh", "-c"] and remote[4:] == ["day0-node", "/shared/day0 src", "python", "-c", "print('a b')"]
+    assert "sk-not-on-a-command-line" not in " ".join(argv)
+    sent = base64.b64decode(launcher.env_input(env) or b"").decode()
+    assert sent == "export GLOO_SOCKET_IFNAME=ib0\nexport X='a b'\nexport VLLM_API_KEY=sk-not-on-a-command-line\n"
+
+
+def _fake_ssh_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f"#!{sys.executable}\n{FAKE_SSH}")
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def _until(predicate: Callable[[], bool], within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_an_ssh_launch_gets_its_environment_over_the_channel_and_stops_when_the_client_does(tmp_path, monkeypatch):
+    """The remote script day0 sends, run by sh behind a fake ssh (tests/support/fake_ssh.py): the
+    process gets its environment (the API key too, never on a command line) in the launcher's
+    folder, and the harness's stop, which can only reach the local ssh client, still ends it:
+    SIGTERM, as a local server gets (without it a remote vLLM served on after every stop)."""
+    _fake_ssh_on_path(tmp_path, monkeypatch)
+    seen, termed = tmp_path / "seen.txt", tmp_path / "termed.txt"
+    probe = ("import os, pathlib, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(sys.argv[2]).write_text('TERM'), sys.exit(0)))\n"
+             "pathlib.Path(sys.argv[1]).write_text('|'.join([os.getcwd(), os.environ['VLLM_API_KEY'], os.environ['X']]))\n"
+             "time.sleep(600)\n")
+    key = "sk-day0-" + "k" * 32
+    proc = spawn(SshLauncher(cwd=tmp_path), NODE1, [sys.executable, "-c", probe, str(seen), str(termed)],
+                 {"VLLM_API_KEY": key, "X": "a b\nc'd"}, tmp_path / "node1.log", dict(os.environ))
+    try:
+        assert _until(seen.exists), (tmp_path / "node1.log").read_text()
+        assert seen.read_text() == f"{tmp_path}|{key}|a b\nc'd"
+        assert key not in " ".join(proc.args)  # type: ignore[arg-type]
+    finally:
+        stop_process_group(proc, 5.0)  # what the engine's stop reaches: the ssh client's group
+    assert _until(termed.exists), (tmp_path / "node1.log").read_text()
+    assert _until(lambda: not _processes_naming(str(seen))), "the remote session outlived its stop"
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes() and ") Z" not in (proc / "stat").read_text():
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_an_ssh_launch_ends_with_the_remote_commands_status(tmp_path, monkeypatch):
+    _fake_ssh_on_path(tmp_path, monkeypatch)
+    proc = spawn(SshLauncher(cwd=tmp_path), NODE1, ["sh", "-c", "exit 3"], {}, tmp_path / "node1.log", dict(os.environ))
+    assert proc.wait(timeout=60) == 3, (tmp_path / "node1.log").read_text()
 
 
 def test_launcher_for_refuses_an_unknown_kind():
