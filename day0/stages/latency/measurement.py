@@ -28,6 +28,7 @@ class SweepPoint:
     meets_sla: bool
     failing: list[str]
     late: list[LateSpells] = field(default_factory=list)  # as a search point's (SearchPoint.late)
+    unmeasured: str = ""  # why the step decided nothing (the client lagged; too few requests to bound a limit)
 
 
 # A capacity-search point's verdicts (:class:`SearchPoint`)

@@ -10,7 +10,7 @@ from day0.config.latency import LatencySection, SlaSection
 from day0.core.record import Check, measured
 from day0.core.stats import percentile
 from day0.stages.latency.judging import judge_point
-from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, LatencyRun, SweepPoint
+from day0.stages.latency.measurement import CLIENT_LAGGED, MEETS, UNDECIDED, LatencyRun, SweepPoint
 from day0.stages.latency.metrics import SOURCE, LatencyMetrics, rounded
 from day0.stages.latency.spells import late_text
 
@@ -26,9 +26,14 @@ async def run_sweep(measure_at: Callable[[float, int], Awaitable[LatencyMetrics]
         say(f"sweep: {rate:g} req/s, {n} requests")
         point = judge_point(rate, await measure_at(rate, n), sla, gap_ms=1000.0 / rate)
         failing = point.misses + [f"{key} undecided" for key in point.undecided]
+        unmeasured = ""
         if point.verdict == CLIENT_LAGGED:
             failing.append(f"client lagged {point.lag_ms:.1f} ms (p90)")
-        points.append(SweepPoint(rate, point.metrics, point.verdict == MEETS, failing, point.late))
+            unmeasured = f"the load generator lagged {point.lag_ms:.1f} ms (p90) behind its schedule"
+        elif point.verdict == UNDECIDED and point.unbounded:
+            unmeasured = (f"{n} requests cannot bound {', '.join(point.unbounded)} from above at "
+                          f"{sla.confidence:.0%} ({sla.requests_to_bound()} needed): raise latency.sweep_requests")
+        points.append(SweepPoint(rate, point.metrics, point.verdict == MEETS, failing, point.late, unmeasured))
         if point.verdict != MEETS:
             break
     return points
@@ -51,17 +56,20 @@ def sweep_check(run: LatencyRun) -> Check:
              rounded(percentile(pt.metrics.samples["tpot"], 99)), rounded(pt.metrics.error_rate),
              "meets" if pt.meets_sla else "misses: " + _failing(pt)] for pt in run.sweep]
     last = run.sweep[-1]
+    evidence = {"charts": [{"kind": "line", "title": "Latency vs offered request rate", "x_label": "offered rate (req/s)",
+                            "y_label": "ms", "x_log": False, "series": series, "reference": refs}],
+                "table": {"columns": ["offered req/s", "achieved req/s", "ttft p99", "tpot p99", "error rate", "SLA"],
+                          "rows": rows}}
+    if last.unmeasured:  # the sweep stopped at a step that decided nothing: its rate neither met nor missed
+        return Check("latency.sla_sweep", "Highest request rate meeting the SLA", "error", unit="req/s",
+                     direction="higher_is_better", source=SOURCE, evidence=evidence,
+                     message=f"could not measure: at {last.rate:g} req/s {last.unmeasured}"
+                             + (f" (the highest step below it met: {best:g} req/s)" if passing else ""))
     msg = (f"highest swept rate meeting the SLA: {best:g} req/s" +
            ("" if last.meets_sla else f"; {last.rate:g} req/s does not meet it ({_failing(last)})")
            + ("" if lims else " (no latency limit set: only errors judged)"))
     return measured("latency.sla_sweep", "Highest request rate meeting the SLA", best, None, unit="req/s",
-                    direction="higher_is_better", message=msg,
-                    evidence={"charts": [{"kind": "line", "title": "Latency vs offered request rate",
-                                          "x_label": "offered rate (req/s)", "y_label": "ms", "x_log": False,
-                                          "series": series, "reference": refs}],
-                              "table": {"columns": ["offered req/s", "achieved req/s", "ttft p99", "tpot p99",
-                                                    "error rate", "SLA"], "rows": rows}},
-                    source=SOURCE)
+                    direction="higher_is_better", message=msg, evidence=evidence, source=SOURCE)
 
 
 def _failing(pt: SweepPoint) -> str:

@@ -267,6 +267,30 @@ def test_sweep_check_reports_the_highest_passing_rate():
     assert c.evidence["charts"][0]["series"][0]["x"] == [1.0, 2.0, 4.0]
 
 
+def test_a_sweep_step_too_short_to_bound_its_limit_is_an_error_not_a_pass_below_it():
+    """Four requests cannot bound a p99 from above: the step decides nothing, so the sweep cannot
+    name a rate (it once passed at "0 req/s", the step's values all far inside the limit)."""
+    import asyncio
+
+    from day0.config.latency import LatencySection
+    from day0.stages.latency.sweep import run_sweep
+
+    rs = [result(i, [0.01, 0.02], [1, 1]) for i in range(4)]
+    sla = SlaSection(ttft_p99_ms=500.0)
+    m = compute_metrics(phase_of(rs), [50, 99], sla.per_request_slo())
+
+    async def measure_at(rate: float, n: int):
+        return m
+
+    settings = LatencySection(sweep_rates=[20.0, 40.0], sweep_requests=4)
+    sweep = asyncio.run(run_sweep(measure_at, settings, sla, lambda _: None))
+    assert [p.rate for p in sweep] == [20.0]
+    c = by_id(latency_checks(run_of(rs, sla, sweep=sweep)))["latency.sla_sweep"]
+    assert c.status == "error", c.message
+    assert c.message == ("could not measure: at 20 req/s 4 requests cannot bound ttft_p99 from above at 95% "
+                         "(299 needed): raise latency.sweep_requests")
+
+
 def test_the_stage_needs_the_models_tokenizer_locally(tmp_path):
     from types import SimpleNamespace
 
