@@ -300,8 +300,11 @@ class SlaSection(_Table):
     @classmethod
     def _limit_keys(cls, value: dict[str, float]) -> dict[str, float]:
         for key in value:
-            if not LIMIT_KEY.match(key):
+            m = LIMIT_KEY.match(key)
+            if not m:
                 raise ValueError(f"{key}: not a '{LIMIT_FORM}' limit")
+            if not 0 < float(m.group(2).replace("_", ".")) < 100:  # p0/p100: the sample's extremes, which no sample bounds
+                raise ValueError(f"{key}: the percentile must lie strictly between 0 and 100")
         return value
 
     @field_validator("goodput_slo_ms")

@@ -98,6 +98,9 @@ def test_a_step_or_search_point_offers_exactly_its_rate_unless_asked_for_the_dra
 
 @pytest.mark.parametrize("argv, named", [
     (("--limit", "ttft_p9x_ms=3"), "sla.limits.ttft_p9x_ms: not a"),
+    # p100 divided by log(1) in the request count and came out as a ZeroDivisionError traceback
+    (("--limit", "ttft_p100_ms=5"), "sla.limits.ttft_p100_ms: the percentile must lie strictly between 0 and 100"),
+    (("--limit", "e2e_p150_ms=5"), "sla.limits.e2e_p150_ms: the percentile must lie strictly between 0 and 100"),
     (("--limit", "ttft_p90_ms"), "--limit 'ttft_p90_ms': expected KEY=MS"),
     (("--limit", "ttft_p90_ms=fast"), "--limit 'ttft_p90_ms=fast': expected KEY=MS"),
     (("--goodput", "itl:5"), "--goodput 'itl:5': expected METRIC:MS"),
