@@ -110,7 +110,7 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
     if last.verdict == CLIENT_LAGGED or unbounded or (best is None and miss is None):
         why = (f"{lag_text(last)}, twice at {point_load(result, last.load)}: add latency.workers, or run day0 on a "
                "host the engine does not share" if last.verdict == CLIENT_LAGGED else
-               f"{result.requests_per_point} requests at {point_load(result, last.load)} cannot decide "
+               f"{last.metrics.sent} requests at {point_load(result, last.load)} cannot decide "
                f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
                f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
         return Check(CHECK_ID, TITLE, "error", unit=result.unit, direction="higher_is_better", source=SOURCE,

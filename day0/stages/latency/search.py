@@ -379,8 +379,10 @@ class _Bracket:
         ``confirm``, or as many as keep ``x`` up for ``hold_s``, whichever is more (a confirmation needs
         the flat-out figure, so only a rate search has one). A few seconds of load can fall between a
         server's slow spells, and a replica serves through them (docs/stages/latency.md, "The answer
-        holds for a while"); MLPerf's minimum duration counts the whole run the same way."""
-        return max(self.confirm, math.ceil(self.hold_s * x))
+        holds for a while"); MLPerf's minimum duration counts the whole run the same way. Never fewer
+        than a full point's: a rate whose hold is shorter than that (``hold_s * x`` under 299 for a
+        p99) could not bound the limit, and the walk down would stop there, undecided."""
+        return max(self.confirm, math.ceil(self.hold_s * x), self.requests)
 
 
 async def _flat_out_top(saturate: Saturate, sla: SlaSection,
