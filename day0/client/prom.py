@@ -8,6 +8,7 @@ Prometheus' ``histogram_quantile`` does it, so they are only as fine as the buck
 
 from __future__ import annotations
 
+import asyncio
 import math
 import urllib.request
 from dataclasses import dataclass, field
@@ -170,27 +171,51 @@ def pct_name(p: float) -> str:
     return f"p{p:g}"
 
 
+# What day0 reads whole from a server it does not time (/metrics, a model list): vLLM's answers are
+# kilobytes. One that answers without end, or a byte a second (each read inside the session's read
+# timeout), is refused, not read into memory for ever: a probe once grew day0 to 18 GB.
+ANSWER_MAX_BYTES = 16 << 20
+ANSWER_MAX_S = 60.0
+
+
+async def read_answer(session, url: str) -> tuple[int, bytes]:  # session: aiohttp.ClientSession
+    """(status, body) of a GET: the body of a 200 (empty for any other status), at most
+    ``ANSWER_MAX_BYTES``, the whole answer within ``ANSWER_MAX_S``; ValueError or TimeoutError past them."""
+    async with asyncio.timeout(ANSWER_MAX_S), session.get(url) as resp:
+        if resp.status != 200:
+            return resp.status, b""
+        if (resp.content_length or 0) > ANSWER_MAX_BYTES:
+            raise ValueError(f"its answer is {resp.content_length} bytes, past {ANSWER_MAX_BYTES >> 20} MiB")
+        body = bytearray()
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > ANSWER_MAX_BYTES:
+                raise ValueError(f"its answer goes on past {ANSWER_MAX_BYTES >> 20} MiB")
+        return 200, bytes(body)
+
+
 async def scrape(session, base_url: str) -> str:  # session: aiohttp.ClientSession
     """GET /metrics as text; raises PromError naming the URL when it cannot be read."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     try:
-        async with session.get(url) as resp:
-            if resp.status != 200:
-                raise PromError(f"{url}: HTTP {resp.status}")
-            return await resp.text()
-    except PromError:
-        raise
+        status, body = await read_answer(session, url)
     except Exception as exc:
         raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None
+    if status != 200:
+        raise PromError(f"{url}: HTTP {status}")
+    return body.decode("utf-8", "replace")
 
 
 def scrape_sync(base_url: str, timeout_s: float = 10.0) -> str:
     url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            return resp.read().decode("utf-8", "replace")
+            body = resp.read(ANSWER_MAX_BYTES + 1)
     except Exception as exc:
         raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None
+    if len(body) > ANSWER_MAX_BYTES:
+        raise PromError(f"{url}: its answer goes on past {ANSWER_MAX_BYTES >> 20} MiB")
+    return body.decode("utf-8", "replace")
 
 
 # vLLM's prefix-cache counters (v1/metrics/loggers.py), in tokens: of the prompt tokens the

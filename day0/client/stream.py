@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Iterable, Literal
 
 import aiohttp
 
+from day0.client.prom import read_answer
 from day0.client.sse import SSEParser
 from day0.client.wire import KEEPALIVE_S, StreamPool, WireError, request_head
 from day0.client.workload import Request
@@ -349,12 +350,11 @@ async def fetch_models(session: aiohttp.ClientSession, base_url: str) -> list[st
     """Served model names from /v1/models (the first is vLLM's served model name)."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
     try:
-        async with session.get(url) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{url}: HTTP {resp.status}")
-            data = await resp.json(content_type=None)
-        return [m["id"] for m in data.get("data", [])]
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        status, body = await read_answer(session, url)
+        if status != 200:
+            raise RuntimeError(f"{url}: HTTP {status}")
+        return [m["id"] for m in json.loads(body).get("data", [])]
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise RuntimeError(f"{url}: cannot list models ({type(exc).__name__}: {exc}); pass the model name") from None
 
 

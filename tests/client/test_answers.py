@@ -1,0 +1,74 @@
+"""What day0 reads whole from a server it does not time (/metrics, /v1/models) is bounded in size
+and in time: a hostile or broken server answering without end, or a byte at a time, is one error
+naming the URL, not a client that grows without bound (a probe grew it to 18 GB) or waits for ever.
+The servers are labelled fakes: a raw socket answering with a scripted body."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import aiohttp
+import pytest
+
+from day0.client import prom
+from day0.client.stream import fetch_models
+
+
+def _serve(kind: str) -> tuple[socket.socket, str]:
+    """An HTTP/1.1 200 whose body never ends: ``flood`` sends 64 KiB chunks as fast as it can,
+    ``drip`` a byte every 0.2 s (each read well inside any read timeout)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+            try:
+                while True:
+                    if kind == "flood":
+                        conn.sendall(b"# HELP x y\n" * 6000)
+                    else:
+                        conn.sendall(b"#")
+                        time.sleep(0.2)
+            except OSError:
+                return
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+async def _both(url: str) -> tuple[BaseException | None, BaseException | None]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=5)) as session:
+        out: list[BaseException | None] = []
+        for call in (prom.scrape(session, url), fetch_models(session, url)):
+            try:
+                await call
+                out.append(None)
+            except Exception as exc:  # noqa: BLE001 (what each raised is the assertion)
+                out.append(exc)
+        return out[0], out[1]
+
+
+@pytest.mark.parametrize("kind", ["flood", "drip"])
+def test_an_answer_without_end_is_one_error_naming_the_url(monkeypatch, kind):
+    monkeypatch.setattr(prom, "ANSWER_MAX_BYTES", 1 << 20)
+    monkeypatch.setattr(prom, "ANSWER_MAX_S", 2.0)
+    listener, url = _serve(kind)
+    try:
+        metrics, models = asyncio.run(_both(url))
+    finally:
+        listener.close()
+    why = "ValueError: its answer goes on past 1 MiB" if kind == "flood" else "TimeoutError"
+    assert isinstance(metrics, prom.PromError) and str(metrics).startswith(f"{url}/metrics: {why}"), metrics
+    assert isinstance(models, RuntimeError) and str(models).startswith(f"{url}/v1/models: cannot list models ({why}")
