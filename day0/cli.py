@@ -104,7 +104,11 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
         # Another architecture keeps the profile's shared dimensions and the MoE defaults, which
         # vLLM's CPU kernels take (head_dim 64, the MLA latent of 512 + 64).
         spec = type(spec).model_validate({**spec.model_dump(), "arch": args.arch}, strict=False)
-    out = build(spec, Path(args.dir))
+    try:
+        out = build(spec, Path(args.dir))
+    except OSError as exc:  # a file, a folder under a file, no permission: the folder named, one line
+        print(refusal(exc), file=sys.stderr)
+        return 2
     Terminal().print(f"built tiny {spec.arch} model in {out}")  # the folder is the caller's text
     return 0
 

@@ -4,12 +4,25 @@ job Slurm ended gets its report rendered again)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
 from day0.core.terminal import Terminal
 from day0.engine.cluster.sbatch import SubmitError, submit
 from day0.results.report import publish
+
+
+def _seconds(text: str) -> float:
+    """A wait in seconds: finite and above 0 (nan never fires, 0 or less cancels at once), refused by
+    argparse before anything is submitted."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a wait must be a finite number of seconds above 0")
+    return value
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -19,9 +32,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                                       "drained is cancelled (exit 3), a job Slurm ends has its run's record rebuilt",
                        usage="day0 slurm submit [--unavailable-timeout S] [--timeout S] [--out DIR] "
                              "[SBATCH OPTIONS] SCRIPT [ARGS]")
-    q.add_argument("--unavailable-timeout", type=float, default=300.0, metavar="S",
+    q.add_argument("--unavailable-timeout", type=_seconds, default=300.0, metavar="S",
                    help="how long a job may pend on nodes Slurm reports down, drained or failed (default 300)")
-    q.add_argument("--timeout", type=float, default=None, metavar="S", help="cancel the job after S seconds in all")
+    q.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="cancel the job after S seconds in all")
     q.add_argument("--out", type=Path, default=None,
                    help="where the recipe writes its runs (default: $DAY0_OUT, else ./reports, as the recipe)")
     q.add_argument("sbatch_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

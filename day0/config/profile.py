@@ -14,13 +14,14 @@ table (``kvcache``, ``weights``, ``preflight``, ``topology``, ``latency`` with `
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from day0.config.agents import AgentsSection
 from day0.config.collectives import CollectivesSection
@@ -81,6 +82,20 @@ class EngineSection(Section):
     api_key_env: Optional[str] = None  # name of the env var holding the API key, never the key
     env: dict[str, str] = {}
     args: dict[str, Any] = {}  # vLLM engine arguments, passed through unchanged
+
+    @field_validator("args")
+    @classmethod
+    def _finite_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Passed through unchanged, so outside the sections' own ``allow_inf_nan = False``: a nan here
+        was shown as "not set" by `profile show` while vLLM got ``--gpu-memory-utilization nan``."""
+        def walk(v: Any, path: str) -> None:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{path}: {v} is not a finite number")
+            for k, item in (v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()):
+                walk(item, f"{path}.{k}")
+        for key, item in value.items():
+            walk(item, key)
+        return value
 
     @model_validator(mode="after")
     def _url(self) -> "EngineSection":

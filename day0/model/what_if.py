@@ -37,7 +37,7 @@ def parse_human_int(text: str, key: str = "value") -> int:
     s = text.strip().replace("_", "")
     if len(s) > 40:  # past any size, and past what int() converts (sys.get_int_max_str_digits)
         raise ValueError(f"{key}={reprlib.repr(text)} has {len(s)} characters: not a size day0 reads")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", s)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kKmMgGtT])", s)  # ASCII: \d takes '٣' too
     if m:
         number, suffix = m.groups()
         if suffix.islower():
@@ -45,7 +45,7 @@ def parse_human_int(text: str, key: str = "value") -> int:
         if "." in number:
             raise ValueError(f"{key}={text!r}: decimals are not allowed with binary suffix {suffix}")
         return int(number) * {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[suffix]
-    if re.fullmatch(r"[+-]?\d+", s):
+    if re.fullmatch(r"[+-]?[0-9]+", s):
         return int(s)
     raise ValueError(f"{key}={text!r} is not an integer (forms: 1000000, 1m, 1M, 25.6k)")
 

@@ -77,6 +77,8 @@ def test_extends_a_relative_file_and_detects_cycles(tmp_path):
         ('[topology]\nmaster_port = 65535\n', "topology.master_port:"),  # the collectives' would be 65536
         ('[topology]\nintra_node = "nvl"\n', "topology.intra_node: expected 'shm', 'pcie' or 'nvlink'"),
         ("[kvcache]\nfragmentation_limit = 5\n", "kvcache.fragmentation_limit:"),
+        ("[engine.args]\ngpu_memory_utilization = nan\n", "engine.args.gpu_memory_utilization: nan is not a finite"),
+        ("[engine.args]\nspeculative_config = {x = [1.0, inf]}\n", "speculative_config.x.1: inf is not a finite"),
         ("[sla]\nttft_p100_ms = 5\n", "sla.limits.ttft_p100_ms: the percentile must lie strictly between 0 and 100"),
         ("[sla]\ntpot_p0_ms = 5\n", "sla.limits.tpot_p0_ms: the percentile must lie strictly between 0 and 100"),
         ('[report]\nsignatories = [{name = "A"}]\n', "report.signatories.0.role: required value missing"),

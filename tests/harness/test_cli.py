@@ -61,6 +61,14 @@ def test_tiny_build_writes_a_checkpoint(tmp_path, capsys):
     assert (Path(tmp_path / "m") / "model.safetensors.index.json").is_file()
 
 
+@pytest.mark.parametrize("where", ["a-file", "a-file/sub"])
+def test_tiny_build_into_a_place_that_cannot_be_a_folder_is_one_line(tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("x")
+    assert main(["tiny", "build", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"day0: {tmp_path / where}: ") and err.count("\n") == 1, err
+
+
 def test_weights_golden_with_the_transformers_reference(tmp_path, capsys):
     """No engine: transformers computes the golden tokens from the local checkpoint, with the
     top-k logprobs a later comparison needs to tell a near-tie from a divergence."""

@@ -212,6 +212,8 @@ def test_what_if_example() -> None:
     ("gpu_memory_utilization=nan", "not a finite number"),
     ("pp=", "pp has no value"),
     ("max_model_len=1.5M", "decimals are not allowed"),
+    ("tp=\u0663", "is not an integer"),  # an Arabic-Indic three: counts on the command line are ASCII digits
+    ("max_model_len=\u0661k", "is not an integer"),
 ])
 def test_what_if_errors(text: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):

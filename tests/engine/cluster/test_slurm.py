@@ -275,3 +275,16 @@ def test_job_is_frozen(no_scontrol):
     job = SlurmJob.from_environ({"SLURM_JOB_NODELIST": "a1"})
     with pytest.raises(AttributeError):
         job.nnodes = 2  # type: ignore[misc,union-attr]
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--unavailable-timeout"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_slurm_submit_refuses_a_wait_that_never_fires_or_fires_at_once_before_it_submits(flag, value, capsys):
+    """nan polled the job for ever, 0 or -1 submitted it and cancelled it at once: exit 2, and no
+    sbatch runs (none is on this PATH's way: argparse refuses first)."""
+    from day0.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["slurm", "submit", flag, value, "job.sbatch"])
+    assert exited.value.code == 2
+    assert f"argument {flag}: '{value}'" in capsys.readouterr().err
