@@ -81,9 +81,21 @@ def agreements(metrics: LatencyMetrics, server: dict[str, ServerFigure], rel: fl
         if fig is None or fig.count <= 0 or st.count == 0:
             continue
         allowed = agreement_allowance(rel, st.mean, st.std, st.count) + (0.0 if smetric == "ttft" else slack)
-        out.append(Agreement(smetric, st.mean, fig.mean_ms, allowed, st.count, fig.count, fig.source,
-                             one_sided=smetric == "ttft"))
+        out.append(Agreement(smetric, st.mean, _server_mean(smetric, fig, metrics), allowed, st.count, fig.count,
+                             fig.source, one_sided=smetric == "ttft"))
     return out
+
+
+def _server_mean(smetric: str, fig: ServerFigure, metrics: LatencyMetrics) -> float:
+    """The engine's mean over the requests the client's figure counts. vLLM's TPOT histogram
+    observes a one-token request as 0 (no decode span, vLLM's stats.py) where the client's TPOT
+    leaves it out (docs/metrics.md): with half the requests one token long the engine's mean read
+    half the client's and the two disagreed. Those zeros add nothing to the sum, so the mean over
+    the rest is the sum over the count without them."""
+    singles = metrics.completed - metrics.stats["tpot"].count if smetric == "tpot" else 0
+    if singles <= 0 or fig.count <= singles:
+        return fig.mean_ms
+    return fig.mean_ms * fig.count / (fig.count - singles)
 
 def server_agreement_check(run: LatencyRun) -> Check:
     """Client vs engine means per metric (:func:`agreements`), worst against its allowance; a skip
@@ -101,7 +113,7 @@ def server_agreement_check(run: LatencyRun) -> Check:
         cm = _AGREEMENT_PAIRS.get(metric, metric)
         st = run.metrics.stats.get(cm)
         ag = next((a for a in ags if a.metric == metric), None)
-        rows.append([metric, fig.source, rounded(st.mean if st else None), rounded(fig.mean_ms),
+        rows.append([metric, fig.source, rounded(st.mean if st else None), rounded(ag.server_mean_ms if ag else fig.mean_ms),
                      rounded(st.percentiles.get("p50") if st else None), rounded(fig.quantiles_ms.get("p50")),
                      rounded(st.percentiles.get("p99") if st else None), rounded(fig.quantiles_ms.get("p99")),
                      st.count if st else None, fig.count,
@@ -112,7 +124,8 @@ def server_agreement_check(run: LatencyRun) -> Check:
                                       "client n", "server n", "|diff| mean", "allowed", "verdict"], "rows": rows},
                 "note": "client TTFT here is from the actual send (the engine cannot see client queueing); the "
                         "TTFT gap is front-end overhead (latency.frontend_overhead), judged only when the engine "
-                        "reports more than the client; server percentiles are interpolated within histogram buckets"}
+                        "reports more than the client; the server's TPOT mean leaves out the 1-token requests its histogram "
+                        "observes as 0, as the client's does; server percentiles are interpolated within histogram buckets"}
     if not ags:
         return Check(id="latency.server_agreement", title=title, status="skip",
                      message="no comparable histogram had observations", evidence=evidence, source="http+metrics")

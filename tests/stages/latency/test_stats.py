@@ -248,6 +248,24 @@ def test_a_starved_front_end_that_delivers_tokens_in_a_burst_is_no_disagreement(
     assert c.status == "fail" and "DISAGREE" in c.message
 
 
+def test_one_token_requests_the_engine_counts_as_zero_tpot_are_no_disagreement():
+    """vLLM's TPOT histogram observes a 1-token request as 0; the client's TPOT leaves it out. Half
+    the requests one token long: the engine's raw mean is half the client's (5 against 10 ms), the
+    same decode spans over the same requests."""
+    fig = lambda metric, mean, n: ServerFigure(metric, "vllm:x", n, mean, {"p50": mean}, [])  # noqa: E731
+    multi = [result(i, [0.040 + 0.010 * k for k in range(9)], [1] * 9) for i in range(100)]  # 9 tokens, 10 ms apart
+    single = [result(100 + i, [0.040], [1]) for i in range(100)]
+    engine = {"ttft": fig("ttft", 39.0, 200), "tpot": fig("tpot", 5.0, 200)}
+    c = by_id(latency_checks(run_of(multi + single, SlaSection(), engine, agreement_rel=0.25)))["latency.server_agreement"]
+    assert c.status == "pass", c.message
+    tpot_row = next(r for r in c.evidence["table"]["rows"] if r[0] == "tpot")
+    assert tpot_row[2] == pytest.approx(10.0) and tpot_row[-1] == "ok"
+    # a real disagreement over the same requests still shows: the engine's decode spans twice the client's
+    slow = {"ttft": fig("ttft", 39.0, 200), "tpot": fig("tpot", 10.0, 200)}
+    c = by_id(latency_checks(run_of(multi + single, SlaSection(), slow, agreement_rel=0.25)))["latency.server_agreement"]
+    assert c.status == "fail" and "DISAGREE" in c.message
+
+
 def test_agreement_allowance_grows_with_the_runs_own_noise():
     from day0.stages.latency import agreement_allowance
 
