@@ -24,7 +24,6 @@ from urllib.parse import quote
 
 import jinja2
 from jinja2.loaders import split_template_path
-from jinja2.sandbox import SandboxedEnvironment
 from markupsafe import Markup
 
 from day0.core.inputs import InputError, decode_utf8, read_regular, refusal, term_safe
@@ -36,6 +35,7 @@ from day0.results import charts, summary, trends
 from day0.results.anchors import Anchors
 from day0.results.compare import SUMMARY_ID
 from day0.results.junit import write_junit
+from day0.results.sandbox import BoundedSandbox
 from day0.results.signoff import (
     Signatory,
     SignoffError,
@@ -378,7 +378,7 @@ def _environment(template_dir: Path | None) -> jinja2.Environment:
             raise ReportError(f"{template_dir}: template directory not found")
         loaders.append(FolderLoader(Path(template_dir)))
     loaders += [builtin, jinja2.PrefixLoader({"day0": builtin})]
-    env = SandboxedEnvironment(
+    env = BoundedSandbox(
         loader=jinja2.ChoiceLoader(loaders),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
@@ -425,6 +425,9 @@ def _render(
         name = getattr(exc, "filename", None) or getattr(exc, "name", None) or DEFAULT_TEMPLATE
         line = getattr(exc, "lineno", None)
         raise ReportError(f"{name}{f':{line}' if line else ''}: template error: {exc}") from None
+    except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:  # raised inside an expression
+        where = template_dir or TEMPLATES
+        raise ReportError(f"{where}: template error: {type(exc).__name__}: {str(exc)[:200]}") from None
     out = Path(out)
     if out.is_dir():
         out = out / REPORT_FILE

@@ -285,6 +285,22 @@ def test_a_site_template_cannot_run_code(tmp_path: Path) -> None:
     assert not pwned.exists()
 
 
+@pytest.mark.parametrize("body, problem", [
+    ("{{ 1/0 }}", "template error: ZeroDivisionError"),
+    ('{{ "a" + 1 }}', "template error: TypeError"),
+    ('{% include "report.html.j2" %}', "template error: RecursionError"),
+    # what Jinja2's own sandbox lets one expression build: 400 MB, a gigabyte-wide format
+    ('{{ "x" * 400000000 }}', "template error: a repetition of 400000000 items"),
+    ('{{ "%999999999d" % 1 }}', "template error: a format width of 999999999"),
+])
+def test_a_site_template_that_fails_or_builds_without_bound_is_one_line(tmp_path: Path, body: str, problem: str) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "report.html.j2").write_text(body, encoding="utf-8")
+    run = rf.write(rf.accepted(), tmp_path / "run")
+    hostile.refused(hostile.day0("report", run, "--template-dir", site), problem=problem)
+
+
 def test_duplicate_check_ids_are_a_record_day0_writes_and_load(tmp_path: Path) -> None:
     """One check per shard or rank shares its id; that is the contract, not hostile input."""
     data = _data()
