@@ -10,16 +10,17 @@ validated with them; this module imports nothing above ``day0.config``.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from day0.config.errors import first_error
+from day0.core.globs import checked
+from day0.core.globs import matches as glob_matches
 from day0.core.redact import REDACTED as _REDACTED  # what run.json holds for a secret
 
 _ABS = re.compile(r"^[+]?(\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
@@ -93,9 +94,9 @@ def match_rank(pattern: str, key: str, check_id: str) -> int | None:
         return 0
     if any(n.endswith("." + pattern) for n in names):
         return 1  # `ttft_p99` names `latency.ttft_p99`
-    if any(fnmatch.fnmatchcase(n, pattern) for n in names):
+    if any(glob_matches(n, pattern) for n in names):
         return 2
-    if any(fnmatch.fnmatchcase(n, "*." + pattern) for n in names):
+    if any(glob_matches(n, "*." + pattern) for n in names):
         return 3
     return None
 
@@ -121,6 +122,13 @@ class CompareSection(BaseModel):
     trend_runs: int = Field(10, ge=2, description="runs in the report's trend charts (this one included)")
     trend_checks: list[str] = Field(
         [], description="ids/globs charted; empty: the compared figures, regressions first")
+
+    @field_validator("tolerances", "trend_checks")
+    @classmethod
+    def _patterns(cls, value: Any) -> Any:
+        for pattern in value:  # a dict's keys, a list's items
+            checked(pattern)
+        return value
 
     @classmethod
     def from_mapping(cls, sec: Mapping[str, Any] | None, where: str = "compare") -> "CompareSection":
@@ -148,6 +156,10 @@ class CompareSection(BaseModel):
             if "=" not in text:
                 raise CompareError(f"--tolerance {text!r}: expected PATTERN=TOLERANCE, e.g. ttft_p99=5%")
             pat, raw = (s.strip() for s in text.split("=", 1))
+            try:
+                checked(pat)
+            except ValueError as exc:
+                raise CompareError(f"--tolerance: {exc}") from None
             Tolerance.parse(raw, f"--tolerance {pat}", pat)
             extra.setdefault(pat, raw)
         kept = {k: v for k, v in self.tolerances.items() if k not in extra}

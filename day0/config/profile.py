@@ -17,6 +17,7 @@ import copy
 import math
 import os
 import re
+import reprlib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
@@ -37,6 +38,7 @@ from day0.config.section import Section
 from day0.config.tiny import TinySpec
 from day0.config.topology import TopologySection
 from day0.config.weights import WeightsSection
+from day0.core.globs import MAX_GLOB
 from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
 from day0.core.redact import Redactor
 
@@ -109,7 +111,7 @@ class Signatory(Section):
     role: str
 
 
-REQUIRED_GLOB = re.compile(r"[A-Za-z0-9_.*?\[\]!-]+")
+REQUIRED_GLOB = re.compile(rf"[A-Za-z0-9_.*?\[\]!-]{{1,{MAX_GLOB}}}")
 
 
 class Waiver(Section):
@@ -126,7 +128,7 @@ class Waiver(Section):
     @model_validator(mode="after")
     def _glob(self) -> "Waiver":
         if not REQUIRED_GLOB.fullmatch(self.check):
-            raise ValueError(f"check: {self.check!r} is not a check id or glob")
+            raise ValueError(f"check: {reprlib.repr(self.check)} is not a check id or glob (at most {MAX_GLOB} characters)")
         return self
 
 
@@ -145,8 +147,8 @@ class ReportSection(Section):
     def _required_globs(self) -> "ReportSection":
         for i, glob in enumerate(self.required):
             if not REQUIRED_GLOB.fullmatch(glob):
-                raise ValueError(f"required[{i}]: {glob!r} is not a check id or glob "
-                                 "(letters, digits, _ . - and the glob characters * ? [ ])")
+                raise ValueError(f"required[{i}]: {reprlib.repr(glob)} is not a check id or glob (letters, digits, "
+                                 f"_ . - and the glob characters * ? [ ], at most {MAX_GLOB} characters)")
         return self
 
 

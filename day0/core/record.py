@@ -551,7 +551,12 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
         profile=data.get("profile", {}), notes=data.get("notes", {}), stages=stages,
         schema_version=data["schema_version"],
     )
-    _consistent(record, where)
+    try:
+        _consistent(record, where)
+    except ValueError as exc:  # a pattern in its profile no check id could be (day0.core.globs)
+        if isinstance(exc, RecordError):
+            raise
+        raise RecordError(f"{where}: profile: {exc}") from None
     return record
 
 

@@ -9,11 +9,12 @@ types (duck-typed below) so that rule reads on one page.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Collection, Protocol
+
+from day0.core.globs import matches as glob_matches
 
 # The evidence key of a skip that says the stage does not apply to this target (the expert-load
 # stage on a dense model): such a stage is "not_applicable", neither missing nor unverified, so a
@@ -153,7 +154,7 @@ def waiver_for(check: _Check, waivers: Sequence[Waiver], on: str | None = None) 
     evidence = getattr(check, "evidence", None)
     kinds = evidence.get("findings") if isinstance(evidence, dict) else None
     for w in waivers:
-        if not fnmatch.fnmatchcase(check.id, w.check):
+        if not glob_matches(check.id, w.check):
             continue
         if w.until and on and on[:10] > w.until:
             continue
@@ -215,7 +216,7 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str],
     for glob in required:
         if glob.split(".", 1)[0] in idle:
             continue  # a stage that does not apply to this target requires nothing of it
-        hits = [c for c in checks if fnmatch.fnmatchcase(c.id, glob)]
+        hits = [c for c in checks if glob_matches(c.id, glob)]
         if not hits:
             out.append((glob, "required, but no such check ran"))
         for c in (h for h in hits if h.id not in excused):

@@ -9,12 +9,12 @@ to its evidence.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from day0.core.globs import matches as glob_matches
 from day0.core.record import Check, RunRecord, required_checks, unverified_required
 from day0.core.stages import Figure, StageInfo
 from day0.core.verdict import NOT_APPLICABLE, not_applicable, stood_in_checks, waiver_for, waivers_of
@@ -126,7 +126,7 @@ PICKERS: dict[str, Callable[[list[Check]], Check]] = {"worst": _worst, "vs_expec
 def _hits(fig: Figure, checks: list[Check]) -> list[Check]:
     """The checks of the first of the figure's globs that measured a value (pass or fail), else of
     the first that has any check: a figure two methods can measure shows the one that did."""
-    per_glob = [[c for c in checks if fnmatch.fnmatchcase(c.id, g)] for g in fig.check_ids]
+    per_glob = [[c for c in checks if glob_matches(c.id, g)] for g in fig.check_ids]
     measured = [h for h in per_glob if any(c.status in ("pass", "fail") for c in h)]
     return (measured or [h for h in per_glob if h] or [[]])[0]
 
@@ -251,7 +251,7 @@ def unverified(record: RunRecord) -> list[Unverified]:
         if c.status in NOT_VERIFIED:
             by_id.setdefault(c.id, []).append(c)
     out = [Unverified(i, cs[0].status, cs[0].message,
-                      i not in excused and any(fnmatch.fnmatchcase(i, g) for g in req), len(cs))
+                      i not in excused and any(glob_matches(i, g) for g in req), len(cs))
            for i, cs in by_id.items()]
     absent = [Unverified(glob, "absent", why, True) for glob, why in unverified_required(record.stages, req, excused)
               if why.startswith("required, but no such check")]

@@ -11,11 +11,11 @@ The session writes the resolved list and the substitutions into the record, pref
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from day0.config.profile import Profile
+from day0.core.globs import matches as glob_matches
 from day0.core.stages import Stage, ViewNeed
 from day0.engine.handle import beside_unavailable, scheduler_unavailable
 
@@ -73,7 +73,7 @@ def resolve(profile: Profile, stages: Sequence[Stage], views: dict[str, ViewProb
     for stage in stages:
         for need in stage.view_needs:
             why = missing.get(need.view)
-            if not why or not any(fnmatch.fnmatchcase(need.check, g) for g in globs):
+            if not why or not any(glob_matches(need.check, g) for g in globs):
                 continue
             if need.stand_in and not missing.get(need.stand_in_view):
                 out.globs = [need.stand_in if g == need.check else g for g in out.globs]

@@ -301,6 +301,23 @@ def test_a_site_template_that_fails_or_builds_without_bound_is_one_line(tmp_path
     hostile.refused(hostile.day0("report", run, "--template-dir", site), problem=problem)
 
 
+GLOB_BOMB = "[!a-" * 20_000  # fnmatch's translation is quadratic in unclosed brackets: 31 s here, minutes longer
+
+
+def test_a_required_pattern_no_check_id_could_be_is_one_line_at_once(tmp_path: Path) -> None:
+    data = _data()
+    data["profile"].setdefault("report", {})["required"] = [GLOB_BOMB]
+    data["verdict"] = "accepted"
+    run = _write_json(tmp_path / "run" / "run.json", data)
+    hostile.refused(hostile.day0("report", run), run, problem="80000 characters, past 256")
+
+
+def test_a_tolerance_key_no_check_id_could_be_is_one_line_at_once(tmp_path: Path) -> None:
+    run, base = rf.write(rf.accepted(), tmp_path / "run"), _baseline(tmp_path)
+    out = hostile.day0("compare", run, "--baseline", base, "--tolerance", f"{GLOB_BOMB}=5%")
+    hostile.refused(out, problem="80000 characters, past 256")
+
+
 def test_duplicate_check_ids_are_a_record_day0_writes_and_load(tmp_path: Path) -> None:
     """One check per shard or rank shares its id; that is the contract, not hostile input."""
     data = _data()
