@@ -378,12 +378,19 @@ class RunRecord:
         return write_file(path, json.dumps(self.to_dict(), indent=2) + "\n", error=RecordError)
 
 
+# pytest's exit statuses of a session that did not run its tests through: INTERRUPTED (Ctrl-C, or the
+# SIGTERM the plugin turns into one) and INTERNAL_ERROR. Its session still ends, so the event log
+# has its run_finished, but the tests after the interruption never ran.
+STOPPED_EXIT_STATUSES = (2, 3)
+
+
 class _Fold:
     """The state of folding events into a record; each ``on_<type>`` validates one event."""
 
     def __init__(self) -> None:
         self.started: dict[str, Any] | None = None
         self.finished_at: str | None = None
+        self.exit_status: int | None = None  # pytest's, as the session ended
         self.stage_names: list[str] = []
         self.stage_info: dict[str, StageInfo] = {d.name: d for d in DERIVED_STAGES}
         self.by_stage: dict[str, list[Check]] = {}
@@ -417,6 +424,7 @@ class _Fold:
     def on_run_finished(self, ev: dict[str, Any], where: str) -> None:
         shape.fields(ev, shape.FINISHED_EVENT, where)
         self.finished_at = ev["at"]
+        self.exit_status = ev.get("exit_status")
 
     def add(self, ev: Any, where: str) -> None:
         if not isinstance(ev, dict):
@@ -450,7 +458,8 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
 
     profile = fold.started.get("profile")
     verdict, reason = run_verdict(stages, finished=fold.finished_at is not None, required=required_checks(profile),
-                                  waivers=waivers, on=on, excused=stood_in_checks(profile))
+                                  waivers=waivers, on=on, excused=stood_in_checks(profile),
+                                  stopped=fold.exit_status in STOPPED_EXIT_STATUSES)
     notes = dict(fold.notes)
     if fold.problems:  # a malformed declaration costs its headlines and titles, never a check
         notes[STAGE_INFO_SKIPPED_NOTE] = fold.problems[:MAX_SKIPPED_SHOWN]

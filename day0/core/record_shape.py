@@ -125,7 +125,8 @@ RUN_STARTED: dict[str, tuple[bool, Test]] = {
 }
 CHECK_EVENT: dict[str, tuple[bool, Test]] = {"stage": (True, NAME), "check": (True, OBJECT)}
 NOTE_EVENT: dict[str, tuple[bool, Test]] = {"key": (True, NAME), "value": (False, ANY)}
-FINISHED_EVENT: dict[str, tuple[bool, Test]] = {"at": (True, TIME)}
+EXIT_STATUS: Test = (lambda v: v is None or _is_int(v), "a whole number or null")
+FINISHED_EVENT: dict[str, tuple[bool, Test]] = {"at": (True, TIME), "exit_status": (False, EXIT_STATUS)}
 
 
 def fields(data: Any, shape: Mapping[str, tuple[bool, Test]], where: str, path: tuple[Any, ...] = ()) -> dict:

@@ -229,7 +229,7 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str],
 
 def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str] = (),
                 waivers: Sequence[Waiver] = (), on: str | None = None,
-                excused: Collection[str] = ()) -> tuple[str, str]:
+                excused: Collection[str] = (), stopped: bool = False) -> tuple[str, str]:
     """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
     the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
     method that did not resolve can never be mistaken for a verdict on the deployment. A check the
@@ -247,6 +247,8 @@ def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str
             return "incomplete", f"could not measure: {errors[0].id}: {errors[0].message}{tail}"
     if not finished:
         return "incomplete", "the run did not finish (no run_finished event); the record holds what was measured"
+    if stopped:  # the session ended, its tests did not: what came after the interruption never ran
+        return "incomplete", "the run was interrupted (Ctrl-C or SIGTERM) before its tests ended; the record holds what was measured"
     missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]
     if missing:
         return "incomplete", "stages not run, skipped or blocked: " + ", ".join(missing)

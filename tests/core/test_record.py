@@ -61,14 +61,26 @@ def test_stage_verdict(statuses, verdict):
     assert stage_verdict([Check(id=str(i), title="", status=s) for i, s in enumerate(statuses)]) == verdict
 
 
-def _log(tmp_path, finished=True, checks=(("weights", "pass"),)):
+def _log(tmp_path, finished=True, checks=(("weights", "pass"),), exit_status=0):
     log = EventLog(tmp_path / "events.jsonl")
     log.run_started("r1", {"host": "h"}, {"name": "p"}, ["weights", "latency"])
     for n, (stage, status) in enumerate(checks):
         log.check(stage, Check(id=f"{stage}.c{n}", title="t", status=status, value=n, evidence={"samples": [1.5, 2]}))
     if finished:
-        log.run_finished(0)
+        log.run_finished(exit_status)
     return log
+
+
+@pytest.mark.parametrize("exit_status, verdict", [(0, "accepted"), (1, "accepted"), (2, "incomplete"), (3, "incomplete")])
+def test_a_session_interrupted_after_every_check_so_far_passed_is_incomplete(tmp_path, exit_status, verdict):
+    """Ctrl-C (or CI's SIGTERM, which the plugin turns into one) still ends the session, so the log
+    has its run_finished; the tests after the interruption never ran and recorded nothing, and the
+    run was ACCEPTED on what came before. pytest's exit status says so (2 interrupted, 3 internal error)."""
+    _log(tmp_path, checks=(("weights", "pass"), ("latency", "pass")), exit_status=exit_status)
+    rec = rebuild(tmp_path)
+    assert rec.verdict == verdict, rec.reason
+    if verdict == "incomplete":
+        assert rec.reason.startswith("the run was interrupted (Ctrl-C or SIGTERM) before its tests ended")
 
 
 def test_a_run_with_every_stage_passing_is_accepted(tmp_path):

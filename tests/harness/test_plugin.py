@@ -170,6 +170,7 @@ def test_sigterm_still_writes_the_record(pytester):
     rec = load(pytester.path / "out" / "latest" / "run.json")
     assert rec.finished_at is not None
     assert [c.id for c in rec.checks()] == ["weights.load_time"]
+    assert rec.verdict == "incomplete" and rec.reason.startswith("the run was interrupted")
 
 
 def test_collect_only_lists_the_checklist_and_records_no_run(pytester):
