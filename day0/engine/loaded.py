@@ -111,6 +111,9 @@ def read_golden(path: Path) -> dict[str, Any]:
         prompts = data["prompts"]
         _ = [(p["prompt"], p["token_ids"]) for p in prompts]
         int(data["max_tokens"])
+        # nothing to compare passes everything: all([]) is True
+        if not prompts or any(not isinstance(p["token_ids"], list) or not p["token_ids"] for p in prompts):
+            raise ValueError("no prompt, or a prompt without tokens: nothing to compare an engine with")
     except FileNotFoundError:
         raise ValueError(f"{path}: golden file not found (write one with `day0 weights golden`)") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

@@ -114,6 +114,12 @@ def compare_tokens(a: RefSequence, b: RefSequence, margin: float, *,
                                evidence={"prompt_ids_a": a.prompt_ids, "prompt_ids_b": b.prompt_ids})
     n = min(len(a.tokens), len(b.tokens))
     delta, at = _max_delta(a.logprobs[:n], b.logprobs[:n], a.tokens[:n], b.tokens[:n])
+    if delta == math.inf:  # a NaN or infinite logprob: no numerics that work produce one
+        return TokenComparison(
+            a.prompt, "diverged", position=at, token_a=a.tokens[at], token_b=b.tokens[at], logprob_a=a.logprobs[at],
+            logprob_b=b.logprobs[at], max_logprob_delta=delta, compared=at + 1,
+            message=(f"{a.prompt!r}: logprob not a finite number at generated position {at} ({who}): token "
+                     f"{a.tokens[at]} has logprob {a.logprobs[at]} vs {b.logprobs[at]}"))
     if drift_limit is not None and delta is not None and delta > drift_limit:
         return TokenComparison(
             a.prompt, "diverged", position=at, token_a=a.tokens[at], token_b=b.tokens[at], logprob_a=a.logprobs[at],
@@ -139,7 +145,9 @@ def _at_difference(a: RefSequence, b: RefSequence, pos: int, margin: float, delt
     a_of_b, b_of_a = a.logprob_of(pos, tb), b.logprob_of(pos, ta)
     gap_a = None if a_of_b is None else la - a_of_b
     gap_b = None if b_of_a is None else lb - b_of_a
-    tied = gap_a is not None and gap_b is not None and max(gap_a, gap_b) <= margin
+    # each side's pick within the margin of the other's, in both distributions: a gap below zero is a
+    # side that did not pick its own best (-4.99 once passed as a tie), and a NaN gap decides nothing
+    tied = all(g is not None and math.isfinite(g) and abs(g) <= margin for g in (gap_a, gap_b))
     status: Status = "near_tie" if tied else "diverged"
     what = "near-tie" if tied else "diverged"
     message = (f"{a.prompt!r}: {what} at generated position {pos} ({who}): token {ta} "
@@ -152,11 +160,14 @@ def _at_difference(a: RefSequence, b: RefSequence, pos: int, margin: float, delt
 
 def _max_delta(la: Sequence[float], lb: Sequence[float], ta: Sequence[int],
                tb: Sequence[int]) -> tuple[float | None, int]:
-    """The largest |logprob difference| over the equal prefix, and its position."""
+    """The largest |logprob difference| over the equal prefix, and its position; infinite at the
+    first logprob that is not a finite number (a NaN compared as no difference at all)."""
     best, at = None, 0
     for pos, (x, y, i, j) in enumerate(zip(la, lb, ta, tb)):
         if i != j:
             break
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return math.inf, pos
         if best is None or abs(x - y) > best:
             best, at = abs(x - y), pos
     return best, at

@@ -43,6 +43,26 @@ def test_a_first_difference_within_the_margin_is_a_near_tie_and_beyond_it_a_dive
     assert (c.status, c.position, c.token_a, c.token_b, c.logprob_a, c.logprob_b) == ("diverged", 1, 6, 9, -0.70, -0.2)
 
 
+def test_a_side_that_did_not_pick_its_own_best_is_no_near_tie():
+    """The engine's pick sits 4.99 nats below the reference's pick in its own distribution: the two
+    did not tie, the engine did not decode greedily. A signed gap of -4.99 once passed as a tie."""
+    ref = _ref([5, 6], [{5: -0.1, 6: -2.0}, {6: -0.70, 9: -0.705}])
+    engine = from_completion("p", [1, 2], [5, 9], [{5: -0.1, 6: -2.0}, {9: -5.0, 6: -0.01}], device="e", dtype="f")
+    c = compare_tokens(ref, engine, 0.01)
+    assert c.status == "diverged" and c.gap_b == pytest.approx(-4.99), c.message
+
+
+def test_a_logprob_that_is_not_a_number_is_a_divergence_where_it_is():
+    """A NaN compared as no difference at all: the same tokens with NaN logprobs matched, and a NaN
+    at the first position turned the drift limit off for the whole prompt."""
+    ref = _ref([5, 6, 7], [{5: -0.1}, {6: -0.1}, {7: -0.1}])
+    broken = from_completion("p", [1, 2], [5, 6, 7], [{5: float("nan")}, {6: -2.0}, {7: -2.0}], device="e", dtype="f")
+    for drift in (None, 0.01):
+        c = compare_tokens(ref, broken, 0.01, drift_limit=drift)
+        assert (c.status, c.position) == ("diverged", 0), c.message
+        assert "logprob not a finite number at generated position 0" in c.message
+
+
 def _engine(answers):
     """An in-process-shaped engine whose greedy answers come from ``answers`` (prompt -> Completion)."""
     profile = SimpleNamespace(engine=SimpleNamespace(args={"dtype": "float32"}))

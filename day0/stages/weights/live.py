@@ -55,8 +55,9 @@ def golden_check(engine: Any, golden: str) -> Check:
     """``weights.golden_tokens``: greedy tokens equal the golden file at ``golden``, prompt by prompt."""
     data = read_golden(Path(golden))
     prompts = [p["prompt"] for p in data["prompts"]]
-    outs = engine.greedy(prompts, int(data["max_tokens"]))
-    differ = [p["prompt"] for p, o in zip(data["prompts"], outs) if p["token_ids"] != o.token_ids]
+    outs = list(engine.greedy(prompts, int(data["max_tokens"])))
+    outs += [None] * (len(prompts) - len(outs))  # a prompt the engine answered nothing for differs
+    differ = [p["prompt"] for p, o in zip(data["prompts"], outs) if o is None or p["token_ids"] != o.token_ids]
     return measured("weights.golden_tokens", "Greedy tokens equal the golden file", len(differ), 0,
                     unit="prompts", direction="exact", source=engine.view,
                     message=("greedy tokens equal the golden file" if not differ

@@ -227,6 +227,31 @@ def test_golden_check_names_the_prompts_that_differ(tmp_path):
     assert check.message == f"greedy tokens differ from {golden} for ['b']" and check.evidence == {"golden": str(golden)}
 
 
+@pytest.mark.parametrize("prompts", [[], [{"prompt": "a", "token_ids": []}]])
+def test_a_golden_file_with_nothing_to_compare_is_refused_not_passed(tmp_path, prompts):
+    """all([]) is True: a golden file of no prompts (or of prompts without tokens) passed any engine."""
+    from day0.stages.weights import golden_check
+
+    golden = tmp_path / "golden.json"
+    golden.write_text(json.dumps({"model": "m", "max_tokens": 2, "prompts": prompts}))
+    with pytest.raises(ValueError, match="nothing to compare an engine with"):
+        golden_check(object(), str(golden))
+
+
+def test_a_golden_prompt_the_engine_answered_nothing_for_differs(tmp_path):
+    from types import SimpleNamespace
+
+    from day0.engine.handle import Completion
+    from day0.stages.weights import golden_check
+
+    golden = tmp_path / "golden.json"
+    golden.write_text(json.dumps({"model": "m", "max_tokens": 2, "prompts": [
+        {"prompt": "a", "token_ids": [1, 2]}, {"prompt": "b", "token_ids": [3, 4]}]}))
+    engine = SimpleNamespace(view="http", greedy=lambda prompts, n: [Completion("", [1, 2], n)])  # one answer of two
+    check = golden_check(engine, str(golden))
+    assert (check.status, check.value) == ("fail", 1) and "['b']" in check.message
+
+
 def test_the_tiny_build_writes_the_manifest_the_audit_verifies(tiny, tmp_path):
     """weights.manifest passes on the embedded model, and the builder's manifest is the stage's format."""
     from day0.stages.weights import audit, write_manifest
