@@ -105,14 +105,25 @@ def rank_memory_checks(seen: Beside, profile: Profile) -> list[Check]:
                  f"pool ({seen.ranks[0].basis}); limit: planned weights {weights_gib:.3f} GiB x {1 + tol:.2f} + "
                  f"runtime allowance {allowance:g} GiB. A bound on the weights, not their exact bytes"),
         evidence={**evidence, "plan_bytes": plan_.weight_bytes_per_rank, "allowance_gib": allowance})]
-    if len(beyond) > 1:
-        spread = round((max(beyond) - min(beyond)) / max(beyond), 4) if max(beyond) > 0 else 0.0
+    groups = tp_groups(beyond, plan_.tp, plan_.pp)
+    if any(len(g) > 1 for g in groups):
+        spread = round(max((max(g) - min(g)) / max(g) if max(g) > 0 else 0.0 for g in groups), 4)
+        where = "" if len(groups) == 1 else f", the widest within one of {len(groups)} pipeline stages"
         out.append(measured(
             "weights.rank_balance", "Ranks hold the same memory beyond the KV pool", spread, tol,
             unit="relative spread", direction="lower_is_better", source="beside",
-            message=(f"ranks hold {[round(b / 2**30, 3) for b in beyond]} GiB beyond the pool: spread {spread:.1%} "
-                     f"(tolerance {tol:.0%}); TP ranks hold equal shards"), evidence=evidence))
+            message=(f"ranks hold {[round(b / 2**30, 3) for b in beyond]} GiB beyond the pool: spread {spread:.1%}"
+                     f"{where} (tolerance {tol:.0%}); TP ranks hold equal shards"), evidence=evidence))
     return out
+
+
+def tp_groups(beyond: list[int], tp: int, pp: int) -> list[list[int]]:
+    """The ranks that hold equal shards: each pipeline stage's TP ranks (stages differ by design:
+    the first holds the embedding, the last the lm_head). Ranks that are not the plan's TP x PP are
+    one group only at PP 1, else none is judged."""
+    if len(beyond) == tp * pp:
+        return [beyond[i:i + tp] for i in range(0, len(beyond), tp)]
+    return [beyond] if pp == 1 else []
 
 
 def beside_checks(engines: Any, profile: Profile) -> list[Check]:

@@ -202,6 +202,33 @@ def test_weight_memory_checks_hold_each_rank_to_the_plan():
     assert headroom.value == round(max(per_rank) / 2**30, 4) and headroom.status == "pass"
 
 
+def test_weight_memory_with_pipeline_stages_holds_each_rank_to_its_own_stage():
+    """Stages differ by design (embedding first, lm_head last, layers split unevenly): each rank is held
+    to its stage's planned bytes, not to the busiest stage's, which failed an exact PP deployment."""
+    from day0.config.profile import load_profile
+    from day0.stages.weights import memory_checks
+    from day0.stages.weights.memory import planned
+
+    profile = load_profile("cpu-tiny", overrides={"engine": {"args": {"pipeline_parallel_size": 3}}})
+    plan_, _ = planned(profile)
+    assert plan_ is not None
+    exact = [s.weight_bytes for s in plan_.stages]
+    assert max(exact) / min(exact) > 1.2  # the busiest stage's figure would be 40% off the others
+    check = memory_checks(exact, profile)[0]
+    assert (check.status, check.value) == ("pass", 0.0), check.message
+    assert "by pipeline stage" in check.message and check.evidence["plan_bytes_per_rank"] == exact
+    swapped = [exact[1], exact[0], exact[2]]  # the same bytes on the wrong stages is a wrong split
+    assert memory_checks(swapped, profile)[0].status == "fail"
+
+
+def test_rank_balance_compares_the_tp_ranks_of_one_stage_only():
+    from day0.stages.weights.beside import tp_groups
+
+    assert tp_groups([5, 5, 9, 9], tp=2, pp=2) == [[5, 5], [9, 9]]
+    assert tp_groups([5, 6], tp=2, pp=1) == [[5, 6]]
+    assert tp_groups([5, 9], tp=2, pp=2) == []  # a partial view across stages: nothing to hold equal
+
+
 def test_weight_memory_without_a_plan_is_one_skip_saying_why(tmp_path):
     from day0.config.profile import load_profile
     from day0.stages.weights import memory_checks
