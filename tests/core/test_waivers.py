@@ -24,6 +24,8 @@ def _fail(cid="agents.structured_outputs", kinds=("control_character",)):
     (_fail(), XGRAMMAR, True),
     (_fail(kinds=("control_character", "schema")), XGRAMMAR, False),  # a second kind is not covered
     (_fail(kinds=()), XGRAMMAR, False),
+    (_fail(kinds=({"kind": "control_character"},)), XGRAMMAR, False),  # a site stage's object: was a TypeError
+    (_fail(kinds=("control_character", ["x"])), XGRAMMAR, False),
     (_fail("agents.tool_calls"), XGRAMMAR, False),
     (_fail("agents.tool_calls.streamed"), Waiver("agents.tool_calls*", "r" * 10, "control_character"), True),
     (_fail(kinds=("schema",)), Waiver("agents.structured_outputs", "r" * 10), True),  # no finding: any failure
