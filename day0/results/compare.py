@@ -74,7 +74,7 @@ def resolve_baselines(specs: Sequence[str], run: RunRecord, folder: Path, n: int
     if keywords:
         verdict = "accepted" if keywords[0] == history.LATEST_ACCEPTED else ""
         skipped: list[str] = []
-        found = history.recent(folder, n, run.run_id, verdict=verdict, skipped=skipped)
+        found = history.recent(folder, n, run.run_id, verdict=verdict, skipped=skipped, before=run.started_at)
         if not found:
             return None
         first, last = found[0][0].label, found[-1][0].label
@@ -230,7 +230,8 @@ def nightly_checks(
         result = judge_history(found.runs, record, settings, found.label)
         result.notes += found.skipped
         shown = {rec.run_id for _, rec in found.runs}
-        recent = [(e.label, rec) for e, rec in history.recent(folder, max(0, settings.trend_runs - 1), record.run_id)]
+        recent = [(e.label, rec) for e, rec in history.recent(folder, max(0, settings.trend_runs - 1), record.run_id,
+                                                                  before=record.started_at)]
         past = sorted(found.runs + [lr for lr in recent if lr[1].run_id not in shown],
                       key=lambda lr: str(lr[1].started_at))
         checks = regression_checks(result, found.paths, trend_charts(past, record, result, settings))

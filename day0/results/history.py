@@ -197,11 +197,13 @@ def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
 
 
 def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
-           skipped: list[str] | None = None) -> list[tuple[Entry, RunRecord]]:
+           skipped: list[str] | None = None, before: str = "") -> list[tuple[Entry, RunRecord]]:
     """The last ``n`` stored runs (oldest first), never the run ``exclude_run_id`` itself, only
-    those with ``verdict`` when one is given (``latest-accepted``). An entry that does not load
-    is skipped (one bad file must not stop every later nightly) and named in ``skipped``.
-    The nightly judges a run against these, and the trend charts draw them."""
+    those with ``verdict`` when one is given (``latest-accepted``), and only those started before
+    ``before`` (the judged run's start, or at it: an older run's report or comparison is against what came
+    before it, never after). An entry that does not load is skipped (one bad file must not stop
+    every later nightly) and named in ``skipped``. The nightly judges a run against these, and the
+    trend charts draw them."""
     out: list[tuple[Entry, RunRecord]] = []
     for e in reversed(entries(folder)):
         if len(out) >= n:
@@ -214,9 +216,18 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
             if skipped is not None:
                 skipped.append(f"history entry skipped: {exc}")
             continue
-        if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict):
+        if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict) and _earlier(rec.started_at, before):
             out.append((e, rec))
     return list(reversed(out))
+
+
+def _earlier(started_at: str, before: str) -> bool:
+    if not before:
+        return True
+    try:
+        return datetime.fromisoformat(started_at) <= datetime.fromisoformat(before)  # the run itself goes by its id
+    except (TypeError, ValueError):  # a time that does not compare (no zone on one side): kept, as before
+        return True
 
 
 def keep(record: RunRecord, run_dir: Path, out_dir: Path, log: Callable[[str], None],

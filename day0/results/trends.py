@@ -40,7 +40,8 @@ def history_runs(record: RunRecord, run_file: Path, n: int = TREND_RUNS, root: P
     run folders; never a folder the record names. None there means no trend."""
     try:
         root = root if root is not None else default_root(run_file)
-        return [r for _, r in recent(folder_for(root, record), n - 1, exclude_run_id=record.run_id)]
+        return [r for _, r in recent(folder_for(root, record), n - 1, exclude_run_id=record.run_id,
+                                       before=record.started_at)]
     except (OSError, HistoryError):
         return []
 

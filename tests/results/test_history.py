@@ -161,6 +161,17 @@ def test_latest_accepted_runs_skip_rejected_ones_and_the_run_itself(tmp_path):
     assert [r.verdict for _, r in history.recent(folder, 2)] == ["accepted", "rejected"]
 
 
+def test_an_older_run_is_judged_and_charted_against_the_runs_before_it_never_after(tmp_path):
+    """Re-rendering an older run's report drew later runs before it in its trends, and `day0 compare
+    OLD --baseline latest` judged it against them ("vs 3 earlier runs")."""
+    folder = tmp_path / "h"
+    for i in range(5):
+        history.store(_write(_record(f"run-{i}", started=f"2026-11-30T09:0{i}:00.000+00:00"), tmp_path), folder)
+    got = history.recent(folder, 5, exclude_run_id="run-2", before="2026-11-30T09:02:00.000+00:00")
+    assert [r.run_id for _, r in got] == ["run-0", "run-1"]
+    assert len(history.recent(folder, 5, exclude_run_id="run-2")) == 4  # no start given: as before
+
+
 def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
     out = tmp_path / "reports"
     rec = _record("run-kept")
