@@ -289,6 +289,13 @@ def judge_metric(now: Metric, past: Sequence[tuple[str, Metric]], settings: Comp
     row.centre, row.spread = spread_of(row.history)
     row.gross = len(row.history) < settings.history_runs
     row.tolerance = settings.tolerance_for(now.key, now.check_id)
+    if row.centre == 0 and row.spread == 0 and row.tolerance.relative and row.value != 0:
+        # every past run measured 0: a share of 0 allows nothing, so any rise (fragmentation 0.01%)
+        # was a regression, noise included. No scale to judge a change by: said, and not judged.
+        row.kind, row.why = "incomparable", (f"{with_unit(row.value, row.unit)} vs 0 in all {len(row.history)} runs: "
+                                             f"a relative tolerance ({row.tolerance}) of 0 allows nothing; set an "
+                                             f"absolute one in [compare.tolerances] to judge {now.key}")
+        return row
     bad, good = _allowances(row.centre, row.spread, row.tolerance.allowed(row.centre), row.gross,
                             settings.gross_factor, effective_k(settings.spread_k, len(row.history)),
                             now.direction)

@@ -200,6 +200,24 @@ def test_with_fewer_runs_than_asked_only_gross_changes_count():
     assert row.gross and row.bound == pytest.approx(2 * row.centre) and "gross bound" in row.why
 
 
+def test_a_figure_the_history_measured_as_zero_is_not_judged_by_a_relative_tolerance():
+    """KV fragmentation 0% five nights running, then 0.01%: a share of 0 allows nothing, and any
+    noise above it failed the nightly. With an absolute tolerance it is judged as any figure."""
+    past = [rf.make_record({"kvcache": [perf("kvcache.fragmentation", 0.0, 5.0, unit="%")]}, run_id=f"n{i}")
+            for i in range(5)]
+    now = rf.make_record({"kvcache": [perf("kvcache.fragmentation", 0.01, 5.0, unit="%")]}, run_id="now")
+    res = judge_history(labelled(past), now, SETTINGS)
+    row = next(r for r in res.rows if r.key == "kvcache.fragmentation")
+    assert (row.kind, res.exit_code) == ("incomparable", 0), row.why
+    assert "set an absolute one in [compare.tolerances]" in row.why
+    absolute = SETTINGS.with_overrides(["kvcache.fragmentation=0.5"])
+    assert next(r for r in judge_history(labelled(past), now, absolute).rows
+                if r.key == "kvcache.fragmentation").kind == "unchanged"
+    worse = rf.make_record({"kvcache": [perf("kvcache.fragmentation", 0.8, 5.0, unit="%")]}, run_id="worse")
+    assert next(r for r in judge_history(labelled(past), worse, absolute).rows
+                if r.key == "kvcache.fragmentation").kind == "regression"
+
+
 @given(factor=st.floats(1.01, 10), direction=st.sampled_from(["lower_is_better", "higher_is_better"]))
 def test_the_gross_factor_is_the_line_in_both_directions(factor, direction):
     base = rf.make_record({"latency": [perf("latency.x", 100.0, direction=direction)]}, run_id="b")
