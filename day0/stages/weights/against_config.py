@@ -132,9 +132,15 @@ def _fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+# With tie_word_embeddings the head is the embedding: vLLM's loader skips an lm_head.weight in the
+# checkpoint (AutoWeightsLoader's aliased parameters), and merge tools often write one anyway.
+TIED_HEAD = "lm_head.weight"
+
+
 def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str | None,
                       arch_error: str) -> tuple[Shapes | None, Shapes]:
-    """(tensors the config implies or None, the optional MTP tensors); skips what cannot be judged."""
+    """(tensors the config implies or None, the optional ones: MTP tensors, a tied head's copy); skips
+    what cannot be judged."""
     expected: Shapes | None = None
     optional: Shapes = {}
     if arch is not None:
@@ -143,9 +149,11 @@ def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str
             if not _within_named(a, config, archs):
                 return None, {}
             expected = archs.expected_tensors(config)
+            if TIED_HEAD not in expected:  # tied: the head is the embedding, and vLLM skips a copy of it
+                optional[TIED_HEAD] = expected["model.embed_tokens.weight"]
             if archs.num_mtp_layers(config):
-                optional = {k: v for k, v in archs.expected_tensors(config, include_mtp=True).items()
-                            if k not in expected}
+                optional |= {k: v for k, v in archs.expected_tensors(config, include_mtp=True).items()
+                             if k not in expected}
         except (ValueError, TypeError, KeyError) as exc:  # a key missing or of the wrong type
             msg = str(exc)
             a.fail("weights.config", msg if msg.startswith(CONFIG_NAME) else f"{CONFIG_NAME}: {msg}")
@@ -268,10 +276,12 @@ def check_shapes(a: AuditRun, arch: str, expected: Shapes, optional: Shapes, act
         if e.shape != tuple(want):
             a.fail(cat, f"{shard}: tensor {name} has shape {list(e.shape)}, {CONFIG_NAME} implies {list(want)}",
                    shard=shard, tensor=name, value=list(e.shape), limit=list(want))
-    mtp = sum(1 for n in optional if n in a.located)
+    mtp = sum(1 for n in optional if n in a.located and n != TIED_HEAD)
     notes = []
     if mtp:
         notes.append(f"plus {mtp} multi-token-prediction tensors")
+    if TIED_HEAD in optional and TIED_HEAD in a.located:
+        notes.append(f"plus {TIED_HEAD}, a copy of the tied embedding that vLLM does not load")
     if scales:
         notes.append(f"plus {len(scales)} FP8 block scales")
     if unverifiable:
@@ -308,9 +318,11 @@ def check_param_count(a: AuditRun, config: dict[str, Any], archs: Any, optional:
     if a.missing or a.unreadable:
         a.skip(cat, f"not checked: {len(a.missing | a.unreadable)} shards missing or unreadable, the count would be partial")
         return
-    with_mtp = any(n in a.located for n in optional)
+    with_mtp = any(n in a.located for n in optional if n != TIED_HEAD)
     limit = int(archs.parameter_count(config, include_mtp=with_mtp))
-    value = sum(e.numel for _, e in actual if e.name not in scales and not e.name.endswith(IGNORED_TENSOR_SUFFIXES))
+    skipped = {TIED_HEAD} if TIED_HEAD in optional else set()  # the tied head's copy: not a parameter vLLM holds
+    value = sum(e.numel for _, e in actual
+                if e.name not in scales and e.name not in skipped and not e.name.endswith(IGNORED_TENSOR_SUFFIXES))
     what = f"{CONFIG_NAME} implies {limit:,}" + (" (with MTP layers)" if with_mtp else "")
     if value != limit:
         diff = value - limit

@@ -77,6 +77,23 @@ def test_factory_layout_agrees_with_archs(ckpt: cf.Ckpt) -> None:
     assert archs.expected_tensors(mix) == cf.llama_tensors(mix)
 
 
+def test_a_tied_checkpoint_that_ships_its_head_anyway_passes_and_a_wrong_head_does_not(tmp_path: Path) -> None:
+    """With tie_word_embeddings vLLM skips lm_head.weight (AutoWeightsLoader's aliased parameters);
+    merge tools write it anyway. Present or not it is no failure, nor a parameter vLLM holds; of
+    another shape it is still wrong."""
+    cfg = cf.llama_config(tie_word_embeddings=True)
+    shapes = {**cf.llama_tensors(cfg), "lm_head.weight": (cfg["vocab_size"], cfg["hidden_size"])}
+    ck = cf.make_checkpoint(tmp_path / "m", config=cfg, tensors=shapes)
+    checks = audit(ck.dir)
+    assert_clean_except(checks)
+    grouped = by_id(checks)
+    assert "a copy of the tied embedding that vLLM does not load" in grouped["weights.shapes"][0].message
+    count = grouped["weights.param_count"][0]
+    assert count.value == count.limit == sum(math.prod(s) for n, s in shapes.items() if n != "lm_head.weight")
+    cf.reshape_tensor(ck, "lm_head.weight", (cfg["vocab_size"] - 1, cfg["hidden_size"]))
+    assert "lm_head.weight has shape [127, 64]" in failures(audit(ck.dir), "weights.shapes")[0].message
+
+
 def test_single_file_checkpoint_is_audited(tmp_path: Path) -> None:
     ck = cf.make_checkpoint(tmp_path / "m", num_shards=1)
     assert ck.shards == ["model.safetensors"] and not (ck.dir / cf.INDEX_NAME).exists()
