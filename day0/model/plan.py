@@ -32,7 +32,7 @@ checks in :mod:`day0.model.plan_report`, the what-if parser in :mod:`day0.model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from day0.config.topology import MAX_DEVICE_MEMORY_GIB, MAX_DEVICES_PER_NODE, MAX_NODES
@@ -111,7 +111,7 @@ def plan(
     scheme = weight_scheme(quantization, config)
     notes = _model_notes(config, quantization, scheme)
     derived_len, _ = archs.derived_max_model_len(config)
-    max_len = int(max_model_len if max_model_len not in (None, 0, -1) else derived_len)  # -1: vLLM's "derive it"
+    max_len = int(max_model_len if max_model_len not in (None, 0, -1) else derived_len)  # -1: fitted below (_auto_fit)
     context = int(target_context or max_len)
     kv_layer = kv_layer_bytes(config, kv_cache_dtype, dt, tp)
     req = _Request(dt, scheme, kv_cache_dtype, block_size, max_len, context, target_concurrency,
@@ -120,6 +120,8 @@ def plan(
                    expert_parallel=enable_expert_parallel and archs.routed_experts(config) > 0)
     fp = footprint(config, scheme, DTYPE_BYTES[dt])
     stages = req.price(config, fp, tp, pp, kv_layer)
+    if max_model_len == -1:
+        req = _auto_fit(req, stages, derived_len, target_context, notes)
     reasons = req.reasons(stages, tp * pp)
     if tp > devices_per_node:
         notes.append(f"tp={tp} spans nodes: TP all-reduces would cross the inter-node network")
@@ -183,6 +185,20 @@ class _Request:
             why.append(f"KV pool holds {tokens} tokens < {self.needed} needed "
                        f"({self.target_concurrency} x {self.context} tokens)")
         return why
+
+
+def _auto_fit(req: _Request, stages: tuple[StagePlan, ...], derived: int, target_context: int | None,
+              notes: list[str]) -> _Request:
+    """``max_model_len = -1``: vLLM 0.32 fits the length to what the KV pool holds
+    (``v1/core/kv_cache_utils._auto_fit_max_model_len``), so a pool short of the model's own length
+    shrinks the length instead of refusing to start; priced as the derived length, the plan said it would not start."""
+    tokens = min(s.kv_tokens for s in stages)
+    if tokens <= 0:
+        return req  # not one token: vLLM refuses ("Cannot auto-fit"), as the reasons say
+    fitted = min(derived, tokens)
+    notes.append(f"max_model_len = -1: vLLM fits it to the KV pool, {fitted} tokens"
+                 + (f" (the model's own {derived} does not fit)" if fitted < derived else ""))
+    return replace(req, max_len=fitted, context=int(target_context or fitted))
 
 
 MAX_RANKS = 1 << 20  # tp and pp each; any more is not a layout, and the arithmetic stays small

@@ -60,6 +60,21 @@ def test_kv_heads_replicated_beyond_tp() -> None:
     assert p.weight_bytes_per_rank - (p_split.weight_bytes_per_rank - 4 * kv_proj / 8) == pytest.approx(kv_proj / 2, abs=64)
 
 
+def test_max_model_len_minus_one_is_fitted_to_the_kv_pool_as_vllm_does() -> None:
+    """vLLM 0.32 fits -1 to what the pool holds (kv_cache_utils._auto_fit_max_model_len); priced as
+    the model's own 131072 tokens the plan said a 24 GiB device "refuses to start"."""
+    c = cfg("llama-3.1-8b")
+    fitted = P.plan(c, max_model_len=-1, device_memory_gib=24, target_context=8192)
+    assert fitted.verdict != "does_not_fit", fitted.reasons
+    tokens = min(s.kv_tokens for s in fitted.stages)
+    assert fitted.max_model_len == tokens < 131072
+    assert any(n.startswith(f"max_model_len = -1: vLLM fits it to the KV pool, {tokens} tokens") for n in fitted.notes)
+    derived = P.plan(c, max_model_len=131072, device_memory_gib=24, target_context=8192)
+    assert derived.verdict == "does_not_fit" and any("vLLM refuses to start" in r for r in derived.reasons)
+    roomy = P.plan(c, max_model_len=-1, device_memory_gib=80, target_context=8192)
+    assert roomy.max_model_len == 131072  # the model's own length fits: kept
+
+
 def test_w4a16_group_scales_and_unquantized_tensors() -> None:
     c = cfg("llama-3.1-8b")
     p = P.plan(c, quantization="w4a16", device_memory_gib=80)
