@@ -65,15 +65,20 @@ def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (impo
                     registry=reg)
     finished = Gauge("day0_run_finished_timestamp_seconds", "When the run finished (Unix time)",
                      ["profile", "run_id"], registry=reg)
+    seen: dict[tuple[str, ...], set[str]] = {}  # the statuses of every check sharing one label set
     for st in record.stages:
         for c in st.checks:
             labels = {**run, "stage": st.name, "check": c.id, "repeat": "" if c.repeat is None else str(c.repeat)}
-            if (v := _num(c.value)) is not None:
+            had = seen.setdefault(tuple(labels.values()), set())
+            if (v := _num(c.value)) is not None and "fail" not in had:  # a failing copy's value is the one shown
                 value.labels(**labels, unit=c.unit).set(v)
-            if (lim := _num(c.limit)) is not None:
+            if (lim := _num(c.limit)) is not None and "fail" not in had:
                 limit.labels(**labels, unit=c.unit, direction=c.direction).set(lim)
+            # one id per shard or rank shares the labels: each status any of them has is 1, so a
+            # pass written after a fail never sets status="fail" back to 0 (the alert would not fire)
+            had.add(c.status)
             for s in STATUSES:
-                status.labels(**labels, status=s).set(1 if c.status == s else 0)
+                status.labels(**labels, status=s).set(1 if s in had else 0)
             if (d := _num(c.duration_s)) is not None:
                 duration.labels(**labels).set(d)
     for v in VERDICTS:

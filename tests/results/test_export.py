@@ -55,6 +55,19 @@ def test_textfile_holds_values_limits_statuses_and_verdict(tmp_path: Path) -> No
     assert not list(path.parent.glob("*.prom.*"))  # the temporary file of the atomic replace is gone
 
 
+def test_checks_sharing_one_id_export_every_status_any_of_them_has(tmp_path: Path) -> None:
+    """One id per shard or rank shares a label set: a pass written after a fail set status="fail"
+    back to 0, and an alert on it never fired. The failing copy's value is the one shown."""
+    record = rf.make_record({"weights": [
+        Check(id="weights.shard_size", title="size", status="fail", value=1.0, message="shard 2 truncated"),
+        Check(id="weights.shard_size", title="size", status="pass", value=0.0),
+    ]}, run_id="20261130T090000Z-cpu-tiny-abc124")
+    got = _samples(export.write_textfile(record, tmp_path / "day0.prom").read_text())
+    status = {s[1]["status"]: s[2] for s in got if s[0] == "day0_check_status"}
+    assert status["fail"] == 1 and status["pass"] == 1 and status["error"] == 0
+    assert [s[2] for s in got if s[0] == "day0_check_value"] == [1.0]
+
+
 class _Gateway(http.server.BaseHTTPRequestHandler):
     """What a Pushgateway does with a push, reduced to storing the body by path."""
 
