@@ -68,8 +68,9 @@ def sparkline(h: Headline) -> str:
     if h.baseline_index is not None:
         bx, by = coords[h.baseline_index]
         parts.append(f'<circle class="baseline" cx="{bx}" cy="{by}" r="4" fill="none" stroke="{BASE}" stroke-width="2"/>')
-    nx, ny = coords[-1]
-    parts.append(f'<circle cx="{nx}" cy="{ny}" r="3" fill="{NOW}"/>')
+    if h.value is not None:  # the last point is this run's only when it has one (a run without it leaves a gap)
+        nx, ny = coords[-1]
+        parts.append(f'<circle cx="{nx}" cy="{ny}" r="3" fill="{NOW}"/>')
     title = f"{h.label} over the last {len(pts)} runs: " + ", ".join(fmt(v) for v in ys)
     if h.baseline_index is not None:
         title += f" (baseline: run {pts[h.baseline_index][0]})"

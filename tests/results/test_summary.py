@@ -146,6 +146,20 @@ def test_trends_follow_the_history_and_mark_the_baseline() -> None:
     assert S.summarize(now).trend_runs == 0 and S.summarize(now, [now]).trend_runs == 0
 
 
+def test_the_this_run_dot_is_drawn_only_on_this_runs_own_point() -> None:
+    """A run without the figure leaves a gap: its trend ends at the previous run, which the dark
+    "this run" dot then marked as if it were this one."""
+    import dataclasses
+
+    past = [full_record(ttft=100.0 + 10 * i, run_id=f"run-{i}") for i in range(3)]
+    s = S.summarize(full_record(ttft=400.0, run_id="run-now"), past)
+    ttft = next(h for h in s.headlines if h.key == "ttft_p99")
+    assert trends.sparkline(ttft).count(f'fill="{trends.NOW}"') == 1
+    absent = dataclasses.replace(ttft, value=None, trend=ttft.trend[:-1])  # this run measured nothing
+    svg = trends.sparkline(absent)
+    assert svg.startswith('<svg class="spark"') and f'fill="{trends.NOW}"' not in svg
+
+
 def test_trends_read_the_history_folder_beside_the_run(tmp_path) -> None:
     from day0.results import history
 
