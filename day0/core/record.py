@@ -49,6 +49,9 @@ RUN_FILE = "run.json"
 MAX_RECORD_BYTES = 512 << 20
 MAX_EVENTS_BYTES = 256 << 20  # run.json, indented, is 2-3x its compact log: a rebuilt log must still load
 MAX_EVENT_LINE = 64 << 20
+# A run writes one line per check and note: a few hundred (154 for cpu-tiny's default run). Folding
+# takes ~12 us a line, so 256 MiB of one-byte lines held `record rebuild` for ~27 minutes: bounded.
+MAX_EVENT_LINES = 1_000_000
 # A check sits 3 levels deeper in run.json (stages[i].checks[j]) than in its event (check): a log
 # line that passes must make a record that passes.
 EVENT_DEPTH = MAX_DEPTH - 3
@@ -284,6 +287,9 @@ def _numbered_events(path: Path, skipped: Skipped | None) -> Iterator[tuple[str,
     with fh:
         for n, raw, ended in lines(fh, MAX_EVENT_LINE):
             where = f"{path}:{n}"
+            if n > MAX_EVENT_LINES:
+                raise RecordError(f"{path}: more than {MAX_EVENT_LINES:,} lines, where a run writes a few hundred: "
+                                  "not a day0 event log")
             if raw is not None and not raw.strip():
                 continue
             try:

@@ -229,6 +229,18 @@ def test_a_second_start_and_repeated_stage_names_still_make_a_record_that_loads(
     assert load(tmp_path).to_dict() == rec.to_dict()  # what rebuild writes, load reads
 
 
+def test_an_event_log_of_more_lines_than_a_run_writes_is_refused_in_bounded_time(tmp_path, monkeypatch):
+    """256 MiB of one-byte lines would fold for ~27 minutes; a run writes a few hundred lines."""
+    import day0.core.record as record_module
+
+    monkeypatch.setattr(record_module, "MAX_EVENT_LINES", 50)
+    _log(tmp_path)
+    with (tmp_path / "events.jsonl").open("a") as fh:
+        fh.write("x\n" * 60)
+    with pytest.raises(RecordError, match=r"events.jsonl: more than 50 lines, where a run writes a few hundred"):
+        rebuild(tmp_path)
+
+
 def _deep(n):
     value = 0
     for _ in range(n):
