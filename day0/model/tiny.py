@@ -86,8 +86,20 @@ def cached_model(spec: TinySpec, *, log: Callable[[str], None] | None = None) ->
     return target
 
 
+# The embedded model is a rehearsal on CPU (2.6M parameters by default): every weight is drawn in
+# memory before a shard is written, so a spec within each dimension's range but 123B parameters in
+# all died of the allocator, with a traceback, after minutes. 1 GiB of float32 at most.
+MAX_TINY_PARAMS = 1 << 28
+
+
 def build(spec: TinySpec, out_dir: Path) -> Path:
     """Write tokenizer, config and sharded weights into ``out_dir`` (created if missing)."""
+    from day0.model import archs
+
+    params = archs.parameter_count(model_config(spec, vocab_size=spec.vocab_size, bos_token_id=0, eos_token_id=1))
+    if params > MAX_TINY_PARAMS:
+        raise ValueError(f"model.tiny: {params:,} parameters ({params * 4 / 2**30:.1f} GiB in float32), past the "
+                         f"{MAX_TINY_PARAMS:,} of a model built in memory for a rehearsal on CPU")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(spec)

@@ -69,6 +69,18 @@ def test_tiny_build_into_a_place_that_cannot_be_a_folder_is_one_line(tmp_path, c
     assert err.startswith(f"day0: {tmp_path / where}: ") and err.count("\n") == 1, err
 
 
+def test_tiny_build_of_a_spec_too_big_to_draw_in_memory_is_refused_before_it_starts(tmp_path, capsys):
+    """Every dimension within its range, 122B parameters in all: the builder draws every weight in
+    memory first, and died of the allocator with a traceback."""
+    big = tmp_path / "big.toml"
+    big.write_text('extends = "cpu-tiny"\n[model.tiny]\nhidden_size = 8192\nintermediate_size = 32768\n'
+                   "num_hidden_layers = 128\nnum_attention_heads = 64\nnum_key_value_heads = 8\n")
+    assert main(["tiny", "build", "--profile", str(big), str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("day0: model.tiny: 122,414,964,736 parameters") and err.count("\n") == 1, err
+    assert not (tmp_path / "m").exists()
+
+
 def test_weights_golden_with_the_transformers_reference(tmp_path, capsys):
     """No engine: transformers computes the golden tokens from the local checkpoint, with the
     top-k logprobs a later comparison needs to tell a near-tie from a divergence."""
