@@ -117,7 +117,12 @@ def samples_to_bound(p: float, confidence: float = 0.95) -> int:
     """The fewest samples whose largest can bound the p-th percentile from above at ``confidence``:
     1 - q^n >= c, so n = ceil(ln(1 - c) / ln q) (299 for p99 at 95%, 29 for p90)."""
     q = p / 100.0
-    return max(1, math.ceil(math.log(1.0 - confidence) / math.log(q) - 1e-9))
+    n = max(1, math.ceil(math.log(1.0 - confidence) / math.log(q) - 1e-9))
+    # at an exact boundary (p10 at 99%: 1 - 0.1^2 is 0.99 in reals, 0.98999... in floats) the
+    # formula's count is one that bound_ranks, which judges the sample, finds no bound in
+    while bound_ranks(n, p, confidence)[1] is None:
+        n += 1
+    return n
 
 
 # -- how independent the slow requests were ------------------------------------------------------

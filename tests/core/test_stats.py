@@ -9,10 +9,13 @@ import random
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from day0.core.stats import (
     BURSTY,
     binomial_cdf,
+    bound_ranks,
     offered_burst,
     percentile,
     percentile_bounds,
@@ -37,6 +40,17 @@ def test_samples_to_bound_are_the_binomials_own_counts():
     for p, c in ((99, 0.95), (90, 0.9), (99.9, 0.95)):
         n = samples_to_bound(p, c)
         assert 1 - (p / 100) ** n >= c > 1 - (p / 100) ** (n - 1)
+
+
+@given(p=st.floats(1, 99.9), c=st.floats(0.51, 0.999))
+def test_the_count_to_bound_is_the_fewest_the_bounds_themselves_accept(p, c):
+    """samples_to_bound chooses a run's request count and bound_ranks then judges the sample: they
+    must agree. At an exact boundary (p10 at 99%: 1 - 0.1^2 = 0.99 in reals, 0.98999... in floats)
+    the count said 2 and the bounds found no upper bound in 2."""
+    n = samples_to_bound(p, c)
+    assert bound_ranks(n, p, c)[1] is not None
+    assert n == 1 or bound_ranks(n - 1, p, c)[1] is None
+    assert samples_to_bound(10, 0.99) == 3
 
 
 def test_too_few_samples_bound_nothing_from_above():
