@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from day0.config.tiny import TinySpec
 from day0.core.outputs import cache_root, write_file
+from day0.model import archs
 from day0.model.tiny_archs import model_config, weights
 
 BUILDER_VERSION = 3  # 3: a chat template with tool and reasoning sections; <think> and </think> tokens
@@ -87,15 +88,13 @@ def cached_model(spec: TinySpec, *, log: Callable[[str], None] | None = None) ->
 
 
 # The embedded model is a rehearsal on CPU (2.6M parameters by default): every weight is drawn in
-# memory before a shard is written, so a spec within each dimension's range but 123B parameters in
+# memory before a shard is written, so a spec within each dimension's range but 122B parameters in
 # all died of the allocator, with a traceback, after minutes. 1 GiB of float32 at most.
 MAX_TINY_PARAMS = 1 << 28
 
 
 def build(spec: TinySpec, out_dir: Path) -> Path:
     """Write tokenizer, config and sharded weights into ``out_dir`` (created if missing)."""
-    from day0.model import archs
-
     params = archs.parameter_count(model_config(spec, vocab_size=spec.vocab_size, bos_token_id=0, eos_token_id=1))
     if params > MAX_TINY_PARAMS:
         raise ValueError(f"model.tiny: {params:,} parameters ({params * 4 / 2**30:.1f} GiB in float32), past the "

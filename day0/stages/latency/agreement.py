@@ -97,6 +97,7 @@ def _server_mean(smetric: str, fig: ServerFigure, metrics: LatencyMetrics) -> fl
         return fig.mean_ms
     return fig.mean_ms * fig.count / (fig.count - singles)
 
+
 def server_agreement_check(run: LatencyRun) -> Check:
     """Client vs engine means per metric (:func:`agreements`), worst against its allowance; a skip
     without ``/metrics``."""
