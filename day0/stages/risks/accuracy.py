@@ -131,7 +131,9 @@ def cell_kl(ref: dict[int, float], dep: dict[int, float], actual: int | None = N
             kl += math.inf if q == 0 else p * (ref[t] - dep[t])
     p_rest, q_rest = 1.0 - p_in, 1.0 - q_in
     if p_rest > MASS_EPS:
-        kl += math.inf if q_rest <= 0 else p_rest * math.log(p_rest / max(q_rest, MASS_EPS))
+        # floored, never infinite: a deployed top-1 logprob of exactly 0.0 (float32 rounding of a
+        # near-certain token) sums its cells to >= 1, and the whole prompt's KL read inf, a fail
+        kl += p_rest * math.log(p_rest / max(q_rest, MASS_EPS))
     return max(kl, 0.0), min(p_in, 1.0)
 
 

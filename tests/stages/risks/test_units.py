@@ -92,6 +92,13 @@ def test_cell_kl_over_the_whole_vocabulary_is_the_kl(pair):
     assert mass == pytest.approx(1.0)
 
 
+def test_a_near_certain_token_rounded_to_logprob_zero_keeps_the_kl_finite():
+    """float32 logprobs round a near-certain top-1 to exactly 0.0: the deployed cells then sum to
+    1 or more and the rest cell to nothing, which read as an infinite KL (a good model failed)."""
+    kl, mass = cell_kl({5: -1e-6, 7: -16.0, 9: -17.0}, {5: 0.0, 7: -16.0, 9: -17.0})
+    assert math.isfinite(kl) and kl < 1e-4 and mass == pytest.approx(1.0, abs=1e-5)
+
+
 @given(st.lists(st.floats(-8, 8), min_size=2, max_size=40), st.integers(1, 40))
 def test_cell_kl_of_identical_distributions_is_zero(logits, k):
     p = softmax_logprobs(logits)
