@@ -8,6 +8,15 @@ from typing import Any
 from day0.stages.collectives.settings import DTYPES
 
 
+def _period(most: int) -> int:
+    """The position pattern's period: the largest odd number <= ``most`` that 7 does not divide.
+    Chunks and blocks are powers of two long, so an even period (bfloat16's budget gave 16 and 128)
+    repeats at every chunk boundary: a chunk delivered to the wrong place held exactly the expected
+    values and all_reduce with rotated chunks, reduce_scatter or all_to_all to the wrong rank passed.
+    A multiple of 7 would make ``7 g mod m`` one value."""
+    return next((m for m in range(max(1, most), 0, -1) if m % 2 and m % 7), 1)
+
+
 @dataclass(frozen=True)
 class ExactPattern:
     """Input values whose sums over any subset of ranks are exact in the dtype.
@@ -31,7 +40,7 @@ class ExactPattern:
         limit = DTYPES[dtype][2]
         cap = max(1, min(nranks, limit)) if reduce else max(1, nranks)
         budget = max(1, limit // cap) if reduce else limit
-        m = max(1, min(251, budget // 2))
+        m = _period(min(251, budget // 2))
         k = max(1, min(127, budget - (m - 1)))
         return cls(m, k, nranks, cap)
 

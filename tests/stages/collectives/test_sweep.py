@@ -117,6 +117,24 @@ def test_any_reduction_order_gives_the_same_bits(dtype, n, start, seed, tree):
     assert len({tuple(v.tolist()) for v in vals}) == len(vals)
 
 
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_a_chunk_delivered_to_the_wrong_place_is_wrong_in_every_dtype(dtype):
+    """Chunks and blocks are powers of two long: with bfloat16's even period (16 and 128) a chunk in
+    the wrong place held exactly the expected values, and rotated all_reduce chunks, another rank's
+    reduce_scatter chunk or all_to_all blocks meant for another rank all passed with 0 wrong."""
+    sw = Sweeper(CollectivesSection.from_mapping({"dtype": dtype}), RankEnv(1, 8, 1, 8))
+    pt = sw.build("all_reduce", "in_place", 1 << 20)
+    good = pt.expected(0, pt.plan.elements)
+    assert sw.count_wrong(good, pt.expected) == 0
+    assert sw.count_wrong(torch.roll(good, pt.plan.elements // 8), pt.expected) > 0
+    rs = sw.build("reduce_scatter", "out_of_place", 1 << 20)
+    assert sw.count_wrong(sw.pattern.sums(torch, 0, rs.plan.chunk, sw.tdtype, "cpu"), rs.expected) > 0  # rank 0's
+    a2 = sw.build("all_to_all", "out_of_place", 1 << 20)
+    ch = a2.plan.chunk
+    meant_for_2 = torch.cat([sw.moved.values(torch, j, 2 * ch, ch, sw.tdtype, "cpu") for j in range(8)])
+    assert sw.count_wrong(meant_for_2, a2.expected) > 0
+
+
 def _sweepers(n: int, dtype: str = "float32") -> list[Sweeper]:
     s = CollectivesSection(backend="gloo", dtype=dtype, root=n - 1)
     return [Sweeper(s, RankEnv(r, n, r, n)) for r in range(n)]
