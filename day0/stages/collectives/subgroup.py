@@ -8,6 +8,7 @@ size, so the record separates intra-node from inter-node busbw. Rows carry ``sco
 
 from __future__ import annotations
 
+import datetime as _dt
 import inspect
 from dataclasses import asdict
 from typing import Any, Callable
@@ -60,7 +61,9 @@ def intra_node_rows(dist: Any, settings: Any, env: RankEnv, hosts: list[str], re
     mine: tuple[Any, list[int]] | None = None
     for name in nodes:
         members = [r for r, h in enumerate(hosts) if h == name]
-        pg = dist.new_group(members)  # every rank creates every group, in the same order
+        # every rank creates every group, in the same order; the world's timeout holds here too (torch's
+        # own default, 30 min on gloo, would let a stuck intra-node phase outwait every other bound)
+        pg = dist.new_group(members, timeout=_dt.timedelta(seconds=float(settings.timeout_s)))
         if env.rank in members:
             mine = (pg, members)
     rows: list[dict[str, Any]] = []

@@ -368,3 +368,28 @@ def test_tp_equivalence_starts_the_other_tp_and_names_the_differing_prompts():
     bad = tp_equivalence_check(_FakeEngine({}), other, 2)
     assert (bad.id, bad.status, bad.value) == ("collectives.engine_tp1_matches_tp2", "fail", 1)
     assert other.started == [("tp1", {"tensor_parallel_size": 1}, None)] and repr(TP_PROMPTS[1]) in bad.message
+
+
+def test_the_intra_node_groups_are_bounded_by_the_worlds_timeout():
+    """dist.new_group without timeout= takes torch's own default (30 min on gloo), so a rank stuck
+    in an intra-node phase outwaited timeout_s. A labelled fake of torch.distributed records the
+    groups asked for; the world has one rank per node, so no group sweeps."""
+    import datetime
+
+    from day0.stages.collectives.subgroup import intra_node_rows
+
+    class RecordingDist:
+        def __init__(self) -> None:
+            self.groups: list[tuple[list[int], object]] = []
+
+        def new_group(self, members, timeout=None):
+            self.groups.append((members, timeout))
+            return object()
+
+        def all_gather_object(self, out, obj):
+            out[:] = [obj] * len(out)
+
+    fake = RecordingDist()
+    settings = CollectivesSection(backend="gloo", timeout_s=7.0)
+    assert intra_node_rows(fake, settings, RankEnv(0, 2, 0, 1), ["node0", "node1"], None, None) == []
+    assert fake.groups == [([0], datetime.timedelta(seconds=7)), ([1], datetime.timedelta(seconds=7))]
