@@ -292,7 +292,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.stash[BLOCKED_KEY] = True
         day0.add_check(stage, Check(id=auto_id(item, stage), title=item.name, status="blocked",
                                     message=reason, nodeid=item.nodeid, repeat=repeat_of(item)))
-        pytest.skip(f"day0 blocked: {reason}")
+        pytest.skip(Terminal(day0.events.redactor).line(f"day0 blocked: {reason}"))  # -rs and --junitxml print it
     day0.stage_starting(stage)
 
 
@@ -337,6 +337,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return rep
     exc = call.excinfo.value
     if rep.skipped:
+        if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:  # a skip's reason, as -rs prints it
+            rep.longrepr = (rep.longrepr[0], rep.longrepr[1], term.line(str(rep.longrepr[2])))
         if not recorded:
             reason = getattr(exc, "msg", None) or str(exc)
             evidence = {NOT_APPLICABLE: True} if isinstance(exc, NotApplicable) else {}

@@ -180,3 +180,35 @@ def test_collect_only_lists_the_checklist_and_records_no_run(pytester):
     result.assert_outcomes()
     assert "test_latency" in result.stdout.str()
     assert not (pytester.path / "out").exists()
+
+
+SECRET_IN_REASONS = """
+import os
+import pytest
+
+@pytest.mark.day0
+@pytest.mark.weights
+def test_weights(day0_checks):
+    day0_checks.measured("weights.fake", "bad", 9, 1, message="download failed for token " + os.environ["HF_TOKEN"])
+
+@pytest.mark.day0
+@pytest.mark.latency
+def test_latency(day0_checks):
+    day0_checks.measured("latency.fake", "good", 0, 1)
+
+@pytest.mark.day0
+@pytest.mark.preflight
+def test_preflight(day0_checks):  # before weights: not blocked, so its own skip is what pytest reports
+    pytest.skip("no view: engine at http://ci:Passw0rdCANARY9@10.0.0.5:8000 refused")
+"""
+
+
+def test_skip_reasons_reach_the_console_and_junitxml_redacted(pytester, monkeypatch):
+    """A later stage's "blocked" skip quoted the failed check's message, and a test's own skip its
+    reason, as they were: pytest prints both under -rs and writes them to its --junitxml."""
+    monkeypatch.setenv("HF_TOKEN", "hf_CANARYsecret123456")
+    pytester.makepyfile(SECRET_IN_REASONS)
+    result = pytester.runpytest_subprocess("--day0-out", "out", "-rs", "--junitxml", "pj.xml")
+    text = result.stdout.str() + result.stderr.str() + (pytester.path / "pj.xml").read_text()
+    assert "day0 blocked: stage weights failed" in text and "no view: engine at" in text
+    assert "hf_CANARYsecret123456" not in text and "Passw0rdCANARY9" not in text
