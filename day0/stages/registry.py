@@ -97,4 +97,4 @@ def load(eps: Iterable[metadata.EntryPoint] | None = None) -> Registry:
         if s.name in seen:
             raise RegistryError(f"stage {s.name!r} ({s.origin}): the name is taken by {seen[s.name]}")
         seen[s.name] = s.origin
-    return Registry(tuple(sorted(stages, key=lambda s: s.order)))
+    return Registry(tuple(sorted(stages, key=lambda s: (s.order, s.name))))  # ties in name order (stage-contract.md)

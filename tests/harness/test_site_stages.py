@@ -88,6 +88,27 @@ def test_a_stage_name_taken_twice_is_refused(tmp_path, monkeypatch):
         load()
 
 
+@pytest.mark.parametrize("name", ["day0", "skip", "xfail"])
+def test_a_stage_named_as_a_marker_day0_or_pytest_already_means_is_refused(tmp_path, monkeypatch, name):
+    """A stage's name is its marker: one named `day0` became the first stage marker of every built-in
+    test and gating followed it (latency ran after a weights failure); one named `skip` skipped itself."""
+    install_dist(tmp_path, f"day0_site{name}", module=SITE_STAGE.replace('name="sitecheck"', f'name="{name}"'),
+                 entry=f"{name} = day0_site{name}:STAGE")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RegistryError, match=f"stage '{name}': name: a pytest marker day0 or pytest already means"):
+        load()
+
+
+def test_stages_of_one_order_run_in_name_order(tmp_path, monkeypatch):
+    """docs/stage-contract.md: ties run in name order; the built-ins won every tie."""
+    latency = next(s for s in builtin() if s.name == "latency")
+    install_dist(tmp_path, "day0_siteaaa", module=SITE_STAGE.replace('name="sitecheck"', 'name="aaa"').replace(
+        "STAGE = Stage(", f"STAGE = Stage(order={latency.order}, "), entry="aaa = day0_siteaaa:STAGE")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = list(load().names)
+    assert names.index("aaa") < names.index("latency")
+
+
 def test_the_site_stage_registers_after_the_builtins(tmp_path, monkeypatch):
     install_dist(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
