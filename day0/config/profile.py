@@ -379,7 +379,7 @@ def _key_parts(key: str, shown: str) -> list[str]:
     (``compare.tolerances."collectives.*.busbw"``); an unquoted path splits on every dot, as before."""
     key = key.strip()
     if '"' not in key and "'" not in key:
-        return key.split(".")
+        return [part.strip() for part in key.split(".")]  # as TOML reads `a. b`: the blank is not the key's
     try:
         cur: Any = tomllib.loads(f"{key} = 0")
     except (tomllib.TOMLDecodeError, RecursionError, ValueError):

@@ -152,6 +152,8 @@ def test_parse_override_builds_the_nested_table(path, value):
 def test_parse_override_keeps_strings_and_rejects_garbage():
     assert parse_override("engine.mode=inprocess") == {"engine": {"mode": "inprocess"}}
     assert parse_override('engine.args.enforce_eager=true') == {"engine": {"args": {"enforce_eager": True}}}
+    # blanks around a dot are not the key's, as TOML reads them (engine.args[" max_num_seqs"] reached vLLM as "-- max-num-seqs")
+    assert parse_override("engine.args. max_num_seqs = 8") == {"engine": {"args": {"max_num_seqs": 8}}}
     with pytest.raises(ProfileError):
         parse_override("no-equals-sign")
 
