@@ -141,7 +141,7 @@ class Redactor:
 
     def __call__(self, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v) else self(v)) for k, v in data.items()}
+            return {k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v, k) else self(v)) for k, v in data.items()}
         if isinstance(data, (list, tuple)):
             return [self(v) for v in data]
         if isinstance(data, str):
@@ -226,17 +226,24 @@ def _strings(data: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def _is_scalar_secret(v: Any) -> bool:
-    """Strings (and lists of them, vLLM's ``api_key`` takes several): a number under a key named
-    ``token`` is a token id, not a credential."""
-    return isinstance(v, str) or (isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v))
+def _is_scalar_secret(v: Any, key: Any = "") -> bool:
+    """A value a credential is: a string, a number, or a list of them (vLLM's ``api_key`` takes
+    several; an all-digit key read from TOML is a number, and endpoint.api_key still sends it). Only
+    under a bare ``token`` or ``key`` is a number not one: a token id, an index."""
+    scalar = (str, int, float)
+    numbers_are_ids = str(key).lower() in ("token", "key")
+
+    def one(x: Any) -> bool:
+        return isinstance(x, str) or (isinstance(x, scalar) and not isinstance(x, bool) and not numbers_are_ids)
+
+    return one(v) or (isinstance(v, list) and bool(v) and all(one(x) for x in v))
 
 
 def _values_under_secret_keys(data: Any) -> Iterable[str]:
     if isinstance(data, dict):
         for k, v in data.items():
-            if is_secret_key(k) and _is_scalar_secret(v):
-                yield from [v] if isinstance(v, str) else v
+            if is_secret_key(k) and _is_scalar_secret(v, k):
+                yield from (str(x) for x in ([v] if not isinstance(v, list) else v))
             else:
                 yield from _values_under_secret_keys(v)
     elif isinstance(data, list):

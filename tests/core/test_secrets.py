@@ -67,6 +67,17 @@ def test_redactor_covers_keys_values_and_text_shapes():
         "--api-key", REDACTED, "--port", "8000", f"--hf-token={REDACTED}"]
 
 
+def test_a_credential_that_toml_reads_as_a_number_is_still_redacted_and_learnt():
+    """An all-digit api_key is a TOML integer (or one entry of a mixed list): it was neither blanked
+    by its key nor learnt as a value, while endpoint.api_key sent it. A bare token or key number is
+    a token id or an index, not a credential."""
+    data = {"engine": {"args": {"api_key": 73194028561}}, "site": {"password": ["sk-live-abcdef123456", 0]}}
+    r = Redactor.from_sources(environ={}, data=data)
+    assert r(data) == {"engine": {"args": {"api_key": REDACTED}}, "site": {"password": REDACTED}}
+    assert r.text("got 401 for key 73194028561") == f"got 401 for key {REDACTED}"
+    assert r({"token": 142, "key": 3}) == {"token": 142, "key": 3}
+
+
 def test_a_hyphenated_word_is_not_a_flag():
     """`a 4096-token prefix` in a check message is prose: the hyphen does not start a flag."""
     r = Redactor.from_sources(environ={}, data={})
