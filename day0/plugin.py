@@ -211,6 +211,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda it: order[stage_of(it)] + 1 if is_day0(it) else 0)  # type: ignore[index]
 
 
+def out_dir_problem(out: Path) -> str:
+    """Why the run cannot write where it is told, said before it starts: it ends by pointing
+    ``out/latest`` at its folder, and a folder or file there (or ``out`` a file) was an INTERNALERROR
+    after the whole run, with a stray ``.latest-<pid>`` link left."""
+    if out.exists() and not out.is_dir():
+        return f"--day0-out {out}: a file, not a folder for the run records"
+    latest = out / "latest"
+    if latest.exists() and not latest.is_symlink():
+        return f"{latest}: a {'folder' if latest.is_dir() else 'file'} where day0 keeps its link to the latest run; move it"
+    return ""
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     if not any(is_day0(it) for it in session.items) or SESSION_KEY in config.stash or config.option.collectonly:
@@ -219,6 +231,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     out = Path(config.getoption("--day0-out") or profile.report.out_dir)
     if not out.is_absolute():
         out = Path(config.invocation_params.dir) / out
+    problem = out_dir_problem(out)
+    if problem:
+        raise pytest.UsageError(f"day0: {problem}")
     template_dir = config.getoption("--day0-template-dir")
     from day0.results.export import Targets
 

@@ -212,3 +212,20 @@ def test_skip_reasons_reach_the_console_and_junitxml_redacted(pytester, monkeypa
     text = result.stdout.str() + result.stderr.str() + (pytester.path / "pj.xml").read_text()
     assert "day0 blocked: stage weights failed" in text and "no view: engine at" in text
     assert "hf_CANARYsecret123456" not in text and "Passw0rdCANARY9" not in text
+
+
+@pytest.mark.parametrize("what", ["latest-folder", "out-file"])
+def test_an_output_folder_that_cannot_take_the_run_is_one_line_before_it_starts(pytester, what):
+    """A folder named latest where day0 keeps its link, or --day0-out naming a file: an INTERNALERROR
+    after the whole run, with a stray link left."""
+    pytester.makepyfile(PASSING_AND_FAILING)
+    if what == "latest-folder":
+        (pytester.path / "out" / "latest").mkdir(parents=True)
+    else:
+        (pytester.path / "out").write_text("not a folder")
+    result = pytester.runpytest_subprocess("--day0-out", "out")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    line = "ERROR: day0: *latest: a folder where day0 keeps its link*" if what == "latest-folder" \
+        else "ERROR: day0: --day0-out */out: a file, not a folder*"
+    result.stderr.fnmatch_lines([line])
