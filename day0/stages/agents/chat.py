@@ -22,17 +22,6 @@ class ChatError(RuntimeError):
     """A request the server refused or failed; the message is one line naming the URL."""
 
 
-REPLACEMENT = "\ufffd"
-
-
-def same_text(whole: str | None, streamed: str | None) -> bool:
-    """Equal once U+FFFD is dropped from both. A token that ends inside a multi-byte UTF-8 character
-    decodes to U+FFFD in a whole reply, while the streaming detokenizer holds the bytes back and, when
-    a parser boundary (a think or call tag) comes next, never sends them (measured: vLLM 0.32, a
-    random-weight model). Where bytes that never formed a character show is not the API's contract."""
-    return (whole or "").replace(REPLACEMENT, "") == (streamed or "").replace(REPLACEMENT, "")
-
-
 @dataclass(frozen=True)
 class Call:
     name: str
@@ -96,7 +85,7 @@ class _Assembly:
         for part in delta.get("tool_calls") or []:
             slot = self.calls.setdefault(int(part.get("index", 0)), {"name": "", "arguments": ""})
             fn = part.get("function") or {}
-            slot["name"] = slot["name"] or fn.get("name") or ""
+            slot["name"] += fn.get("name") or ""  # joined, as the SDK's accumulate_delta joins every string field
             slot["arguments"] += fn.get("arguments") or ""
         if choice.get("finish_reason"):
             self.reply.finish_reason = choice["finish_reason"]

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from day0.client.stream import same_text
 from day0.core.record import Check
-from day0.stages.agents.chat import Reply, same_text
+from day0.stages.agents.chat import Reply
 
 CHECK = "agents.reasoning"
 TITLE = "Reasoning parser: reasoning and content split as the template intends, streamed and not"

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import aiohttp
 
+from day0.client.stream import same_text
 from day0.config.agents import AgentsSection
 from day0.config.profile import Profile
 from day0.core.record import Check, measured
@@ -27,7 +28,6 @@ from day0.stages.agents.chat import (
     chat,
     chat_many,
     complete_ids,
-    same_text,
     token_id,
     tokenize_chat,
 )
@@ -298,9 +298,10 @@ class Agents:
 
 
 def _same_arguments(a: str, b: str) -> bool:
-    """The same JSON value (how a client reads them), or the same text when either is not JSON."""
+    """The same JSON value, types included (how a client reads them: ``true`` is not ``1``, nor ``1``
+    ``1.0``, though Python's == says so), or the same text when either is not JSON."""
     try:
-        return json.loads(a) == json.loads(b)
+        return json.dumps(json.loads(a), sort_keys=True) == json.dumps(json.loads(b), sort_keys=True)
     except ValueError:
         return a == b
 
@@ -318,9 +319,11 @@ def _differs(whole: Reply, streamed: Reply) -> tuple[str, str] | None:
     for w, s in zip(whole.calls, streamed.calls):
         if not _same_arguments(w.arguments, s.arguments):
             return STREAM_MISMATCH, f"{w.name} arguments {w.arguments[:80]!r} whole vs {s.arguments[:80]!r} streamed"
-    if not whole.calls and not same_text(whole.content, streamed.content):
+    if not same_text(whole.content, streamed.content):  # beside calls too: a call's markup leaked into content
         return STREAM_MISMATCH, (f"content {(whole.content or '')[:60]!r} whole vs {(streamed.content or '')[:60]!r} "
                                  "streamed")
+    if whole.finish_reason != streamed.finish_reason:  # a client loops on "tool_calls", stops on "stop"
+        return STREAM_MISMATCH, f"finish_reason {whole.finish_reason!r} whole vs {streamed.finish_reason!r} streamed"
     return None
 
 

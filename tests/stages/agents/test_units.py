@@ -124,14 +124,36 @@ def test_streamed_tool_call_fragments_assemble_per_index():
         asm.add(choice)
     streamed = asm.done()
     assert streamed.calls == [Call("add", '{"a": 1, "b": 2}')] and streamed.finish_reason == "tool_calls"
-    assert _differs(Reply(calls=[Call("add", '{"a":1,"b":2}')]), streamed) is None  # the same JSON value
+    whole = Reply(calls=[Call("add", '{"a":1,"b":2}')], finish_reason="tool_calls")
+    assert _differs(whole, streamed) is None  # the same JSON value
     assert _differs(Reply(calls=[Call("add", '{"a": 1, "b": 3}')]), streamed)[0] == judge.STREAM_MISMATCH
+    # what a client reads differently, though Python's == or the calls alone agreed
+    for other, said in ((Reply(calls=[Call("add", '{"a": true, "b": 2}')], finish_reason="tool_calls"), "arguments"),
+                        (Reply(calls=[Call("add", '{"a": 1.0, "b": 2}')], finish_reason="tool_calls"), "arguments"),
+                        (Reply(calls=whole.calls, finish_reason="stop"), "finish_reason 'stop' whole"),
+                        (Reply(content="<tool_call>{", calls=whole.calls, finish_reason="tool_calls"), "content")):
+        kind, why = _differs(other, streamed)
+        assert kind == judge.STREAM_MISMATCH and said in why, why
     kind, why = _differs(Reply(content="x"), streamed)
     assert kind == judge.STREAM_MISMATCH and why.startswith("calls [] whole vs ['add'] streamed")
     # the whole reply's parser refused the call's JSON, the streaming one passed its text on
     lost = Reply(content='<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2, "c": "\x1d"}}</tool_call>')
     kind, why = _differs(lost, streamed)
     assert kind == judge.CONTROL_CHARACTER and "U+001D" in why
+
+
+def test_a_name_streamed_in_fragments_is_joined_as_the_sdk_joins_it():
+    """OpenAI's SDK joins every string field of a tool-call delta; keeping the first fragment hid a
+    server that repeats the name in each delta (an SDK client reads 'addadd')."""
+    asm = _Assembly()
+    for choice in ({"delta": {"tool_calls": [{"index": 0, "function": {"name": "ad", "arguments": "{}"}}]}},
+                   {"delta": {"tool_calls": [{"index": 0, "function": {"name": "d"}}]}, "finish_reason": "tool_calls"}):
+        asm.add(choice)
+    assert asm.done().calls == [Call("add", "{}")]
+    twice = _Assembly()
+    for _ in range(2):
+        twice.add({"delta": {"tool_calls": [{"index": 0, "function": {"name": "add", "arguments": ""}}]}})
+    assert twice.done().calls[0].name == "addadd"
 
 
 def test_hf_messages_follow_the_transformers_convention():
