@@ -50,7 +50,7 @@ class Answer:
     prompt_ids: list[int] | None = None
     usage: dict[str, Any] | None = None
     streamed: bool = False
-    text: str = ""  # as detokenized by the server: the same ids can read differently streamed
+    text: str | None = None  # as the server detokenized it (None: not a server's answer, e.g. transformers')
 
     def sequence(self, side: str, dtype: str) -> RefSequence:
         """As a :class:`RefSequence`, so :func:`day0.model.reference.compare_tokens` can judge it."""
@@ -76,7 +76,8 @@ def _token_id(key: str) -> int:
 def _take_choice(answer: Answer, choice: dict[str, Any]) -> None:
     """Add one (whole or streamed) choice's tokens, logprobs, finish reason and prompt ids."""
     answer.tokens.extend(int(t) for t in choice.get("token_ids") or [])
-    answer.text += choice.get("text") or ""
+    if "text" in choice:
+        answer.text = (answer.text or "") + (choice.get("text") or "")
     steps = (choice.get("logprobs") or {}).get("top_logprobs") or []
     answer.top.extend({_token_id(k): float(v) for k, v in (step or {}).items()} for step in steps)
     if choice.get("finish_reason") is not None:

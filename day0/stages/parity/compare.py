@@ -45,7 +45,8 @@ class Pair:
 
 def compare_pair(pair: Pair, margin: float, dtype: str) -> TokenComparison:
     """Tokens and logprobs (near-tie aware), then the finish reason, then the text the server made
-    of the same tokens (the incremental detokenizer is a suspect of its own when streaming)."""
+    of the same tokens where both sides are a server's (the incremental detokenizer is a suspect of its
+    own when streaming; transformers' side has no server text)."""
     ids = pair.a.prompt_ids or pair.b.prompt_ids or []
     a, b = pair.a.sequence(pair.sides[0], dtype), pair.b.sequence(pair.sides[1], dtype)
     a.prompt_ids, b.prompt_ids = list(pair.a.prompt_ids or ids), list(pair.b.prompt_ids or ids)
@@ -55,7 +56,7 @@ def compare_pair(pair: Pair, margin: float, dtype: str) -> TokenComparison:
         comp.status = "diverged"
         comp.message = (f"{short(pair.a.prompt)!r}: finish reason {fa!r} ({pair.sides[0]}) vs {fb!r} "
                         f"({pair.sides[1]}) with the same {comp.compared} tokens")
-    elif comp.status == "match" and not same_text(pair.a.text, pair.b.text):
+    elif comp.status == "match" and None not in (pair.a.text, pair.b.text) and not same_text(pair.a.text, pair.b.text):
         comp.status = "diverged"
         comp.message = (f"{short(pair.a.prompt)!r}: the same {comp.compared} tokens read {short(pair.a.text)!r} "
                         f"({pair.sides[0]}) vs {short(pair.b.text)!r} ({pair.sides[1]})")

@@ -27,6 +27,8 @@ def test_the_same_tokens_read_as_other_text_diverge_and_a_dropped_replacement_ch
     assert garbled.status == "diverged" and "the same 2 tokens read" in garbled.message
     held_back = compare_pair(Pair(_answer(" caf\ufffd"), _answer(" caf", True), ("whole", "streamed")), 1e-3, "f")
     assert held_back.status == "match"  # bytes that never formed a character: not the API's contract
+    reference = Answer("p", [5, 6], [{5: -0.1}, {6: -0.2}], "length", [1, 2])  # transformers': no server text
+    assert compare_pair(Pair(_answer(" hello"), reference, ("vllm", "transformers")), 1e-3, "f").status == "match"
 
 
 def test_a_prefix_cache_pair_whose_hit_nothing_confirms_is_an_error(monkeypatch):
@@ -53,6 +55,7 @@ def test_an_answer_keeps_the_text_of_every_choice_it_was_given(text):
     from day0.stages.parity.answers import _take_choice
 
     answer = Answer("p")
+    assert answer.text is None
     _take_choice(answer, {"token_ids": [1], "text": text})
     _take_choice(answer, {"token_ids": [2], "text": " b"})
     assert answer.text == text + " b" and answer.tokens == [1, 2]
