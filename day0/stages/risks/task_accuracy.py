@@ -79,7 +79,23 @@ def run_lm_eval(model: str, model_args: str, tasks: list[str], include: list[Pat
         tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
         raise TaskError(f"lm-eval ({model}) exited {proc.returncode}: {scrub(tail[0])[:300]}")
     doc = json.loads(results[-1].read_text(encoding="utf-8"))
-    return {t: float(doc["results"][t][METRIC]) for t in tasks}, seconds
+    return {t: task_score(doc, t, model) for t in tasks}, seconds
+
+
+def task_score(doc: dict[str, Any], task: str, model: str) -> float:
+    """The task's exact-match score in lm-eval's results: ``exact_match,none`` (day0's own task), else
+    the first ``exact_match,<filter>`` the task reports (gsm8k's ``strict-match``), else its ``acc``.
+    A task that reports none of them is a TaskError naming what it did report (a KeyError was a
+    traceback for any task added through tasks or task_paths)."""
+    scores = (doc.get("results") or {}).get(task)
+    if not isinstance(scores, dict):
+        raise TaskError(f"lm-eval ({model}) reported no results for task {task!r}")
+    keys = [METRIC, *sorted(k for k in scores if k.startswith("exact_match,")), "acc,none"]
+    key = next((k for k in keys if isinstance(scores.get(k), (int, float))), None)
+    if key is None:
+        raise TaskError(f"lm-eval ({model}) reported no exact_match or acc for task {task!r} "
+                        f"(it reported {', '.join(sorted(scores))[:200]})")
+    return float(scores[key])
 
 
 def check_tasks(endpoint: Endpoint, profile: Any, run_dir: Path) -> Check:

@@ -526,3 +526,19 @@ def test_the_shipped_task_files_are_package_data_and_name_their_data(tmp_path):
     yaml = (written / "day0_tiny_qa.yaml").read_text()
     assert f"test: {TASK_DIR / 'day0_tiny_qa.jsonl'}" in yaml and "DATA_FILE" not in yaml
     assert len((TASK_DIR / "day0_tiny_qa.jsonl").read_text().splitlines()) >= 30
+
+
+def test_a_tasks_score_is_read_under_the_key_its_task_reports():
+    """Only exact_match,none was read: gsm8k reports exact_match,strict-match and an acc task acc,none,
+    and either was a KeyError traceback instead of a check."""
+    from day0.stages.risks.task_accuracy import TaskError, task_score
+
+    doc = {"results": {"day0_tiny_qa": {"exact_match,none": 0.5},
+                       "gsm8k": {"exact_match,strict-match": 0.25, "exact_match,flexible-extract": 0.3, "alias": "gsm8k"},
+                       "piqa": {"acc,none": 0.7, "acc_stderr,none": 0.01},
+                       "odd": {"bleu,none": 3.0}}}
+    assert [task_score(doc, t, "vllm") for t in ("day0_tiny_qa", "gsm8k", "piqa")] == [0.5, 0.3, 0.7]
+    with pytest.raises(TaskError, match=r"no exact_match or acc for task 'odd' \(it reported bleu,none\)"):
+        task_score(doc, "odd", "vllm")
+    with pytest.raises(TaskError, match="no results for task 'gone'"):
+        task_score(doc, "gone", "vllm")
