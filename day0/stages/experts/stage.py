@@ -140,11 +140,21 @@ def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, sour
     base = _base_evidence(obs, target, "router" if use_router else "routed_experts")
     source = f"{source_prefix}:router" if use_router else f"{source_prefix}:routed_experts"
     checks = load_checks(summary, section, source, base)
+    if use_router and obs.router is not None and not obs.router.tp_agree:
+        checks.append(Check(TP_AGREE, "The TP ranks of a replicated router count the same experts", "fail",
+                            source=source, evidence=base,
+                            message="the TP ranks of one data-parallel group routed the same tokens to different "
+                                    "experts: a replicated router computes the same top-k on every rank, so the "
+                                    "ranks disagree on which experts each token went to (the balance checks read "
+                                    "rank 0's counts only)"))
     if use_router and use_routed:
         checks.append(agreement_check(list(router.values()), list(obs.routed.values()), section))  # type: ignore[union-attr]
     elif section.view == "auto":
         checks.append(agreement_skipped(obs.routed_missing if use_router else (obs.router_missing or "")))
     return checks
+
+
+TP_AGREE = "experts.tp_ranks_agree"  # recorded when they do not: the balance checks keep one rank's counts
 
 
 def _router_shortfall(obs: Observed) -> str | None:

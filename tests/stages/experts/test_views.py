@@ -93,6 +93,18 @@ def test_a_balanced_router_passes_and_the_missing_view_is_said():
     assert checks["experts.balance"].source == "http:router"
 
 
+def test_tp_ranks_that_routed_differently_fail_though_rank_0_is_balanced():
+    """A replicated router's ranks must count the same experts; that they did not was evidence only,
+    and the balance checks judged rank 0's counts and passed."""
+    checks = {c.id: c for c in judge(_obs(Workers(BALANCED, 2, False, False), routed_missing="no field"),
+                                     TARGET, SECTION)}
+    assert checks["experts.balance"].status == "pass"
+    assert checks["experts.tp_ranks_agree"].status == "fail" and "routed the same tokens to different experts" \
+        in checks["experts.tp_ranks_agree"].message
+    agreeing = judge(_obs(Workers(BALANCED, 2, True, False), routed_missing="no field"), TARGET, SECTION)
+    assert "experts.tp_ranks_agree" not in {c.id for c in agreeing}
+
+
 def test_a_hot_expert_fails_naming_it_when_over_its_limit():
     checks = {c.id: c for c in judge(_obs(Workers(HOT, 1, True, False)), TARGET, SECTION)}
     hot = checks["experts.hot_expert"]
