@@ -43,6 +43,7 @@ class ExactRun:
     steps: int = 0
     error: str | None = None  # root-cause line when the engine died or the run timed out
     rejected: WorkloadRejected | None = None
+    prefix_caching: bool = True  # the engine's enable_prefix_caching: off, every request reports 0 cached
 
     @property
     def preemptions(self) -> int:
@@ -50,6 +51,10 @@ class ExactRun:
 
     @property
     def prefix_hit_rate(self) -> float | None:
+        """None (nothing to judge) with prefix caching off, as the HTTP view has no counters then:
+        vLLM still reports 0 cached tokens a request, which read as a miss of the shared-prefix floor."""
+        if not self.prefix_caching:
+            return None
         queried = sum(r.prompt_len for r in self.requests if r.finished)
         return sum(r.cached_tokens for r in self.requests if r.finished) / queried if queried else None
 
@@ -143,6 +148,11 @@ class SchedulerSampler:
                         running=len(holders), waiting=waiting, steady=steady, step=step)
 
 
+def _prefix_caching(engine: Any) -> bool:
+    cache = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
+    return bool(getattr(cache, "enable_prefix_caching", True))
+
+
 def engine_max_model_len(llm: Any) -> int:
     return int(llm.llm_engine.model_config.max_model_len)
 
@@ -161,7 +171,8 @@ def run_exact(llm: Any, workload: Sequence[KvRequest], *, sample: bool = True, s
     scheduler = engine.engine_core.engine_core.scheduler
     sampler = SchedulerSampler(scheduler)
     run = ExactRun(samples=samples if samples is not None else [], block_size=sampler.block_size,
-                   num_blocks=sampler.num_blocks)
+                   num_blocks=sampler.num_blocks,
+                   prefix_caching=_prefix_caching(engine))
     run.requests = [RequestRecord(r.index, r.kind, r.prompt_len, r.max_tokens) for r in workload]
     try:
         check_fits(workload, engine_max_model_len(llm))

@@ -382,6 +382,19 @@ def exact_run(fracs: list[float], *, error: str | None = None) -> kv.ExactRun:
     return kv.ExactRun(samples=samples, requests=reqs, block_size=32, num_blocks=8192, error=error)
 
 
+def test_the_exact_hit_rate_is_a_skip_with_prefix_caching_off_as_the_http_views_is():
+    """vLLM reports 0 cached tokens a request with caching off: the exact view read 0% and failed
+    the shared-prefix floor, where the HTTP view of the same engine skipped."""
+    s = tiny_settings()
+    wl = kv.build_workload(s, 384)
+    off = exact_run([0.01])
+    off.prefix_caching = False
+    hit = {c.id: c for c in kv.exact_checks(off, wl, s)}["kvcache.prefix_cache_hit_rate"]
+    assert hit.status == "skip" and "prefix caching off" in hit.message
+    on = {c.id: c for c in kv.exact_checks(exact_run([0.01]), wl, s)}["kvcache.prefix_cache_hit_rate"]
+    assert on.status in ("pass", "fail") and on.value is not None
+
+
 def test_exact_checks_pass_fail_and_keep_partial_samples():
     s = tiny_settings()
     wl = kv.build_workload(s, 384)
