@@ -27,12 +27,15 @@ MEDIAN_FRACTION = 0.5
 MAX_REPEATS = 20
 
 
-def measure_links(dist: Any, torch: Any, s: CollectivesSection, rank: int, hosts: list[str]) -> dict[str, Any]:
+def measure_links(dist: Any, torch: Any, s: CollectivesSection, rank: int, hosts: list[str],
+                  device: Any = "cpu") -> dict[str, Any]:
     """Every directed leader-to-leader link, one at a time, in ``links_rounds`` rounds over all the
-    links; the matrix (MB/s) returned on every rank."""
+    links; the matrix (MB/s) returned on every rank. ``device``: where the group's backend takes
+    tensors (a GPU under NCCL, which has no CPU backend: CPU tensors raised on every multi-node GPU
+    run; not yet run on GPUs)."""
     nodes = list(dict.fromkeys(hosts))
     leaders = [hosts.index(n) for n in nodes]
-    buf = torch.ones(max(1, int(s.links_bytes) // 4), dtype=torch.float32)
+    buf = torch.ones(max(1, int(s.links_bytes) // 4), dtype=torch.float32, device=device)
     nbytes = buf.numel() * 4
     rounds = max(1, int(s.links_rounds))
     budget = float(s.links_time_s) / rounds
@@ -73,26 +76,27 @@ def link_figure(nbytes: int, per_round: list[list[float]]) -> float | None:
 def _send_side(dist: Any, torch: Any, buf: Any, dst: int, budget_s: float, warm_up: bool) -> list[float]:
     """Timed transfers to ``dst``, each until its ack: the first sizes how many fit in ``budget_s``
     (and is only a warm-up in the first round: connection, socket buffers, TCP's window)."""
-    ack = torch.zeros(1, dtype=torch.int64)
+    ack = torch.zeros(1, dtype=torch.int64, device=buf.device)
 
     def once() -> float:
         t0 = time.perf_counter()
         dist.send(buf, dst)
         dist.recv(ack, dst)
+        ack.item()  # a GPU's recv only enqueues: reading the ack waits for it (a no-op wait on CPU)
         return time.perf_counter() - t0
 
     first = once()
     times = [] if warm_up else [first]
     more = min(MAX_REPEATS, int(budget_s / max(first, 1e-6))) - len(times)
     more = max(more, 1 if warm_up else 0)
-    dist.send(torch.tensor([more], dtype=torch.int64), dst)
+    dist.send(torch.tensor([more], dtype=torch.int64, device=buf.device), dst)
     times += [once() for _ in range(more)]
     return times
 
 
 def _recv_side(dist: Any, torch: Any, buf: Any, src: int) -> None:
-    ack = torch.ones(1, dtype=torch.int64)
-    ctl = torch.zeros(1, dtype=torch.int64)
+    ack = torch.ones(1, dtype=torch.int64, device=buf.device)
+    ctl = torch.zeros(1, dtype=torch.int64, device=buf.device)
     dist.recv(buf, src)
     dist.send(ack, src)
     dist.recv(ctl, src)

@@ -94,7 +94,8 @@ class _RankRun:
             if self.result is not None:
                 self.result.rows.extend(intra)
         self.progress.step(phase="links")
-        links = measure_links(dist, torch, self.s, self.env.rank, hosts)
+        device = torch.device("cuda", self.env.local_rank) if backend == "nccl" else torch.device("cpu")
+        links = measure_links(dist, torch, self.s, self.env.rank, hosts, device)
         sockets = None
         if backend == "gloo":
             self.progress.step(phase="sockets")

@@ -334,3 +334,44 @@ def test_a_rank_names_its_node_by_the_ip_its_traffic_leaves_from():
     assert node_ip("10.9.9.9", "no-such-if0") == "10.9.9.9"
     assert node_ip("no-such-host.invalid", None) is None
     assert node_ip(None, None) is None
+
+
+def test_the_link_buffers_are_made_where_the_groups_backend_takes_them():
+    """NCCL has no CPU backend: the link test's CPU tensors raised on every multi-node GPU run. A
+    labelled fake: torch's tensor makers recorded (on the CPU, standing in for the GPU device), a
+    dist whose peer answers every send at once."""
+    import torch
+
+    from day0.config.collectives import CollectivesSection
+    from day0.stages.collectives.links import measure_links
+
+    made: list[object] = []
+
+    class RecordingTorch:
+        def __getattr__(self, name):
+            real = getattr(torch, name)
+            if name in ("ones", "zeros", "tensor"):
+                def make(*a, **k):
+                    made.append(k.get("device"))
+                    return real(*a, **k)
+                return make
+            return real
+
+    class AnsweringDist:
+        def barrier(self):
+            pass
+
+        def send(self, t, dst):
+            pass
+
+        def recv(self, t, src):
+            t.fill_(0)
+
+        def all_gather_object(self, out, obj):
+            out[:] = [obj] * len(out)
+
+    device = torch.device("cpu")
+    settings = CollectivesSection(links_bytes=1024, links_rounds=1, links_time_s=0.01)
+    got = measure_links(AnsweringDist(), RecordingTorch(), settings, 0, ["node0", "node1"], device)
+    assert got["nodes"] == ["node0", "node1"] and got["mbps"][0][1] is not None
+    assert made and all(d == device for d in made), made
