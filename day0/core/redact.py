@@ -88,8 +88,15 @@ _MAX_WRAPPED = 256  # longer known values (a key file) are matched whole and lin
 MIN_SECRET_LEN = 6
 
 
+_CAMEL_HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
 def is_secret_key(key: object) -> bool:
-    return bool(SECRET_KEY.match(str(key)))
+    """By its name, snake or camel case: ``accessToken`` and ``clientSecret`` are read as
+    ``access_Token`` and ``client_Secret`` (a site stage's settings are free-form), ``eosToken``
+    stays a tokenizer word."""
+    name = str(key)
+    return bool(SECRET_KEY.match(name) or SECRET_KEY.match(_CAMEL_HUMP.sub("_", name)))
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -141,7 +148,8 @@ class Redactor:
 
     def __call__(self, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v, k) else self(v)) for k, v in data.items()}
+            return {k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v, k)
+                        else _blanked(v) if _is_credential_table(k, v) else self(v)) for k, v in data.items()}
         if isinstance(data, (list, tuple)):
             return [self(v) for v in data]
         if isinstance(data, str):
@@ -239,10 +247,38 @@ def _is_scalar_secret(v: Any, key: Any = "") -> bool:
     return one(v) or (isinstance(v, list) and bool(v) and all(one(x) for x in v))
 
 
+def _is_credential_table(key: Any, value: Any) -> bool:
+    """A table under a credential's name (``credentials = {user = ..., pass = ...}``): every leaf of
+    it is the credential's, whatever the inner keys are called. Not under a bare ``token`` or ``key``,
+    where a table is a mapping of ids."""
+    return isinstance(value, dict) and is_secret_key(key) and str(key).lower() not in ("token", "key")
+
+
+def _blanked(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _blanked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blanked(v) for v in value]
+    return REDACTED if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+
+
+def _leaves(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        yield str(value)
+
+
 def _values_under_secret_keys(data: Any) -> Iterable[str]:
     if isinstance(data, dict):
         for k, v in data.items():
-            if is_secret_key(k) and _is_scalar_secret(v, k):
+            if _is_credential_table(k, v):
+                yield from _leaves(v)
+            elif is_secret_key(k) and _is_scalar_secret(v, k):
                 yield from (str(x) for x in ([v] if not isinstance(v, list) else v))
             else:
                 yield from _values_under_secret_keys(v)

@@ -78,6 +78,21 @@ def test_a_credential_that_toml_reads_as_a_number_is_still_redacted_and_learnt()
     assert r({"token": 142, "key": 3}) == {"token": 142, "key": 3}
 
 
+def test_camel_case_secret_names_and_credential_tables_are_redacted():
+    """A site stage's free-form settings: accessToken and clientSecret were not secret names, and the
+    leaves of credentials = {user, pass} went to run.json as written."""
+    data = {"stages": {"gateway": {"accessToken": "gw-Zq81LmN0pQ77", "clientSecret": "cs-8812hhqq",
+                                   "credentials": {"user": "ci-bot-account", "pass": "Hunter2Hunter2"},
+                                   "eosToken": "</s>", "maxTokens": 64}}}
+    r = Redactor.from_sources(environ={}, data=data)
+    gw = r(data)["stages"]["gateway"]
+    assert gw["accessToken"] == gw["clientSecret"] == REDACTED
+    assert gw["credentials"] == {"user": REDACTED, "pass": REDACTED}
+    assert gw["eosToken"] == "</s>" and gw["maxTokens"] == 64
+    assert r.text("login ci-bot-account / Hunter2Hunter2 with gw-Zq81LmN0pQ77") == \
+        f"login {REDACTED} / {REDACTED} with {REDACTED}"
+
+
 def test_a_hyphenated_word_is_not_a_flag():
     """`a 4096-token prefix` in a check message is prose: the hyphen does not start a flag."""
     r = Redactor.from_sources(environ={}, data={})
