@@ -181,6 +181,11 @@ def _busbw_check(result: CollectivesResult, op: str, rows: list[SweepRow], exp: 
         return Check(id=cid_b, title=t_b, status="error", limit=limit, unit="GB/s", direction="higher_is_better",
                      message=f"no busbw measured for {op} at sizes >= {big}", evidence={"table": _rows_table(rows)},
                      source=src)
+    ranks = result.world_size if not label else None
+    if ranks is not None and bus_factor(op, ranks) == 0:  # nccl-tests' (n-1)/n at one rank: nothing crossed a bus
+        return Check(id=cid_b, title=t_b, status="skip", limit=limit, unit="GB/s", direction="higher_is_better",
+                     message=f"{op} at {ranks} rank moves nothing between ranks: its bus bandwidth is 0 by "
+                             "definition (nccl-tests' (n-1)/n), so there is none to judge", source=src)
     best = (min if label else max)(cand, key=lambda r: r.busbw_gbps or 0.0)
     value = round(float(best.busbw_gbps or 0.0), 4)
     where = f" on {best.node}" if best.node else ""

@@ -547,3 +547,15 @@ def test_any_value_in_a_json_result_is_read_or_refused_naming_its_key(key, value
         parse_nccl_tests_json(data)
     except InputError as exc:
         assert "results[1]" in str(exc) or "bus factor" in str(exc)
+
+
+def test_a_one_rank_run_skips_busbw_it_has_none_of_by_definition(tmp_path):
+    """(n-1)/n is 0 at one rank: every such busbw read 0 GB/s and failed any expectation."""
+    from dataclasses import replace
+
+    path = tmp_path / "all_gather_perf.log"
+    path.write_text(render_text("all_gather_perf", sweep_rows("all_gather"), layout="error", starting=False, oob=0,
+                                avg=88.1))
+    one = replace(import_nccl_tests(path), world_size=1)
+    busbw = {c.id: c for c in result_checks(one, None)}["collectives.all_gather.busbw"]
+    assert busbw.status == "skip" and "0 by definition" in busbw.message
