@@ -19,6 +19,7 @@ import os
 import re
 import reprlib
 import tomllib
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
@@ -127,6 +128,11 @@ class Waiver(Section):
 
     @model_validator(mode="after")
     def _glob(self) -> "Waiver":
+        if self.until is not None:
+            try:  # the pattern takes 2026-13-45, compared as text it would never lapse the right day
+                date.fromisoformat(self.until)
+            except ValueError:
+                raise ValueError(f"until: {self.until!r} is not a date") from None
         if not REQUIRED_GLOB.fullmatch(self.check):
             raise ValueError(f"check: {reprlib.repr(self.check)} is not a check id or glob (at most {MAX_GLOB} characters)")
         return self

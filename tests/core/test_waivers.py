@@ -96,6 +96,7 @@ def test_a_record_claiming_pass_for_a_waived_stage_is_refused(tmp_path):
     ({"check": "agents.x", "reason": "short"}, "reason"),
     ({"check": "agents x", "reason": "a long enough reason"}, "check"),
     ({"check": "agents.x", "reason": "a long enough reason", "until": "next week"}, "until"),
+    ({"check": "agents.x", "reason": "a long enough reason", "until": "2024-13-45"}, "until"),  # the shape of a date
 ])
 def test_a_malformed_waiver_is_refused_naming_the_key(waiver, key):
     with pytest.raises(ProfileError, match=key):

@@ -55,10 +55,11 @@ def parser_check(parser_name: Any, tokenizer: Any, conv: Conversation, template:
         parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer)
         request = ChatCompletionRequest(model="day0", messages=list(conv.messages[:1]), tools=list(conv.tools))
         got = parser.extract_tool_calls(text, request)
+        # arguments that are not JSON are the parser's finding too, not a traceback
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in got.tool_calls] if got.tools_called else []
     except Exception as exc:  # a parser that cannot even be built for this tokenizer is the finding
         return Check(CHECK, TITLE, "fail", source="static", evidence={**evidence, "findings": ["parser_mismatch"]},
                      message=f"tool_call_parser={parser_name}: {type(exc).__name__}: {str(exc)[:200]}")
-    calls = [(c.function.name, json.loads(c.function.arguments)) for c in got.tool_calls] if got.tools_called else []
     evidence["parsed"] = [[n, a] for n, a in calls]
     if calls == [want]:
         return Check(CHECK, TITLE, "pass", value=1, limit=1, unit="calls", direction="higher_is_better",
