@@ -84,7 +84,7 @@ def run_lm_eval(model: str, model_args: str, tasks: list[str], include: list[Pat
 
 def task_score(doc: dict[str, Any], task: str, model: str) -> float:
     """The task's exact-match score in lm-eval's results: ``exact_match,none`` (day0's own task), else
-    the first ``exact_match,<filter>`` the task reports (gsm8k's ``strict-match``), else its ``acc``.
+    the first ``exact_match,<filter>`` the task reports in name order (gsm8k's ``flexible-extract``), else its ``acc``.
     A task that reports none of them is a TaskError naming what it did report (a KeyError was a
     traceback for any task added through tasks or task_paths)."""
     scores = (doc.get("results") or {}).get(task)
