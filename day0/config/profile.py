@@ -224,6 +224,9 @@ def load_profile(ref: str | Path | None = None, *, overrides: dict[str, Any] | N
     data = _read_chain(path)
     if overrides:
         _check_nesting(overrides, "--day0-set")
+        if "extends" in overrides:  # applied after the chain is read: it would change the record, not the profile
+            raise ProfileError("--day0-set: extends: a profile's parent cannot be overridden; name the profile "
+                               "to run with --day0-profile")
         data = deep_merge(data, overrides)
     data.setdefault("name", path.stem)
     return validate(data, origin=str(path), overrides=overrides)

@@ -287,6 +287,10 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
         except (CompareError, InputError, OSError) as exc:  # RecordError, HistoryError: unusable input
             print(refusal(exc), file=sys.stderr)
             return 2
+        except Exception as exc:  # a fault of day0's own: exit 1 would read as a regression to the nightly
+            print(refusal(RuntimeError(f"could not compare ({type(exc).__name__}: {exc}); a fault of day0's own, "
+                                       "please report it")), file=sys.stderr)
+            return 2
 
     return run
 

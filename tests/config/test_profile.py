@@ -154,6 +154,9 @@ def test_parse_override_keeps_strings_and_rejects_garbage():
     assert parse_override('engine.args.enforce_eager=true') == {"engine": {"args": {"enforce_eager": True}}}
     # blanks around a dot are not the key's, as TOML reads them (engine.args[" max_num_seqs"] reached vLLM as "-- max-num-seqs")
     assert parse_override("engine.args. max_num_seqs = 8") == {"engine": {"args": {"max_num_seqs": 8}}}
+    # the parent is read before overrides apply: --day0-set extends=... changed the record, not the profile
+    with pytest.raises(ProfileError, match="extends: a profile's parent cannot be overridden"):
+        load_profile("cpu-tiny", overrides=parse_override('extends="cpu-2node"'))
     with pytest.raises(ProfileError):
         parse_override("no-equals-sign")
 

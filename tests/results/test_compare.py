@@ -488,6 +488,16 @@ def test_cli_exit_codes_and_table(tmp_path, capsys):
     assert "--runs 1" in err(["compare", str(slow), "--baseline", paths[0], "--runs", "1"])
 
 
+def test_a_fault_of_day0s_own_exits_2_never_1_which_a_nightly_reads_as_a_regression(tmp_path, capsys, monkeypatch):
+    """An unexpected exception ended `day0 compare` with Python's exit 1, the code of a regression."""
+    runs = nights(2, seed=3)
+    paths = [str(rf.write(r, tmp_path / r.run_id)) for r in runs]
+    monkeypatch.setattr(compare, "settings_for", lambda run: (_ for _ in ()).throw(TypeError("a bug")))
+    assert _cli(["compare", paths[1], "--baseline", paths[0]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("day0: could not compare (TypeError: a bug); a fault of day0's own") and err.count("\n") == 1
+
+
 def test_cli_latest_and_latest_accepted_read_the_last_runs_of_the_history(tmp_path, capsys):
     runs = nights(7, seed=8)
     runs[5].verdict = "rejected"  # a rejected night never becomes part of latest-accepted
