@@ -340,6 +340,15 @@ def test_overload_is_read_over_a_points_requests_at_least():
     assert met.verdict == MEETS and _Bracket(axis_of(search), search, 60, points=[met]).overloaded() is None
 
 
+def test_a_hold_is_never_shorter_than_a_full_point():
+    """With confirm_requests off and a rate under 299 / 30 s, a hold from its start got fewer requests
+    than bound a p99, and the walk down stopped there undecided."""
+    search = CapacitySearch(start_rate=1.0, precision=0.05, confirm_requests=0, confirm_s=30)
+    b = _Bracket(axis_of(search), search, 299, confirm=0, hold_s=30.0)
+    assert b.confirm_at(5.0) == 299  # 30 s at 5 req/s is 150
+    assert b.confirm_at(20.0) == 600  # the hold's own length where it is the longer
+
+
 @pytest.mark.parametrize("share", [0.2, 0.45])
 def test_an_answer_under_the_presumed_lower_end_is_found_below_it(share):
     top = 100.0
