@@ -23,15 +23,21 @@ class Capacity:
     target_concurrency: int
     min_margin: float
     engine_kv_bytes_per_token: int | None = None  # from the engine's own KV spec (in-process only)
-    engine_pool_bytes: int | None = None
+    engine_pool_bytes: int | None = None  # one engine's
+    engines: int = 1  # data-parallel engines, each with a pool of its own; num_blocks is their sum
 
     @property
     def pool_tokens(self) -> int:
-        return (self.num_blocks - 1) * self.block_size
+        """What one engine's pool holds (its null block out). A request's KV must fit in one engine,
+        and each engine serves its share of the concurrency: summed over data-parallel engines, two
+        pools of 10K tokens "held" a 16K context (and one null block was taken out in all)."""
+        return (self.num_blocks // self.engines - 1) * self.block_size
 
     @property
     def needed_tokens(self) -> int:
-        return self.target_concurrency * math.ceil(self.target_context / self.block_size) * self.block_size
+        """What one engine must hold: its share of the concurrency, each request the whole context."""
+        share = math.ceil(self.target_concurrency / self.engines)
+        return share * math.ceil(self.target_context / self.block_size) * self.block_size
 
     @property
     def margin(self) -> float:
@@ -43,7 +49,7 @@ class Capacity:
 
     @property
     def pool_bytes(self) -> int:
-        return self.engine_pool_bytes or self.num_blocks * self.block_size * self.kv_bytes_per_token
+        return self.engine_pool_bytes or self.num_blocks // self.engines * self.block_size * self.kv_bytes_per_token
 
 
 def engine_kv_bytes_per_token(llm: Any) -> int:
@@ -80,4 +86,4 @@ def live_capacity(engine: Any, profile: Any) -> Capacity:
                           if m.kv_cache_memory_bytes else None)
     return Capacity(m.block_size, blocks, per_token, k.target_context, k.target_concurrency, k.min_capacity_margin,
                     engine_kv_bytes_per_token=measured_per_token,
-                    engine_pool_bytes=m.kv_cache_memory_bytes * m.engines if m.kv_cache_memory_bytes else None)
+                    engine_pool_bytes=m.kv_cache_memory_bytes or None, engines=max(1, m.engines))

@@ -300,11 +300,13 @@ def capacity_checks(cap: Capacity, plan: Any | None, source: str) -> list[Check]
                                 {"name": "needed", "x": ["tokens"], "y": [cap.needed_tokens]}],
                             "reference": [{"y": cap.required_tokens, "label": "needed x (1 + min margin)"}]}]}
     ok = cap.pool_tokens >= cap.required_tokens
+    per_engine = f" per engine, of {cap.engines} data-parallel engines" if cap.engines > 1 else ""
     checks = [measured(
         "kvcache.capacity", "KV pool holds target_context x target_concurrency", cap.pool_tokens, cap.required_tokens,
         unit="tokens", direction="higher_is_better", source=source, evidence=evidence,
-        message=(f"pool holds {cap.pool_tokens} tokens ({cap.num_blocks - 1} usable blocks x {cap.block_size}); "
-                 f"{cap.target_concurrency} x {cap.target_context} needs {cap.needed_tokens}: margin {margin_pct:g}% "
+        message=(f"pool holds {cap.pool_tokens} tokens ({cap.num_blocks // cap.engines - 1} usable blocks x "
+                 f"{cap.block_size}){per_engine}; {cap.target_concurrency} x {cap.target_context} needs "
+                 f"{cap.needed_tokens}{per_engine}: margin {margin_pct:g}% "
                  f"(min {cap.min_margin * 100:g}%)"
                  + ("" if ok else "; add KV memory (gpu_memory_utilization / VLLM_CPU_KVCACHE_SPACE), "
                                   "use kv_cache_dtype=fp8, or raise tp/pp")),

@@ -436,6 +436,18 @@ def test_capacity_margin_and_plan_table():
     assert kv.capacity_checks(small, None, "http")[0].status == "fail"
 
 
+def test_capacity_is_judged_per_data_parallel_engine():
+    """Two engines of 10K tokens each were summed into 20K that "held" a 16K context (a request's KV
+    fits in one engine), and one null block was taken out in all instead of one each."""
+    two = kv.Capacity(block_size=32, num_blocks=2 * 313, kv_bytes_per_token=4096, target_context=16384,
+                      target_concurrency=1, min_margin=0.0, engines=2)
+    assert two.pool_tokens == 312 * 32 and two.needed_tokens == 16384
+    check = kv.capacity_checks(two, None, "http")[0]
+    assert check.status == "fail" and "per engine, of 2 data-parallel engines" in check.message
+    shared = kv.Capacity(32, 2 * 1025, 4096, 16384, 4, 0.0, engines=2)  # each engine serves 2 of the 4
+    assert shared.needed_tokens == 2 * 16384 and kv.capacity_checks(shared, None, "http")[0].status == "pass"
+
+
 def test_config_kv_bytes_per_token_splits_heads_and_layers():
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
            "num_key_value_heads": 2, "num_hidden_layers": 4, "head_dim": 64, "torch_dtype": "float32",
