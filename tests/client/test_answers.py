@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import aiohttp
@@ -15,37 +14,22 @@ import pytest
 
 from day0.client import prom
 from day0.client.stream import fetch_models
+from tests.support.raw_server import raw_server
 
 
 def _serve(kind: str) -> tuple[socket.socket, str]:
     """An HTTP/1.1 200 whose body never ends: ``flood`` sends 64 KiB chunks as fast as it can,
     ``drip`` a byte every 0.2 s (each read well inside any read timeout)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def one(conn: socket.socket) -> None:
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
-            try:
-                while True:
-                    if kind == "flood":
-                        conn.sendall(b"# HELP x y\n" * 6000)
-                    else:
-                        conn.sendall(b"#")
-                        time.sleep(0.2)
-            except OSError:
-                return
-
-    def accept() -> None:
+    def endless(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
         while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
+            if kind == "flood":
+                conn.sendall(b"# HELP x y\n" * 6000)
+            else:
+                conn.sendall(b"#")
+                time.sleep(0.2)
 
-    threading.Thread(target=accept, daemon=True).start()
-    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}"
+    return raw_server(endless)
 
 
 async def _both(url: str) -> tuple[BaseException | None, BaseException | None]:

@@ -94,24 +94,12 @@ def test_a_serving_engine_is_not_declared_dead(engine, tmp_path):
 def test_a_port_answering_something_that_is_not_http_is_not_serving(engine):
     """What listens on the engine's port is not vLLM's server (a port drawn on a node that something
     else took): /health gets bytes that are not HTTP. A reason, not a traceback."""
-    import socket
+    from tests.support.raw_server import raw_server
 
     eng = engine(200)
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def garbage() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-
-    threading.Thread(target=garbage, daemon=True).start()
+    listener, url = raw_server(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n"))
     try:
-        eng.info = dataclasses.replace(eng.info, base_url=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        eng.info = dataclasses.replace(eng.info, base_url=url)
         assert eng.alive() == ("vLLM server up but not serving (/health answered something that is not HTTP "
                                "(BadStatusLine)): segmentation fault in cpu_fused_moe.cpp:242 (fused_moe_impl)")
         assert eng._healthy() is False

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -110,6 +111,24 @@ def test_excerpt_shows_the_root_cause_and_the_end():
     assert len(ex.splitlines()) < 40
 
 
+def _interrupted_after(seconds: float, stop: Callable[[], None]) -> float:
+    """Run ``stop`` with a Ctrl-C (a KeyboardInterrupt from SIGALRM) ``seconds`` into it, which it
+    must raise; the seconds it took."""
+    def second_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, second_interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            stop()
+        return time.monotonic() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_a_second_interrupt_cuts_the_grace_short_but_never_the_kill():
     """Ctrl-C twice (or a CI runner's second SIGTERM) while a server that ignores SIGTERM is being
     stopped: the group is still SIGKILLed before the interrupt propagates (seen here: a vLLM server
@@ -119,19 +138,7 @@ def test_a_second_interrupt_cuts_the_grace_short_but_never_the_kill():
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     time.sleep(0.5)
 
-    def second_interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, second_interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        t0 = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            stop_process_group(proc, grace_s=60.0)
-        elapsed = time.monotonic() - t0
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    elapsed = _interrupted_after(0.5, lambda: stop_process_group(proc, grace_s=60.0))
     assert not group_alive(proc.pid)
     assert elapsed < 30  # the 60 s grace was cut short
 
@@ -181,19 +188,7 @@ def test_a_second_interrupt_while_one_node_stops_still_kills_every_node(tmp_path
     pids = {node: proc.pid for node, proc, _ in engine.procs}
     time.sleep(0.5)
 
-    def second_interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, second_interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        t0 = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            engine.stop()
-        elapsed = time.monotonic() - t0
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    elapsed = _interrupted_after(0.5, engine.stop)
     assert [node for node, pid in pids.items() if group_alive(pid)] == []
     assert elapsed < 30  # neither node waited out its 60 s
 

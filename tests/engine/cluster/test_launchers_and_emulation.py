@@ -39,7 +39,7 @@ from day0.engine.multinode import node0_ports, node_commands, node_env
 from day0.engine.process import pid_alive, signal_group, stop_process_group
 from day0.engine.rpc_folder import FOLDER_LINE
 from day0.stages.collectives import collectives_port
-from tests.support import REPO
+from tests.support import REPO, processes_naming
 from tests.support.fake_ssh import FAKE_SSH
 
 PY = sys.executable
@@ -116,16 +116,7 @@ def test_an_ssh_launch_gets_its_environment_over_the_channel_and_stops_when_the_
     finally:
         stop_process_group(proc, 5.0)  # what the engine's stop reaches: the ssh client's group
     assert _until(termed.exists), (tmp_path / "node1.log").read_text()
-    assert _until(lambda: not _processes_naming(str(seen))), "the remote session outlived its stop"
-
-
-def _processes_naming(text: str) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes() and ") Z" not in (proc / "stat").read_text():
-                pids.append(int(proc.name))
-    return pids
+    assert _until(lambda: not processes_naming(str(seen))), "the remote session outlived its stop"
 
 
 def test_an_ssh_launch_ends_with_the_remote_commands_status(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers
 from day0.engine.rpc_folder import FOLDER_LINE
 from day0.engine.server import cli_args
 from day0.model.locate import resolve_model
-from tests.support import REPO
+from tests.support import REPO, processes_naming
 
 pytestmark = pytest.mark.host("slurm")
 
@@ -88,20 +88,7 @@ def assert_nothing_left(cluster: EmulatedCluster) -> None:
     namespaces, links = day0_leftovers()
     assert not [x for x in namespaces + links if cluster.cid in x], (namespaces, links)
     assert not cluster.folder.exists()
-    assert not _processes_naming(str(cluster.folder)), "a Slurm daemon outlived the cluster"
-
-
-def _processes_naming(text: str) -> list[int]:
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text()
-                if text in (proc / "cmdline").read_bytes().decode(errors="replace") and ") Z" not in stat:
-                    out.append(int(proc.name))
-            except OSError:
-                continue
-    return out
+    assert not processes_naming(str(cluster.folder)), "a Slurm daemon outlived the cluster"
 
 
 def _node_processes(cluster: EmulatedCluster) -> dict[str, list[str]]:
