@@ -234,12 +234,17 @@ def _strings(data: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
+def _names_ids(key: Any) -> bool:
+    """A bare ``token`` or ``key``: what it holds is a token id or an index (or a table of them)."""
+    return str(key).lower() in ("token", "key")
+
+
 def _is_scalar_secret(v: Any, key: Any = "") -> bool:
     """A value a credential is: a string, a number, or a list of them (vLLM's ``api_key`` takes
     several; an all-digit key read from TOML is a number, and endpoint.api_key still sends it). Only
     under a bare ``token`` or ``key`` is a number not one: a token id, an index."""
     scalar = (str, int, float)
-    numbers_are_ids = str(key).lower() in ("token", "key")
+    numbers_are_ids = _names_ids(key)
 
     def one(x: Any) -> bool:
         return isinstance(x, str) or (isinstance(x, scalar) and not isinstance(x, bool) and not numbers_are_ids)
@@ -251,7 +256,7 @@ def _is_credential_table(key: Any, value: Any) -> bool:
     """A table under a credential's name (``credentials = {user = ..., pass = ...}``): every leaf of
     it is the credential's, whatever the inner keys are called. Not under a bare ``token`` or ``key``,
     where a table is a mapping of ids."""
-    return isinstance(value, dict) and is_secret_key(key) and str(key).lower() not in ("token", "key")
+    return isinstance(value, dict) and is_secret_key(key) and not _names_ids(key)
 
 
 def _blanked(value: Any) -> Any:
