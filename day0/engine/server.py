@@ -219,10 +219,10 @@ class ServerEngine:
         self.log(f"starting vLLM across {len(cmds)} nodes ({self.cluster.launcher.kind}): HTTP on "
                  f"{node0.address}:{port}, rendezvous {self.cluster.master_addr}:{master_port} (logs: "
                  f"{self.log_path.name.replace('node0', 'node*')})")
-        base = self.environment()
+        base, deployment = self.environment(), self.deployment_env()  # once, not once a node
         for nc in cmds:
             log_path = self.log_path.with_name(self.log_path.name.replace("node0", nc.node.name))
-            proc = spawn(self.cluster.launcher, nc.node, nc.argv, {**self.deployment_env(), **nc.env}, log_path, base,
+            proc = spawn(self.cluster.launcher, nc.node, nc.argv, {**deployment, **nc.env}, log_path, base,
                          header=lambda argv: "$ " + " ".join(self.redactor.argv(argv)))
             self.procs.append((nc.node.name, proc, log_path))
         return node0.address, port
