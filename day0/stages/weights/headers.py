@@ -11,6 +11,7 @@ What is read lands in ``AuditRun.headers`` and ``AuditRun.located`` for the late
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,13 +22,17 @@ from day0.stages.weights.findings import AuditRun, human
 
 _PROBE_READS = 8  # header reads timed before deciding whether threads would help
 _SLOW_READ_S = 0.0005  # slower than this per header read: a remote file system, read in parallel
+# JSON header bytes read in all. Parsed headers cost about 7 bytes of memory per byte, and
+# safetensors allows 100 MB per file, so a hostile folder of many big headers would otherwise
+# cost gigabytes; real checkpoints hold tens of MB of headers at most (kilobytes per shard).
+MAX_TOTAL_HEADER_BYTES = 256_000_000
 
 Parsed = Union[ShardHeader, HeaderError]
 
 
 def read_headers(a: AuditRun) -> None:
     """Read the headers of every shard that is not missing, then record what they say."""
-    todo = [s for s in a.shards if s not in a.missing]
+    todo = _distinct_files(a, [s for s in a.shards if s not in a.missing])
     bar = None
     if a.progress is True and len(todo) > 1:
         from tqdm import tqdm
@@ -41,12 +46,46 @@ def read_headers(a: AuditRun) -> None:
     _record(a, todo, results)
 
 
+def _distinct_files(a: AuditRun, shards: list[str]) -> list[str]:
+    """``shards`` less each name that is the same file as an earlier one (a hard link or symlink).
+
+    vLLM would load such a file once per name, every tensor twice; and reading it again would
+    let a folder of links to one huge header multiply the audit's time and memory. One finding
+    per extra name, which counts as unreadable (its tensors are not verifiable by name).
+    """
+    first: dict[tuple[int, int], str] = {}
+    keep = []
+    for shard in shards:
+        try:
+            st = os.stat(a.dir / shard)
+        except (OSError, ValueError):  # the read that follows names the problem
+            keep.append(shard)
+            continue
+        same = first.setdefault((st.st_dev, st.st_ino), shard)
+        if same == shard:
+            keep.append(shard)
+            continue
+        a.unreadable.add(shard)
+        a.fail("weights.shard_header", f"{shard}: the same file as {same} (a hard link or symlink to it): "
+                                       "vLLM would load its tensors twice", shard=shard)
+    return keep
+
+
 def _read_all(a: AuditRun, todo: list[str], bar: Any) -> list[Parsed]:
     """Headers of ``todo`` in order, read in this thread or (on a slow file system) a thread pool."""
+    spent = [0]  # header bytes parsed so far: past MAX_TOTAL_HEADER_BYTES the rest are not read
+
+    def over_budget(shard: str) -> HeaderError | None:
+        if spent[0] <= MAX_TOTAL_HEADER_BYTES:
+            return None
+        return HeaderError(f"{short_name(shard)}: not read: the shards before it hold {human(spent[0])} of "
+                           f"header JSON, more than day0 audits ({human(MAX_TOTAL_HEADER_BYTES)})")
 
     # Each shard's problem is that shard's finding: nothing one file holds may stop the others
     # from being read, hence the broad excepts (the message names the shard and the error).
     def fetch(shard: str) -> tuple[bytes, int] | HeaderError:
+        if (refused := over_budget(shard)) is not None:
+            return refused
         try:
             return read_header_bytes(a.dir / shard, short_name(shard))
         except HeaderError as exc:
@@ -59,6 +98,9 @@ def _read_all(a: AuditRun, todo: list[str], bar: Any) -> list[Parsed]:
             bar.update(1)
         if isinstance(got, HeaderError):
             return got
+        if (refused := over_budget(shard)) is not None:
+            return refused
+        spent[0] += len(got[0])
         try:
             return parse_header(got[0], got[1], short_name(shard))
         except HeaderError as exc:

@@ -203,6 +203,42 @@ def test_tensor_in_two_shards(ckpt: cf.Ckpt) -> None:
     assert_clean_except(checks, "weights.tensor_placement", "weights.param_count", "weights.total_size")
 
 
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_a_shard_that_is_the_same_file_as_another_is_named_and_read_once(
+        ckpt: cf.Ckpt, link: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two index names for one file load every tensor twice; a folder of links to one huge
+    header must not multiply the audit's time and memory either."""
+    from day0.stages.weights import headers
+
+    first, second = ckpt.shards[0], ckpt.shards[1]
+    ckpt.path(1).unlink()
+    if link == "hard":
+        ckpt.path(1).hardlink_to(ckpt.path(0))
+    else:
+        ckpt.path(1).symlink_to(ckpt.path(0).name)
+    parsed: list[str] = []
+    real_parse = headers.parse_header
+    monkeypatch.setattr(headers, "parse_header", lambda raw, size, label: parsed.append(label) or real_parse(raw, size, label))
+    checks = audit(ckpt.dir)
+    [c] = failures(checks, "weights.shard_header")
+    assert c.message == (f"{second}: the same file as {first} (a hard link or symlink to it): "
+                         "vLLM would load its tensors twice") and c.evidence["shard"] == second
+    assert sorted(parsed) == sorted(s for s in ckpt.shards if s != second)
+
+
+def test_headers_past_the_audits_budget_are_not_read_and_say_so(ckpt: cf.Ckpt, monkeypatch: pytest.MonkeyPatch) -> None:
+    from day0.stages.weights import headers
+
+    first_header_bytes = struct.unpack("<Q", ckpt.path(0).read_bytes()[:8])[0]
+    monkeypatch.setattr(headers, "MAX_TOTAL_HEADER_BYTES", first_header_bytes + 1)  # the first fits; past the second, no more
+    checks = audit(ckpt.dir)
+    refused = failures(checks, "weights.shard_header")
+    assert [c.evidence["shard"] for c in refused] == ckpt.shards[2:]
+    assert all("not read: the shards before it hold" in c.message and "more than day0 audits" in c.message
+               for c in refused)
+    assert by_id(checks)["weights.total_size"][0].status == "skip"
+
+
 def test_orphan_shard(ckpt: cf.Ckpt) -> None:
     orphan = cf.add_orphan_shard(ckpt)
     checks = audit(ckpt.dir)
