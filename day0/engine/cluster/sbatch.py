@@ -7,12 +7,18 @@ SIGKILL, with no finished record. Here the wait is bounded and the scheduler's w
 
 - pending on nodes Slurm reports unavailable (``ReqNodeNotAvail``, down, drained) for longer than
   ``--unavailable-timeout``: the job is cancelled and the answer is one line naming each node and
-  its state and reason, exit code 3 (blocked: nothing about the deployment was judged);
+  its state and reason, exit code 3 (blocked: nothing about the deployment was judged). Only nodes
+  the job could use count: those Slurm names, else those it asked for, else its partition's, and
+  then only when too few of them are left in service for the job's node count (a busy cluster
+  with a node down elsewhere waits on);
+- still pending after ``--timeout``: cancelled, exit 3 as above; already running: cancelled, and
+  its run's record says so as for any job Slurm ended;
 - ended other than COMPLETED: the run the job started (found by ``environment.slurm.job_id``) gets
   a ``scheduler`` note with the state and reason, its record is rebuilt from the event log (what was
   measured is kept) and its report rendered again, so the record says why it stopped.
 
-Slurm is asked through its own clients (``scontrol``, ``sinfo``, ``scancel``), each call bounded.
+Slurm is asked through its own clients (``scontrol``, ``sinfo``, ``scancel``), each call bounded; while
+waiting, a busy controller's failed answers are asked again (``POLL_FAILURES_TOLERATED`` in a row).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -34,6 +40,8 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
             "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
 UNAVAILABLE_STATES = ("down", "drain", "drng", "drained", "draining", "fail", "failg", "maint", "boot", "power")
 CALL_TIMEOUT_S = 20.0
+POLL_FAILURES_TOLERATED = 5  # failed scontrol answers in a row while waiting (a busy slurmctld times out)
+CANCEL_WAIT_S = 120.0  # how long a job day0 cancelled may take to end (KillWait is 30 s by default)
 
 Log = Callable[[str], None]
 Render = Callable[[Path], object]
@@ -55,6 +63,9 @@ class JobState:
     reason: str  # Slurm's, with its underscores turned back into spaces
     nodes: str  # the allocation's node list ('' while pending)
     exit_code: int  # the batch script's, once ended
+    partition: str = ""  # the partitions it may run in, comma-separated
+    req_nodes: str = ""  # the nodes it asked for by name ('' when any)
+    num_nodes: int = 1
 
     @property
     def ended(self) -> bool:
@@ -63,15 +74,37 @@ class JobState:
 
 def job_state(job_id: str) -> JobState:
     """The job as ``scontrol show job -o`` has it (ended jobs stay there for MinJobAge, 300 s by default)."""
-    text = _slurm("scontrol", "show", "job", "-o", job_id)
-    fields = dict(re.findall(r"(\w+)=(\S*)", text))
-    if "JobState" not in fields:
+    return parse_job(job_id, _slurm("scontrol", "show", "job", "-o", job_id))
+
+
+def parse_job(job_id: str, text: str) -> JobState:
+    """``scontrol show job -o``'s answer as one job.
+
+    A heterogeneous job or an array prints one line per component or task; the job is all of
+    them: ended when every line has ended, COMPLETED only when every line completed (else the
+    first line that did not, with its exit code), and while any runs, running on their nodes."""
+    lines = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in text.splitlines()]
+    lines = [f for f in lines if "JobState" in f]
+    if not lines:
         raise SubmitError(f"scontrol show job {job_id}: no JobState in {text[:200]!r}")
+    jobs = [_one_line(job_id, f) for f in lines]
+    live = [j for j in jobs if not j.ended]
+    pick = (next((j for j in live if j.state == "RUNNING"), live[0]) if live
+            else next((j for j in jobs if j.state != "COMPLETED"), jobs[0]))
+    nodes = ",".join(dict.fromkeys(j.nodes for j in (live or jobs) if j.nodes))
+    return replace(pick, nodes=nodes, num_nodes=sum(j.num_nodes for j in (live or jobs)))
+
+
+def _one_line(job_id: str, fields: dict[str, str]) -> JobState:
+    def given(key: str) -> str:
+        return "" if fields.get(key) in (None, "(null)") else fields[key]
+
     code = fields.get("ExitCode", "0:0").split(":")[0]
+    count = fields.get("NumNodes", "1").split("-")[0]
     return JobState(job_id=job_id, state=fields["JobState"].split("+")[0],
-                    reason=fields.get("Reason", "None").replace("_", " "),
-                    nodes="" if fields.get("NodeList") in (None, "(null)") else fields["NodeList"],
-                    exit_code=int(code) if code.isdigit() else 1)
+                    reason=fields.get("Reason", "None").replace("_", " "), nodes=given("NodeList"),
+                    exit_code=int(code) if code.isdigit() else 1, partition=given("Partition"),
+                    req_nodes=given("ReqNodeList"), num_nodes=int(count) if count.isdigit() else 1)
 
 
 SINFO_NODES = ("sinfo", "-h", "-N", "-o", "%N|%T|%E")  # one line a node: name, state, reason
@@ -87,29 +120,37 @@ def parse_node_states(text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def node_states() -> dict[str, tuple[str, str]]:
-    """Every node: (state, reason) as sinfo reports them."""
-    return parse_node_states(_slurm(*SINFO_NODES))
+def node_states(partition: str = "") -> dict[str, tuple[str, str]]:
+    """Every node (of ``partition``, when given): (state, reason) as sinfo reports them."""
+    return parse_node_states(_slurm(*SINFO_NODES, *(("-p", partition) if partition else ())))
+
+
+def _out_of_service(state: str) -> bool:
+    return state.rstrip("*~#!%$@^-").startswith(UNAVAILABLE_STATES) or state.endswith("*")
 
 
 def unavailable_nodes(job: JobState) -> dict[str, tuple[str, str]]:
     """The nodes a pending job waits for that Slurm says are out of service, with state and reason.
 
-    Slurm names them in the reason (``ReqNodeNotAvail, UnavailableNodes:node1``) when it can; its
-    other wording ("Nodes required for job are DOWN, DRAINED ...") names none, so then every node
-    out of service counts. A job pending for Resources or Priority (a busy cluster) waits on."""
+    Slurm names them in the reason (``ReqNodeNotAvail, UnavailableNodes:node1``) when it can. Its
+    other wording ("Nodes required for job are DOWN, DRAINED ...") names none: then the nodes the
+    job asked for by name count, else its partition's, and only when fewer than the job's node
+    count are left in service (on a big cluster some node is always down, and a job waiting on a
+    busy partition is not blocked). A job pending for Resources or Priority waits on."""
+    from day0.engine.cluster.slurm import expand_nodelist
+
     named = re.search(r"UnavailableNodes:(\S+)", job.reason)
     if not (named or "ReqNodeNotAvail" in job.reason or "DOWN, DRAINED" in job.reason):
         return {}
-    states = node_states()
-    down = {n: s for n, s in states.items() if s[0].rstrip("*~#!%$@^-").startswith(UNAVAILABLE_STATES)
-            or s[0].endswith("*")}
+    states = node_states(job.partition)
     if named:
-        from day0.engine.cluster.slurm import expand_nodelist
-
         wanted = expand_nodelist(named.group(1).rstrip(","))
-        return {n: states.get(n, ("unknown", "")) for n in wanted} | {n: down[n] for n in wanted if n in down}
-    return down
+        return {n: states.get(n, ("unknown", "")) for n in wanted}
+    usable = {n: states.get(n, ("unknown", "")) for n in expand_nodelist(job.req_nodes)} if job.req_nodes else states
+    down = {n: s for n, s in usable.items() if _out_of_service(s[0])}
+    if job.req_nodes:
+        return down  # every node asked for by name is needed
+    return down if len(usable) - len(down) < job.num_nodes else {}
 
 
 @dataclass(frozen=True)
@@ -127,13 +168,18 @@ class Outcome:
 
 def wait_for(job_id: str, unavailable_timeout_s: float, timeout_s: float | None, log: Log,
              poll_s: float = 1.0, progress_s: float = 30.0) -> Outcome:
-    """Poll the job until it ends; cancel it when the nodes it waits for stay out of service."""
+    """Poll the job until it ends; cancel it when the nodes it waits for stay out of service, or at
+    ``timeout_s`` (a job that had started is then followed to its end, as any job Slurm ended)."""
     t0 = time.monotonic()
     unavailable_since: float | None = None
     last_said = t0
+    poll = _Poller(job_id, log)
     while True:
-        job = job_state(job_id)
+        job = poll.state()
         now = time.monotonic()
+        if job is None:
+            time.sleep(poll_s)
+            continue
         if job.ended:
             return Outcome(job, waited_s=now - t0)
         bad = unavailable_nodes(job) if job.state == "PENDING" else {}
@@ -146,13 +192,50 @@ def wait_for(job_id: str, unavailable_timeout_s: float, timeout_s: float | None,
                 f"service ({job.reason}); cancelled it: blocked, nothing was measured"))
         if timeout_s is not None and now - t0 > timeout_s:
             _slurm("scancel", job_id)
-            return Outcome(job_state(job_id), waited_s=now - t0,
-                           blocked=f"job {job_id} still {job.state} after --timeout {timeout_s:g} s; cancelled it")
+            if job.state == "PENDING":
+                return Outcome(job, waited_s=now - t0,
+                               blocked=f"job {job_id} still PENDING after --timeout {timeout_s:g} s; cancelled it")
+            log(f"job {job_id} still {job.state} after --timeout {timeout_s:g} s; cancelled it, waiting for it to end")
+            return Outcome(_until_ended(poll, poll_s), waited_s=time.monotonic() - t0)
         if now - last_said >= progress_s:
             where = f" on {job.nodes}" if job.nodes else f" ({job.reason})"
             log(f"job {job_id} {job.state}{where}, {now - t0:.0f} s")
             last_said = now
         time.sleep(poll_s)
+
+
+class _Poller:
+    """``job_state`` for a wait that lasts hours: a failed answer (a busy slurmctld's socket
+    timeout) is asked again at the next poll, and only ``POLL_FAILURES_TOLERATED`` in a row end the
+    wait, saying the job was left as it is."""
+
+    def __init__(self, job_id: str, log: Log) -> None:
+        self.job_id, self.log, self.failures = job_id, log, 0
+
+    def state(self) -> JobState | None:
+        try:
+            job = job_state(self.job_id)
+        except SubmitError as exc:
+            self.failures += 1
+            if self.failures >= POLL_FAILURES_TOLERATED:
+                raise SubmitError(f"{exc} ({self.failures} times in a row); job {self.job_id} was not cancelled: "
+                                  f"follow it with `scontrol show job {self.job_id}`") from None
+            self.log(f"{exc}; asking again")
+            return None
+        self.failures = 0
+        return job
+
+
+def _until_ended(poll: _Poller, poll_s: float) -> JobState:
+    """The cancelled job once it has ended (bounded by ``CANCEL_WAIT_S``)."""
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while time.monotonic() < deadline:
+        job = poll.state()
+        if job is not None and job.ended:
+            return job
+        time.sleep(poll_s)
+    raise SubmitError(f"job {poll.job_id} was cancelled but had not ended {CANCEL_WAIT_S:g} s later: "
+                      f"follow it with `scontrol show job {poll.job_id}`")
 
 
 def find_run(out_dir: Path, job_id: str) -> Path | None:
