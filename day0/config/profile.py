@@ -86,6 +86,18 @@ class EngineSection(Section):
     env: dict[str, str] = {}
     args: dict[str, Any] = {}  # vLLM engine arguments, passed through unchanged
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        """Names a shell can export: each goes into the environment of every rank on every node,
+        over ssh by ``export NAME=...``, where ``X=1;touch f`` would run and ``NCCL-DEBUG`` would
+        kill the rank before vLLM starts."""
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, "
+                                 "not starting with a digit)")
+        return value
+
     @field_validator("args")
     @classmethod
     def _finite_args(cls, value: dict[str, Any]) -> dict[str, Any]:

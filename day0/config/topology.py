@@ -111,7 +111,7 @@ class TopologySection(Section):
     @classmethod
     def _hosts(cls, value: list[str]) -> list[str]:
         for h in value:
-            if not re.match(r"^[A-Za-z0-9_.@:\-\[\]]+$", h):
+            if not re.match(r"^[A-Za-z0-9_.@:\-\[\]]+$", h) or h.startswith("-"):  # ssh, srun: an option
                 raise ValueError(f"{h!r} is not a host name")
         return value
 

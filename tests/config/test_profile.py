@@ -210,6 +210,20 @@ def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("text, message", [
+    ('[engine.env]\n"X=1;touch f;Y" = "v"\n', "engine.env: 'X=1;touch f;Y' is not an environment variable name"),
+    ('[engine.env]\nNCCL-DEBUG = "INFO"\n', "engine.env: 'NCCL-DEBUG' is not an environment variable name"),
+    ('[topology]\nhosts = ["gpu01", "-Eday0-ssh.log"]\n', "topology.hosts: '-Eday0-ssh.log' is not a host name"),
+])
+def test_names_that_reach_a_remote_shell_or_ssh_are_refused_in_one_line(tmp_path, text, message):
+    """An [engine.env] name goes to every node as `export NAME=...`, a host to ssh's argv: a name
+    that is not one would run as shell, kill the rank, or be read as an option."""
+    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p.toml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_one_key_setting_a_latency_api_key_env_points_to_the_engines(tmp_path):
     """The key every request carries is engine.api_key_env; a profile still setting it under
     [latency] is refused in one line saying where it belongs."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -131,6 +132,9 @@ exit "$status"
 """
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class SshLauncher:
     """Another host over ssh: non-interactive (BatchMode), in the same directory; the node's
     environment goes through the channel (ssh does not forward the local one), and the remote
@@ -144,9 +148,14 @@ class SshLauncher:
 
     def argv(self, node: Node, cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
         remote = shlex.join(["exec", "sh", "-c", _REMOTE, "day0-node", self.cwd, *cmd])
-        return ["ssh", *self.options, node.host or node.address, remote]
+        return ["ssh", *self.options, "--", node.host or node.address, remote]  # a host is never an option
 
     def env_input(self, env: Mapping[str, str]) -> bytes | None:
+        """The ``export`` lines the remote ``eval`` runs: a name is spliced in as it is, so a name
+        that is not one (the profile refuses them too) is refused here rather than run."""
+        for name in env:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"engine.env: {name!r} is not an environment variable name")
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         return base64.b64encode(exports.encode()) + b"\n"
 

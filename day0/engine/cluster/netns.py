@@ -211,13 +211,20 @@ class EmulatedCluster:
         """What a person rehearsing by hand wants to see: nodes, addresses, shaping, processes."""
         existing = set(list_netns())
         pids = self.pids()
-        slurm = self.slurm
         return {"cid": self.cid, "subnet": self.subnet, "bridge": self.bridge, "gateway": self.gateway,
-                "owner_pid": self.owner_pid, "slurm_conf": self.slurm_conf,
-                "sinfo": slurm.sinfo() if slurm else "",
+                "owner_pid": self.owner_pid, "slurm_conf": self.slurm_conf, "sinfo": self._sinfo(),
                 "nodes": [{"name": nd.name, "netns": nd.netns, "address": nd.address, "ifname": nd.ifname,
                            "rate": nd.rate or "unshaped", "up": nd.netns in existing, "pids": pids.get(nd.name, [])}
                           for nd in self.nodes]}
+
+    def _sinfo(self) -> str:
+        """sinfo's answer for the status, or why there is none: a wedged controller is shown, and the
+        other clusters still listed."""
+        slurm = self.slurm
+        try:
+            return slurm.sinfo() if slurm else ""
+        except SchedulerError as exc:
+            return f"sinfo did not answer: {exc}"
 
     def down(self) -> None:
         """Kill every process in the namespaces, delete them (their veths go too), the bridge, the state."""

@@ -99,7 +99,11 @@ def _emulated(topology: TopologySection, log: Log) -> Cluster:
         raise ClusterBlocked(str(exc)) from None
     except EmulationError as exc:
         raise ClusterError(f"emulated cluster: {exc}") from None
-    fd = start_reaper(emu.cid)
+    try:
+        fd = start_reaper(emu.cid)
+    except BaseException:  # without a reaper nothing would take the namespaces down
+        emu.down()
+        raise
     if emu.slurm_conf:  # the nodes run a real Slurm: every process starts as a job step on its node
         nodes = [Node(nd.name, nd.index, nd.address, host=nd.name, netns=nd.netns, ifname=nd.ifname)
                  for nd in emu.nodes]

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -72,12 +73,18 @@ def test_ssh_launcher_runs_the_command_in_the_same_folder_and_sends_the_environm
     launcher = SshLauncher(cwd="/shared/day0 src")
     env = {"GLOO_SOCKET_IFNAME": "ib0", "X": "a b", "VLLM_API_KEY": "sk-not-on-a-command-line"}
     argv = launcher.argv(NODE1, ["python", "-c", "print('a b')"], env)
-    assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "gpu02"]
-    remote = shlex.split(argv[4])
+    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "--", "gpu02"]  # after --, a host is never an option
+    remote = shlex.split(argv[5])
     assert remote[:3] == ["exec", "sh", "-c"] and remote[4:] == ["day0-node", "/shared/day0 src", "python", "-c", "print('a b')"]
     assert "sk-not-on-a-command-line" not in " ".join(argv)
     sent = base64.b64decode(launcher.env_input(env) or b"").decode()
     assert sent == "export GLOO_SOCKET_IFNAME=ib0\nexport X='a b'\nexport VLLM_API_KEY=sk-not-on-a-command-line\n"
+
+
+@pytest.mark.parametrize("name", ["X=1;touch f;Y", "NCCL-DEBUG", "1A", ""])
+def test_ssh_launcher_refuses_an_environment_name_the_remote_shell_would_run_or_choke_on(name):
+    with pytest.raises(ValueError, match=f"engine.env: {re.escape(repr(name))} is not an environment variable name"):
+        SshLauncher().env_input({"OK_1": "v", name: "v"})
 
 
 def _fake_ssh_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -446,6 +453,48 @@ def test_cluster_status_and_down_without_iproute2_are_one_line(tmp_path):
                               timeout=60, env={**os.environ, "PATH": str(empty)})
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert proc.stderr.startswith("day0: blocked: ip not found") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_wedged_slurm_controller_is_shown_in_the_status_not_raised(monkeypatch):
+    """Labelled fakes: no namespaces looked up, and an sinfo that times out. `cluster status` lists
+    every cluster; one whose controller does not answer says so in its own lines."""
+    from day0.engine.cluster import netns
+    from day0.engine.cluster.scheduler import SchedulerError, SlurmCluster
+
+    def wedged(self):
+        raise SchedulerError("`sinfo -N -l` did not finish within 20 s")
+
+    monkeypatch.setattr(netns, "list_netns", lambda: [])
+    monkeypatch.setattr(netns, "_ip", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", ""))
+    monkeypatch.setattr(SlurmCluster, "sinfo", wedged)
+    node = netns.EmulatedNode("node0", 0, "day0-7a-node0", "198.18.7.2", "veth0", "d07an0", "")
+    emu = EmulatedCluster("7a", "198.18.7.0/24", "d0b7a", "198.18.7.1", [node], None,
+                          slurm_conf="/run/day0-clusters/7a/slurm.conf")
+    assert emu.status()["sinfo"] == "sinfo did not answer: `sinfo -N -l` did not finish within 20 s"
+
+
+def test_a_reaper_that_does_not_start_takes_the_cluster_it_was_to_guard_down(monkeypatch):
+    """Labelled fakes: an emulated cluster that is built and removed in memory, and a reaper whose
+    start fails (EMFILE): nothing else would remove the namespaces."""
+    from day0.engine.cluster import nodes
+
+    removed: list[str] = []
+
+    class Built:
+        cid = "7b"
+
+        def down(self) -> None:
+            removed.append(self.cid)
+
+    def no_pipe(cid):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(nodes.EmulatedCluster, "up", classmethod(lambda cls, *a, **k: Built()))
+    monkeypatch.setattr(nodes, "start_reaper", no_pipe)
+    topology = TopologySection(device="cpu", nodes=2, devices_per_node=1, emulate=EmulateSection())
+    with pytest.raises(OSError, match="Too many open files"):
+        open_cluster(topology, environ={})
+    assert removed == ["7b"]
 
 
 def test_a_removal_that_left_something_says_what_and_a_sweep_goes_on(monkeypatch):
