@@ -115,6 +115,12 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
                f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
         return Check(CHECK_ID, TITLE, "error", unit=result.unit, direction="higher_is_better", source=SOURCE,
                      evidence=evidence, message=f"could not measure: {why}")
+    if best is None and result.unheld is not None:
+        return Check(CHECK_ID, TITLE, "error", unit=result.unit, direction="higher_is_better", source=SOURCE,
+                     evidence=evidence, message=(
+                         f"could not measure: {point_load(result, result.unheld.load)} met over a short point, but "
+                         f"{result.stopped}; below a held rate that did not meet, short points overstate what "
+                         "holds, so none is the answer"))
     if best is None:
         return Check(CHECK_ID, TITLE, "fail", value=0.0, unit=result.unit, direction="higher_is_better", source=SOURCE,
                      evidence=evidence,

@@ -168,12 +168,32 @@ class SearchResult:
         return min(over, key=lambda p: p.load) if over else None
 
     @property
+    def held_missed(self) -> bool:
+        """A held point (a confirmation, or a point of the walk down) did not meet: from then on short
+        points have shown they overstate what holds, and only a held point can be the answer."""
+        return any(p.held and p.verdict not in (MEETS, CLIENT_LAGGED) for p in self.points)
+
+    @property
     def sustained_point(self) -> SearchPoint | None:
         """The highest-load point that met the SLA below the ceiling (None: none did); of two at that
-        load (a short point and its confirmation), the one over more requests."""
+        load (a short point and its confirmation), the one over more requests. Once a held point has
+        missed, only held points count: a short point that met between the held answer and the held
+        miss is not an answer (it had been, above both the answer and what the server held)."""
+        top = self.ceiling
+        held_only = self.held_missed
+        met = [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)
+               and (p.held or not held_only)]
+        return max(met, key=lambda p: (p.load, p.metrics.sent)) if met else None
+
+    @property
+    def unheld(self) -> SearchPoint | None:
+        """The highest short point that met below the ceiling where no held point is the answer
+        after a held miss: the search ran out of points before any rate held."""
+        if not self.held_missed or self.sustained_point is not None:
+            return None
         top = self.ceiling
         met = [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
-        return max(met, key=lambda p: (p.load, p.metrics.sent)) if met else None
+        return max(met, key=lambda p: p.load) if met else None
 
     @property
     def sustained(self) -> float | None:

@@ -185,8 +185,8 @@ async def search_capacity(measure_at: Callable[..., Awaitable[LatencyMetrics]], 
         prior = b.met_at(x) if size else None  # a confirmation goes on from the point that met there, if one did
         if prior is None and b.counted() >= search.max_points:
             return result(f"max_points ({search.max_points}) reached" + (
-                "; no rate under the confirmations that did not meet has held yet, so an answer here met over its "
-                "short point only" if b.missed_holds() else ""))
+                "; no rate under the confirmations that did not meet has held yet (raise latency.search.max_points)"
+                if b.missed_holds() else ""))
         n = size or (probe if probing else requests)
         point = await _measure_point(measure_at, x, n, sla, b.axis, say, probing, queue_rule, prior, held=bool(size))
         if point.verdict == CLIENT_LAGGED:  # a host's hiccup passes: the same point once more, fresh prompts
@@ -348,7 +348,8 @@ class _Bracket:
         skip = skip if skip is not None and skip.to < step else None
         step = skip.to if skip is not None else step
         if step < axis.floor:
-            return None, 0, ""
+            return None, 0, (f"the walk down would go under {axis.text(axis.floor)}, the lowest load a search tries, "
+                             "and no rate under the holds that did not meet has held")
         met = [pt.load for pt in self.points
                if pt.verdict == MEETS and step <= pt.load < min(top, step * (1.0 + precision))]
         x = max(met) if met else step

@@ -259,7 +259,40 @@ def test_a_walk_down_cut_short_by_max_points_says_its_answer_was_not_held():
     search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=6, confirm_requests=300, confirm_s=0)
     result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
     assert result.stopped.startswith("max_points (6) reached; no rate under the confirmations"), result.stopped
-    assert not result.sustained_point.held and result.sustained > 0.5 * top  # a short point's, and the text says so
+    # a short point met above the held misses' answer-to-be, but short points overstate what holds: no answer
+    assert result.sustained_point is None and result.unheld.load > 0.5 * top and not result.unheld.held
+    check = capacity_check(result, SLA, search)
+    assert check.status == "error" and check.message.startswith(
+        f"could not measure: {result.unheld.load:.4g} req/s met over a short point, but max_points (6) reached")
+
+
+@pytest.mark.parametrize("edge", [62.0, 66.5, 69.5, 72.0])
+@pytest.mark.parametrize("share", [0.3, 0.4, 0.5, 0.6])
+def test_once_a_hold_missed_the_answer_is_a_held_rate_never_a_short_point_between(edge, share):
+    """Short points meet up to 97 req/s, held ones only up to ``edge``, and an overloaded hold completes
+    ``share`` of the edge: the walk skips down and bisects back up, leaving short points that met
+    between its held answer and the held miss above it. Before, the highest of those was reported
+    (70.71 req/s here, never held, over the 68.18 that held)."""
+    top = 100.0
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=30, confirm_requests=300, confirm_s=0)
+    measure_at, _ = counted(server(0.97 * top, edge, completes=share * edge))
+    result = asyncio.run(search_capacity(measure_at, search, SLA, 60, lambda _m: None, saturated(top)))
+    best = result.sustained_point
+    assert best.held and edge / 1.05 <= best.load <= edge, [(pt.load, pt.verdict, pt.held) for pt in result.points]
+    assert capacity_check(result, SLA, search).value == round(best.load, 4)
+
+
+def test_a_walk_that_would_go_under_the_lowest_load_tried_says_so_and_answers_nothing():
+    """An overloaded hold that completed 0.5 req/s puts the walk's next step under the axis' floor
+    (1/64 of where the search started): the search ends saying why, and the short points that met
+    above are not the answer (before: "no load meets the SLA", and a pass at a short point's 91.7)."""
+    top = 100.0
+    search = CapacitySearch(start_rate=1.0, precision=0.05, max_points=30, confirm_requests=300, confirm_s=0)
+    result = asyncio.run(search_capacity(server(0.97 * top, 30.0, completes=0.5), search, SLA, 60,
+                                         lambda _m: None, saturated(top)))
+    assert result.stopped.startswith("the walk down would go under 0.7812 req/s, the lowest load a search tries")
+    check = capacity_check(result, SLA, search)
+    assert check.status == "error" and "met over a short point" in check.message
 
 
 def held_rates(calls: list[tuple[float, int]]) -> list[float]:
