@@ -18,7 +18,15 @@ from typing import Any
 
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import LatencySection
-from day0.stages.latency.imported import Doc, ImportedRun, LeftOut, check_tokens, check_window, error_kind
+from day0.stages.latency.imported import (
+    Doc,
+    ImportedRun,
+    LeftOut,
+    check_tokens,
+    check_window,
+    error_kind,
+    holding_window,
+)
 
 TOOL = "guidellm"
 TIMINGS = ("info", "timings")
@@ -42,7 +50,8 @@ def benchmark_labels(obj: dict[str, Any]) -> list[str]:
     """One label per benchmark of a report (its strategy and rate), for a person choosing one."""
     out = []
     for b in obj.get("benchmarks") or []:
-        strat = (b.get("config") or {}).get("strategy") if isinstance(b, dict) else None
+        config = b.get("config") if isinstance(b, dict) else None
+        strat = config.get("strategy") if isinstance(config, dict) else None
         strat = strat if isinstance(strat, dict) else {}
         rate = strat.get("rate", strat.get("streams"))
         out.append(f"{strat.get('type_', '?')}" + (f"@{rate:g}" if isinstance(rate, (int, float)) else ""))
@@ -69,6 +78,7 @@ def read_guidellm(path: Path, obj: dict[str, Any], index: int) -> ImportedRun:
     results = _read(bd, groups, left, start, end)
     left.refuse_if_nothing_left(len(results))
     results.sort(key=lambda r: (r.scheduled, r.index))
+    start, end = holding_window(results, start, end)
     settings = _settings(bd, b, len(results))
     shape = LoadShape(mode=settings.load, concurrency=settings.concurrency, request_rate=settings.request_rate,
                       burstiness=settings.burstiness)

@@ -25,6 +25,7 @@ from day0.stages.latency.imported import (
     check_tokens,
     check_window,
     error_kind,
+    holding_window,
 )
 
 TOOL = "vllm bench serve"
@@ -68,6 +69,7 @@ def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
     results = [r for r in kept if r is not None]
     left.refuse_if_nothing_left(len(results))
     results.sort(key=lambda r: (r.scheduled, r.index))
+    started, ended = holding_window(results, started, ended)
     settings = _settings(doc, obj, n)
     shape = LoadShape(mode=settings.load, concurrency=settings.concurrency, request_rate=settings.request_rate,
                       burstiness=settings.burstiness, arrivals="vllm")
@@ -116,7 +118,9 @@ def _settings(doc: Doc, obj: dict[str, Any], n: int) -> LatencySection:
     raw = doc.get(obj, "request_rate", default="inf")
     rate = math.inf if raw == "inf" else doc.number(obj, "request_rate", minimum=0.0)
     cap = doc.count(obj, "max_concurrency", default=None)
-    burst = doc.number(obj, "burstiness", default=1.0) or 1.0
+    burst = doc.number(obj, "burstiness", default=1.0)
+    if burst <= 0:  # vLLM's gamma shape: refused under the file's key, not the [latency] key it becomes
+        raise doc.outside(("burstiness",), f"expected a number > 0, got {burst!r}")
     table: dict[str, Any] = {"load": "rate", "request_rate": rate if rate > 0 else math.inf,
                              "concurrency": int(cap or 0), "burstiness": float(burst), "arrivals": "vllm",
                              "num_requests": max(1, n), "warmup_requests": 0, "server_metrics": False}

@@ -125,6 +125,7 @@ def _broken(tmp_path: Path, edit) -> Path:
     (lambda r: r["itls"][0].__setitem__(1, None), "itls[0][1]: expected a number, got null"),
     (lambda r: r.__setitem__("duration", -1), "duration: expected a number >= 0"),
     (lambda r: r.__setitem__("errors", "none"), "errors: expected a list, got"),
+    (lambda r: r.__setitem__("burstiness", -1), "burstiness: expected a number > 0, got -1"),
 ])
 def test_an_unusable_vllm_file_is_one_line_naming_file_and_key(tmp_path, capsys, edit, named):
     path = _broken(tmp_path, edit)
@@ -162,3 +163,25 @@ def test_a_sampled_guidellm_report_is_refused(tmp_path, capsys):
     path = _write(tmp_path, "s.json", raw)
     assert main(["import", str(path)]) == 2
     assert "benchmarks[0].requests.successful: 3 of 7 requests kept (GuideLLM sampled" in capsys.readouterr().err
+
+
+def test_a_window_shorter_than_its_requests_is_widened_to_hold_them(tmp_path):
+    """Each request may lie up to 1 ms outside the window a file claims (the tools' clocks), so a
+    window of 1e-9 s around requests of 0.5 ms read as 3e11 req/s; throughput is over at least the
+    span its requests took."""
+    n = 30
+    tiny = {"date": "x", "duration": 1e-9, "completed": n, "failed": 0, "request_rate": "inf",
+            "ttfts": [0.0005] * n, "itls": [[] for _ in range(n)], "latencies": [0.0005] * n,
+            "start_times": [100.0] * n, "errors": [""] * n, "input_lens": [8] * n, "output_lens": [1] * n}
+    m, _ = import_checks(read_result(_write(tmp_path, "v.json", tiny)), SlaSection.from_table({}), [50])
+    assert m.duration_s == pytest.approx(0.0005) and m.request_throughput == pytest.approx(n / 0.0005)
+
+
+@pytest.mark.parametrize("config", [[1, 2], "poisson"])
+def test_a_guidellm_benchmark_whose_config_is_not_an_object_is_one_line(tmp_path, capsys, config):
+    raw = json.loads(GUIDELLM.read_text())
+    raw["benchmarks"] = [{**raw["benchmarks"][0], "config": config}] * 2  # two: the labels are read to ask which
+    path = _write(tmp_path, "c.json", raw)
+    assert main(["import", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"day0: {path}: benchmarks: 2 runs (0: ?, 1: ?)") and "\n" not in err
