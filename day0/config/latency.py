@@ -51,7 +51,11 @@ def length_bounds(spec: int | list[int]) -> tuple[int, int]:
 class CapacitySearch(_Table):
     """``[latency.search]``: the highest offered request rate that meets every SLA limit, by
     bracketing then bisection, each point judged with confidence bounds (docs/stages/latency.md,
-    "Capacity search"). The table's presence turns the search on."""
+    "Capacity search"). The table's presence turns the search on. Every figure is finite: an
+    ``inf`` target crashed the answer after the whole search, and a start at ``inf`` "sustained"
+    it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     over: Literal["rate", "concurrency"] = Field(
         "rate", description="what the search varies: the open loop's request rate (Poisson, or the profile's "
@@ -105,6 +109,15 @@ class CapacitySearch(_Table):
                                                      "server runs last 600 s. 0 = by confirm_requests alone")
     target_rate: Optional[float] = Field(None, gt=0, description="req/s the launch must serve: replicas needed (from "
                                                                  "the sustained point's achieved req/s)")
+
+    @model_validator(mode="after")
+    def _starts_within_its_limit(self) -> "CapacitySearch":
+        if self.start_rate > self.max_rate:
+            raise ValueError(f"start_rate: {self.start_rate:g} is above max_rate ({self.max_rate:g})")
+        if self.start_concurrency > self.max_concurrency:
+            raise ValueError(f"start_concurrency: {self.start_concurrency} is above max_concurrency "
+                             f"({self.max_concurrency})")
+        return self
 
 
 class LatencySection(_Table):

@@ -202,6 +202,11 @@ def test_the_schema_describes_every_section(capsys):
     ("[latency]\nsweep_rates = [4, 2]\n", "latency.sweep_rates: must be ascending"),
     ("[sla]\nttft_ms = 3\n", "sla.ttft_ms: unknown key; did you mean 'ttft_p99_ms'?"),
     ("[sla]\nlimits = {ttft_p9x_ms = 3}\n", "sla.limits.ttft_p9x_ms: not a '<ttft|tpot|itl|e2e>_p<NN>_ms' limit"),
+    ("[latency.search]\ntarget_rate = inf\n", "latency.search.target_rate: expected a finite number (not inf or nan)"),
+    ("[latency.search]\nstart_rate = inf\n", "latency.search.start_rate: expected a finite number (not inf or nan)"),
+    ("[latency.search]\nstart_rate = 50.0\nmax_rate = 20.0\n", "latency.search.start_rate: 50 is above max_rate (20)"),
+    ("[latency.search]\nover = \"concurrency\"\nstart_concurrency = 9\nmax_concurrency = 4\n",
+     "latency.search.start_concurrency: 9 is above max_concurrency (4)"),
 ])
 def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
     (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
