@@ -15,7 +15,7 @@ from day0.core.record import load
 from day0.engine import group_alive
 from tests.harness.test_e2e import day0_run
 
-pytestmark = pytest.mark.host("root")
+pytestmark = [pytest.mark.host("root"), pytest.mark.engine]  # whole Day0 runs across emulated nodes
 
 
 def _engine_pgids(rec) -> list[int]:

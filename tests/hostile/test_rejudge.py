@@ -84,6 +84,12 @@ FORGED: dict[str, tuple[tuple[int, int], Change, bool, tuple[str, ...]]] = {
     "fail-at-its-exact-count": (SHARDS, {"status": "fail"}, True, ("weights.shards_present", "'fail'", "value 3")),
     "fail-whose-lower-bound-is-inside": (TTFT, {"status": "fail", "value": 2500.0, "evidence": _bounds(1500.0, 3000.0)},
                                          True, ("latency.ttft_p99", "'fail'", "1500.0 .. 3000.0")),
+    # a fail just past the rounding it is allowed (ROUNDING, 5e-4 of the unit): the slack stays that small
+    "fail-a-hair-past-the-rounding-of-a-higher-limit": (BUSBW, {"status": "fail", "value": 4.001}, True,
+                                                        ("collectives",)),
+    "fail-whose-lower-bound-is-a-hair-inside": (TTFT, {"status": "fail", "value": 2100.0,
+                                                       "evidence": _bounds(1999.99, 2300.0)},
+                                                True, ("latency.ttft_p99", "'fail'")),
 }
 
 

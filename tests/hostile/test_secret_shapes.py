@@ -63,6 +63,7 @@ SHAPES = [Shape(i, t.format(c=_canary(i.replace("-", ""))), _canary(i.replace("-
     ("flag-single-quoted", "vllm serve m --api-key '{c}' --port 8000"),
     ("flag-double-quoted", 'vllm serve m --api-key="{c}"'),
     ("flag-hf-token", "huggingface-cli download --hf-token {c} m"),
+    ("flag-passwd", "mysql-load --db-passwd {c} --host db"),
     ("cookie", "Cookie: theme=dark; session={c}"),
     ("set-cookie", "Set-Cookie: sid={c}; Path=/; HttpOnly"),
     ("flag-value-on-next-line", "vllm serve m \\\n  --api-key \\\n  {c}"),
@@ -124,6 +125,12 @@ def test_a_known_value_goes_in_every_form_a_text_gives_it() -> None:
     assert KEY[:10] + "\n   " + KEY[10:] not in r.text(f"key {KEY[:10]}\n   {KEY[10:]} wrapped")
     assert "Zq9pem" not in r.text("line-two-Zq9pem")  # a multi-line secret, met one line at a time
     assert "Zq9pem" not in r.text(json.dumps(multi))  # and JSON-escaped
+    # a value JSON and repr escape as a whole (its lines alone would not catch it): quotes, a backslash,
+    # a non-ASCII letter, met inside an error body or a log line
+    odd = 'pa"ss\\w\u00f6rd-Zq9xy'
+    r = Redactor.from_sources(environ={"DB_PASSWORD": odd}, data={})
+    for form in (json.dumps({"error": f"login failed for {odd}"}), repr(f"login failed for {odd}")):
+        assert "Zq9xy" not in r.text(form), (form, r.text(form))
     r = Redactor.from_sources(environ={"HTTPS_PROXY": f"http://u:{URL_PW}@p:1"}, data={"engine": {"url": ""}})
     assert URL_PW not in r.text(f"proxy refused password {URL_PW}")  # a URL's password, quoted alone
 

@@ -520,6 +520,7 @@ def test_the_two_node_preset_is_tp2_across_two_emulated_nodes():
 
 
 @pytest.mark.host("root")
+@pytest.mark.engine
 def test_one_vllm_engine_across_two_emulated_nodes(tmp_path):
     """server mode across nodes: HTTP from node0, a headless rank on node1, TP traffic between the
     node addresses, one log per node; a rank that dies is named by its node; nothing is left."""

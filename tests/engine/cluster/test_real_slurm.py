@@ -153,6 +153,7 @@ def recipe_env(cluster: EmulatedCluster, tmp_path: Path, mark: str = "day0") -> 
         "VLLM_CPU_KVCACHE_SPACE": "1"})
 
 
+@pytest.mark.engine
 def test_sbatch_runs_the_recipe_across_the_nodes_and_the_run_is_accepted(slurm_cluster, tmp_path):
     cluster = slurm_cluster
     env = recipe_env(cluster, tmp_path)
