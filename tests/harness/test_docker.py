@@ -174,6 +174,13 @@ def test_image_installs_the_harness_and_runs_the_entrypoint(kind):
     assert "import vllm, torch, day0.plugin" in runs, f"{kind}: the build does not prove the install imports"
     envs = " ".join(i.args for i in ins if i.op == "ENV")
     assert "DAY0_PROFILE=/profiles/profile.toml" in envs and "DAY0_OUT=/reports" in envs
+    # the suites are where the image's own copy of the package puts them (WORKDIR + day0/suites): the
+    # ENV pointed at /opt/day0/suites, which does not exist, and every container ended at once
+    [workdir] = [i.args for i in ins if i.op == "WORKDIR"]
+    [copy_pkg] = [i.args.split() for i in ins if i.op == "COPY" and i.args.split()[0] == "day0/"]
+    suites = f"{workdir}/{copy_pkg[-1].rstrip('/')}/suites"
+    assert f"DAY0_SUITES={suites}" in envs, (kind, envs)
+    assert f"suites=${{DAY0_SUITES:-{suites}}}" in (DOCKER / "entrypoint.sh").read_text()
 
 
 def test_gpu_image_is_vllms_official_server_image_at_the_pinned_version():
