@@ -101,10 +101,10 @@ def _unknown_args(args: dict[str, Any], rules: VllmRules, mode: str = "server") 
             continue
         if key in rules.server_arg_names:
             if mode == "inprocess":
-                out.append(Finding("error", "server_only_arg", f"engine.args.{key}", args[key],
-                                   "only vLLM's OpenAI server takes it; engine.mode = \"inprocess\" passes "
-                                   "engine.args to vllm.LLM, which would refuse it",
-                                   "remove it, or use engine.mode = \"server\""))
+                out.append(Finding("info", "server_only_arg", f"engine.args.{key}", args[key],
+                                   "only vLLM's OpenAI server takes it; engine.mode = \"inprocess\" serves no "
+                                   "API and leaves it out of vllm.LLM's arguments (the engine's log names it)",
+                                   "use engine.mode = \"server\" where what it configures is to be judged"))
             continue
         norm = key.replace("-", "_")
         if norm in rules.engine_arg_names:

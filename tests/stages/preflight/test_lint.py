@@ -158,6 +158,22 @@ def test_unknown_and_dashed_args(rules: VllmRules) -> None:
     assert "engine.args.tensor_parallel_size" not in found
 
 
+def test_a_server_only_arg_in_process_is_noted_not_refused(rules: VllmRules) -> None:
+    """The in-process engine leaves the API server's own args out of vllm.LLM's (docs/engine.md), so
+    a profile extending cpu-tiny (tool_call_parser, enable_auto_tool_choice) with mode = "inprocess"
+    is not an error: it failed stage 0, saying vllm.LLM would refuse what it never gets."""
+    args = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
+    found = [f for f in run(args, rules=rules, mode="inprocess") if f.rule == "server_only_arg"]
+    assert [(f.key, f.severity) for f in found] == [("engine.args.tool_call_parser", "info"),
+                                                    ("engine.args.enable_auto_tool_choice", "info")]
+    assert "leaves it out of vllm.LLM's arguments" in found[0].why
+    from day0.engine.inprocess import engine_kwargs
+
+    kept, left_out = engine_kwargs({**args, "max_num_seqs": 4})
+    assert kept == {"max_num_seqs": 4} and left_out == sorted(args)  # what the note says is what happens
+    assert not [f for f in run(args, rules=rules) if f.rule == "server_only_arg"]
+
+
 def test_kv_heads_neither_divides() -> None:
     cfg = {**TINY, "num_attention_heads": 12, "num_key_value_heads": 4}
     assert "tp_kv_heads" in rules_of(run({"tensor_parallel_size": 6}, cfg), "error")
