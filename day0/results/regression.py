@@ -33,6 +33,7 @@ run-record checks, charts and the ``day0 compare`` command.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections import Counter
@@ -334,10 +335,14 @@ def _why(row: Row, good: float, settings: CompareSettings) -> str:
         rule = (f"{factor}; the gross bound: fewer than {settings.history_runs} runs, the spread of runs is not "
                 "known yet")
     else:
-        op = "+" if row.direction == "lower_is_better" else "-"
+        lower = row.direction == "lower_is_better"
         k = effective_k(settings.spread_k, len(row.history))
-        rule = (f"median {op} ({k:.3g} x spread {with_unit(row.spread, row.unit)} "
+        rule = (f"median {'+' if lower else '-'} ({k:.3g} x spread {with_unit(row.spread, row.unit)} "
                 f"+ tolerance {row.tolerance})")
+        tol = row.tolerance.allowed(row.centre or 0.0) if row.tolerance else 0.0
+        if abs((row.bound or 0.0) - (row.centre or 0.0)) < k * (row.spread or 0.0) + tol:  # the factor is nearer
+            rule = (f"median {'x' if lower else '/'} {settings.gross_factor:g}, the gross bound, nearer than "
+                    f"{k:.3g} x spread {with_unit(row.spread, row.unit)} + tolerance {row.tolerance}")
     bound = f"the bound {with_unit(row.bound, row.unit)} ({rule})"
     how = {"regression": f"worse than {bound}", "unchanged": f"within {bound}",
            "improvement": f"better than the median by more than {fmt(good)} {row.unit}".rstrip()
@@ -444,6 +449,21 @@ def _context_notes(past: Sequence[tuple[str, RunRecord]], run: RunRecord) -> lis
     return notes
 
 
+def _unmatched_tolerances(settings: CompareSettings, metrics: Sequence[Metric]) -> list[str]:
+    """A [compare.tolerances] key that names no performance figure of these runs, said: a misspelt
+    id (``weights.load_time_s`` for ``weights.load_time``) left the default to judge the figure
+    it was written for, without a word."""
+    ids = sorted({m.check_id for m in metrics})
+    out = []
+    for pattern in settings.tolerances:
+        if any(match_rank(pattern, m.key, m.check_id) is not None for m in metrics):
+            continue
+        near = difflib.get_close_matches(pattern, ids, n=1, cutoff=0.6)
+        out.append(f"compare.tolerances.{pattern} names no performance figure of these runs"
+                   + (f" (did you mean {near[0]}?)" if near else "") + "; the default tolerance judged them")
+    return out
+
+
 def judge_history(
     past: Sequence[tuple[str, RunRecord]], run: RunRecord, settings: CompareSettings | None = None,
     label: str = "",
@@ -473,6 +493,7 @@ def judge_history(
                        "them): nothing to compare until runs that do are stored")
     elif not now:
         caveats.append("this run marks no check as a performance figure: nothing to compare")
+    notes += _unmatched_tolerances(settings, [m for t in tables for m in t.values()])
     return CompareResult(run.run_id, label or ", ".join(lbl for lbl, _ in past), [rec.run_id for _, rec in past],
                          history.profile_name(run), rows, caveats + notes + _context_notes(past, run), caveats,
                          settings.history_runs, settings.gross_factor, settings.fail_on_missing)

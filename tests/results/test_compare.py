@@ -403,6 +403,29 @@ def test_a_tolerance_widens_the_bound_by_its_amount():
     assert (row.kind, row.bound, str(row.tolerance)) == ("unchanged", 125.0, "25% (ttft_p99)")
 
 
+def test_a_tolerance_key_that_names_no_figure_is_said_with_the_id_it_was_likely_meant_for():
+    """docs/ci.md's own example once read "weights.load_time_s" = 30: it matched nothing, and the
+    default 5% judged weights.load_time without a word."""
+    runs = [rf.make_record({"weights": [perf("weights.load_time", 30.0, unit="s")]}, run_id=f"r{i}") for i in range(5)]
+    now = rf.make_record({"weights": [perf("weights.load_time", 31.0, unit="s")]}, run_id="now")
+    typo = CompareSettings.from_mapping({"tolerances": {"weights.load_time_s": 30, "load_time": 30}})
+    notes = judge_history(labelled(runs), now, typo).notes
+    assert [n for n in notes if n.startswith("compare.tolerances.")] == [
+        "compare.tolerances.weights.load_time_s names no performance figure of these runs (did you mean "
+        "weights.load_time?); the default tolerance judged them"]
+
+
+def test_the_why_names_the_gross_bound_when_it_is_the_nearer_one():
+    """With a wide spread, k x spread + tolerance reaches past the median x 2: the bound is the
+    factor's, and the text said "median + (6.04 x spread ...)", which does not give that number."""
+    runs = [rf.make_record({"latency": [perf("latency.ttft_p99", v)]}, run_id=f"r{i}")
+            for i, v in enumerate([10.0, 30.0, 50.0, 20.0, 40.0])]
+    now = rf.make_record({"latency": [perf("latency.ttft_p99", 61.0)]}, run_id="now")
+    [row] = judge_history(labelled(runs), now, SETTINGS).rows
+    assert row.bound == pytest.approx(60.0) and row.kind == "regression"  # median 30 x 2, nearer than 6.04 x spread
+    assert "(median x 2, the gross bound, nearer than 6.04 x spread" in row.why, row.why
+
+
 # --------------------------------------------------------------------------- compatibility and context
 
 
