@@ -288,7 +288,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help=f"preset name or TOML file (default: {profiles.DEFAULT_PROFILE})")
     p.add_argument("-m", "--marker", default="day0", help="pytest marker expression (default: day0)")
     p.add_argument("--repeat", type=whole_number(1), default=1, metavar="N",
-                   help="measure the collectives, latency and kvcache stages N times on the same engine; the "
+                   help="measure the repeatable stages (collectives, experts, latency, kvcache) N times on the same engine; the "
                         "report shows each check's spread and names any verdict that flipped (--day0-repeat)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further pytest arguments")
     p.set_defaults(func=_cmd_run)

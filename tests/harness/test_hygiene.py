@@ -156,6 +156,18 @@ def test_the_readme_layout_names_every_part_of_the_package():
     assert not missing, "README's layout omits: " + ", ".join(missing)
 
 
+def test_the_profiles_doc_lists_every_preset_in_its_table():
+    """The preset table of docs/profiles.md: one row per preset `day0 profiles` lists (it had left
+    out cpu-tiny-spec), and no row named like a preset for one that does not exist."""
+    from day0.config.profile import preset_names
+
+    text = (ROOT / "docs" / "profiles.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z0-9-]+)`(?: \(default\))? \|", text, re.MULTILINE))
+    presets = set(preset_names())
+    assert presets <= rows, f"docs/profiles.md's preset table omits {sorted(presets - rows)}"
+    assert not {r for r in rows if r.startswith(("cpu-", "h", "gb", "supernode"))} - presets, sorted(rows - presets)
+
+
 def test_the_docs_cite_test_files_that_exist():
     """A test named in README.md or docs/ as the proof of something is where the text says."""
     cited = []
