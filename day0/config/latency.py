@@ -260,7 +260,7 @@ class SlaSection(_Table):
     TTFT, TPOT and E2E.
     """
 
-    model_config = ConfigDict(json_schema_extra={"patternProperties": {
+    model_config = ConfigDict(allow_inf_nan=False, json_schema_extra={"patternProperties": {
         LIMIT_KEY.pattern: {"type": "number", "exclusiveMinimum": 0,
                             "description": "latency limit (ms) at another percentile; kept in `limits`"}}})
 

@@ -27,7 +27,7 @@ EVAL_TEXT = (
 
 
 class _Table(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)  # a price of inf, a cost
 
 
 class IsolationSettings(_Table):
