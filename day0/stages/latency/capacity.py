@@ -112,7 +112,7 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
                "host the engine does not share" if last.verdict == CLIENT_LAGGED else
                f"{last.metrics.sent} requests at {point_load(result, last.load)} cannot decide "
                f"{', '.join(last.undecided)} at {result.confidence:.0%} (the limit lies inside the interval, or "
-               f"too few requests: {_needed(sla, result.confidence)}); raise latency.search.requests")
+               f"too few requests: {_needed(sla, result.confidence)}); " + _more_requests(last))
         return Check(CHECK_ID, TITLE, "error", unit=result.unit, direction="higher_is_better", source=SOURCE,
                      evidence=evidence, message=f"could not measure: {why}")
     if best is None and result.unheld is not None:
@@ -140,6 +140,16 @@ def capacity_check(result: SearchResult, sla: SlaSection, search: CapacitySearch
     told += f"; {evidence['answer']}"
     return measured(CHECK_ID, TITLE, round(best, 4), None, unit=result.unit, direction="higher_is_better",
                     source=SOURCE, evidence=evidence, message=told)
+
+
+def _more_requests(point: SearchPoint) -> str:
+    """What gives the point more requests: at a low rate the measured phase's ``duration_s`` ends a
+    point before its requests are sent (299 at 0.5 req/s take 10 minutes), and more of them would
+    only be cut too."""
+    if point.metrics.not_sent and not point.early:
+        return (f"{point.metrics.not_sent} of its requests were not sent before latency.duration_s ended the "
+                "point: raise latency.duration_s")
+    return "raise latency.search.requests"
 
 
 def _needed(sla: SlaSection, confidence: float) -> str:

@@ -341,3 +341,21 @@ def test_each_open_loop_point_says_how_bursty_its_arrivals_were():
     bunched.misses = [SATURATION]  # the flat-out run: a closed loop inside a rate search
     assert burstier_share(bunched, "rate") is None
     assert burstier_share(judge_point(10.0, metrics_with([50.0] * 29), SLA), "rate") is None
+
+
+def test_a_point_cut_by_the_phases_duration_says_to_raise_duration_s_not_requests():
+    """299 requests at 0.5 req/s take 10 minutes, past latency.duration_s (300 s): the requests not
+    sent decide nothing, and "raise latency.search.requests" would only cut more of them."""
+    from dataclasses import replace
+
+    from day0.stages.latency.measurement import SearchResult
+
+    cut = judge_point(5.0, replace(metrics_with([50.0] * 17), not_sent=23), SLA)
+    assert cut.verdict == UNDECIDED and cut.unbounded
+    result = SearchResult([cut], 40, 0.95, "")
+    check = capacity_check(result, SLA, CapacitySearch(requests=40))
+    assert check.status == "error" and check.message.endswith(
+        "23 of its requests were not sent before latency.duration_s ended the point: raise latency.duration_s")
+    whole = judge_point(5.0, metrics_with([50.0] * 17), SLA)  # all sent: too few asked for
+    assert capacity_check(SearchResult([whole], 17, 0.95, ""), SLA, CapacitySearch(requests=17)).message.endswith(
+        "raise latency.search.requests")
