@@ -182,10 +182,12 @@ def _busbw_check(result: CollectivesResult, op: str, rows: list[SweepRow], exp: 
                      message=f"no busbw measured for {op} at sizes >= {big}", evidence={"table": _rows_table(rows)},
                      source=src)
     ranks = result.world_size if not label else None
-    if ranks is not None and bus_factor(op, ranks) == 0:  # nccl-tests' (n-1)/n at one rank: nothing crossed a bus
+    if ranks is not None and ranks < 2:  # one rank: whatever the op's bus factor, nothing crossed a link
+        why = ("its bus bandwidth is 0 by definition (nccl-tests' (n-1)/n)" if bus_factor(op, max(1, ranks)) == 0
+               else "its figure is a local copy or a no-op (NCCL's in-place broadcast), not a bus's")
         return Check(id=cid_b, title=t_b, status="skip", limit=limit, unit="GB/s", direction="higher_is_better",
-                     message=f"{op} at {ranks} rank moves nothing between ranks: its bus bandwidth is 0 by "
-                             "definition (nccl-tests' (n-1)/n), so there is none to judge", source=src)
+                     message=f"{op} at {ranks} rank moves nothing between ranks: nothing crosses a link and {why}, "
+                             "so there is none to judge", source=src)
     best = (min if label else max)(cand, key=lambda r: r.busbw_gbps or 0.0)
     value = round(float(best.busbw_gbps or 0.0), 4)
     where = f" on {best.node}" if best.node else ""

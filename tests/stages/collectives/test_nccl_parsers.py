@@ -559,3 +559,20 @@ def test_a_one_rank_run_skips_busbw_it_has_none_of_by_definition(tmp_path):
     one = replace(import_nccl_tests(path), world_size=1)
     busbw = {c.id: c for c in result_checks(one, None)}["collectives.all_gather.busbw"]
     assert busbw.status == "skip" and "0 by definition" in busbw.message
+
+
+def test_a_one_rank_broadcast_busbw_is_a_skip_not_an_impossible_pass():
+    """broadcast's bus factor is 1, not (n-1)/n: at one rank NCCL's in-place broadcast is a no-op,
+    and its 'busbw' (7146 GB/s on a 2-core CPU) must not be judged against any expectation."""
+    from day0.stages.collectives.result import CollectivesResult, OpOutcome, SweepRow
+
+    size = 256 << 20
+    row = SweepRow("broadcast", "in_place", size, size // 4, "float32", 1, 37.6, 7146.4, 7146.4, 0, 3)
+    one = CollectivesResult(backend="nccl", world_size=1, ops={"broadcast": OpOutcome("broadcast", "ok")},
+                            rows=[row], complete=True)
+    busbw = {c.id: c for c in result_checks(one, {"intra_node": {"broadcast": 100.0}})}["collectives.broadcast.busbw"]
+    assert busbw.status == "skip" and "nothing crosses a link" in busbw.message, busbw.message
+    two = CollectivesResult(backend="nccl", world_size=2, ops={"broadcast": OpOutcome("broadcast", "ok")},
+                            rows=[SweepRow(**{**row.__dict__, "nranks": 2})], complete=True)
+    judged = {c.id: c for c in result_checks(two, {"intra_node": {"broadcast": 100.0}})}["collectives.broadcast.busbw"]
+    assert judged.status == "pass" and judged.value == 7146.4  # two ranks: judged as before
