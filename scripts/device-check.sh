@@ -29,13 +29,21 @@ if [ "${1:-}" = "--prepare" ]; then
     # The versions day0 is tested with here, for the device's CPython and x86-64 Linux.
     pins=$("$PY" -c 'import importlib.metadata as m; print(" ".join(f"{d}=={m.version(d)}" for d in
         ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions")))') || exit 2
-    mkdir -p "$WHEELS"
+    # Into a fresh folder, then in place of the old wheels: the device unpacks every *.whl it finds,
+    # so a stale version left from an earlier --prepare would be unpacked beside the new one.
+    mkdir -p "$(dirname "$WHEELS")" || exit 2
+    fresh=$(mktemp -d "${WHEELS%/}.new.XXXXXX") || exit 2
     abi=cp${DEVICE_PYTHON_VERSION/./}
     # shellcheck disable=SC2086 # pins is a list of requirements
-    "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" \
+    if ! "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$fresh" \
         --python-version "$DEVICE_PYTHON_VERSION" --implementation cp --abi "$abi" --abi abi3 --abi none \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --platform any $pins || exit 1
+        --platform any $pins; then
+        rm -rf "$fresh"
+        echo "device-check: pip download failed; $WHEELS is left as it was" >&2
+        exit 1
+    fi
+    mkdir -p "$WHEELS" && rm -f "$WHEELS"/*.whl && mv "$fresh"/*.whl "$WHEELS"/ && rmdir "$fresh" || exit 1
     echo "wheels for CPython $DEVICE_PYTHON_VERSION in $WHEELS:"
     ls -l "$WHEELS"
     echo "device tool: run(command=\"bash scripts/device-check.sh\", carry=[\"build/device-wheels\"], timeout_s=560)"

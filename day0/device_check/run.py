@@ -13,7 +13,7 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 from day0.core.record import EVENTS_FILE
 from day0.device_check.runner import DeviceRun, HardStop, Options
@@ -95,10 +95,8 @@ def options(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
 
 def execute(opts: Options, stream: TextIO | None = None) -> int:
     """Every step in order within the budget; returns the exit code (0, or 1 on a failed check)."""
-    from day0.core.environment import collect
-
     opts.out.mkdir(parents=True, exist_ok=True)  # options() made it; a caller passing Options may not have
-    run = DeviceRun(opts, f"device-check-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}", collect(), stream)
+    run = DeviceRun(opts, f"device-check-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}", _environment(), stream)
     temporary = opts.work_dir is None
     run.state.work = Path(tempfile.mkdtemp(prefix="day0-device-check-")) if temporary else opts.work_dir
     run.state.work.mkdir(parents=True, exist_ok=True)
@@ -113,6 +111,16 @@ def execute(opts: Options, stream: TextIO | None = None) -> int:
         if temporary:
             shutil.rmtree(run.state.work, ignore_errors=True)
     return run.finish()
+
+
+def _environment() -> dict[str, Any]:
+    """What the run ran on; nothing is recorded yet, so whatever breaks here is named, never raised."""
+    try:
+        from day0.core.environment import collect
+
+        return collect()
+    except Exception as exc:  # noqa: BLE001 - the one GPU run must not end without a record
+        return {"error": f"the environment could not be collected: {type(exc).__name__}: {exc}"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

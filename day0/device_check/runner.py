@@ -184,7 +184,7 @@ class DeviceRun:
                 except HardStop as exc:
                     error = (str(exc), "")
                 except Exception as exc:  # noqa: BLE001 - one broken step must not cost the others
-                    error = (f"{type(exc).__name__}: {exc}{_hint(exc)}", traceback.format_exc())
+                    error = (f"{type(exc).__name__}: {exc}{module_hint(exc)}", traceback.format_exc())
             status = "error" if error else "ran"
             self._fill(step, before, error)
         self.steps.append({"name": step.name, "status": status, "started_s": round(start, 2),
@@ -240,7 +240,7 @@ class DeviceRun:
         return code
 
 
-def _hint(exc: BaseException) -> str:
+def module_hint(exc: BaseException) -> str:
     """What to do about a module this machine lacks (the device image has no pydantic: wheels travel)."""
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         return (f" (this Python lacks {exc.name.split('.')[0]}; a pure or manylinux wheel can travel: "

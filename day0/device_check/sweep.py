@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from day0.core.collective_ops import OPS
 from day0.core.record import Check
-from day0.device_check.runner import COLLECTIVES_FILE, NCCL_LOG_FILE, DeviceRun, Step
+from day0.device_check.runner import COLLECTIVES_FILE, NCCL_LOG_FILE, DeviceRun, Step, module_hint
 
 #: A GPU sweep sized to finish in seconds on one node: 1 KiB to 256 MiB (x4), float32 (exact up to
 #: 2^24 per element), every op in both modes where it has them (every op the registry sweeps, unless
@@ -32,14 +32,16 @@ NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,ENV"}
 RANK_LOG_TAIL = 256 << 10
 
 
-def sweep_ids() -> dict[str, str]:
+def sweep_ids(op_ids: Callable[[str], Sequence[str]] | None = None) -> dict[str, str]:
     """Every check the step reports: the stage's own (ranks, per op correct/busbw, transport) and two
-    of the device check's (the parser on the real log, the CUDA-event timer)."""
-    from day0.stages.collectives.checks import op_check_ids
+    of the device check's (the parser on the real log, the CUDA-event timer). ``op_ids`` is the
+    stage's ``op_check_ids`` unless given (:func:`plain_op_ids` where the stage cannot be imported)."""
+    if op_ids is None:
+        from day0.stages.collectives.checks import op_check_ids as op_ids
 
     ids = {"collectives.ranks": "Every rank completed the sweep"}
     for op in _ops():
-        cid_c, t_c, cid_b, t_b = op_check_ids(op)
+        cid_c, t_c, cid_b, t_b = op_ids(op)
         ids[cid_c], ids[cid_b] = t_c, t_b
     ids["collectives.transport.intra_node"] = "Intra-node transport matches the topology"
     ids["collectives.transport.inter_node"] = "Inter-node transport matches the topology"
@@ -222,13 +224,23 @@ def timing_check(result: Any) -> Check:
                                                f"clock; medians up to {max(medians):.1f} us"))
 
 
+def plain_op_ids(op: str) -> tuple[str, str, str, str]:
+    """The stage's ``op_check_ids`` for a plain op, spelled here without importing the stage (which
+    needs pydantic), so a run that cannot import it still declares the same check ids (a test holds
+    the two equal)."""
+    return (f"collectives.{op}.correct", f"{op}: exact results", f"collectives.{op}.busbw",
+            f"{op}: bus bandwidth at large messages")
+
+
 def sweep_steps() -> list[Step]:
-    """Imports the stage (pydantic) only when the step list is made, so a missing module is the step's error."""
+    """Imports the stage (pydantic) only when the step list is made, so a module that is missing or
+    refuses to import (pydantic's SystemError on a pydantic-core mismatch) is the step's error, and
+    its checks are the same ids as always, each an error naming the cause."""
     try:
         ids = sweep_ids()
-    except ImportError as exc:
-        ids = {"collectives.ranks": "Every rank completed the sweep"}
-        reason = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - whatever the import raised, the run must still end with a record
+        ids = sweep_ids(plain_op_ids)
+        reason = f"{type(exc).__name__}: {exc}{module_hint(exc)}"
 
         def broken(run: DeviceRun) -> None:
             raise RuntimeError(f"the collectives stage cannot be imported here ({reason})")

@@ -198,6 +198,7 @@ def test_without_pydantic_the_run_still_returns_a_record_naming_it(tmp_path):
                           timeout=240)
     assert proc.returncode == 1, proc.stderr[-3000:]
     checks = {c.id: c for c in load(tmp_path / "out").checks()}
+    assert set(checks) == set(_declared_ids())  # the same ids as on every machine, not the ones left
     assert checks["device.tiny_model"].status == "error" and "pydantic" in checks["device.tiny_model"].message
     assert checks["device.tokens.cpu_float32"].status == "error"
     assert checks["collectives.ranks"].status == "skip"  # GPU-only: the reason is the missing GPU first

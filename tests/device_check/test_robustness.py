@@ -1,0 +1,130 @@
+"""The device check against what could cost the one GPU run its record: a probe that breaks before
+any step, a stage that refuses to import, stale wheels, a hard stop inside the sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+from day0.core.record import load
+from day0.device_check import sweep
+from day0.device_check.run import execute
+from day0.device_check.runner import DeviceRun, Options
+from tests.device_check.test_on_cpu import _declared_ids, _env
+from tests.support import REPO
+
+SCRIPT = REPO / "scripts" / "device-check.sh"
+
+
+def _run(tmp_path: Path, **kw) -> DeviceRun:
+    return DeviceRun(Options(out=tmp_path / "out", **kw), "test", {}, stream=open(os.devnull, "w"))
+
+
+class _Refusing(types.ModuleType):
+    """A module whose every name raises what pydantic raises on a pydantic-core version mismatch."""
+
+    def __getattr__(self, name: str):
+        raise SystemError("The installed pydantic-core version (2.23.4) is incompatible with the current "
+                          "pydantic version")
+
+
+# --------------------------------------------------------------------------- before any step
+
+
+def test_an_environment_probe_that_raises_still_leaves_a_record(tmp_path, monkeypatch):
+    from day0.core import environment
+
+    def broken(*a, **kw):
+        raise ValueError("could not convert string to float: '[N/A]'")
+
+    monkeypatch.setattr(environment, "collect", broken)
+    code = execute(Options(out=tmp_path / "out", budget_s=1e-9), stream=open(os.devnull, "w"))
+    record = load(tmp_path / "out")
+    assert code == 0 and {c.id for c in record.checks()} == set(_declared_ids())
+    assert "ValueError: could not convert" in record.environment["error"]
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+# --------------------------------------------------------------------------- a stage that will not import
+
+
+def test_plain_op_ids_are_the_stages_own():
+    from day0.core.collective_ops import OPS
+    from day0.stages.collectives.checks import op_check_ids
+
+    assert [sweep.plain_op_ids(op) for op in OPS.runnable()] == [tuple(op_check_ids(op)) for op in OPS.runnable()]
+
+
+def test_a_stage_that_raises_systemerror_on_import_is_the_steps_error_under_its_usual_ids(tmp_path, monkeypatch):
+    """pydantic with the wrong pydantic-core raises SystemError, not ImportError: it used to escape
+    sweep_steps() as a traceback, exit 1, no summary.json."""
+    usual = sweep.sweep_ids()
+    monkeypatch.setitem(sys.modules, "day0.stages.collectives.checks", _Refusing("day0.stages.collectives.checks"))
+    [step] = sweep.sweep_steps()
+    assert step.ids == usual
+    run = _run(tmp_path)
+    run.state.no_cuda = None  # as on the GPU: the step runs and breaks
+    run.do(step)
+    assert {c.id for c in run.checks} == set(usual)
+    assert all(c.status == "error" and "SystemError: The installed pydantic-core" in c.message for c in run.checks)
+
+
+def test_a_whole_run_whose_pydantic_refuses_to_import_ends_with_every_check(tmp_path):
+    finder = """
+import importlib.abc, runpy, sys
+class Broken(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pydantic":
+            raise SystemError("pydantic-core 2.23.4 is incompatible with the current pydantic")
+sys.meta_path.insert(0, Broken())
+sys.argv = ["day0.device_check", "--out", sys.argv[1], "--work-dir", sys.argv[2]]
+runpy.run_module("day0.device_check", run_name="__main__", alter_sys=True)
+"""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", finder, str(out), str(tmp_path / "work")], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {c["id"] for c in summary["checks"]} == set(_declared_ids())
+    tiny = next(c for c in summary["checks"] if c["id"] == "device.tiny_model")
+    assert tiny["status"] == "error" and "SystemError" in tiny["message"]
+
+
+# --------------------------------------------------------------------------- --prepare
+
+
+FAKE_PIP = """#!/bin/sh
+# stands in for the Python that runs --prepare: prints the pins, "downloads" one wheel per pin
+if [ "$1" = "-c" ]; then echo "pydantic==9.9.9 annotated-types==1.0"; exit 0; fi
+[ -n "$FAIL_DOWNLOAD" ] && exit 1
+while [ $# -gt 0 ]; do
+    case "$1" in -d) dest=$2; shift ;; *==*) : > "$dest/${1%%==*}-${1##*==}-py3-none-any.whl" ;; esac
+    shift
+done
+"""
+
+
+def test_prepare_replaces_the_wheels_and_a_failed_download_keeps_the_old_ones(tmp_path):
+    """The device unpacks every wheel in the folder: a stale version left by an earlier --prepare
+    would be unpacked beside the new one."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PIP)
+    fake.chmod(0o755)
+    wheels = tmp_path / "build" / "device-wheels"
+    wheels.mkdir(parents=True)
+    (wheels / "pydantic-1.0.0-py3-none-any.whl").write_text("stale")
+    env = {**_env(), "PYTHON": str(fake), "DAY0_DEVICE_WHEELS": str(wheels)}
+    proc = subprocess.run(["bash", str(SCRIPT), "--prepare"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    want = {"pydantic-9.9.9-py3-none-any.whl", "annotated-types-1.0-py3-none-any.whl"}
+    assert {p.name for p in wheels.iterdir()} == want
+    failed = subprocess.run(["bash", str(SCRIPT), "--prepare"], env={**env, "FAIL_DOWNLOAD": "1"},
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 1 and "left as it was" in failed.stderr
+    assert {p.name for p in wheels.iterdir()} == want
+    assert sorted(p.name for p in wheels.parent.iterdir()) == ["device-wheels"]  # no scratch folder left
+
