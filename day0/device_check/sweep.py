@@ -11,6 +11,7 @@ in the work folder; its result, the rank logs and the NCCL log are copied into t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -52,7 +53,7 @@ def sweep_ids(op_ids: Callable[[str], Sequence[str]] | None = None) -> dict[str,
 
 def sweep_step(run: DeviceRun) -> None:
     """The sweep with timeouts cut to the budget left, then the stage's checks and the device check's two."""
-    from day0.stages.collectives import CollectivesSection, nccl_log_text, result_checks, run_local
+    from day0.stages.collectives import CollectivesSection, result_checks, run_local
 
     world = _world()
     budget_left = max(30.0, run.remaining())
@@ -65,12 +66,13 @@ def sweep_step(run: DeviceRun) -> None:
     env.update(NCCL_ENV)
     run.progress(f"collectives: {world} rank(s) on {settings.backend}, {settings.min_bytes} B to {settings.max_bytes} B "
                  f"x{settings.step_factor}, {settings.dtype}")
-    result = run_local(settings, world, scratch, env=env)
-    text = nccl_log_text(result) or _nccl_lines_of_rank_logs(scratch)
-    run.write_file(NCCL_LOG_FILE, text)
-    if (scratch / "collectives.json").is_file():
-        run.write_file(COLLECTIVES_FILE, (scratch / "collectives.json").read_text(encoding="utf-8"))
-    _keep_rank_logs(run, scratch, result)
+    try:
+        result = run_local(settings, world, scratch, env=env)
+    except BaseException:  # the hard stop above all: the work folder is removed next, so keep what it holds now
+        with contextlib.suppress(Exception):
+            _keep_sweep_files(run, scratch, None)
+        raise
+    text = _keep_sweep_files(run, scratch, result)
     run.facts["collectives"] = _facts(result)
     for check in result_checks(result, settings):
         run.record("collectives", check)
@@ -80,6 +82,22 @@ def sweep_step(run: DeviceRun) -> None:
     run.facts["nccl"] = {"summary": nccl.message, **{k: v for k, v in nccl.evidence.items() if k != "excerpt"}}
     run.record("collectives", nccl)
     run.record("collectives", timing_check(result))
+
+
+def _keep_sweep_files(run: DeviceRun, scratch: Path, result: Any) -> str:
+    """The NCCL log, rank 0's result and the rank logs' tails, copied from the sweep's folder into the
+    output folder; ``result`` None: the sweep was cut off, so the logs are read from where the ranks
+    write them. Returns the NCCL log's text."""
+    from day0.stages.collectives import CollectivesResult, nccl_log_text
+
+    logs = result if result is not None else CollectivesResult(
+        nccl_logs=sorted(str(p) for p in scratch.glob("nccl-debug.*.log")))
+    text = nccl_log_text(logs) or _nccl_lines_of_rank_logs(scratch)
+    run.write_file(NCCL_LOG_FILE, text)
+    if (scratch / "collectives.json").is_file():
+        run.write_file(COLLECTIVES_FILE, (scratch / "collectives.json").read_text(encoding="utf-8"))
+    _keep_rank_logs(run, scratch, result)
+    return text
 
 
 def _ops() -> list[str]:
@@ -121,7 +139,8 @@ def _keep_rank_logs(run: DeviceRun, scratch: Path, result: Any) -> None:
     """The sweep table and each rank's own log (the tail) go into device-check.log."""
     from day0.stages.collectives.cli import format_table
 
-    run.log("\n" + format_table(result) + "\n")
+    if result is not None:
+        run.log("\n" + format_table(result) + "\n")
     ranks = scratch / "ranks"
     for path in sorted(ranks.glob("*.log")) if ranks.is_dir() else []:
         data = path.read_bytes()[-RANK_LOG_TAIL:].decode("utf-8", errors="replace")

@@ -128,3 +128,33 @@ def test_prepare_replaces_the_wheels_and_a_failed_download_keeps_the_old_ones(tm
     assert {p.name for p in wheels.iterdir()} == want
     assert sorted(p.name for p in wheels.parent.iterdir()) == ["device-wheels"]  # no scratch folder left
 
+
+
+# --------------------------------------------------------------------------- a hard stop inside the sweep
+
+
+def test_a_hard_stop_inside_the_sweep_keeps_what_the_sweep_left(tmp_path, monkeypatch):
+    """The hard limit fired inside run_local: the copies into the output folder never ran and the
+    work folder was removed next, losing the partial result and the NCCL log."""
+    import day0.stages.collectives as stage
+    from day0.device_check.runner import HardStop
+    from day0.stages.collectives.result import CollectivesResult
+    from tests.device_check.test_on_cpu import ONE_RANK_LOG
+
+    def cut_off(settings, world, scratch, env=None):
+        (scratch / "ranks").mkdir(parents=True)
+        (scratch / "ranks" / "rank0.log").write_text("rank 0: all_reduce 64 MiB\n")
+        (scratch / "nccl-debug.h200-0.4242.log").write_text(ONE_RANK_LOG)
+        CollectivesResult(backend="nccl", world_size=1).write(scratch / "collectives.json")
+        raise HardStop("stopped at the hard limit: --budget-s 1 + --grace-s 1 s")
+
+    monkeypatch.setattr(stage, "run_local", cut_off)
+    monkeypatch.setattr(sweep, "_world", lambda: 1)
+    run = _run(tmp_path)
+    run.state.work, run.state.no_cuda = tmp_path / "work", None
+    run.do(sweep.sweep_steps()[0])
+    assert {c.status for c in run.checks} == {"error"} and "hard limit" in run.checks[0].message
+    out = tmp_path / "out"
+    assert "NCCL version 2.27.7+cuda13.0" in (out / "nccl-debug.log").read_text()
+    assert json.loads((out / "collectives.json").read_text())["world_size"] == 1
+    assert "===== rank0.log" in (out / "device-check.log").read_text()
