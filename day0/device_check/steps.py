@@ -48,10 +48,16 @@ def cuda_step(run: DeviceRun) -> None:
                                    message=st.no_cuda or "", evidence=info, source="torch.cuda"))
         return
     devices = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        devices.append({"index": i, "name": p.name, "memory_bytes": int(p.total_memory),
-                        "capability": f"{p.major}.{p.minor}", "multiprocessors": int(p.multi_processor_count)})
+    try:
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            devices.append({"index": i, "name": p.name, "memory_bytes": int(p.total_memory),
+                            "capability": f"{p.major}.{p.minor}", "multiprocessors": int(p.multi_processor_count)})
+    except Exception as exc:  # e.g. a device busy in exclusive-process mode: the GPU steps' skips must say so
+        st.no_cuda = (f"no usable CUDA device: torch.cuda.is_available() is True, but the first query raised "
+                      f"{type(exc).__name__}: {exc}")
+        st.cuda = {"available": False, "reason": st.no_cuda, **info}
+        raise
     try:
         info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
     except Exception as exc:  # noqa: BLE001 - a torch built without NCCL says so in the collectives step

@@ -158,3 +158,31 @@ def test_a_hard_stop_inside_the_sweep_keeps_what_the_sweep_left(tmp_path, monkey
     assert "NCCL version 2.27.7+cuda13.0" in (out / "nccl-debug.log").read_text()
     assert json.loads((out / "collectives.json").read_text())["world_size"] == 1
     assert "===== rank0.log" in (out / "device-check.log").read_text()
+
+
+# --------------------------------------------------------------------------- CUDA that answers, then fails
+
+
+def test_a_cuda_failure_after_is_available_is_the_reason_the_gpu_steps_give(tmp_path, monkeypatch):
+    """is_available() True, then the first real call fails: the GPU steps used to say
+    'torch.cuda.is_available() is False', which is not what happened."""
+    import torch
+
+    from day0.device_check import steps
+    from day0.device_check.runner import Step
+
+    def busy(i):
+        raise RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", busy)
+    run = _run(tmp_path)
+    run.do(steps.model_steps()[0])
+    run.do(Step("gpu", "device", {"device.gpu": "a GPU step"}, lambda r: None, needs_cuda=True))
+    got = {c.id: c for c in run.checks}
+    assert got["device.cuda"].status == "error" and "busy or unavailable" in got["device.cuda"].message
+    assert got["device.gpu"].status == "skip" and "is_available() is False" not in got["device.gpu"].message
+    assert "is True, but the first query raised RuntimeError: CUDA error" in got["device.gpu"].message
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "busy or unavailable" in summary["cuda"]["reason"]
