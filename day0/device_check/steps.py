@@ -18,9 +18,14 @@ from day0.core.record import Check, measured
 from day0.device_check.runner import TOKENS_FILE, DeviceRun, Step
 from day0.model.reference import RefSequence, compare_all, greedy_reference, summarize
 
-#: Weight memory per rank may differ from the plan by this much (the weights stage's default
-#: ``weights.memory_tolerance``): allocator rounding is far below it, a missing tensor class is not.
-MEMORY_TOLERANCE = 0.10
+#: Weight memory per rank (and the plan against the checkpoint's tensors) may differ from the plan
+#: by this much. Not the weights stage's 10 %: on the tiny model the smallest tensor class that is
+#: not a norm (lm_head, or the embedding) is 3.9 % of the parameters, and a plan that left it out is
+#: off by only 3.24 % once vLLM's vocabulary padding (to a multiple of 64: +1.24 %, the one known
+#: difference) is counted; 10 % passed that. 2 % holds the padding with room to spare (every tiny
+#: tensor is a multiple of 512 bytes and under 1 MiB, so the CUDA allocator adds nothing), and a
+#: missing lm_head exceeds it. A norm class (0.1 %) is below anything a tolerance can see.
+MEMORY_TOLERANCE = 0.02
 GIB = 1 << 30
 MIB = 1 << 20
 #: Bytes per element as the plan prices them (the tiny model's tensors are all floating point).

@@ -147,6 +147,30 @@ def test_cpu_run_of_the_script_passes_the_cpu_parts_and_skips_the_gpu_parts(cpu_
     assert [len(r["tokens"]) for r in tokens["references"]["cpu/float32"]] == [16] * 4
 
 
+def test_a_plan_without_the_lm_head_fails_the_plan_check(cpu_run, tmp_path, monkeypatch):
+    """lm_head is 3.9 % of the tiny model's parameters: a plan that forgot it (3.24 % off once the
+    vocabulary padding is counted) passed the former 10 % tolerance; the real plan (1.24 %) passes."""
+    import dataclasses
+
+    import day0.model.plan as plan_module
+
+    config = json.loads((cpu_run["model"] / "config.json").read_text())
+    real = plan_module.plan
+
+    def no_lm_head(cfg, dtype="auto", **kw):
+        r = real(cfg, dtype=dtype, **kw)
+        padded_vocab = -(-cfg["vocab_size"] // 64) * 64
+        return dataclasses.replace(r, weight_bytes_per_rank=r.weight_bytes_per_rank
+                                   - padded_vocab * cfg["hidden_size"] * steps.DTYPE_BYTES.get(r.dtype, 2))
+
+    for planner, status in ((real, "pass"), (no_lm_head, "fail")):
+        monkeypatch.setattr(plan_module, "plan", planner)
+        run = _run(tmp_path / status)
+        run.state.model_dir, run.state.config = cpu_run["model"], config
+        steps.plan_step(run)
+        assert run.checks[-1].status == status, run.checks[-1].message
+
+
 def test_every_step_prints_a_progress_line_with_its_elapsed_time(cpu_run):
     err = cpu_run["proc"].stderr
     for name in ("cuda", "tiny_model", "plan", "tokens_cpu_float32"):
