@@ -22,6 +22,9 @@ from day0.device_check.sweep import sweep_steps
 
 DEFAULT_BUDGET_S = 420.0
 DEFAULT_GRACE_S = 60.0
+#: Budget and grace each at most a day: far past any lent machine's limit, and finite, so the hard
+#: limit's timer (setitimer) can be set; inf used to raise OverflowError after the record was opened.
+MAX_SECONDS = 86400.0
 
 
 class UsageError(ValueError):
@@ -60,10 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 def options(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Options:
     """The checked options, with the output folder made; :class:`UsageError` names the first unusable one."""
     env = os.environ if environ is None else environ
-    if not args.budget_s > 0:
-        raise UsageError(f"--budget-s {args.budget_s:g}: must be > 0 seconds")
-    if not args.grace_s >= 0:
-        raise UsageError(f"--grace-s {args.grace_s:g}: must be >= 0 seconds")
+    if not 0 < args.budget_s <= MAX_SECONDS:  # NaN fails too
+        raise UsageError(f"--budget-s {args.budget_s:g}: must be > 0 and at most {MAX_SECONDS:g} seconds")
+    if not 0 <= args.grace_s <= MAX_SECONDS:
+        raise UsageError(f"--grace-s {args.grace_s:g}: must be >= 0 and at most {MAX_SECONDS:g} seconds")
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
     if args.top_k < 2:

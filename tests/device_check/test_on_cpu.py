@@ -74,6 +74,9 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("argv, says", [
     (["--budget-s", "0"], "--budget-s 0: must be > 0"),
     (["--grace-s", "-1"], "--grace-s -1: must be >= 0"),
+    (["--grace-s", "inf"], "--grace-s inf: must be >= 0 and at most 86400 seconds"),
+    (["--budget-s", "1e300"], "--budget-s 1e+300: must be > 0 and at most 86400 seconds"),
+    (["--budget-s", "nan"], "--budget-s nan: must be > 0"),
     (["--top-k", "1"], "--top-k 1: must be >= 2"),
     (["--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
     (["--margin-bfloat16", "-0.1"], "--margin-bfloat16 -0.1: must be >= 0"),
