@@ -186,3 +186,13 @@ def test_a_cuda_failure_after_is_available_is_the_reason_the_gpu_steps_give(tmp_
     assert "is True, but the first query raised RuntimeError: CUDA error" in got["device.gpu"].message
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert "busy or unavailable" in summary["cuda"]["reason"]
+
+
+def test_the_docs_give_the_device_tool_call_that_prepare_prints():
+    import re
+
+    call = re.search(r'run\(command="bash scripts/device-check\.sh".*?\)', SCRIPT.read_text().replace('\\"', '"'))
+    doc = (REPO / "docs" / "device-check.md").read_text()
+    assert call and call.group(0) in doc
+    timeout = re.search(r"timeout_s=(\d+)", call.group(0)).group(1)
+    assert set(re.findall(r"timeout_s=(\d+)", doc)) == {timeout}
