@@ -7,14 +7,16 @@
 # The device machine has torch, transformers and safetensors but not pydantic, which day0's
 # profiles and the collectives stage need, and it cannot install anything. --prepare downloads
 # pydantic's wheels for the device's Python into build/device-wheels (ignored by git: name it in
-# the device tool's `carry`); the run unpacks them into a temporary folder on PYTHONPATH when
+# the device tool's `carry`); the run unpacks them into build/device-site on PYTHONPATH when
 # pydantic is missing. day0 itself is never installed: PYTHONPATH holds this checkout.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 ROOT=$PWD
 WHEELS=${DAY0_DEVICE_WHEELS:-$ROOT/build/device-wheels}
-SITE=${DAY0_DEVICE_SITE:-${TMPDIR:-/tmp}/day0-device-site}
+# Under the checkout, not $TMPDIR: pydantic-core is a shared library, and a /tmp mounted noexec
+# would refuse to load it. build/ is git-ignored and the checkout is where the carried wheels are.
+SITE=${DAY0_DEVICE_SITE:-$ROOT/build/device-site}
 DEVICE_PYTHON_VERSION=${DEVICE_PYTHON_VERSION:-3.12}  # the device image's python3 (KINDS.md: 3.12.3)
 
 if [ -n "${PYTHON:-}" ]; then

@@ -196,3 +196,33 @@ def test_the_docs_give_the_device_tool_call_that_prepare_prints():
     assert call and call.group(0) in doc
     timeout = re.search(r"timeout_s=(\d+)", call.group(0)).group(1)
     assert set(re.findall(r"timeout_s=(\d+)", doc)) == {timeout}
+
+
+def test_the_wheels_are_unpacked_under_the_checkout_not_tmp(tmp_path):
+    """pydantic-core is a shared library: a /tmp mounted noexec would refuse to load it from there."""
+    import shutil
+    import zipfile
+
+    root = tmp_path / "checkout"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, root / "scripts" / "device-check.sh")
+    (root / "build" / "device-wheels").mkdir(parents=True)
+    with zipfile.ZipFile(root / "build" / "device-wheels" / "pydantic-9.9.9-py3-none-any.whl", "w") as whl:
+        whl.writestr("pydantic/__init__.py", "VERSION = '9.9.9'\n")
+    fake = tmp_path / "python"  # no pydantic of its own; unzips for real; prints what the run would get
+    fake.write_text(f"""#!/bin/sh
+case "$1 $2" in
+  "-m zipfile") exec {sys.executable} "$@" ;;
+  "-m day0.device_check") echo "PYTHONPATH=$PYTHONPATH"; exit 0 ;;
+esac
+exit 1
+""")
+    fake.chmod(0o755)
+    env = {**_env(), "PYTHON": str(fake), "TMPDIR": str(tmp_path / "tmpdir")}
+    env.pop("DAY0_DEVICE_SITE", None)
+    proc = subprocess.run(["bash", str(root / "scripts" / "device-check.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    site = root / "build" / "device-site" / "main"
+    assert (site / "pydantic" / "__init__.py").is_file() and f":{site}" in proc.stdout
+    assert not (tmp_path / "tmpdir").exists()
