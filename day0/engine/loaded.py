@@ -13,7 +13,7 @@ from typing import Any
 
 from day0.core.outputs import write_file
 from day0.engine.handle import Completion, ViewUnavailable
-from day0.model.reference import greedy_reference
+from day0.model.reference import RefSequence, greedy_reference
 
 GOLDEN_PROMPTS = ["The supernode serves", "Paged attention keeps blocks", "A signed report says",
                   "Tensor parallel ranks exchange"]
@@ -114,6 +114,12 @@ def read_golden(path: Path) -> dict[str, Any]:
         # nothing to compare passes everything: all([]) is True
         if not prompts or any(not isinstance(p["token_ids"], list) or not p["token_ids"] for p in prompts):
             raise ValueError("no prompt, or a prompt without tokens: nothing to compare an engine with")
+        for i, p in enumerate(prompts):
+            if "sequence" in p:
+                try:
+                    RefSequence.from_dict(p["sequence"])
+                except ValueError as exc:
+                    raise ValueError(f"prompts[{i}].sequence: {exc}") from None
     except FileNotFoundError:
         raise ValueError(f"{path}: golden file not found (write one with `day0 weights golden`)") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

@@ -35,6 +35,14 @@ def near_tie_margin(dtype: str) -> float:
     """The margin for an engine serving in ``dtype`` (an engine arg: ``float32``, ``auto``, ...)."""
     return NEAR_TIE_MARGINS["float32" if str(dtype) in ("float32", "float") else "other"]
 Status = Literal["match", "near_tie", "diverged"]
+_REQUIRED = frozenset({"prompt", "prompt_ids", "tokens", "logprobs", "top_ids", "top_logprobs"})
+
+
+def _is(value: Any, kind: type) -> bool:
+    """An int (not a bool), or a float (an int too: JSON writes -0.0 as a number either way)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind is int else isinstance(value, (int, float))
 
 
 @dataclass
@@ -56,8 +64,28 @@ class RefSequence:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RefSequence":
+        """A sequence as :meth:`to_dict` wrote it (a golden file's, a device run's); ValueError naming
+        the field where it is not one: a hand-edited file must not become a TypeError mid-judgement."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        seq = cls(**{k: v for k, v in data.items() if k in known}) if _REQUIRED <= data.keys() else None
+        if seq is None:
+            raise ValueError(f"missing {', '.join(sorted(_REQUIRED - data.keys()))}")
+        n = len(seq.tokens) if isinstance(seq.tokens, list) else -1
+        for name, row_of in (("prompt_ids", int), ("tokens", int), ("logprobs", float)):
+            value = getattr(seq, name)
+            if not isinstance(value, list) or not all(_is(v, row_of) for v in value):
+                raise ValueError(f"{name}: expected a list of {row_of.__name__}s")
+        for name, row_of in (("top_ids", int), ("top_logprobs", float)):
+            value = getattr(seq, name)
+            if not isinstance(value, list) or not all(isinstance(r, list) and all(_is(v, row_of) for v in r)
+                                                      for r in value):
+                raise ValueError(f"{name}: expected a list of lists of {row_of.__name__}s")
+        if not len(seq.logprobs) == len(seq.top_ids) == len(seq.top_logprobs) == n:
+            raise ValueError(f"tokens, logprobs, top_ids and top_logprobs differ in length ({n}, "
+                             f"{len(seq.logprobs)}, {len(seq.top_ids)}, {len(seq.top_logprobs)})")
+        return seq
 
     def logprob_of(self, position: int, token: int) -> float | None:
         """This side's logprob of ``token`` at ``position``; None when it is outside the top-k kept."""

@@ -288,6 +288,16 @@ def test_index_with_parent_traversal(ckpt: Path) -> None:
     found(audit(ckpt), "weights.index", "model.norm.weight", "../outside.safetensors", problem="outside the model folder")
 
 
+@pytest.mark.parametrize("suffix, prefix", [("/", ""), ("", "./"), ("//", "")])
+def test_index_naming_a_shard_by_another_spelling_of_its_path(ckpt: Path, suffix: str, prefix: str) -> None:
+    """``x.safetensors/`` names a file vLLM cannot open (ENOTDIR) that pathlib opened anyway; ``./x``
+    names the same file as ``x`` twice over."""
+    shard = json.loads((ckpt / cf.INDEX_NAME).read_text())["weight_map"]["model.norm.weight"]
+    other = f"{prefix}{shard}{suffix}"
+    rewrite_index(ckpt, lambda d: d["weight_map"].__setitem__("model.norm.weight", other))
+    found(audit(ckpt), "weights.index", "model.norm.weight", other, problem="not a usable path")
+
+
 def test_index_naming_a_missing_shard(ckpt: Path) -> None:
     rewrite_index(ckpt, lambda d: d["weight_map"].__setitem__("model.norm.weight", "model-gone.safetensors"))
     found(audit(ckpt), "weights.shards_present", "model-gone.safetensors", problem="missing")

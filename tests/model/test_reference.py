@@ -104,6 +104,27 @@ def test_a_golden_file_with_reference_sequences_is_judged_with_near_ties(tmp_pat
     assert golden_file_check(_engine({"p": tied}), str(tokens_only)) is None  # judged exactly, as before
 
 
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d.update(tokens="abc"), "tokens: expected a list of ints"),
+    (lambda d: d.update(top_logprobs=[[None, 1.0]]), "top_logprobs: expected a list of lists of floats"),
+    (lambda d: d.pop("logprobs"), "missing logprobs"),
+    (lambda d: d.update(top_ids=[]), "tokens, logprobs, top_ids and top_logprobs differ in length (1, 1, 0, 1)"),
+])
+def test_a_golden_files_malformed_sequence_is_one_line_naming_the_field(tmp_path, edit, named):
+    """A hand-edited ``sequence`` was a TypeError mid-judgement; it is now a golden file refused
+    before any engine is asked, naming the prompt and the field."""
+    from day0.engine.loaded import read_golden
+
+    seq = _ref([5], [{5: -0.1, 6: -2.0}]).to_dict()
+    edit(seq)
+    golden = tmp_path / "golden.json"
+    golden.write_text(json.dumps({"model": "m", "max_tokens": 1, "top_k": 2,
+                                  "prompts": [{"prompt": "p", "token_ids": [5], "sequence": seq}]}))
+    with pytest.raises(ValueError) as err:
+        read_golden(golden)
+    assert str(err.value).startswith(f"{golden}: not a day0 golden file (ValueError: prompts[0].sequence: {named}")
+
+
 def test_token_id_keys_of_the_completions_api():
     assert _token_id("token_id:42") == 42 and _token_id("7") == 7
 

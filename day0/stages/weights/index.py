@@ -45,6 +45,8 @@ def inside_folder(name: str, folder: Path) -> bool:
     be a symlink: a Hugging Face cache links every snapshot file to its blob outside the folder."""
     if not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
         return False
+    if Path(name).as_posix() != name:  # "x.safetensors/" (a file vLLM cannot open), "./x", "a//x": another name
+        return False
     parent = (folder / name).parent
     if parent == folder:
         return True
