@@ -34,7 +34,7 @@ SUITES = REPO / "day0" / "suites"
 KEY = "sk-day0canary-KEYf00d"  # the deployment's API key, in the variable api_key_env names
 HF = "hf_day0canaryTOKENbeef"  # engine.env.HF_TOKEN
 ARG = "sk-day0canary-ARGcafe"  # engine.args.api_key through --day0-set
-DASHED = "day0canary-DASHED-7e7e"  # a dashed key name in a profile table ("hf-token")
+DASHED = "day0canary-DASHED-7e7e"  # a dashed key name in a profile table of free keys ("hf-token")
 
 
 # --------------------------------------------------------------------------- the redactor itself
@@ -176,6 +176,7 @@ def test_canaries_reach_no_file_of_a_run(tmp_path):
         api_key_env = "DAY0_CANARY_KEY"
         [engine.env]
         HF_TOKEN = "{HF}"
+        [latency.extra_body]
         "hf-token" = "{DASHED}"
     '''))
     suite = tmp_path / "test_canary_suite.py"
