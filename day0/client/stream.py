@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Literal
@@ -36,11 +37,11 @@ ERROR_KINDS: tuple[str, ...] = (
     "http_error",       # non-200 status (reason carries the code: http_500)
     "connection",       # could not connect / connection reset before a response
     "dropped_stream",   # the stream ended (or broke) before data: [DONE]
-    "malformed_event",  # a data: line that is not JSON
+    "malformed_event",  # a data: line that is not JSON, or not the shape and counts a stream's event has
     "server_error",     # a JSON error object inside the stream
     "timeout",          # total timeout, or no bytes for stall_timeout_s
     "no_tokens",        # a complete stream that carried no generated token
-    "client_error",     # the client could not make or read the request (bad URL, framing)
+    "client_error",     # the client could not make or read the request (bad URL, framing, anything else)
 )
 
 
@@ -173,7 +174,7 @@ class TokenAccountant:
     def tokens_in(self, data: str) -> int:
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays or objects nested past Python's stack
             raise _Failed("malformed_event", f"malformed event: {data[:80]!r}") from None
         if not isinstance(obj, dict):
             raise _Failed("malformed_event", f"event is not an object: {data[:80]!r}")
@@ -196,7 +197,7 @@ class TokenAccountant:
             if tids is not None:
                 n = len(tids)
             elif usage and usage.get("completion_tokens") is not None:
-                n = int(usage["completion_tokens"]) - self.cum
+                n = _count_of(usage, "completion_tokens") - self.cum
                 self.weakest = max(self.weakest, 1)
             else:
                 role_only = _role_only(choice)
@@ -204,14 +205,26 @@ class TokenAccountant:
                 if not role_only:
                     self.weakest = 2
         if usage:
-            ct = usage.get("completion_tokens")
-            if ct is not None:
-                self.cum = max(self.cum, int(ct))
+            if usage.get("completion_tokens") is not None:
+                ct = _count_of(usage, "completion_tokens")
+                self.cum = max(self.cum, ct)
                 if not choices:
-                    self.final_tokens = int(ct)
+                    self.final_tokens = ct
             if usage.get("prompt_tokens") is not None:
-                self.prompt_tokens = int(usage["prompt_tokens"])
+                self.prompt_tokens = _count_of(usage, "prompt_tokens")
         return n
+
+
+def _count_of(usage: dict[str, Any], key: str) -> int:
+    """``usage[key]`` as a token count: a finite, non-negative whole number (``4`` or ``4.0``), else
+    the request's malformed_event naming the key. ``Infinity``, ``1e999``, ``NaN``, ``-1`` or ``"4"``
+    is no count a server could have meant, and ``int()`` of the first two raises OverflowError."""
+    v = usage[key]
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _Failed("malformed_event", f"usage.{key} is {str(v)[:40]!r}, not a token count")
+    return v
 
 
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
@@ -288,7 +301,7 @@ async def stream_one(
         res.error, res.reason = f.kind, f.reason
     except TimeoutError:
         res.error, res.reason = "timeout", f"exceeded request_timeout_s={opts.request_timeout_s:g}"
-    except (ValueError, OSError) as exc:  # a bad URL or header: still one failed request
+    except Exception as exc:  # a bad URL or header, or anything a server's bytes set off: one failed request
         res.error, res.reason = "client_error", f"{type(exc).__name__}: {str(exc)[:160]}"
     res.finished = perf()
     acct = timer.acct

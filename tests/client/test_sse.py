@@ -194,8 +194,22 @@ def test_accounting_recovers_the_tokens_of_every_message(msgs, endpoint):
     ('{"choices": ["not an object"]}', "malformed_event"),
     ('{"choices": [{"text": "x"}], "usage": {"completion_tokens": "many"}}', "malformed_event"),
     ('{"error": {"message": "engine dead", "code": 500}}', "server_error"),
+    ("[" * 100_000, "malformed_event"),  # json.loads raises RecursionError, no ValueError
+    ('{"choices": [{"text": "x"}], "usage": {"completion_tokens": Infinity}}', "malformed_event"),
+    ('{"choices": [], "usage": {"completion_tokens": 1e999}}', "malformed_event"),  # int(inf): OverflowError
+    ('{"choices": [], "usage": {"completion_tokens": NaN}}', "malformed_event"),
+    ('{"choices": [], "usage": {"completion_tokens": -3}}', "malformed_event"),
+    ('{"choices": [], "usage": {"completion_tokens": 2.5}}', "malformed_event"),
+    ('{"choices": [], "usage": {"completion_tokens": "4"}}', "malformed_event"),
+    ('{"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": -Infinity}}', "malformed_event"),
 ])
 def test_bad_events_fail_the_request(data, kind):
     with pytest.raises(_Failed) as exc:
         TokenAccountant().tokens_in(data)
     assert exc.value.kind == kind
+
+
+def test_a_whole_float_count_is_a_count():
+    a = TokenAccountant()
+    assert a.tokens_in('{"choices": [], "usage": {"completion_tokens": 4.0, "prompt_tokens": 3}}') == 0
+    assert (a.final_tokens, a.prompt_tokens) == (4, 3) and isinstance(a.final_tokens, int)

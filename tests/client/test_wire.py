@@ -163,6 +163,39 @@ def test_each_broken_answer_is_one_failed_request_that_names_why(response, kind,
     assert (res.ok, res.error) == (False, kind) and reason in res.reason, res.reason
 
 
+@pytest.mark.parametrize(("event", "reason"), [
+    (b"[" * 100_000, "malformed event: '[[["),
+    (b'{"choices": [], "usage": {"completion_tokens": 1e999}}', "usage.completion_tokens is 'inf', not a token count"),
+], ids=["nested_past_the_stack", "infinite_usage"])
+def test_an_event_python_cannot_take_in_is_that_requests_malformed_event(event, reason):
+    """json.loads of 100,000 brackets raises RecursionError and int(1e999) OverflowError: neither is
+    a ValueError, and each once left stream_one and ended the whole phase."""
+    async def go():
+        async with Fake(answering(OK_HEAD + chunked(sse(token("a", 1), event.decode(), "[DONE]"), 4096))) as f, \
+                StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error) == (False, "malformed_event") and res.reason.startswith(reason), res.reason
+
+
+def test_whatever_a_streams_reader_raises_fails_that_request_only(monkeypatch):
+    """stream_one never raises: an exception no branch foresaw is that request's client_error."""
+    from day0.client import stream
+
+    def boom(self, data: str) -> int:
+        raise ZeroDivisionError("unforeseen")
+
+    monkeypatch.setattr(stream.TokenAccountant, "tokens_in", boom)
+
+    async def go():
+        async with Fake(answering(OK_HEAD + chunked(STREAM))) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error, res.reason) == (False, "client_error", "ZeroDivisionError: unforeseen")
+
+
 def test_a_cancelled_request_closes_its_connection_so_the_server_stops():
     async def go():
         eof = asyncio.Event()
