@@ -123,6 +123,18 @@ def build_payload(req: Request, model: str, opts: ClientOptions) -> dict[str, An
     return payload
 
 
+def max_output_tokens(payload: dict[str, Any]) -> int | None:
+    """The most completion tokens a server may count for a request with this body: its
+    ``max_tokens`` or ``max_completion_tokens`` (the larger where ``extra_body`` set both), times
+    ``n`` choices; None when neither is a whole number (no bound is known)."""
+    caps = [v for v in (payload.get("max_tokens"), payload.get("max_completion_tokens"))
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    if not caps:
+        return None
+    n = payload.get("n")
+    return max(caps) * (n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1)
+
+
 def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
     base = base_url.rstrip("/")
     if base.endswith("/v1"):
@@ -161,15 +173,22 @@ class TokenAccountant:
     chunk is no token under any of them. A usage-only chunk (``choices: []``) carries the final
     totals. Error objects and bad shapes raise ``_Failed`` so the request is counted as failed,
     never averaged in.
+
+    ``max_tokens`` (the request's own) bounds every count the server gives: a cumulative or final
+    ``completion_tokens``, or token ids adding up, past it cannot be true, and is the request's
+    malformed_event rather than a throughput 100 times too high (a final usage of 400 after 4 streamed
+    tokens) or a per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("cum", "weakest", "final_tokens", "prompt_tokens")
+    __slots__ = ("cum", "ids", "weakest", "final_tokens", "prompt_tokens", "max_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int | None = None) -> None:
         self.cum = 0  # cumulative completion_tokens seen so far
+        self.ids = 0  # token ids seen so far
         self.weakest = 0  # index into TOKEN_SOURCES
         self.final_tokens: int | None = None
         self.prompt_tokens: int | None = None
+        self.max_tokens = max_tokens
 
     def tokens_in(self, data: str) -> int:
         try:
@@ -196,6 +215,7 @@ class TokenAccountant:
             tids = choice.get("token_ids")
             if tids is not None:
                 n = len(tids)
+                self.ids = self._bounded(self.ids + n, "token ids")
             elif usage and usage.get("completion_tokens") is not None:
                 n = _count_of(usage, "completion_tokens") - self.cum
                 self.weakest = max(self.weakest, 1)
@@ -206,13 +226,18 @@ class TokenAccountant:
                     self.weakest = 2
         if usage:
             if usage.get("completion_tokens") is not None:
-                ct = _count_of(usage, "completion_tokens")
+                ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens")
                 self.cum = max(self.cum, ct)
                 if not choices:
                     self.final_tokens = ct
             if usage.get("prompt_tokens") is not None:
                 self.prompt_tokens = _count_of(usage, "prompt_tokens")
         return n
+
+    def _bounded(self, count: int, what: str) -> int:
+        if self.max_tokens is not None and count > self.max_tokens:
+            raise _Failed("malformed_event", f"{what} {count} is past the request's max_tokens {self.max_tokens}")
+        return count
 
 
 def _count_of(usage: dict[str, Any], key: str) -> int:
@@ -287,7 +312,9 @@ async def stream_one(
     res.sent = perf()
     try:
         target = streams.target(url)
-        body = json.dumps(build_payload(req, model, opts)).encode()
+        payload = build_payload(req, model, opts)
+        timer.acct.max_tokens = max_output_tokens(payload)
+        body = json.dumps(payload).encode()
         head = request_head(target, {"X-Request-Id": request_id, **opts.headers}, len(body))
         async with asyncio.timeout(opts.request_timeout_s):
             answer = await streams.post(target, head, body, timer, opts.stall_timeout_s)

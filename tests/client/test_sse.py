@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from day0.client.loadgen import SSEEvent, SSEParser, TokenAccountant, _Failed
+from day0.client.stream import max_output_tokens
 
 # field values: any text without line breaks (surrogates cannot be UTF-8 encoded)
 line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=30)
@@ -213,3 +214,41 @@ def test_a_whole_float_count_is_a_count():
     a = TokenAccountant()
     assert a.tokens_in('{"choices": [], "usage": {"completion_tokens": 4.0, "prompt_tokens": 3}}') == 0
     assert (a.final_tokens, a.prompt_tokens) == (4, 3) and isinstance(a.final_tokens, int)
+
+
+@pytest.mark.parametrize(("events", "reason"), [
+    # continuous usage 1..4, then a final usage of 400: throughput 100x, TPOT 100x too low
+    ([{"choices": [{"text": "a"}], "usage": {"completion_tokens": k}} for k in (1, 2, 3, 4)]
+     + [{"choices": [], "usage": {"completion_tokens": 400}}], "usage.completion_tokens 400"),
+    # one message's usage jumps to 10**9: a per-token ITL list of 10**9 values
+    ([{"choices": [{"text": "a"}], "usage": {"completion_tokens": 1}},
+      {"choices": [{"text": "a"}], "usage": {"completion_tokens": 10**9}}], "usage.completion_tokens 1000000000"),
+    ([{"choices": [{"text": "a", "token_ids": [1, 2, 3]}]}, {"choices": [{"text": "b", "token_ids": [4, 5]}]}],
+     "token ids 5"),
+], ids=["final_usage", "usage_jump", "token_ids"])
+def test_a_count_past_the_requests_max_tokens_is_malformed(events, reason):
+    a = TokenAccountant(max_tokens=4)
+    with pytest.raises(_Failed) as exc:
+        for e in events:
+            a.tokens_in(json.dumps(e))
+    assert exc.value.kind == "malformed_event"
+    assert exc.value.reason == f"{reason} is past the request's max_tokens 4"
+
+
+def test_counts_up_to_max_tokens_are_kept():
+    a = TokenAccountant(max_tokens=4)
+    got = [a.tokens_in(json.dumps({"choices": [{"text": "a"}], "usage": {"completion_tokens": k}})) for k in (2, 4)]
+    a.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}))
+    assert got == [2, 2] and a.final_tokens == 4
+
+
+@pytest.mark.parametrize(("payload", "bound"), [
+    ({"max_tokens": 16}, 16),
+    ({"max_completion_tokens": 16}, 16),
+    ({"max_completion_tokens": 16, "max_tokens": 32}, 32),  # extra_body set both: the server may honour either
+    ({"max_tokens": 16, "n": 3}, 48),  # usage counts every choice
+    ({"max_tokens": None}, None),
+    ({}, None),
+])
+def test_the_bound_is_the_bodys_own(payload, bound):
+    assert max_output_tokens(payload) == bound

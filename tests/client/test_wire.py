@@ -179,6 +179,20 @@ def test_an_event_python_cannot_take_in_is_that_requests_malformed_event(event, 
     assert (res.ok, res.error) == (False, "malformed_event") and res.reason.startswith(reason), res.reason
 
 
+def test_a_final_usage_past_max_tokens_fails_the_request_not_the_figures():
+    """REQ asks for 2 tokens: 2 streamed, then a final usage of 200 (100x the truth) cannot be true."""
+    body = sse(token("a", 1), token("b", 2), {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 200}},
+               "[DONE]")
+
+    async def go():
+        async with Fake(answering(OK_HEAD + chunked(body))) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error) == (False, "malformed_event")
+    assert res.reason == "usage.completion_tokens 200 is past the request's max_tokens 2"
+
+
 def test_whatever_a_streams_reader_raises_fails_that_request_only(monkeypatch):
     """stream_one never raises: an exception no branch foresaw is that request's client_error."""
     from day0.client import stream
