@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Iterable, Literal
 import aiohttp
 
 from day0.client.prom import read_answer
-from day0.client.sse import SSEParser
+from day0.client.sse import SSEError, SSEParser
 from day0.client.wire import KEEPALIVE_S, StreamPool, WireError, request_head
 from day0.client.workload import Request
 
@@ -282,7 +282,11 @@ class _Timer:
         self.acct, self.sse, self.done = TokenAccountant(), SSEParser(), False
 
     def __call__(self, chunk: bytes, now: float) -> None:
-        for ev in self.sse.feed(chunk):
+        try:
+            events = self.sse.feed(chunk)
+        except SSEError as exc:  # a line or event without end
+            raise _Failed("malformed_event", str(exc)) from None
+        for ev in events:
             data = ev.data
             if data == "[DONE]":
                 self.done = True
@@ -356,8 +360,10 @@ class StreamCut(ValueError):
 
 async def data_events(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
     """Each event's ``data`` of a streamed response, up to ``[DONE]`` (not yielded); StreamCut when
-    the stream ends without it. For readers of the payloads (parity, agents); :func:`stream_one`
-    keeps its own loop, since it times every chunk as it arrives."""
+    the stream ends without it, SSEError (a ValueError) at a line or event past
+    ``day0.client.sse.EVENT_MAX_BYTES``. For readers of the payloads (parity, agents); :func:`stream_one`
+    keeps its own loop, since it times every chunk as it arrives. Its session's total timeout
+    (:func:`make_session`) bounds how long a stream that never ends is read."""
     parser, done = SSEParser(), False
     async for chunk in resp.content.iter_any():
         for ev in parser.feed(chunk):
@@ -390,10 +396,12 @@ def make_streams(opts: ClientOptions) -> StreamPool:
 def make_session(opts: ClientOptions) -> aiohttp.ClientSession:
     """An aiohttp session for the requests day0 makes but does not time: model lists, /metrics,
     the payloads the parity, agents and risks stages read. Idle connections are dropped after
-    ``day0.client.wire.KEEPALIVE_S``, under the server's own keep-alive, for the reason given there."""
+    ``day0.client.wire.KEEPALIVE_S``, under the server's own keep-alive, for the reason given there.
+    Each request, its answer read to the end, is bounded by ``request_timeout_s`` as a timed one is:
+    a stream dripping an event at a time, inside every read timeout, once held a stage for ever."""
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S,
                                      enable_cleanup_closed=True)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_s,
+    timeout = aiohttp.ClientTimeout(total=opts.request_timeout_s, sock_connect=opts.connect_timeout_s,
                                     sock_read=opts.stall_timeout_s)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
 

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from day0.client import prom
-from day0.client.stream import fetch_models
+from day0.client.stream import ClientOptions, data_events, fetch_models, make_session
 from tests.support.raw_server import raw_server
 
 
@@ -56,3 +56,37 @@ def test_an_answer_without_end_is_one_error_naming_the_url(monkeypatch, kind):
     why = "ValueError: its answer goes on past 1 MiB" if kind == "flood" else "TimeoutError"
     assert isinstance(metrics, prom.PromError) and str(metrics).startswith(f"{url}/metrics: {why}"), metrics
     assert isinstance(models, RuntimeError) and str(models).startswith(f"{url}/v1/models: cannot list models ({why}")
+
+
+def test_a_stream_read_through_make_session_ends_at_its_request_timeout():
+    """Parity and agents read streams through data_events on make_session's session: a server sending
+    an event every 0.1 s for ever (each read inside the stall timeout) held them for ever; now the
+    session's total timeout, request_timeout_s, ends it with a TimeoutError their callers report."""
+    def drip(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        while True:
+            conn.sendall(b'data: {"choices": [{"text": "a"}]}\n\n')
+            time.sleep(0.1)
+
+    async def read(url: str) -> tuple[asyncio.Task, int]:
+        got = 0
+
+        async def consume() -> None:
+            nonlocal got
+            opts = ClientOptions(request_timeout_s=1.0, stall_timeout_s=5.0)
+            async with make_session(opts) as session, session.post(url, json={}) as resp:
+                async for _ in data_events(resp):
+                    got += 1
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.wait({task}, timeout=30)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return task, got
+
+    listener, url = raw_server(drip)
+    try:
+        task, got = asyncio.run(read(url + "/v1/completions"))
+    finally:
+        listener.close()
+    assert got > 0 and not task.cancelled() and isinstance(task.exception(), TimeoutError), task

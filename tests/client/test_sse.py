@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from day0.client import sse
 from day0.client.loadgen import SSEEvent, SSEParser, TokenAccountant, _Failed
 from day0.client.stream import max_output_tokens
 
@@ -252,3 +253,40 @@ def test_counts_up_to_max_tokens_are_kept():
 ])
 def test_the_bound_is_the_bodys_own(payload, bound):
     assert max_output_tokens(payload) == bound
+
+
+@pytest.mark.parametrize(("stream", "why"), [
+    (b"data: " + b"x" * 4000, "a line of the event stream goes on past 1024 bytes without an end"),
+    (b"data: x\n" * 500, "an event of the stream holds data past 1024 bytes"),  # lines, no blank line
+], ids=["endless_line", "endless_event"])
+def test_a_line_or_event_without_end_is_refused_at_the_cap(stream, why):
+    p = SSEParser(max_bytes=1024)
+    with pytest.raises(sse.SSEError, match=why):
+        for i in range(0, len(stream), 100):
+            p.feed(stream[i:i + 100])
+
+
+def test_the_cap_is_the_modules_and_names_mib():
+    p = SSEParser()
+    with pytest.raises(sse.SSEError, match="past 16 MiB without an end"):
+        p.feed(b"data: " + b"x" * (16 << 20))
+
+
+def test_a_long_line_costs_its_length_not_its_square():
+    """An unfinished line is not copied and rescanned at every read: 8 MiB in 16 KiB reads parses
+    within a few times the cost of one read of it all (rescanning made it hundreds of times)."""
+    import time
+
+    line = b"data: " + b"x" * (8 << 20) + b"\n\n"
+    pieces = [line[i:i + (16 << 10)] for i in range(0, len(line), 16 << 10)]
+
+    def best(feeds: list[bytes]) -> float:
+        times = []
+        for _ in range(3):
+            p, t = SSEParser(), time.perf_counter()
+            got = [ev for f in feeds for ev in p.feed(f)]
+            times.append(time.perf_counter() - t)
+            assert len(got) == 1 and len(got[0].data) == 8 << 20
+        return min(times)
+
+    assert best(pieces) < 20 * best([line]) + 0.05

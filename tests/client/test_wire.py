@@ -193,6 +193,29 @@ def test_a_final_usage_past_max_tokens_fails_the_request_not_the_figures():
     assert res.reason == "usage.completion_tokens 200 is past the request's max_tokens 2"
 
 
+def test_a_line_without_end_is_that_requests_malformed_event_at_the_cap(monkeypatch):
+    """A 200 whose ``data:`` line never ends was kept whole until request_timeout_s (300 s)."""
+    from day0.client import sse as sse_mod
+
+    monkeypatch.setattr(sse_mod, "EVENT_MAX_BYTES", 1 << 20)
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(OK_HEAD + b"6\r\ndata: \r\n")
+        block = b"x" * (64 << 10)
+        while True:
+            w.write(b"%x\r\n%s\r\n" % (len(block), block))
+            await w.drain()
+
+    async def go():
+        async with Fake(handler) as f, StreamPool() as pool:
+            return await one(pool, f.url(), ClientOptions(request_timeout_s=60))
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error) == (False, "malformed_event")
+    assert res.reason == "a line of the event stream goes on past 1 MiB without an end"
+
+
 def test_whatever_a_streams_reader_raises_fails_that_request_only(monkeypatch):
     """stream_one never raises: an exception no branch foresaw is that request's client_error."""
     from day0.client import stream
