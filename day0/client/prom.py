@@ -103,7 +103,10 @@ def parse_histograms(text: str, labels: dict[str, str] | None = None) -> dict[st
         name = s.name
         if name.endswith("_bucket") and "le" in s.labels:
             base = name[: -len("_bucket")]
-            le = float(s.labels["le"])
+            try:
+                le = float(s.labels["le"])
+            except ValueError:
+                raise PromError(f"{name}: bucket bound le={s.labels['le'][:40]!r} is not a number") from None
             acc = bucket_acc.setdefault(base, {})
             acc[le] = acc.get(le, 0.0) + s.value
         elif name.endswith("_sum"):

@@ -63,10 +63,15 @@ class Acceptance:
 
 
 def _per_position(text: str) -> dict[int, float]:
+    """Accepted tokens by draft position; PromError naming the metric for a position that is no
+    whole number (vLLM's are 0, 1, ...)."""
     out: dict[int, float] = {}
     for s in samples(text):
         if s.name in (PER_POS + "_total", PER_POS) and "position" in s.labels:
-            k = int(s.labels["position"])
+            try:
+                k = int(s.labels["position"])
+            except ValueError:
+                raise PromError(f"{PER_POS}: position {s.labels['position'][:40]!r} is not a whole number") from None
             out[k] = out.get(k, 0.0) + s.value
     return out
 

@@ -109,6 +109,20 @@ def test_garbage_is_a_clear_error():
         parse_histograms("this is {not metrics\n")
 
 
+def test_a_label_that_is_no_number_is_a_prom_error_naming_the_metric():
+    """A bucket bound or a draft position the code reads as a number was a bare ValueError naming
+    no metric, which no caller of these parsers expects."""
+    from day0.client.spec_decode import acceptance
+
+    with pytest.raises(PromError, match=r"^vllm:x_bucket: bucket bound le='fast' is not a number"):
+        parse_histograms('vllm:x_bucket{le="fast"} 1\nvllm:x_bucket{le="+Inf"} 1\n')
+    spec = ("vllm:spec_decode_num_drafts_total 5\nvllm:spec_decode_num_draft_tokens_total 10\n"
+            "vllm:spec_decode_num_accepted_tokens_total 4\n"
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="first"} 4\n')
+    with pytest.raises(PromError, match=r"^vllm:spec_decode_num_accepted_tokens_per_pos: position 'first' is not"):
+        acceptance(None, spec)
+
+
 def test_server_view_prefers_new_itl_name_and_falls_back_to_the_old():
     old = exposition({"m": [0.02, 0.04]}, name="vllm:time_per_output_token_seconds")
     view = server_view(None, old)

@@ -20,7 +20,7 @@ from day0.client.loadgen import (
     make_streams,
     run_phase,
 )
-from day0.client.prom import PrefixCacheWindow, PromError, prefix_cache_window, scrape, server_view
+from day0.client.prom import PrefixCacheWindow, PromError, ServerFigure, prefix_cache_window, scrape, server_view
 from day0.client.spec_decode import acceptance
 from day0.client.wire import StreamPool
 from day0.client.workers import WorkerPool
@@ -143,11 +143,9 @@ async def measure_latency(
             after, server_error = await _scrape(session, base_url)
             cache.why_unmeasured = drafts.why_unmeasured = server_error or ""
             if after is not None:
-                server = server_view(before, after, percentiles=pcts)
+                server, server_error = _server_view(before, after, pcts)
                 cache.window, cache.why_unmeasured = _cache_window(before, after)
                 drafts = _spec_window(before, after)
-                if not server:
-                    server_error = "/metrics has no vllm:* latency histograms (not a vLLM server?)"
 
         async def measure_at(rate: float, n: int) -> LatencyMetrics:
             stream = f"sweep{rate:g}"  # the step's own prompts and arrivals
@@ -193,6 +191,16 @@ async def _search(load: _Load, model: str, requests: Callable[[int, str], list[R
 
     return await search_capacity(search_at, search, sla, requests_per_point(search, sla), say,
                                  saturate if search.saturation_requests else None)
+
+
+def _server_view(before: str | None, after: str, pcts: list[float]) -> tuple[dict[str, ServerFigure] | None, str | None]:
+    """The engine's latency histograms over the window, or why not: a server that restarted between
+    the scrapes (counts went down) leaves the client's figures measured and the server view not."""
+    try:
+        server = server_view(before, after, percentiles=pcts)
+    except PromError as exc:
+        return None, str(exc)
+    return server, None if server else "/metrics has no vllm:* latency histograms (not a vLLM server?)"
 
 
 def _cache_window(before: str | None, after: str) -> tuple[PrefixCacheWindow | None, str]:
