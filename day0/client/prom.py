@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -210,10 +211,18 @@ async def scrape(session, base_url: str) -> str:  # session: aiohttp.ClientSessi
 
 
 def scrape_sync(base_url: str, timeout_s: float = 10.0) -> str:
+    """:func:`scrape` without an event loop: GET /metrics as text, at most ``ANSWER_MAX_BYTES``, its
+    body read within ``ANSWER_MAX_S`` (``timeout_s`` bounds each read, so a body dripping a byte
+    inside it is stopped at the deadline, not after its whole length); PromError naming the URL."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    deadline = time.monotonic() + ANSWER_MAX_S
+    body = bytearray()
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            body = resp.read(ANSWER_MAX_BYTES + 1)
+            while len(body) <= ANSWER_MAX_BYTES and (chunk := resp.read1(1 << 16)):
+                body += chunk
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"its answer took past {ANSWER_MAX_S:g} s")
     except Exception as exc:
         raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None
     if len(body) > ANSWER_MAX_BYTES:

@@ -58,6 +58,32 @@ def test_an_answer_without_end_is_one_error_naming_the_url(monkeypatch, kind):
     assert isinstance(models, RuntimeError) and str(models).startswith(f"{url}/v1/models: cannot list models ({why}")
 
 
+@pytest.mark.parametrize("kind", ["flood", "drip"])
+def test_the_blocking_scrape_is_bounded_the_same_way(monkeypatch, kind):
+    """scrape_sync (kvcache, weights) read until its size cap: a drip inside its per-read timeout held
+    those stages for ever. It runs on a thread here so that, unbounded, the test fails, not hangs."""
+    import threading
+
+    monkeypatch.setattr(prom, "ANSWER_MAX_BYTES", 1 << 20)
+    monkeypatch.setattr(prom, "ANSWER_MAX_S", 2.0)
+    listener, url = _serve(kind)
+    out: list[BaseException | str] = []
+
+    def scrape() -> None:
+        try:
+            out.append(prom.scrape_sync(url))
+        except Exception as exc:  # noqa: BLE001 (what it raised is the assertion)
+            out.append(exc)
+
+    worker = threading.Thread(target=scrape, daemon=True)
+    worker.start()
+    worker.join(30)
+    listener.close()
+    why = "its answer goes on past 1 MiB" if kind == "flood" else "TimeoutError: its answer took past 2 s"
+    assert out, "scrape_sync still reading after 30 s"
+    assert isinstance(out[0], prom.PromError) and str(out[0]) == f"{url}/metrics: {why}", out
+
+
 def test_a_stream_read_through_make_session_ends_at_its_request_timeout():
     """Parity and agents read streams through data_events on make_session's session: a server sending
     an event every 0.1 s for ever (each read inside the stall timeout) held them for ever; now the
