@@ -60,32 +60,36 @@ def read_vocab(model_dir: Path) -> Vocab:
 
     Reading the files directly keeps this usable where the tokenizer library is absent (an
     external deployment checked from a laptop); the model's ``config.json`` ``vocab_size`` wins
-    over the tokenizer's count because the embedding matrix is what rejects an id.
+    over the tokenizer's count because the embedding matrix is what rejects an id. A file of the
+    wrong shape is a WorkloadError naming the file and the key, never a traceback.
     """
     model_dir = Path(model_dir)
     tok_path = model_dir / "tokenizer.json"
-    try:
-        tok = json.loads(tok_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WorkloadError(f"{tok_path}: not found; pass vocab_size explicitly") from None
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{tok_path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    model = tok.get("model") or {}
+    tok = _json_object(tok_path, missing="not found; pass vocab_size explicitly")
+    assert tok is not None
+    model = _object(tok.get("model"), tok_path, "model")
     vocab = model.get("vocab") or {}
-    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+    if isinstance(vocab, dict):
+        ids = {_token_id(v, tok_path, f"model.vocab[{k!r}]") for k, v in vocab.items()}
+    elif isinstance(vocab, list):
+        ids = set(range(len(vocab)))
+    else:
+        raise WorkloadError(f"{tok_path}: model.vocab: expected an object or a list, got {type(vocab).__name__}")
     special: set[int] = set()
-    for added in tok.get("added_tokens") or []:
-        ids.add(int(added["id"]))
+    added_tokens = tok.get("added_tokens") or []
+    if not isinstance(added_tokens, list):
+        raise WorkloadError(f"{tok_path}: added_tokens: expected a list, got {type(added_tokens).__name__}")
+    for i, added in enumerate(added_tokens):
+        added = _object(added, tok_path, f"added_tokens[{i}]")
+        token_id = _token_id(added.get("id"), tok_path, f"added_tokens[{i}].id")
+        ids.add(token_id)
         if added.get("special"):
-            special.add(int(added["id"]))
+            special.add(token_id)
     size = max(ids) + 1 if ids else 0
     cfg_path = model_dir / "config.json"
-    if cfg_path.exists():
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{cfg_path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-        cfg_size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    cfg = _json_object(cfg_path, missing=None)
+    if cfg is not None:
+        cfg_size = cfg.get("vocab_size") or _object(cfg.get("text_config"), cfg_path, "text_config").get("vocab_size")
         if isinstance(cfg_size, int) and cfg_size > 0:
             size = min(size, cfg_size) if size else cfg_size
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -96,6 +100,44 @@ def read_vocab(model_dir: Path) -> Vocab:
     if size <= 0:
         raise WorkloadError(f"{tok_path}: no vocabulary found")
     return Vocab(size, frozenset(special))
+
+
+def _json_object(path: Path, *, missing: str | None) -> dict | None:
+    """A JSON file holding an object; None for a file that is not there when ``missing`` is None
+    (optional), else WorkloadError ``f"{path}: {missing}"``. Any other problem: WorkloadError naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if missing is None:
+            return None
+        raise WorkloadError(f"{path}: {missing}") from None
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise WorkloadError(f"{path}: not JSON this can read (nested too deep)") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _object(value: object, path: Path, key: str) -> dict:
+    """``value`` where a JSON object (or nothing: an empty one) belongs at ``key``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WorkloadError(f"{path}: {key}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _token_id(value: object, path: Path, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        got = "nothing" if value is None else repr(value)[:40]
+        raise WorkloadError(f"{path}: {key}: expected a token id (a whole number >= 0), got {got}")
+    return value
 
 
 def _length_bounds(name: str, spec: LengthSpec, minimum: int) -> tuple[int, int]:

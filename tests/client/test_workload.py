@@ -209,6 +209,35 @@ def test_read_vocab_errors_name_the_file(tmp_path):
         read_vocab(tmp_path)
 
 
+@pytest.mark.parametrize(("tokenizer", "config", "message"), [
+    (b"[]", None, "tokenizer.json: expected a JSON object, got list"),
+    (b'{"model": {"vocab": {"a": 0}}, "added_tokens": [{"content": "<s>"}]}', None,
+     "tokenizer.json: added_tokens[0].id: expected a token id (a whole number >= 0), got nothing"),
+    (b'{"model": {"vocab": {"a": 0}}, "added_tokens": [{"id": "x"}]}', None,
+     "tokenizer.json: added_tokens[0].id: expected a token id (a whole number >= 0), got 'x'"),
+    (b'{"model": {"vocab": {"a": 0}}, "added_tokens": ["<s>"]}', None,
+     "tokenizer.json: added_tokens[0]: expected an object, got str"),
+    (b'{"model": {"vocab": {"a": 0}}, "added_tokens": {"id": 1}}', None,
+     "tokenizer.json: added_tokens: expected a list, got dict"),
+    (b'{"model": {"vocab": {"a": "7"}}}', None,
+     "tokenizer.json: model.vocab['a']: expected a token id (a whole number >= 0), got '7'"),
+    (b'{"model": {"vocab": 5}}', None, "tokenizer.json: model.vocab: expected an object or a list, got int"),
+    (b'{"model": []}', None, "tokenizer.json: model: expected an object, got list"),
+    (b'{"model": {"vocab": {"\xff": 0}}}', None, "tokenizer.json: not UTF-8 (byte 22)"),
+    (b"[" * 100_000, None, "tokenizer.json: not JSON this can read (nested too deep)"),
+    (b'{"model": {"vocab": {"a": 0, "b": 1}}}', b"[]", "config.json: expected a JSON object, got list"),
+    (b'{"model": {"vocab": {"a": 0, "b": 1}}}', b'{"text_config": 3}', "config.json: text_config: expected an object"),
+], ids=["list", "no_id", "id_not_a_number", "entry_not_object", "added_not_list", "vocab_id_string", "vocab_int",
+        "model_list", "not_utf8", "nested", "config_list", "text_config_int"])
+def test_a_tokenizer_folder_of_the_wrong_shape_is_one_error_naming_file_and_key(tmp_path, tokenizer, config, message):
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer)
+    if config is not None:
+        (tmp_path / "config.json").write_bytes(config)
+    with pytest.raises(WorkloadError) as exc:
+        read_vocab(tmp_path)
+    assert str(exc.value).startswith(f"{tmp_path}/{message}"), exc.value
+
+
 def test_chat_text_keeps_indices_and_lengths():
     reqs = build_requests(WorkloadSpec(12, 3), 500, 4)
     text = as_text(reqs)
