@@ -13,7 +13,8 @@ streams one process can time.
 
 Only what a timed request needs: a POST with a JSON body, keep-alive connections per origin
 (expired under the server's keep-alive, as before), TLS for https, chunked and Content-Length
-bodies (a close-delimited 200 counts as cut: no OpenAI-style server sends one). Everything else
+bodies (a close-delimited 200 counts as cut: no OpenAI-style server sends one; a close-delimited
+error answer is its status, as a proxy or a plain HTTP/1.0 server sends one). Everything else
 day0 asks a server (model lists, /metrics, payloads it reads rather than times) goes through
 aiohttp (``day0.client.stream.make_session``).
 """
@@ -174,7 +175,9 @@ class _Connection(asyncio.Protocol):
         ex = self.exchange
         if ex is not None and not ex.done.done():
             why = f" ({type(exc).__name__}: {exc})" if exc else ""
-            if ex.status:
+            if ex.status and ex.status != 200:  # an error answer whose body ends at the close: its status
+                ex.done.set_result(Answer(ex.status, bytes(ex.error_body)))
+            elif ex.status:
                 ex.fail(WireError("dropped_stream", f"server disconnected mid-response{why}"))
             else:
                 ex.fail(WireError("connection", f"server closed the connection before answering{why}"))

@@ -148,7 +148,10 @@ def test_keep_alive_reuses_a_connection_until_it_has_idled_too_long():
     (OK_HEAD + chunked(sse(token("a", 1)) + b"data: {\"choi"), "dropped_stream", "stream ended mid-event before [DONE]"),
     (OK_HEAD + chunked(b"data: {not json\n\n"), "malformed_event", "malformed event"),
     (b"", "connection", "server closed the connection before answering"),
-], ids=["http_503", "bad_chunk_size", "cut_mid_body", "no_done", "cut_mid_event", "not_json", "closed_unanswered"])
+    (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n\r\nupstream overloaded\n",
+     "http_error", "http_503: upstream overloaded"),  # its body ends at the close
+], ids=["http_503", "bad_chunk_size", "cut_mid_body", "no_done", "cut_mid_event", "not_json", "closed_unanswered",
+        "http_503_ended_by_close"])
 def test_each_broken_answer_is_one_failed_request_that_names_why(response, kind, reason):
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
