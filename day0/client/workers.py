@@ -266,13 +266,17 @@ class WorkerPool:
 
 class _Inbox:
     """The worker's stdin, read on a thread of its own: ``prepare`` and ``go`` wait in a queue for
-    the main loop, and a ``stop`` for the shard running now sets its event at once, mid-shard (one
-    for a shard already done, or for another tag, is stale and dropped)."""
+    the main loop, and a ``stop`` for the shard running now sets its event at once, mid-shard. A stop
+    read while no shard runs is kept by its tag: the pool may send it between this worker's ``go``
+    and its shard's start (another worker's request ended first), and that shard then starts stopped.
+    One for a shard already done, or for another tag, matches no later shard (each phase has its own
+    tag) and stays stale."""
 
     def __init__(self, stdin: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.queue = loop, queue.Queue[dict[str, Any] | None]()
         self._lock = threading.Lock()
         self._running: tuple[str, asyncio.Event] | None = None
+        self._stopped: Any = None  # the tag of the last stop read while no shard ran
         threading.Thread(target=self._listen, args=(stdin,), daemon=True).start()
 
     def _listen(self, stdin: Any) -> None:
@@ -283,7 +287,9 @@ class _Inbox:
                     break
                 if msg.get("cmd") == "stop":
                     with self._lock:
-                        if self._running is not None and self._running[0] == msg.get("tag"):
+                        if self._running is None:
+                            self._stopped = msg.get("tag")
+                        elif self._running[0] == msg.get("tag"):
                             self.loop.call_soon_threadsafe(self._running[1].set)
                     continue
                 self.queue.put(msg)
@@ -297,6 +303,8 @@ class _Inbox:
     def running(self, tag: str, stop: asyncio.Event) -> Iterator[None]:
         with self._lock:
             self._running = (tag, stop)
+            if self._stopped == tag:
+                stop.set()
         try:
             yield
         finally:

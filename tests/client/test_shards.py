@@ -307,7 +307,7 @@ def test_a_workers_stop_lands_only_on_the_shard_it_names():
             out.write(json.dumps(m) + "\n")
 
     stop = asyncio.Event()
-    say({"cmd": "stop", "tag": "a"}, {"cmd": "prepare", "n": 0})  # nothing running: dropped
+    say({"cmd": "stop", "tag": "z"}, {"cmd": "prepare", "n": 0})  # a phase already done: stale
     assert inbox.next() == {"cmd": "prepare", "n": 0}
     with inbox.running("a", stop):
         say({"cmd": "stop", "tag": "b"}, {"cmd": "prepare", "n": 1})
@@ -320,6 +320,33 @@ def test_a_workers_stop_lands_only_on_the_shard_it_names():
         assert stop.is_set()
     out.close()
     assert inbox.next() is None  # stdin closed: the worker's loop ends
+    loop.close()
+
+
+def test_a_stop_read_before_its_shard_starts_stops_it_at_the_start():
+    """The pool sends every worker a stop as soon as one worker's request fires the rule; a worker
+    whose main thread had taken its ``go`` but not yet entered ``running`` dropped that stop and ran
+    its whole shard. The stop is kept by its tag and the shard starts stopped; a later phase (its own
+    tag) is not."""
+    import os
+
+    from day0.client.workers import _Inbox
+
+    loop = asyncio.new_event_loop()
+    read, write = os.pipe()
+    inbox = _Inbox(os.fdopen(read), loop)
+    out = os.fdopen(write, "w", buffering=1)
+    for m in ({"cmd": "go", "t0": 0}, {"cmd": "stop", "tag": "a"}, {"cmd": "prepare", "n": 1}):
+        out.write(json.dumps(m) + "\n")
+    assert inbox.next() == {"cmd": "go", "t0": 0}
+    assert inbox.next() == {"cmd": "prepare", "n": 1}  # the stop between them has been read
+    stop, later = asyncio.Event(), asyncio.Event()
+    with inbox.running("a", stop):
+        assert stop.is_set()
+    with inbox.running("b", later):
+        assert not later.is_set()
+    out.close()
+    assert inbox.next() is None
     loop.close()
 
 
