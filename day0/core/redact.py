@@ -86,6 +86,9 @@ _MAX_WRAPPED = 256  # longer known values (a key file) are matched whole and lin
 # Shorter values are not redacted by value: "1" or "true" would blank half a report. Such a value is
 # still redacted by its key; a real credential is never this short.
 MIN_SECRET_LEN = 6
+# Keys whose list of strings is a command line: read as one (Redactor.argv), so `--hf-token` then
+# `hf_...` as two elements loses the second.
+COMMAND_LINE_KEYS = frozenset({"argv", "cmd", "command", "cmdline", "command_line"})
 
 
 _CAMEL_HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -149,7 +152,8 @@ class Redactor:
     def __call__(self, data: Any) -> Any:
         if isinstance(data, dict):
             return {k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v, k)
-                        else _blanked(v) if _is_credential_table(k, v) else self(v)) for k, v in data.items()}
+                        else _blanked(v) if _is_credential_table(k, v)
+                        else self.argv(v) if _is_command_line(k, v) else self(v)) for k, v in data.items()}
         if isinstance(data, (list, tuple)):
             return [self(v) for v in data]
         if isinstance(data, str):
@@ -232,6 +236,14 @@ def _strings(data: Any) -> Iterator[str]:
     elif isinstance(data, (list, tuple)):
         for v in data:
             yield from _strings(v)
+
+
+def _is_command_line(key: Any, value: Any) -> bool:
+    """A list of strings under a key that names a command line (``environment.argv``, an evidence
+    ``cmd``): a secret flag's value is its own element there, where no text shape can see the flag
+    beside it, so it goes by position (:meth:`Redactor.argv`)."""
+    return (str(key).lower() in COMMAND_LINE_KEYS and isinstance(value, (list, tuple))
+            and all(isinstance(a, str) for a in value))
 
 
 def _names_ids(key: Any) -> bool:

@@ -63,6 +63,7 @@ def test_redactor_covers_keys_values_and_text_shapes():
     assert out["api-key"] == REDACTED and out["token"] == 142 and out["eos_token"] == "</s>"
     assert KEY not in json.dumps(out) and HF not in json.dumps(out) and "zzzzzzzz" not in json.dumps(out)
     assert "--max-num-batched-tokens 8192" in out["flags"] and "token: 142" in out["flags"]
+    assert out["argv"] == ["--hf-token", REDACTED]
     assert r.argv(["--api-key", "s3cr3tvalue", "--port", "8000", "--hf-token=abc"]) == [
         "--api-key", REDACTED, "--port", "8000", f"--hf-token={REDACTED}"]
 
@@ -115,6 +116,24 @@ def test_event_log_redacts_every_event(tmp_path):
     event = json.loads(text)
     assert event["key"] == "engine.http"  # the note's own name is not a secret
     assert event["value"]["env"]["OTHER"] == f"prefix {REDACTED} suffix"
+
+
+def test_a_secret_flag_in_a_recorded_command_line_loses_its_value(tmp_path):
+    """environment.argv is sys.argv as given, one element per word: `--gateway-api-key` and its value
+    were two strings, each redacted alone, so the value (no known secret) reached events.jsonl and
+    run.json. A list under a command-line key is read as a command line, wherever it sits."""
+    argv = ["pytest", "--pyargs", "day0.suites", "-p", "mysite_auth", "--gateway-api-key", "Zq81mXv0pLr3",
+            "--hf-token", "hf_QwErTyUiOpAsDfGh", "--port", "8000"]
+    log = EventLog(tmp_path / "events.jsonl", redactor=Redactor(frozenset()))
+    log.run_started("r1", {"argv": argv}, {}, ["preflight"])
+    log.note("tool", {"cmd": ["curl", "--api-key", "Zq81mXv0pLr3"], "command": ("x", "--password", "p4ssw0rdp4ss")})
+    log.run_finished(0)
+    record = rebuild(tmp_path)
+    for name in ("events.jsonl", "run.json"):
+        text = (tmp_path / name).read_text()
+        assert "Zq81mXv0pLr3" not in text and "hf_QwErTyUiOpAsDfGh" not in text and "p4ssw0rdp4ss" not in text, name
+    assert record.environment["argv"] == [*argv[:6], REDACTED, "--hf-token", REDACTED, "--port", "8000"]
+    assert record.notes["tool"]["command"] == ["x", "--password", REDACTED]
 
 
 def test_stage_declarations_keep_their_figure_keys_and_lose_secret_values(tmp_path):
