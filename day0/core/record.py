@@ -29,6 +29,7 @@ from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's c
 from day0.core.redact import Redactor
 from day0.core.stages import DERIVED_STAGES, StageInfo
 from day0.core.verdict import (  # noqa: F401
+    contradiction,
     judge,
     required_checks,
     run_verdict,
@@ -576,19 +577,8 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
 
 
 def _consistent(record: RunRecord, where: str) -> None:
-    """A record may never claim better than its checks: a stage ``pass`` or a run ``accepted``
-    that its own checks contradict is a forged or broken record, and reading it would be a false PASS."""
-    waivers = waivers_of(record.profile)
-    derived = [StageRecord(s.name, stage_verdict(s.checks, waivers, record.started_at), s.checks)
-               for s in record.stages]
-    for i, (s, d) in enumerate(zip(record.stages, derived)):
-        if s.verdict == "pass" and d.verdict != "pass":
-            raise RecordError(f"{where}: stages[{i}].verdict: 'pass', but its checks give {d.verdict!r}; "
-                              "the record contradicts itself")
-    if record.verdict == "accepted":
-        verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
-                                      required=required_checks(record.profile), waivers=waivers,
-                                      on=record.started_at, excused=stood_in_checks(record.profile))
-        if verdict != "accepted":
-            raise RecordError(f"{where}: verdict: 'accepted', but its checks give {verdict!r} ({reason}); "
-                              "the record contradicts itself")
+    """A record may never claim better than its checks (:func:`day0.core.verdict.contradiction`): read
+    as written it would be a false PASS."""
+    why = contradiction(record)
+    if why:
+        raise RecordError(f"{where}: {why}; the record contradicts itself")

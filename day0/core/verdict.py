@@ -265,3 +265,30 @@ def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str
         return "accepted", (f"every stage ran and passed but for {len(waived)} waived known failure(s): "
                             f"{c.id}: {w.reason}{more}")
     return "accepted", "every stage ran and passed"
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A stage as its checks judge it (duck-types :class:`_Stage` for :func:`run_verdict`)."""
+
+    name: str
+    verdict: str
+    checks: Sequence[_Check]
+
+
+def contradiction(record: Any) -> str | None:
+    """Why a loaded record claims better than its own checks (``key: why``), or None. A stage
+    ``pass`` or a run ``accepted`` that its checks contradict is a forged or broken record. Claiming
+    worse (a run rejected by hand) is allowed."""
+    waivers = waivers_of(record.profile)
+    derived = [_Judged(s.name, stage_verdict(s.checks, waivers, record.started_at), s.checks) for s in record.stages]
+    for i, (s, d) in enumerate(zip(record.stages, derived)):
+        if s.verdict == "pass" and d.verdict != "pass":
+            return f"stages[{i}].verdict: 'pass', but its checks give {d.verdict!r}"
+    if record.verdict == "accepted":
+        verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
+                                      required=required_checks(record.profile), waivers=waivers,
+                                      on=record.started_at, excused=stood_in_checks(record.profile))
+        if verdict != "accepted":
+            return f"verdict: 'accepted', but its checks give {verdict!r} ({reason})"
+    return None
