@@ -31,6 +31,7 @@ from day0.core.stages import DERIVED_STAGES, StageInfo
 from day0.core.verdict import (  # noqa: F401
     contradiction,
     judge,
+    not_finite,
     required_checks,
     run_verdict,
     stage_verdict,
@@ -141,14 +142,23 @@ def measured(
     source: str = "",
     performance: bool = False,
 ) -> Check:
-    """A check whose status follows from comparing value with limit in the given direction."""
+    """A check whose status follows from comparing value with limit in the given direction.
+
+    A value that is not a finite number (NaN, +-inf: a mean of nothing, a division by a zero time)
+    against a limit is ``error``: nothing was measured, so it can neither pass nor reject the
+    deployment (and the record, writing it as null, could not re-judge it)."""
     ok = judge(value, limit, direction)
-    if not message:
+    status: Status = "pass" if ok else "fail"
+    if limit is not None and not_finite(value):
+        status = "error"
+        message = f"not a finite measurement: {_default_message(value, limit, unit, direction, None)}" + (
+            f"; {message}" if message else "")
+    elif not message:
         message = _default_message(value, limit, unit, direction, ok)
     return Check(
         id=id,
         title=title,
-        status="pass" if ok else "fail",
+        status=status,
         value=value,
         limit=limit,
         unit=unit,
@@ -160,12 +170,13 @@ def measured(
     )
 
 
-def _default_message(value: Any, limit: Any, unit: str, direction: Direction, ok: bool) -> str:
+def _default_message(value: Any, limit: Any, unit: str, direction: Direction, ok: bool | None) -> str:
+    """``ok`` None: the value was not judged (it says only what it was against)."""
     u = f" {unit}" if unit else ""
     if limit is None:
         return f"measured {_fmt(value)}{u}"
     rel = {"lower_is_better": "<=", "higher_is_better": ">=", "exact": "=="}[direction]
-    verb = "meets" if ok else "misses"
+    verb = "against" if ok is None else "meets" if ok else "misses"
     return f"{_fmt(value)}{u} {verb} the limit ({rel} {_fmt(limit)}{u})"
 
 

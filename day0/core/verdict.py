@@ -10,6 +10,7 @@ types (duck-typed below) so that rule reads on one page.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Collection, Protocol
@@ -45,16 +46,23 @@ ROUNDING = 5e-4
 
 
 def judge(value: Any, limit: Any, direction: str) -> bool:
-    """Whether ``value`` meets ``limit``. No limit means nothing to meet (a recorded figure)."""
+    """Whether ``value`` meets ``limit``. No limit means nothing to meet (a recorded figure). A value
+    that is not a finite number (None, NaN, +-inf) meets no ordered limit: an infinite throughput is
+    a division by a zero time, never a pass (and the record writes it as null)."""
     if limit is None:
         return True
     if direction == "exact":
         return value == limit
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or not_finite(value):
         return False
     if direction == "lower_is_better":
         return value <= limit
     return value >= limit
+
+
+def not_finite(value: Any) -> bool:
+    """NaN or +-inf (a float, or a numpy scalar): a figure that cannot be true."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isfinite(value)
 
 
 def _number(v: Any) -> bool:

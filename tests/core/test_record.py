@@ -39,6 +39,33 @@ def test_nan_never_meets_a_limit():
     assert not judge(None, 1.0, "higher_is_better")
 
 
+@pytest.mark.parametrize("value, direction", [(float("inf"), "higher_is_better"), (float("-inf"), "lower_is_better"),
+                                              (float("inf"), "lower_is_better"), (float("nan"), "higher_is_better")])
+def test_an_infinite_figure_meets_no_ordered_limit(value, direction):
+    """inf tok/s (a division by a zero time) met a >= limit, -inf a <= one: a figure that cannot be true, a pass."""
+    assert not judge(value, 20.0, direction)
+
+
+@pytest.mark.parametrize("value, direction", [(float("inf"), "higher_is_better"), (float("-inf"), "lower_is_better"),
+                                              (float("nan"), "lower_is_better"), (float("inf"), "lower_is_better")])
+def test_a_figure_that_is_not_a_finite_number_is_an_error_that_the_record_keeps(tmp_path, value, direction):
+    """measured() made inf a pass (written as null, so rebuild refused the line and the check vanished) and
+    NaN a fail (a non-measurement rejecting the deployment). Neither was measured: an error, kept, incomplete."""
+    import numpy as np
+
+    c = measured("latency.x", "x", value, 20.0, unit="tok/s", direction=direction)
+    assert c.status == "error" and c.message.startswith("not a finite measurement: ") and "20 tok/s" in c.message
+    assert measured("latency.y", "y", np.float32(value), 20.0, direction=direction).status == "error"
+    assert measured("latency.z", "z", value).status == "pass"  # no limit: a recorded figure, nothing judged
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r1", {}, {}, ["latency"])
+    log.check("latency", c)
+    log.run_finished(0)
+    rec = rebuild(tmp_path)
+    assert [(k.id, k.status) for k in rec.checks()] == [("latency.x", "error")] and SKIPPED_NOTE not in rec.notes
+    assert rec.verdict == "incomplete" and rec.reason.startswith("could not measure: latency.x: not a finite")
+
+
 def test_measured_sets_status_and_a_readable_message():
     ok = measured("latency.ttft_p99", "TTFT p99", 120.0, 200.0, unit="ms", direction="lower_is_better")
     bad = measured("latency.ttft_p99", "TTFT p99", 250.0, 200.0, unit="ms", direction="lower_is_better")
