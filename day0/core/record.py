@@ -588,8 +588,13 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
 
 
 def _consistent(record: RunRecord, where: str) -> None:
-    """A record may never claim better than its checks (:func:`day0.core.verdict.contradiction`): read
-    as written it would be a false PASS."""
+    """A record may never claim better than its checks (:func:`day0.core.verdict.contradiction`), nor
+    be accepted with event-log lines its rebuild could not read (one may have held a failed check):
+    read as written it would be a false PASS."""
+    skipped = record.notes.get(SKIPPED_NOTE)
     why = contradiction(record)
+    if record.verdict == "accepted" and skipped not in (None, []):
+        why = (f"verdict: 'accepted', but notes.{SKIPPED_NOTE} names "
+               f"{len(skipped) if isinstance(skipped, list) else 'some'} unreadable event-log line(s)")
     if why:
         raise RecordError(f"{where}: {why}; the record contradicts itself")

@@ -168,6 +168,12 @@ def test_a_corrupt_line_in_the_middle_is_named_and_the_rest_kept(tmp_path):
     assert len(rec.notes[SKIPPED_NOTE]) == 1 and "events.jsonl:2: not JSON" in rec.notes[SKIPPED_NOTE][0]
     # Every stage passed, but the skipped line may have been a failed check: never accepted.
     assert rec.verdict == "incomplete" and "unreadable event-log line" in rec.reason
+    data = json.loads((tmp_path / "run.json").read_text())
+    data["verdict"], data["reason"] = "accepted", "every stage ran and passed"  # edited, skipped lines and all
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"run.json: verdict: 'accepted', but notes.events_skipped names 1 "
+                                          r"unreadable event-log line\(s\); the record contradicts itself"):
+        load(tmp_path)
 
 
 def test_an_invalid_check_event_is_skipped_by_key_path_and_never_yields_accepted(tmp_path):
