@@ -20,15 +20,18 @@ from day0.core.inputs import MAX_DEPTH, lines, open_regular, read_regular, stric
 from day0.core.outputs import open_output, write_file
 from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's contract lives in one place)
     DIRECTIONS,
+    MAX_SKIPPED_SHOWN,
     SCHEMA_VERSION,
     STAGE_VERDICTS,
     STATUSES,
     VERDICTS,
     RecordError,
+    Skipped,
 )
 from day0.core.redact import Redactor
 from day0.core.stages import DERIVED_STAGES, StageInfo
 from day0.core.verdict import (  # noqa: F401
+    bad_patterns,
     contradiction,
     judge,
     not_finite,
@@ -62,9 +65,9 @@ STAGE_INFO_SKIPPED_NOTE = "stage_info_skipped"  # declarations in run_started th
 # vLLM's collect_env, noted when its background probe finishes (day0.core.environment.CollectEnv);
 # rebuild files it under the record's environment, where a run that waited for it had it.
 COLLECT_ENV_NOTE = "collect_env"
+PATTERNS_SKIPPED_NOTE = "patterns_skipped"  # run_started's [report] globs no check id could match
 SKIPPED_NOTE = "events_skipped"  # rebuild's note naming each unreadable event-log line it passed over
 SCHEDULER_NOTE = "scheduler"  # day0 slurm submit's note: the Slurm job ended other than COMPLETED (state, reason)
-MAX_SKIPPED_SHOWN = 50
 
 
 def utcnow() -> str:
@@ -271,24 +274,6 @@ class EventLog:
         self.append({"type": "run_finished", "exit_status": exit_status})
 
 
-class Skipped:
-    """Event-log lines a rebuild passed over: the first MAX_SKIPPED_SHOWN named, all counted
-    (a log of garbage cannot grow this list without bound)."""
-
-    def __init__(self) -> None:
-        self.shown: list[str] = []
-        self.count = 0
-
-    def add(self, problem: str) -> None:
-        self.count += 1
-        if len(self.shown) < MAX_SKIPPED_SHOWN:
-            self.shown.append(problem)
-
-    def summary(self) -> str:
-        more = f" (and {self.count - 1} more)" if self.count > 1 else ""
-        return f"{self.shown[0]}{more}" if self.shown else ""
-
-
 def _numbered_events(path: Path, skipped: Skipped | None) -> Iterator[tuple[str, dict[str, Any]]]:
     """(``file:line``, event) for each readable line, streamed with a bounded line length.
 
@@ -407,6 +392,7 @@ class _Fold:
 
     def __init__(self) -> None:
         self.started: dict[str, Any] | None = None
+        self.started_where = ""
         self.finished_at: str | None = None
         self.exit_status: int | None = None  # pytest's, as the session ended
         self.stage_names: list[str] = []
@@ -420,7 +406,7 @@ class _Fold:
         shape.fields(ev, shape.RUN_STARTED, where)
         if self.started is not None:
             raise RecordError(f"{where}: a second run_started event (run {ev['run_id']!r}); the first one counts")
-        self.started = ev
+        self.started, self.started_where = ev, where
         self.stage_names = list(dict.fromkeys(ev.get("stages") or self.stage_names))  # a stage once
         for i, raw in enumerate(ev.get("stage_info") or []):
             try:
@@ -479,6 +465,12 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
                                   waivers=waivers, on=on, excused=stood_in_checks(profile),
                                   stopped=fold.exit_status in STOPPED_EXIT_STATUSES)
     notes = dict(fold.notes)
+    bad = [(key, f"{fold.started_where}: {key}: {why}") for key, why in bad_patterns(profile)]
+    if bad:  # passed over by every reader; a required one verified nothing
+        notes[PATTERNS_SKIPPED_NOTE] = [named for _, named in bad[:MAX_SKIPPED_SHOWN]]
+        required = [named for key, named in bad if key.startswith("profile.report.required")]
+        if required and verdict == "accepted":
+            verdict, reason = "incomplete", f"{required[0]}; so what it requires was not verified"
     if fold.problems:  # a malformed declaration costs its headlines and titles, never a check
         notes[STAGE_INFO_SKIPPED_NOTE] = fold.problems[:MAX_SKIPPED_SHOWN]
     if skipped.count:
@@ -578,12 +570,7 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
         profile=data.get("profile", {}), notes=data.get("notes", {}), stages=stages,
         schema_version=data["schema_version"],
     )
-    try:
-        _consistent(record, where)
-    except ValueError as exc:  # a pattern in its profile no check id could be (day0.core.globs)
-        if isinstance(exc, RecordError):
-            raise
-        raise RecordError(f"{where}: profile: {exc}") from None
+    _consistent(record, where)  # a pattern no check id could be is passed over (verdict.bad_patterns)
     return record
 
 

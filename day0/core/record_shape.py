@@ -37,6 +37,27 @@ class NewerSchema(RecordError):
     """A record of a schema this day0 does not know: refused whole, never read as an older one."""
 
 
+MAX_SKIPPED_SHOWN = 50
+
+
+class Skipped:
+    """Event-log lines a rebuild passed over: the first MAX_SKIPPED_SHOWN named, all counted
+    (a log of garbage cannot grow this list without bound)."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.count = 0
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.shown) < MAX_SKIPPED_SHOWN:
+            self.shown.append(problem)
+
+    def summary(self) -> str:
+        more = f" (and {self.count - 1} more)" if self.count > 1 else ""
+        return f"{self.shown[0]}{more}" if self.shown else ""
+
+
 Test = tuple[Callable[[Any], bool], str]  # (accepts the value, what it expects in words)
 
 

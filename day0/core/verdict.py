@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Collection, Protocol
 
+from day0.core.globs import checked as checked_glob
 from day0.core.globs import matches as glob_matches
 
 # The evidence key of a skip that says the stage does not apply to this target (the expert-load
@@ -141,12 +142,36 @@ class Waiver:
     until: str | None = None  # YYYY-MM-DD, the last day (UTC) it applies
 
 
-def waivers_of(profile: Any) -> list[Waiver]:
+def _report_list(profile: Any, key: str) -> list[Any]:
     rep = profile.get("report") if isinstance(profile, dict) else None
-    raw = rep.get("waivers") if isinstance(rep, dict) else None
+    raw = rep.get(key) if isinstance(rep, dict) else None
+    return raw if isinstance(raw, list) else []
+
+
+def _bad_glob(glob: str) -> str | None:
+    try:
+        checked_glob(glob)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def bad_patterns(profile: Any) -> list[tuple[str, str]]:
+    """(key path, why) for each check pattern in a record's ``[report] required`` or ``waivers`` that
+    no check id could match (``day0.core.globs``: over MAX_GLOB characters). A profile day0 loads has
+    none; a record is data. Readers pass them over (:func:`required_checks`, :func:`waivers_of`): a
+    waiver passed over waives nothing, and a required one makes the run incomplete (record.rebuild)."""
+    out = [(f"profile.report.required[{i}]", why) for i, g in enumerate(_report_list(profile, "required"))
+           if isinstance(g, str) and (why := _bad_glob(g))]
+    return out + [(f"profile.report.waivers[{i}].check", why) for i, w in enumerate(_report_list(profile, "waivers"))
+                  if isinstance(w, dict) and isinstance(w.get("check"), str) and (why := _bad_glob(w["check"]))]
+
+
+def waivers_of(profile: Any) -> list[Waiver]:
     out = []
-    for w in raw if isinstance(raw, list) else []:
-        if isinstance(w, dict) and isinstance(w.get("check"), str) and isinstance(w.get("reason"), str):
+    for w in _report_list(profile, "waivers"):
+        if isinstance(w, dict) and isinstance(w.get("check"), str) and isinstance(w.get("reason"), str) \
+                and _bad_glob(w["check"]) is None:
             finding, until = w.get("finding"), w.get("until")
             out.append(Waiver(w["check"], w["reason"], finding if isinstance(finding, str) else None,
                               until if isinstance(until, str) else None))
@@ -198,10 +223,9 @@ def stage_verdict(checks: Sequence[_Check], waivers: Sequence[Waiver] = (), on: 
 
 def required_checks(profile: Any) -> list[str]:
     """The profile's ``[report] required`` globs, read from the record's own profile section so a
-    record's verdict follows from the record alone (rebuild and load agree, run after run)."""
-    rep = profile.get("report") if isinstance(profile, dict) else None
-    req = rep.get("required") if isinstance(rep, dict) else None
-    return [g for g in req if isinstance(g, str)] if isinstance(req, list) else []
+    record's verdict follows from the record alone (rebuild and load agree, run after run). A glob no
+    check id could match is left out here and named by :func:`bad_patterns`."""
+    return [g for g in _report_list(profile, "required") if isinstance(g, str) and _bad_glob(g) is None]
 
 
 def stood_in_checks(profile: Any) -> set[str]:
@@ -293,6 +317,9 @@ def contradiction(record: Any) -> str | None:
     for i, (s, d) in enumerate(zip(record.stages, derived)):
         if s.verdict == "pass" and d.verdict != "pass":
             return f"stages[{i}].verdict: 'pass', but its checks give {d.verdict!r}"
+    required = [key for key, _ in bad_patterns(record.profile) if key.startswith("profile.report.required")]
+    if record.verdict == "accepted" and required:
+        return f"verdict: 'accepted', but {required[0]} is a pattern no check id can match: it verified nothing"
     if record.verdict == "accepted":
         verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
                                       required=required_checks(record.profile), waivers=waivers,

@@ -370,6 +370,42 @@ def test_the_required_verdict_is_rebuilt_the_same_and_a_forged_accept_is_refused
         load(tmp_path)
 
 
+def test_a_required_glob_no_check_id_can_match_costs_the_acceptance_not_the_log(tmp_path):
+    """One 300-character glob in run_started's required list made `record rebuild` exit 2 and keep
+    nothing, naming neither file nor key: the glob is named by line and key path, passed over, and
+    the run is incomplete with every measured check kept."""
+    log = EventLog(tmp_path / "events.jsonl")
+    profile = {"name": "p", "report": {"required": ["weights.*", "x" * 300],
+                                       "waivers": [{"check": "y" * 300, "reason": "a known failure"}]}}
+    log.run_started("r-req", {}, profile, ["weights", "latency"])
+    for stage, cid, status in BASE:
+        log.check(stage, Check(id=cid, title="t", status=status))
+    log.run_finished(0)
+    rec = rebuild(tmp_path)
+    where = f"{tmp_path / 'events.jsonl'}:1"
+    assert rec.verdict == "incomplete" and [c.id for c in rec.checks()] == ["weights.index", "latency.ttft_p99"]
+    assert rec.reason.startswith(f"{where}: profile.report.required[1]: check pattern 'xxx") and "300 characters" in rec.reason
+    assert [n.split(": check pattern")[0] for n in rec.notes["patterns_skipped"]] == [
+        f"{where}: profile.report.required[1]", f"{where}: profile.report.waivers[0].check"]
+    assert load(tmp_path).verdict == "incomplete"  # readers pass the pattern over too
+    data = json.loads((tmp_path / "run.json").read_text())
+    data["verdict"] = "accepted"
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"verdict: 'accepted', but profile.report.required\[1\] is a pattern no "
+                                          r"check id can match"):
+        load(tmp_path)
+
+
+def test_a_waiver_whose_glob_no_check_id_can_match_waives_nothing(tmp_path):
+    log = EventLog(tmp_path / "events.jsonl")
+    profile = {"report": {"waivers": [{"check": "w" * 300, "reason": "too long"}, {"check": "weights.*", "reason": "known"}]}}
+    log.run_started("r-w", {}, profile, ["weights"])
+    log.check("weights", Check(id="latency.x", title="t", status="fail"))
+    log.run_finished(0)
+    rec = rebuild(tmp_path)
+    assert rec.verdict == "rejected" and load(tmp_path).verdict == "rejected"
+
+
 def test_the_profile_validates_required_globs():
     from day0.config.profile import ReportSection, load_profile
 
