@@ -35,6 +35,7 @@ BLOCKED_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 PROFILE_KEY = pytest.StashKey[Profile]()
 STARTED_KEY = pytest.StashKey[float]()
+VERDICT_LINE = "day0 verdict: "  # how day0.results.report.summary_lines starts the run's verdict line
 
 
 class NotApplicable(pytest.skip.Exception):
@@ -420,9 +421,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     colour = {"accepted": {"green": True}, "rejected": {"red": True}}.get(record.verdict, {"yellow": True})
     lines = summary_lines(record, day0.outputs)
-    tr.write_line(lines[0], bold=True, **colour)
-    for line in lines[1:]:
-        tr.write_line(line)
+    # The verdict line is coloured, wherever it sits (a headline table and answers come first); the
+    # last one that starts so: every line after it is indented, so none of them can pose as it.
+    verdict_at = max((i for i, line in enumerate(lines) if line.startswith(VERDICT_LINE)), default=-1)
+    for i, line in enumerate(lines):
+        tr.write_line(line, **({"bold": True, **colour} if i == verdict_at else {}))
     if day0.report_error:  # an exception's text: redacted and escaped like every printed line
         tr.write_line(Terminal(day0.events.redactor).line(day0.report_error), red=True)
 

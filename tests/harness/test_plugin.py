@@ -1,6 +1,7 @@
 """The pytest plugin, driven through pytester: markers, profile errors, gating, records, signals."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,18 @@ def test_a_failed_stage_blocks_later_stages_and_runs_in_stage_order(pytester):
     assert [c["status"] for c in weights["checks"]] == ["pass", "fail", "fail"]  # every problem, not the first
     assert latency["verdict"] == "blocked"
     assert "stage weights failed (weights.b: 3 shards missing)" in latency["checks"][0]["message"]
+
+
+def test_the_terminal_summary_colours_the_verdict_line_not_the_table_header(pytester):
+    """The first summary line was the verdict once; since the headline table came first, the table's
+    header was shown bold red and "day0 verdict: REJECTED" plain."""
+    pytester.makepyfile(PASSING_AND_FAILING)
+    result = pytester.runpytest("--day0-out", "out", "--color=yes", "--day0-no-gate")  # latency heads the table
+    lines = result.stdout.lines
+    verdict = next(ln for ln in lines if "day0 verdict: REJECTED" in ln)
+    header = next(ln for ln in lines if re.sub(r"\x1b\[[0-9;]*m", "", ln).startswith("metric "))
+    assert "\x1b[31m" in verdict and "\x1b[1m" in verdict  # red and bold
+    assert "\x1b[" not in header
 
 
 def test_no_gate_runs_every_stage(pytester):
