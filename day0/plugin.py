@@ -35,6 +35,7 @@ BLOCKED_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 PROFILE_KEY = pytest.StashKey[Profile]()
 STARTED_KEY = pytest.StashKey[float]()
+DESELECTED_KEY = pytest.StashKey[list[tuple[str, str]]]()  # (stage, node id) of each day0 test deselected
 VERDICT_LINE = "day0 verdict: "  # how day0.results.report.summary_lines starts the run's verdict line
 
 
@@ -212,6 +213,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda it: order[stage_of(it)] + 1 if is_day0(it) else 0)  # type: ignore[index]
 
 
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """The day0 tests a selection dropped (-k, -m, --deselect, a plugin's own): the record notes
+    them, so a run that left out a failing test is not taken for a full run (day0.core.verdict)."""
+    if items:
+        found = items[0].config.stash.setdefault(DESELECTED_KEY, [])
+        found += [(stage, it.nodeid) for it in items if is_day0(it) and (stage := stage_of(it)) is not None]
+
+
 def out_dir_problem(out: Path) -> str:
     """Why the run cannot write where it is told, said before it starts: it ends by pointing
     ``out/latest`` at its folder, and a folder or file there (or ``out`` a file) was an INTERNALERROR
@@ -248,7 +257,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                        exports=exports)
     # Every stage but preflight asks for the deployment (needs_nodes); a preflight-only run starts no engine.
     wanted = any(getattr(registry.get(stage_of(it) or ""), "needs_nodes", False) for it in session.items if is_day0(it))
-    day0.start(engine_wanted=wanted)
+    day0.start(engine_wanted=wanted, deselected=config.stash.get(DESELECTED_KEY, []))
     config.stash[SESSION_KEY] = day0
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # A CI runner's SIGTERM becomes an interrupt, so teardown stops the engine and the

@@ -14,14 +14,24 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from day0.config.profile import Profile
 from day0.core import environment
 from day0.core.names import MAX_COMPONENT, file_name
-from day0.core.record import COLLECT_ENV_NOTE, RUN_FILE, STAGE_SECONDS_NOTE, Check, EventLog, RunRecord, rebuild, utcnow
+from day0.core.record import (
+    COLLECT_ENV_NOTE,
+    MAX_SKIPPED_SHOWN,
+    RUN_FILE,
+    STAGE_SECONDS_NOTE,
+    Check,
+    EventLog,
+    RunRecord,
+    rebuild,
+    utcnow,
+)
 from day0.core.terminal import Terminal
-from day0.core.verdict import Waiver, waiver_for
+from day0.core.verdict import DESELECTED_NOTE, Waiver, waiver_for
 from day0.engine import EngineInfo, Engines
 from day0.engine.cluster.nodes import ClusterError
 from day0.stages.context import RecordSoFar, StageContext
@@ -89,9 +99,11 @@ class Day0Session:
         self.engines = Engines(self.profile, self.run_dir, self.log)
         self.engines.on_start = self._engine_started
 
-    def start(self, engine_wanted: bool = True) -> None:
+    def start(self, engine_wanted: bool = True, deselected: Sequence[tuple[str, str]] = ()) -> None:
         """Opens the record; ``engine_wanted`` says a selected stage will ask for the engine (with
-        ``engine.start_early`` it is then launched while preflight runs: :meth:`stage_starting`)."""
+        ``engine.start_early`` it is then launched while preflight runs: :meth:`stage_starting`).
+        ``deselected``: (stage, node id) of each day0 test the session deselected (-k, -m, --deselect),
+        noted so the verdict knows the run is not a full one."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         env = environment.collect()  # vLLM's collect_env comes later (_start_collect_env)
         nodes = self._bring_up_nodes()
@@ -99,6 +111,13 @@ class Day0Session:
             env["nodes"] = nodes
         self.events.run_started(self.run_id, env, self.resolved_profile(), self.registry.names,
                                 [s.describe() for s in self.registry.stages])
+        tests = {nodeid: stage for stage, nodeid in deselected}  # each test once
+        if tests:
+            stages: dict[str, int] = {}
+            for stage in tests.values():
+                stages[stage] = stages.get(stage, 0) + 1
+            self.events.note(DESELECTED_NOTE, {"count": len(tests), "stages": stages,
+                                               "nodeids": list(tests)[:MAX_SKIPPED_SHOWN]})
         point_latest(self.out_dir, self.run_dir)
         self.log(f"run {self.run_id}: recording to {self.run_dir}")
         self._launch_early = engine_wanted and self.profile.engine.start_early and not self.cluster_blocked

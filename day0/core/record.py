@@ -31,8 +31,10 @@ from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's c
 from day0.core.redact import Redactor
 from day0.core.stages import DERIVED_STAGES, StageInfo
 from day0.core.verdict import (  # noqa: F401
+    DESELECTED_NOTE,
     bad_patterns,
     contradiction,
+    deselected_of,
     judge,
     not_finite,
     required_checks,
@@ -423,6 +425,8 @@ class _Fold:
 
     def on_note(self, ev: dict[str, Any], where: str) -> None:
         shape.fields(ev, shape.NOTE_EVENT, where)
+        if ev["key"] == DESELECTED_NOTE:
+            shape.deselected(ev.get("value"), where, ("value",))
         self.notes[ev["key"]] = ev.get("value")
 
     def on_run_finished(self, ev: dict[str, Any], where: str) -> None:
@@ -463,7 +467,7 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
     profile = fold.started.get("profile")
     verdict, reason = run_verdict(stages, finished=fold.finished_at is not None, required=required_checks(profile),
                                   waivers=waivers, on=on, excused=stood_in_checks(profile),
-                                  stopped=fold.exit_status in STOPPED_EXIT_STATUSES)
+                                  stopped=fold.exit_status in STOPPED_EXIT_STATUSES, deselected=deselected_of(fold.notes))
     notes = dict(fold.notes)
     bad = [(key, f"{fold.started_where}: {key}: {why}") for key, why in bad_patterns(profile)]
     if bad:  # passed over by every reader; a required one verified nothing
@@ -555,6 +559,8 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
     shape.fields(data, shape.RUN, where)
     stages: list[StageRecord] = []
     seen: dict[str, int] = {}
+    if DESELECTED_NOTE in data.get("notes", {}):
+        shape.deselected(data["notes"][DESELECTED_NOTE], where, ("notes", DESELECTED_NOTE))
     for i, s in enumerate(data["stages"]):
         shape.fields(s, shape.STAGE, where, ("stages", i))
         if s["name"] in seen:

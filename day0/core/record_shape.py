@@ -177,6 +177,19 @@ def schema_version(data: Mapping[str, Any], where: str) -> int:
     return v
 
 
+WHOLE: Test = (lambda v: _is_int(v) and v >= 1, "a whole number >= 1")
+COUNTS: Test = (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k.strip() and _is_int(n) and n >= 1
+                                                      for k, n in v.items()), "an object of stage -> whole number >= 1")
+STRINGS: Test = (lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of strings")
+# The plugin's note of the day0 tests the session deselected (day0.core.verdict.DESELECTED_NOTE).
+DESELECTED: dict[str, tuple[bool, Test]] = {"count": (True, WHOLE), "stages": (True, COUNTS), "nodeids": (False, STRINGS)}
+
+
+def deselected(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
+    """The deselected note's fields: the verdict reads them, so a wrong one is refused, never taken for none."""
+    return fields(data, DESELECTED, where, path)
+
+
 def stage_info(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
     """A stage declaration's fields (in ``run_started.stage_info`` or a run.json stage), each
     figure checked too, so the report never reads a malformed one."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Collection, Protocol
 
@@ -22,6 +22,9 @@ from day0.core.globs import matches as glob_matches
 # stage on a dense model): such a stage is "not_applicable", neither missing nor unverified, so a
 # dense run can be ACCEPTED without it. Any other skip still leaves the run INCOMPLETE.
 NOT_APPLICABLE = "not_applicable"
+# The note naming the day0 tests a session deselected (-k, -m, --deselect): what they would have
+# checked is not in the record, so such a run is never accepted as a full one.
+DESELECTED_NOTE = "deselected"
 
 
 class _Check(Protocol):
@@ -262,7 +265,8 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str],
 
 def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str] = (),
                 waivers: Sequence[Waiver] = (), on: str | None = None,
-                excused: Collection[str] = (), stopped: bool = False) -> tuple[str, str]:
+                excused: Collection[str] = (), stopped: bool = False,
+                deselected: Mapping[str, int] | None = None) -> tuple[str, str]:
     """(verdict, one-line reason). Only a ``fail`` (measured, outside its limit) rejects; a check
     the harness could not measure (``error``) leaves the run INCOMPLETE, never REJECTED, so a
     method that did not resolve can never be mistaken for a verdict on the deployment. A check the
@@ -285,6 +289,11 @@ def run_verdict(stages: Sequence[_Stage], finished: bool, required: Sequence[str
     missing = [s.name for s in stages if s.verdict in ("not_run", "skip", "blocked")]
     if missing:
         return "incomplete", "stages not run, skipped or blocked: " + ", ".join(missing)
+    idle = {s.name for s in stages if s.verdict == NOT_APPLICABLE}
+    dropped = {name: n for name, n in (deselected or {}).items() if name not in idle}
+    if dropped:  # a stage that ran some of its tests: the others' checks, failed or not, are not in the record
+        return "incomplete", (f"{sum(dropped.values())} day0 test(s) deselected (-k, -m or --deselect), so not a "
+                              "full run: " + ", ".join(f"{n} of stage {name}" for name, n in dropped.items()))
     unverified = unverified_required(stages, required, excused)
     if unverified:
         more = f" (and {len(unverified) - 1} more)" if len(unverified) > 1 else ""
@@ -308,6 +317,14 @@ class _Judged:
     checks: Sequence[_Check]
 
 
+def deselected_of(notes: Any) -> dict[str, int]:
+    """Stage -> how many of its day0 tests the session deselected (the record's ``notes.deselected``,
+    written by the plugin; its shape is checked where it is read, ``record_shape.deselected``)."""
+    note = notes.get(DESELECTED_NOTE) if isinstance(notes, dict) else None
+    stages = note.get("stages") if isinstance(note, dict) else None
+    return {k: v for k, v in stages.items() if isinstance(v, int)} if isinstance(stages, dict) else {}
+
+
 def contradiction(record: Any) -> str | None:
     """Why a loaded record claims better than its own checks (``key: why``), or None. A stage
     ``pass`` or a run ``accepted`` that its checks contradict is a forged or broken record. Claiming
@@ -323,7 +340,8 @@ def contradiction(record: Any) -> str | None:
     if record.verdict == "accepted":
         verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
                                       required=required_checks(record.profile), waivers=waivers,
-                                      on=record.started_at, excused=stood_in_checks(record.profile))
+                                      on=record.started_at, excused=stood_in_checks(record.profile),
+                                      deselected=deselected_of(record.notes))
         if verdict != "accepted":
             return f"verdict: 'accepted', but its checks give {verdict!r} ({reason})"
     return None

@@ -406,6 +406,49 @@ def test_a_waiver_whose_glob_no_check_id_can_match_waives_nothing(tmp_path):
     assert rec.verdict == "rejected" and load(tmp_path).verdict == "rejected"
 
 
+def _deselected_log(tmp_path, note, checks=BASE):
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r-d", {}, {"report": {"required": ["latency.ttft_p99"]}}, ["weights", "latency"])
+    log.note("deselected", note)
+    for stage, cid, status in checks:
+        log.check(stage, Check(id=cid, title="t", status=status, evidence={"not_applicable": True} if
+                               status == "skip" else {}))
+    log.run_finished(0)
+    return rebuild(tmp_path)
+
+
+def test_a_run_whose_day0_tests_were_deselected_is_not_accepted_as_a_full_run(tmp_path):
+    """`-k "not prefix_caching"` dropped a failing test that no [report] required names: no check, every
+    stage still ran and passed, ACCEPTED. The plugin notes what was deselected; the verdict reads it."""
+    note = {"count": 3, "stages": {"latency": 2, "weights": 1},
+            "nodeids": ["t.py::test_prefix_caching", "t.py::test_b", "t.py::test_c"]}
+    rec = _deselected_log(tmp_path, note)
+    assert rec.verdict == "incomplete"
+    assert rec.reason == ("3 day0 test(s) deselected (-k, -m or --deselect), so not a full run: "
+                          "2 of stage latency, 1 of stage weights")
+    data = json.loads((tmp_path / "run.json").read_text())
+    data["verdict"] = "accepted"
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"verdict: 'accepted', but its checks give 'incomplete' \(3 day0 test"):
+        load(tmp_path)
+    data["notes"]["deselected"] = {"count": 1, "stages": {"latency": "all"}}
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=r"notes.deselected.stages: expected an object of stage -> whole number"):
+        load(tmp_path)
+
+
+def test_deselected_tests_of_a_stage_that_does_not_apply_take_nothing_away(tmp_path):
+    checks = (("weights", "weights.index", "pass"), ("latency", "latency.moe", "skip"))
+    rec = _deselected_log(tmp_path, {"count": 1, "stages": {"latency": 1}}, checks)
+    assert rec.stage("latency").verdict == "not_applicable" and rec.verdict == "accepted", rec.reason
+
+
+def test_a_deselected_note_of_the_wrong_shape_is_a_skipped_line_never_none(tmp_path):
+    rec = _deselected_log(tmp_path, {"count": 2, "stages": ["latency"]})
+    assert "events.jsonl:2: value.stages: expected an object" in rec.notes[SKIPPED_NOTE][0]
+    assert rec.verdict == "incomplete"
+
+
 def test_the_profile_validates_required_globs():
     from day0.config.profile import ReportSection, load_profile
 

@@ -138,6 +138,37 @@ def test_deselected_day0_tests_do_not_start_a_run(pytester):
     assert not (pytester.path / "out").exists()
 
 
+def test_the_day0_tests_a_selection_drops_are_noted_in_the_record(pytester):
+    """`-k "not prefix_caching"` left a stage's other tests, and its failing one made no check at all:
+    the record did not say a test was left out. The plugin notes each day0 test deselected (not others)."""
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.day0
+        @pytest.mark.kvcache
+        def test_kept(day0_checks):
+            day0_checks.measured("kvcache.kept", "kept", 1, 1)
+        @pytest.mark.day0
+        @pytest.mark.kvcache
+        def test_prefix_caching(day0_checks):
+            day0_checks.measured("kvcache.prefix_caching", "prefix caching", 0, 1)
+        @pytest.mark.day0
+        @pytest.mark.kvcache
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_param(day0_checks, n):
+            pass
+        def test_plain_prefix_caching():
+            pass
+    """)
+    result = pytester.runpytest("--day0-out", "out", "-k", "not prefix_caching", "--deselect",
+                                "test_the_day0_tests_a_selection_drops_are_noted_in_the_record.py::test_param[2]")
+    result.assert_outcomes(passed=2, deselected=3)
+    run = _run_json(pytester)
+    nodeids = [f"test_the_day0_tests_a_selection_drops_are_noted_in_the_record.py::{n}"
+               for n in ("test_param[2]", "test_prefix_caching")]
+    assert run["notes"]["deselected"] == {"count": 2, "stages": {"kvcache": 2}, "nodeids": nodeids}
+    assert [c["id"] for c in _stage(run, "kvcache")["checks"]] == ["kvcache.kept"]
+
+
 SLOW = """
 import pathlib, time, pytest
 pytestmark = [pytest.mark.day0, pytest.mark.weights]
