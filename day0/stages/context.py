@@ -8,7 +8,7 @@ measuring it again.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,17 +28,19 @@ class SectionError(ValueError):
 
 @dataclass(frozen=True)
 class RecordSoFar:
-    """The checks recorded in this run before now, as copies: a stage can read them, not change them."""
+    """The checks recorded in this run before now, as deep copies: a stage can read them, not change
+    them, down to their evidence (a shallow copy shared its evidence dict with the session's check).
+    Every check here was already deep-copied once into the event log (``Check.to_dict``), so it copies."""
 
     _source: Callable[[], Sequence[Check]]
 
     def checks(self, stage: str | None = None) -> list[Check]:
-        return [dataclasses.replace(c) for c in self._source() if stage is None or c.stage == stage]
+        return [copy.deepcopy(c) for c in self._source() if stage is None or c.stage == stage]
 
     def latest(self, check_id: str) -> Check | None:
         """The last check recorded under ``check_id`` (the last repeat's, under --day0-repeat)."""
         found = [c for c in self._source() if c.id == check_id]
-        return dataclasses.replace(found[-1]) if found else None
+        return copy.deepcopy(found[-1]) if found else None
 
 
 @dataclass

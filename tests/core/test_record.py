@@ -480,3 +480,19 @@ def test_a_stage_that_does_not_apply_is_neither_missing_nor_unverified():
     assert run_verdict([weights, skipped], finished=True, required=required)[0] == "incomplete"
     mixed = [n_a, Check(id="experts.balance", title="", status="fail", message="0.2")]
     assert stage_verdict(mixed) == "fail"  # one measured fail in a stage is never "not applicable"
+
+
+def test_the_record_so_far_a_stage_reads_cannot_change_an_earlier_check_down_to_its_evidence():
+    """RecordSoFar handed out shallow copies: a stage that edited a copy's evidence (or a list value)
+    edited the session's own check, which later stages and the report read."""
+    from day0.stages.context import RecordSoFar
+
+    checks = [Check(id="latency.x", title="t", status="pass", value=[1.0, 2.0], stage="latency",
+                    evidence={"samples": [1.5], "bounds": {"lower": 1.0}})]
+    record = RecordSoFar(lambda: tuple(checks))
+    for seen in (record.checks()[0], record.checks(stage="latency")[0], record.latest("latency.x")):
+        seen.evidence["samples"].append(99.0)
+        seen.evidence["bounds"]["lower"] = -1.0
+        seen.evidence["new"] = True
+        seen.value.append(3.0)
+    assert checks[0].evidence == {"samples": [1.5], "bounds": {"lower": 1.0}} and checks[0].value == [1.0, 2.0]
