@@ -95,7 +95,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="judge the run's performance figures against the last runs in the history (latest, "
                          "latest-accepted) or a baseline run file; a regression rejects the run (docs/ci.md)")
     group.addoption("--day0-repeat", type=_positive_int, default=1, metavar="N",
-                    help="measure the collectives, latency and kvcache stages N times on the same engine and "
+                    help="measure the repeatable stages (collectives, experts, latency, kvcache) N times on the same engine and "
                          "report each check's spread and any verdict that flipped (default 1)")
     group.addoption("--day0-prom-textfile", default=None, metavar="PATH",
                     help="also write the run's checks and verdict as Prometheus metrics to PATH (node_exporter "
