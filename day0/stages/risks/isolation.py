@@ -30,6 +30,7 @@ import aiohttp
 
 from day0.client.loadgen import SSEParser, TokenAccountant
 from day0.client.prom import PromError, parse_counters, scrape
+from day0.client.sse import SSEError
 from day0.config.risks import IsolationSettings
 from day0.core.record import Check, measured
 from day0.engine import Endpoint
@@ -138,7 +139,7 @@ class Prober:
         if salt is not None:
             body["cache_salt"] = salt
         url = self.base + "/v1/completions"
-        acct = TokenAccountant()
+        acct = TokenAccountant(max_tokens=1)  # what the body asks: a count past it cannot be true
         usage: dict[str, Any] | None = None
         perf = time.perf_counter
         sent = perf()
@@ -166,7 +167,7 @@ class Prober:
                             continue
                         if isinstance(obj, dict) and obj.get("usage"):
                             usage = obj["usage"]
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, SSEError) as exc:  # SSEError: a line or event without end
             probe.error = f"{url}: {type(exc).__name__}: {exc}"
             return probe
         probe.prompt_tokens = (usage or {}).get("prompt_tokens", len(prompt))

@@ -542,3 +542,34 @@ def test_a_tasks_score_is_read_under_the_key_its_task_reports():
         task_score(doc, "odd", "vllm")
     with pytest.raises(TaskError, match="no results for task 'gone'"):
         task_score(doc, "gone", "vllm")
+
+
+def test_a_probe_answered_by_a_line_without_end_is_that_probes_error(monkeypatch):
+    """The isolation prober parses the stream itself: a line that never ends is refused at the
+    parser's cap (here lowered to 64 KiB) as the probe's error, not a ValueError out of the stage."""
+    import asyncio
+    import socket
+
+    import aiohttp
+
+    from day0.client import sse
+    from day0.stages.risks.isolation import Prober
+    from tests.support.raw_server import raw_server
+
+    def endless(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: ")
+        for _ in range(64):
+            conn.sendall(b"x" * 4096)
+
+    monkeypatch.setattr(sse, "EVENT_MAX_BYTES", 64 << 10)
+    listener, url = raw_server(endless)
+
+    async def probe():
+        async with aiohttp.ClientSession() as session:
+            return await Prober(session, url, "m", settle_s=0).send("A cold", "A", [1, 2, 3], None)
+    try:
+        result = asyncio.run(probe())
+    finally:
+        listener.close()
+    assert result.error == f"{url}/v1/completions: SSEError: a line of the event stream goes on past 65536 bytes " \
+                           "without an end", result.error
