@@ -149,12 +149,14 @@ def measured(
 ) -> Check:
     """A check whose status follows from comparing value with limit in the given direction.
 
-    A value that is not a finite number (NaN, +-inf: a mean of nothing, a division by a zero time)
-    against a limit is ``error``: nothing was measured, so it can neither pass nor reject the
-    deployment (and the record, writing it as null, could not re-judge it)."""
+    NaN against a limit (a mean of nothing), or an infinity on the good side of it (a throughput
+    divided by a zero time), is ``error``: nothing was measured, so it can neither pass nor reject
+    the deployment. An infinity on the bad side is a true miss and fails: a KL divergence where the
+    deployment gives zero probability to the reference's token, a cost per token at zero throughput."""
     ok = judge(value, limit, direction)
     status: Status = "pass" if ok else "fail"
-    if limit is not None and not_finite(value):
+    bad_side = math.inf if direction == "lower_is_better" else -math.inf
+    if limit is not None and direction != "exact" and not_finite(value) and value != bad_side:
         status = "error"
         message = f"not a finite measurement: {_default_message(value, limit, unit, direction, None)}" + (
             f"; {message}" if message else "")

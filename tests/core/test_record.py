@@ -47,7 +47,7 @@ def test_an_infinite_figure_meets_no_ordered_limit(value, direction):
 
 
 @pytest.mark.parametrize("value, direction", [(float("inf"), "higher_is_better"), (float("-inf"), "lower_is_better"),
-                                              (float("nan"), "lower_is_better"), (float("inf"), "lower_is_better")])
+                                              (float("nan"), "lower_is_better"), (float("nan"), "higher_is_better")])
 def test_a_figure_that_is_not_a_finite_number_is_an_error_that_the_record_keeps(tmp_path, value, direction):
     """measured() made inf a pass (written as null, so rebuild refused the line and the check vanished) and
     NaN a fail (a non-measurement rejecting the deployment). Neither was measured: an error, kept, incomplete."""
@@ -64,6 +64,20 @@ def test_a_figure_that_is_not_a_finite_number_is_an_error_that_the_record_keeps(
     rec = rebuild(tmp_path)
     assert [(k.id, k.status) for k in rec.checks()] == [("latency.x", "error")] and SKIPPED_NOTE not in rec.notes
     assert rec.verdict == "incomplete" and rec.reason.startswith("could not measure: latency.x: not a finite")
+
+
+@pytest.mark.parametrize("value, direction", [(float("inf"), "lower_is_better"), (float("-inf"), "higher_is_better")])
+def test_an_infinity_on_the_bad_side_of_its_limit_is_a_true_miss(tmp_path, value, direction):
+    """A KL divergence where the deployment gives a reference token zero probability, a cost per token
+    at zero throughput: infinite, and measured. A fail, which the record keeps (written as null)."""
+    c = measured("risks.accuracy.mean_kl", "KL", value, 0.1, direction=direction)
+    assert c.status == "fail" and "misses the limit" in c.message
+    log = EventLog(tmp_path / "events.jsonl")
+    log.run_started("r1", {}, {}, ["risks"])
+    log.check("risks", c)
+    log.run_finished(0)
+    rec = rebuild(tmp_path)
+    assert [(k.id, k.status) for k in rec.checks()] == [("risks.accuracy.mean_kl", "fail")] and rec.verdict == "rejected"
 
 
 def test_measured_sets_status_and_a_readable_message():
