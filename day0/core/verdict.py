@@ -334,9 +334,9 @@ def contradiction(record: Any) -> str | None:
     for i, (s, d) in enumerate(zip(record.stages, derived)):
         if s.verdict == "pass" and d.verdict != "pass":
             return f"stages[{i}].verdict: 'pass', but its checks give {d.verdict!r}"
-    required = [key for key, _ in bad_patterns(record.profile) if key.startswith("profile.report.required")]
+    required = [(key, why) for key, why in bad_patterns(record.profile) if key.startswith("profile.report.required")]
     if record.verdict == "accepted" and required:
-        return f"verdict: 'accepted', but {required[0]} is a pattern no check id can match: it verified nothing"
+        return f"verdict: 'accepted', but {required[0][0]} verified nothing ({required[0][1]})"
     if record.verdict == "accepted":
         verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
                                       required=required_checks(record.profile), waivers=waivers,
