@@ -47,7 +47,16 @@ from day0.results.signoff import (
     signoff_block,
     verify_report,
 )
-from day0.results.textview import MAX_FLAT_ROWS, _summary, flatten, fmt_value, lookup  # noqa: F401
+from day0.results.textview import (  # noqa: F401
+    MAX_FLAT_ROWS,
+    MAX_TABLE_ROWS,
+    TableView,
+    _summary,
+    flatten,
+    fmt_value,
+    lookup,
+    table_view,
+)
 
 __all__ = ["render", "write_junit", "summary_lines", "publish", "add_cli", "ReportError", "Signatory"]
 
@@ -56,7 +65,6 @@ DEFAULT_TEMPLATE = "report.html.j2"
 REPORT_FILE = "report.html"
 JUNIT_FILE = "junit.xml"
 KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
-MAX_TABLE_ROWS = 500
 MAX_LOG_CHARS = 20_000
 MAX_JSON_CHARS = 16_000
 MAX_TEMPLATE_BYTES = 4 << 20  # a site template is a few KB; a file past this is not one
@@ -91,13 +99,6 @@ def _slug(text: str) -> str:
 class ChartView:
     svg: Markup | None = None
     problem: str | None = None
-
-
-@dataclass
-class TableView:
-    columns: list[str]
-    rows: list[list[str]]
-    more: int = 0
 
 
 @dataclass
@@ -177,7 +178,7 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
                 msg = str(exc)
                 view.charts.append(ChartView(problem=msg if msg.startswith(where) else f"{where}: {msg}"))
     if "table" in ev:
-        view.table, view.table_problem = _table(ev["table"], f"{c.id} evidence.table")
+        view.table, view.table_problem = table_view(ev["table"], f"{c.id} evidence.table")
     excerpt = ev.get("log_excerpt")
     if isinstance(excerpt, str) and excerpt.strip():
         view.log_excerpt = excerpt if len(excerpt) <= MAX_LOG_CHARS else "…\n" + excerpt[-MAX_LOG_CHARS:]
@@ -188,18 +189,6 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
             text = text[:MAX_JSON_CHARS] + f"\n… ({len(text) - MAX_JSON_CHARS:,} more characters in run.json)"
         view.other_json = text
     return view
-
-
-def _table(raw: Any, where: str) -> tuple[TableView | None, str | None]:
-    if not isinstance(raw, dict) or not isinstance(raw.get("columns"), list) or not isinstance(raw.get("rows"), list):
-        return None, f"{where}: expected {{columns: [..], rows: [[..], ..]}}"
-    rows = raw["rows"]
-    for i, r in enumerate(rows[:MAX_TABLE_ROWS]):
-        if not isinstance(r, list):
-            return None, f"{where}.rows[{i}]: expected a list of cells"
-    cols = [fmt_value(x, 80) for x in raw["columns"]]
-    shown = [[fmt_value(x) for x in r] for r in rows[:MAX_TABLE_ROWS]]
-    return TableView(cols, shown, max(0, len(rows) - MAX_TABLE_ROWS)), None
 
 
 def stage_views(record: RunRecord) -> list[StageView]:
@@ -246,7 +235,7 @@ def regression_view(record: RunRecord) -> RegressionView | None:
     base = ev.get("baseline") if isinstance(ev.get("baseline"), dict) else {}
     facts = [(k, fmt_value(base.get(key))) for k, key in (("Baseline", "label"), ("Baseline file", "path")) if base.get(key)]
     counts = ev.get("counts") if isinstance(ev.get("counts"), dict) else {}
-    table, _ = _table(ev["table"], f"{SUMMARY_ID} evidence.table") if "table" in ev else (None, None)
+    table, _ = table_view(ev["table"], f"{SUMMARY_ID} evidence.table") if "table" in ev else (None, None)
     charts_out: list[ChartView] = []
     specs = ev.get("trend_charts")
     for i, raw in enumerate(specs if isinstance(specs, list) else []):

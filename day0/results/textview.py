@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 MAX_FLAT_ROWS = 400
+MAX_TABLE_ROWS = 500
 
 
 def fmt_value(v: Any, limit: int = 200) -> str:
@@ -84,3 +86,23 @@ def lookup(data: Mapping[str, Any], *paths: str) -> Any:
         if cur not in (None, "", [], {}):
             return cur
     return None
+
+
+@dataclass
+class TableView:
+    columns: list[str]
+    rows: list[list[str]]
+    more: int = 0
+
+
+def table_view(raw: Any, where: str) -> tuple[TableView | None, str | None]:
+    """An evidence ``table`` as cells, capped; or the problem with it, naming ``where``."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("columns"), list) or not isinstance(raw.get("rows"), list):
+        return None, f"{where}: expected {{columns: [..], rows: [[..], ..]}}"
+    rows = raw["rows"]
+    for i, r in enumerate(rows[:MAX_TABLE_ROWS]):
+        if not isinstance(r, list):
+            return None, f"{where}.rows[{i}]: expected a list of cells"
+    cols = [fmt_value(x, 80) for x in raw["columns"]]
+    shown = [[fmt_value(x) for x in r] for r in rows[:MAX_TABLE_ROWS]]
+    return TableView(cols, shown, max(0, len(rows) - MAX_TABLE_ROWS)), None
