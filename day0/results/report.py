@@ -281,13 +281,23 @@ FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Signatory], title: str | None,
-                  run_file: Path | None = None, history: Path | None = None) -> dict:
-    """Everything the templates may use; templates hold no logic beyond loops and blocks. With
-    ``run_file``, earlier runs in the history (``history``, else the default beside it) give the
-    headline figures their trends."""
+def first_screen(record: RunRecord, run_file: Path | None = None, history: Path | None = None) -> summary.Summary:
+    """The first screen's data, worked out once per record (the page and the terminal lines share it).
+    With ``run_file``, earlier runs in the history (``history``, else the default beside it) give the
+    headline figures their trends. A glob no check id could be is one line naming the file and key."""
     past = trends.history_runs(record, run_file, root=history) if run_file else ()
-    first = summary.summarize(record, past, trends.baseline_run_id(record))
+    try:
+        return summary.summarize(record, past, trends.baseline_run_id(record))
+    except ValueError as exc:  # a figure's or a required glob past day0.core.globs.MAX_GLOB
+        raise ReportError(f"{run_file or 'run record'}: {exc}") from None
+
+
+def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Signatory], title: str | None,
+                  run_file: Path | None = None, history: Path | None = None,
+                  first: summary.Summary | None = None) -> dict:
+    """Everything the templates may use; templates hold no logic beyond loops and blocks.
+    ``first``: the first screen (:func:`first_screen`), worked out here when not given."""
+    first = first or first_screen(record, run_file, history)
     both = {"environment": record.environment or {}, "profile": record.profile or {}}
     facts = [(label, _summary(v) if (v := lookup(both, *paths)) is not None else "—") for label, paths in FACTS]
     model = lookup(both, *dict(FACTS)["Model"])
@@ -404,10 +414,10 @@ def render(
 def _render(
     record: RunRecord, run_bytes: bytes, src: Path, out: Path, template_dir: Path | None,
     signatories: Iterable[Signatory | str | Mapping[str, str]] | None, *, title: str | None = None,
-    history: Path | None = None,
+    history: Path | None = None, first: summary.Summary | None = None,
 ) -> Path:
     env = _environment(Path(template_dir) if template_dir is not None else None)
-    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title, src, history)
+    ctx = build_context(record, run_bytes, resolve_signatories(record, signatories), title, src, history, first)
     try:
         html = env.get_template(DEFAULT_TEMPLATE).render(ctx)
     except jinja2.TemplateError as exc:
@@ -436,10 +446,12 @@ def _render(
 # --------------------------------------------------------------------------- summary / publish
 
 
-def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[Path | str]) -> list[str]:
+def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[Path | str],
+                  first: summary.Summary | None = None) -> list[str]:
     """Lines for the terminal at the end of a run: verdict, what failed, where the files are.
-    Record text is escaped (:func:`term_safe`): a message cannot forge or hide a line."""
-    first = summary.summarize(record)
+    Record text is escaped (:func:`term_safe`): a message cannot forge or hide a line. ``first``:
+    the page's first screen when already worked out (else it is worked out here)."""
+    first = first or first_screen(record)
     rows = summary.headline_rows(first)
     if rows:  # like vLLM bench's result block: metric, value, limit, status
         w = max(len(r[0]) for r in rows)
@@ -492,10 +504,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     src = _record_file(Path(args.run))
     record, run_bytes = load_with_bytes(src)
     out = Path(args.out) if args.out else src.parent / REPORT_FILE
+    first = first_screen(record, src)
     html = _render(record, run_bytes, src, out, Path(args.template_dir) if args.template_dir else None,
-                   args.signatory)
+                   args.signatory, first=first)
     junit = write_junit(record, Path(args.junit) if args.junit else html.parent / JUNIT_FILE)
-    for line in summary_lines(record, {"run record": src, "report": html, "junit": junit}):
+    for line in summary_lines(record, {"run record": src, "report": html, "junit": junit}, first):
         print(line)
     rep = record.profile.get("report") if isinstance(record.profile, dict) else None
     named = rep.get("template_dir") if isinstance(rep, dict) else None

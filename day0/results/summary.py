@@ -9,13 +9,15 @@ to its evidence.
 
 from __future__ import annotations
 
+import bisect
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from day0.core.globs import matches as glob_matches
-from day0.core.record import Check, RunRecord, required_checks, unverified_required
+from day0.core.record import Check, RunRecord, required_checks
 from day0.core.stages import Figure, StageInfo
 from day0.core.verdict import NOT_APPLICABLE, not_applicable, stood_in_checks, waiver_for, waivers_of
 
@@ -123,17 +125,60 @@ def _vs_expected(checks: list[Check]) -> Check:
 PICKERS: dict[str, Callable[[list[Check]], Check]] = {"worst": _worst, "vs_expected": _vs_expected}
 
 
-def _hits(fig: Figure, checks: list[Check]) -> list[Check]:
+class CheckIndex:
+    """The run's checks by id, each glob matched once against the distinct ids (and only against
+    those sharing its literal prefix): the first screen asks many globs of many checks (figures,
+    required, history runs), and matching each glob against every check each time took 100 s on
+    20,000 checks and 2,000 figures."""
+
+    def __init__(self, checks: Iterable[Check]) -> None:
+        self.by_id: dict[str, list[tuple[int, Check]]] = {}
+        for n, c in enumerate(checks):
+            self.by_id.setdefault(c.id, []).append((n, c))
+        self.sorted_ids = sorted(self.by_id)
+        self._ids: dict[str, list[str]] = {}
+
+    def ids(self, glob: str) -> list[str]:
+        """The distinct check ids ``glob`` matches (fnmatch); ValueError for a glob past ``MAX_GLOB``."""
+        found = self._ids.get(glob)
+        if found is None:
+            glob_matches("", glob)  # a glob past the length limit is refused before it is tried
+            head = re.split(r"[*?[]", glob, maxsplit=1)[0]  # the literal prefix every match starts with
+            ids, n = self.sorted_ids, bisect.bisect_left(self.sorted_ids, head)
+            found = []
+            while n < len(ids) and ids[n].startswith(head):
+                if glob_matches(ids[n], glob):
+                    found.append(ids[n])
+                n += 1
+            self._ids[glob] = found
+        return found
+
+    def checks(self, glob: str) -> list[Check]:
+        """The checks ``glob`` matches, in run order."""
+        return [c for _, c in sorted((p for i in self.ids(glob) for p in self.by_id[i]), key=lambda p: p[0])]
+
+
+def _index(checks: list[Check] | CheckIndex) -> CheckIndex:
+    return checks if isinstance(checks, CheckIndex) else CheckIndex(checks)
+
+
+def _hits(fig: Figure, index: CheckIndex, key: str = "") -> list[Check]:
     """The checks of the first of the figure's globs that measured a value (pass or fail), else of
-    the first that has any check: a figure two methods can measure shows the one that did."""
-    per_glob = [[c for c in checks if glob_matches(c.id, g)] for g in fig.check_ids]
+    the first that has any check: a figure two methods can measure shows the one that did. A glob
+    no check id could be is refused naming ``key`` (its place in the record)."""
+    per_glob = []
+    for k, g in enumerate(fig.check_ids):
+        try:
+            per_glob.append(index.checks(g))
+        except ValueError as exc:
+            raise ValueError(f"{key or fig.key}.check_ids[{k}]: {exc}") from None
     measured = [h for h in per_glob if any(c.status in ("pass", "fail") for c in h)]
     return (measured or [h for h in per_glob if h] or [[]])[0]
 
 
-def headline(fig: Figure, checks: list[Check]) -> Headline:
-    """The figure from the checks of this run (its globs tried in order)."""
-    hits = _hits(fig, checks)
+def headline(fig: Figure, checks: list[Check] | CheckIndex, hits: list[Check] | None = None) -> Headline:
+    """The figure from the checks of this run (its globs tried in order; ``hits`` when already found)."""
+    hits = _hits(fig, _index(checks)) if hits is None else hits
     if not hits:
         return Headline(fig.key, fig.label, None, "—", "", "absent", ", ".join(fig.check_ids),
                         "not measured in this run")
@@ -175,24 +220,25 @@ def figures(record: RunRecord) -> list[Figure]:
     return [f for info in stage_infos(record).values() for f in info.figures]
 
 
-def headlines(record: RunRecord) -> list[Headline]:
+def headlines(record: RunRecord, index: CheckIndex | None = None) -> list[Headline]:
     """The declared figures, less those that do not apply to this target: a stage that is not
     applicable (expert load on a dense model), a figure whose checks all say they do not apply
     (speculative acceptance with speculation not in force), or an opt-in figure the run did not
     ask for (capacity without a search). A figure the run should have measured and did not still
     shows as absent."""
-    checks = list(record.checks())
+    index = index or CheckIndex(record.checks())
     idle = {s.name for s in record.stages if s.verdict == NOT_APPLICABLE}
+    place = {s.name: i for i, s in enumerate(record.stages)}
     waivers = waivers_of(record.profile)
     out = []
     for stage, info in stage_infos(record).items():
         if stage in idle:
             continue
-        for fig in info.figures:
-            hits = _hits(fig, checks)
+        for j, fig in enumerate(info.figures):
+            hits = _hits(fig, index, f"stages[{place.get(stage, '?')}].figures[{j}]")
             if (hits and all(not_applicable(c) for c in hits)) or (fig.opt_in and not hits):
                 continue
-            h = headline(fig, checks)
+            h = headline(fig, index, hits)
             picked = next((c for c in hits if c.id == h.check_id and c.status == h.status), None)
             h.waived = picked is not None and waiver_for(picked, waivers, record.started_at) is not None
             out.append(h)
@@ -243,18 +289,29 @@ class Unverified:
     times: int = 1
 
 
-def unverified(record: RunRecord) -> list[Unverified]:
-    """Every check that verified nothing, each once with its reason; required ones first."""
+def unverified(record: RunRecord, index: CheckIndex | None = None) -> list[Unverified]:
+    """Every check that verified nothing, each once with its reason; required ones first. A
+    required glob is matched once against the distinct ids (as day0.core.verdict.unverified_required
+    judges it: a glob no check matches is absent, unless its stage did not apply to this target)."""
     req, excused = required_checks(record.profile), stood_in_checks(record.profile)
+    index = index or CheckIndex(record.checks())
+    required: set[str] = set()
+    absent = []
+    idle = {s.name for s in record.stages if s.verdict == NOT_APPLICABLE}
+    for k, g in enumerate(req):
+        try:
+            ids = index.ids(g)
+        except ValueError as exc:
+            raise ValueError(f"profile.report.required[{k}]: {exc}") from None
+        required.update(ids)
+        if not ids and g.split(".", 1)[0] not in idle:
+            absent.append(Unverified(g, "absent", "required, but no such check ran", True))
     by_id: dict[str, list[Check]] = {}
     for c in record.checks():
         if c.status in NOT_VERIFIED:
             by_id.setdefault(c.id, []).append(c)
-    out = [Unverified(i, cs[0].status, cs[0].message,
-                      i not in excused and any(glob_matches(i, g) for g in req), len(cs))
+    out = [Unverified(i, cs[0].status, cs[0].message, i not in excused and i in required, len(cs))
            for i, cs in by_id.items()]
-    absent = [Unverified(glob, "absent", why, True) for glob, why in unverified_required(record.stages, req, excused)
-              if why.startswith("required, but no such check")]
     return sorted(absent + out, key=lambda u: not u.required)
 
 
@@ -287,18 +344,22 @@ class Summary:
 def summarize(record: RunRecord, history: Iterable[RunRecord] = (), baseline_run_id: str = "") -> Summary:
     """The first screen's data. ``history`` is earlier runs of the same profile and machine
     (oldest first); each headline then carries its values over those runs and this one."""
-    heads = headlines(record)
+    index = CheckIndex(record.checks())
+    heads = headlines(record, index)
     past = [r for r in history if r.run_id != record.run_id]
     if past:
-        add_trends(heads, [*past, record], baseline_run_id)
+        add_trends(heads, [*past, record], baseline_run_id, {h.key: h.value for h in heads})
     return Summary(record.verdict, verdict_line(record), record.reason, adaptation(record), heads,
-                   failed(record), unverified(record), required_checks(record.profile),
+                   failed(record), unverified(record, index), required_checks(record.profile),
                    len(past) + 1 if past else 0, baseline_run_id)
 
 
-def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id: str = "") -> None:
-    """Each headline's value in each run (runs without the figure leave a gap, not a zero)."""
-    per_run = [(r.run_id, {h.key: h.value for h in headlines(r)}) for r in runs]
+def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id: str = "",
+               last: dict[str, float | None] | None = None) -> None:
+    """Each headline's value in each run (runs without the figure leave a gap, not a zero). ``last``:
+    the last run's values when already worked out (this run's, from :func:`summarize`)."""
+    per_run = [(r.run_id, last if last is not None and n == len(runs) - 1 else {h.key: h.value for h in headlines(r)})
+               for n, r in enumerate(runs)]
     for h in heads:
         h.trend = [(rid, vals[h.key]) for rid, vals in per_run if vals.get(h.key) is not None]  # type: ignore[misc]
         ids = [rid for rid, _ in h.trend]

@@ -542,3 +542,21 @@ def test_regression_section_links_to_the_baseline_and_trends_mark_it(tmp_path: P
     assert len(sparks) == 3  # TTFT, TPOT, output throughput: the figures rf records hold
     assert all(len(s.find_all(tag="circle", cls="baseline")) == 1 for s in sparks)
     assert "Last 3 runs" in doc.one(id="headline").text()
+
+
+def test_cli_report_works_out_the_first_screen_once_and_names_a_long_glob(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The page and the terminal lines share one summary (it ran twice, each time matching every glob)."""
+    from day0.results import summary as S
+
+    src = rf.write(rf.rejected(), tmp_path / "run")
+    calls = []
+    real = S.summarize
+    monkeypatch.setattr(S, "summarize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert _cli(["report", str(src.parent)]) == 0 and len(calls) == 1
+    rec = rf.rejected()
+    rec.profile = {**rec.profile, "report": {"required": ["latency." + "x" * 300]}}
+    src = rf.write(rec, tmp_path / "long")
+    capsys.readouterr()
+    assert _cli(["report", str(src.parent)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"day0: {src}: profile.report.required[0]: check pattern ")

@@ -226,3 +226,47 @@ def test_figures_that_do_not_apply_are_left_out_and_missing_ones_still_show_abse
     heads = {h.key: h for h in S.summarize(rebuild(tmp_path)).headlines}
     assert "spec_acceptance" not in heads and "balance" not in heads and "hot_expert" not in heads
     assert heads["features"].status == "pass" and heads["tpot_p99"].status == "absent"
+
+
+def _many_figures(n_checks: int, n_figures: int, required=()) -> RunRecord:
+    from day0.core.stages import Figure, StageInfo
+
+    rec = rf.make_record({"site": [measured(f"site.c{i}", "c", float(i), 1e9, direction="lower_is_better")
+                                   for i in range(n_checks)]})
+    figs = tuple(Figure(f"k{j}", f"L{j}", (f"site.c{j}*",)) for j in range(n_figures))
+    rec.stages[0].info = StageInfo("site", "Site", "?", figs, origin="mysite")
+    rec.profile = {**rec.profile, "report": {"required": list(required)}}
+    return rec
+
+
+def test_each_glob_is_matched_once_against_the_distinct_check_ids(monkeypatch) -> None:
+    """20,000 checks and 2,000 figures took 107 s to report: every figure matched each glob against
+    every check four times. Now each glob is tried once against the ids that share its literal prefix."""
+    rec = _many_figures(300, 30, required=[f"site.c{j}*x" for j in range(30)] + ["*.c1"])
+    rec.stages[0].checks += [Check(id="site.c7", title="again", status="skip", message="a repeat")] * 50
+    calls = []
+    real = S.glob_matches
+    monkeypatch.setattr(S, "glob_matches", lambda name, glob: calls.append(glob) or real(name, glob))
+    s = S.summarize(rec)
+    assert [h.text for h in s.headlines][:3] == ["0", "199", "299"] and s.headlines[7].note == "worst of 61"
+    ids = {c.id for c in rec.checks()}
+    for glob in set(calls):  # once per id it could match (its literal prefix), plus the length check
+        assert calls.count(glob) <= 1 + sum(i.startswith(glob.split("*")[0]) for i in ids), glob
+    assert calls.count("*.c1") == 1 + len(ids)  # no prefix: every distinct id, once
+    assert len(calls) < 2000 and [u.check_id for u in s.unverified if u.status == "absent"][:2] == \
+        ["site.c0*x", "site.c1*x"]
+
+
+def test_a_glob_past_the_length_limit_names_its_key() -> None:
+    from day0.core.stages import Figure, StageInfo
+
+    rec = _many_figures(3, 1)
+    info = rec.stages[0].info
+    assert info is not None
+    rec.stages[0].info = StageInfo("site", "Site", "?", (*info.figures, Figure("long", "Long", ("s.*", "s" * 300))),
+                                   origin="mysite")
+    with pytest.raises(ValueError, match=r"^stages\[0\]\.figures\[1\]\.check_ids\[1\]: check pattern .* past 256"):
+        S.summarize(rec)
+    rec = _many_figures(3, 1, required=["site.c1", "x" * 300])
+    with pytest.raises(ValueError, match=r"^profile\.report\.required\[1\]: check pattern .* past 256"):
+        S.summarize(rec)
