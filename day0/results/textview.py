@@ -14,6 +14,7 @@ from typing import Any
 
 MAX_FLAT_ROWS = 400
 MAX_TABLE_ROWS = 500
+MAX_TABLE_COLS = 50  # 500 rows of 8,000 columns made a 40 MB page
 
 
 def fmt_value(v: Any, limit: int = 200) -> str:
@@ -92,17 +93,26 @@ def lookup(data: Mapping[str, Any], *paths: str) -> Any:
 class TableView:
     columns: list[str]
     rows: list[list[str]]
-    more: int = 0
+    more: int = 0  # rows left out
+    more_columns: int = 0  # columns (or cells past the header) left out
+
+    @property
+    def note(self) -> str:
+        """What was left out, in words ("" when nothing was)."""
+        parts = [f"{n:,} more {what}" for n, what in ((self.more, "rows"), (self.more_columns, "columns")) if n]
+        return f"{' and '.join(parts)} in run.json." if parts else ""
 
 
 def table_view(raw: Any, where: str) -> tuple[TableView | None, str | None]:
-    """An evidence ``table`` as cells, capped; or the problem with it, naming ``where``."""
+    """An evidence ``table`` as cells, capped in rows and in columns (the rest stay in run.json);
+    or the problem with it, naming ``where``."""
     if not isinstance(raw, dict) or not isinstance(raw.get("columns"), list) or not isinstance(raw.get("rows"), list):
         return None, f"{where}: expected {{columns: [..], rows: [[..], ..]}}"
-    rows = raw["rows"]
-    for i, r in enumerate(rows[:MAX_TABLE_ROWS]):
+    rows = raw["rows"][:MAX_TABLE_ROWS]
+    for i, r in enumerate(rows):
         if not isinstance(r, list):
             return None, f"{where}.rows[{i}]: expected a list of cells"
-    cols = [fmt_value(x, 80) for x in raw["columns"]]
-    shown = [[fmt_value(x) for x in r] for r in rows[:MAX_TABLE_ROWS]]
-    return TableView(cols, shown, max(0, len(rows) - MAX_TABLE_ROWS)), None
+    width = max([len(raw["columns"]), *(len(r) for r in rows)])
+    cols = [fmt_value(x, 80) for x in raw["columns"][:MAX_TABLE_COLS]]
+    shown = [[fmt_value(x) for x in r[:MAX_TABLE_COLS]] for r in rows]
+    return TableView(cols, shown, max(0, len(raw["rows"]) - MAX_TABLE_ROWS), max(0, width - MAX_TABLE_COLS)), None

@@ -560,3 +560,21 @@ def test_cli_report_works_out_the_first_screen_once_and_names_a_long_glob(tmp_pa
     assert _cli(["report", str(src.parent)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"day0: {src}: profile.report.required[0]: check pattern ")
+
+
+def test_evidence_tables_are_capped_in_columns_too(tmp_path: Path) -> None:
+    """500 rows of 8,000 columns made a 40 MB page (1 GB to render): columns are capped like rows,
+    and a regression table whose rows hold one cell no longer stops the report."""
+    from day0.core.record import Check
+    from day0.results.textview import MAX_TABLE_COLS
+
+    record = _regression_record()
+    wide = {"columns": [f"c{i}" for i in range(100)], "rows": [[0] * 120] * 510}  # a row may outrun the header
+    record.stages[0].checks.append(Check(id="weights.wide", title="wide", status="pass", evidence={"table": wide}))
+    record.stages[-1].checks[0].evidence["table"] = {"columns": ["check", "kind"], "rows": [["only one cell"]]}
+    _, html, doc = rendered(tmp_path, record)
+    table = doc.one(tag="details", id="check-weights.wide").one(tag="table", cls="evidence-table")
+    assert len(table.find_all(tag="th")) == MAX_TABLE_COLS
+    assert {len(tr.find_all(tag="td")) for tr in table.find_all(tag="tr")} == {0, MAX_TABLE_COLS}
+    assert "10 more rows and 70 more columns in run.json." in html
+    assert "only one cell" in doc.one(id="regression").text()
