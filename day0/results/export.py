@@ -10,6 +10,7 @@ without pytest and rerun on an old run. An export that fails costs one log line,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,32 @@ def push(record: RunRecord, url: str, timeout: float = PUSH_TIMEOUT_S) -> None:
     push_to_gateway(url, job=JOB, registry=registry(record), grouping_key={"profile": profile}, timeout=timeout)
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+# Record text reaches a page GitHub renders as Markdown with some raw HTML allowed (<h1>, <img> that
+# fetches from outside): each line ending becomes a space (a \r or U+2028 began a line of its own,
+# so a message could forge a heading), < > & are written as entities, inline Markdown is escaped,
+# and text that starts a line cannot start a block (heading, quote, list, code).
+_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_INLINE = re.compile(r"([\\`*_\[\]!|~])")
+_BLOCK_START = re.compile(r"^(\d+)([.)])|^([#>+\-=*_~`:])")
+
+
+def _cell(text: object) -> str:
+    """Record text as inline Markdown that shows as itself (a table cell, a heading's words)."""
+    flat = _BREAKS.sub(" ", str(text))
+    return _INLINE.sub(r"\\\1", flat).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _line(text: object) -> str:
+    """Record text that begins a Markdown line: as :func:`_cell`, and its start cannot open a block."""
+    return _BLOCK_START.sub(lambda m: f"{m[1]}\\{m[2]}" if m[1] else f"\\{m[3]}", _cell(text).lstrip())
+
+
+def _code(text: object) -> str:
+    """Record text as a code span: nothing inside is Markdown or HTML, so only its fence needs care."""
+    flat = _BREAKS.sub(" ", str(text))
+    fence = "`" * (max((len(r) for r in re.findall("`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") or not flat.strip(" ") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def markdown(record: RunRecord) -> str:
@@ -118,17 +143,17 @@ def markdown(record: RunRecord) -> str:
     s = summary.summarize(record)
     lines = [f"### day0 {_cell(record.run_id)}: {_cell(s.verdict_line)}", ""]
     if s.reason:
-        lines += [_cell(s.reason), ""]
+        lines += [_line(s.reason), ""]
     rows = summary.headline_rows(s)
     if rows:
         lines += ["| Metric | Value | Limit | Status |", "| --- | --- | --- | --- |"]
         lines += [f"| {' | '.join(_cell(x) for x in row)} |" for row in rows]
         answers = summary.answer_lines(s)
-        lines += [""] + [f"- {_cell(a)}" for a in answers] if answers else []
+        lines += [""] + [f"- {_line(a)}" for a in answers] if answers else []
     else:
         lines.append("No headline figure was measured in this run.")
     if s.failed:
-        lines += ["", "**Failed:** " + ", ".join(f"`{_cell(c.id)}`" for c in s.failed)]
+        lines += ["", "**Failed:** " + ", ".join(_code(c.id) for c in s.failed)]
     return "\n".join(lines) + "\n\n"
 
 

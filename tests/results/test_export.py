@@ -196,3 +196,27 @@ def test_plugin_exports_and_stamps_durations(pytester: pytest.Pytester, monkeypa
             1.0) in prom
     assert len(store) == 1
     assert "| TTFT p99 | 100 ms | ≤ 200 ms | PASS |" in (pytester.path / "step.md").read_text()
+
+
+def test_record_text_in_the_step_summary_shows_as_itself() -> None:
+    """GitHub renders the summary as Markdown with raw HTML: a \\r in a message began a line of its own
+    (a forged "## ACCEPTED" heading), and <h1> or <img src=https://...> passed through (the image
+    fetched from outside). Every line ending is a space, < > & are entities, Markdown is escaped."""
+    forged = "<h1>day0 verdict: ACCEPTED</h1><img src=https://example.invalid/p.png> &lt;b&gt;"
+    ttft = Check(id="latency.ttft_p99", title="t", status="fail", value=2.0, limit=1.0, unit="<i>u</i>|`*",
+                 direction="lower_is_better", message=forged)
+    record = rf.make_record({"latency": [ttft, Check(id="agents.x`<b>y</b>", title="t", status="fail")]})
+    record.reason = f"# {forged}\r\r## ACCEPTED, all checks passed\u2028> quoted\n    code\r\n1. listed ![i](https://x/y.png) *em*"
+    text = export.markdown(record)
+    lines = text.splitlines()
+    assert [ln for ln in lines if ln.startswith(("#", ">", "1.", "    ", "<"))] == [lines[0]]
+    prose, failed = text.split("**Failed:**")
+    assert "<" not in prose and "&lt;b&gt;" not in prose and "&amp;lt;b&amp;gt;" in prose
+    assert lines[2].startswith("\\# &lt;h1&gt;day0") and "\\!\\[i\\](https://x/y.png) \\*em\\*" in lines[2]
+    assert "| TTFT p99 | 2 &lt;i&gt;u&lt;/i&gt;\\|\\`\\* | ≤ 1 &lt;i&gt;u&lt;/i&gt;\\|\\`\\* | FAIL |" in lines
+    assert failed.strip() == "`latency.ttft_p99`, ``agents.x`<b>y</b>``"  # a code span shows its text as is
+    markdown_it = pytest.importorskip("markdown_it")
+    html = markdown_it.MarkdownIt("commonmark").enable("table").render(text)
+    assert html.count("<h") - html.count("<hr") == 1 and "<img" not in html and "<blockquote" not in html
+    assert "<ol" not in html and "<pre" not in html and "<em" not in html and "<i>" not in html
+    assert "<code>agents.x`&lt;b&gt;y&lt;/b&gt;</code>" in html and "<td>2 &lt;i&gt;u&lt;/i&gt;|`*</td>" in html
