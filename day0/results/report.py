@@ -153,6 +153,7 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
     view = CheckView(c, stage, anchor, fmt_value(c.value), _limit_text(c))
     ev = c.evidence if isinstance(c.evidence, dict) else {"value": c.evidence}
     limit = float(c.limit) if charts.is_number(c.limit) and c.direction != "exact" else None
+    shown: set[str] = set()  # conventional keys that could not be drawn: shown as recorded
     if "samples" in ev:
         try:
             xs = sorted(charts.clean_samples(ev["samples"], f"{c.id} evidence.samples"))
@@ -163,8 +164,9 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
                 view.charts.append(
                     ChartView(Markup(charts.percentile_chart(xs, c.unit, f"{c.title}: percentiles", limit)))
                 )
-        except charts.ChartError as exc:
+        except charts.ChartError as exc:  # named, and the list is still shown (below) as it was recorded
             view.charts.append(ChartView(problem=str(exc)))
+            shown.add("samples")
     specs = ev.get("charts")
     if specs is not None:
         if not isinstance(specs, list):
@@ -182,7 +184,7 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
     excerpt = ev.get("log_excerpt")
     if isinstance(excerpt, str) and excerpt.strip():
         view.log_excerpt = excerpt if len(excerpt) <= MAX_LOG_CHARS else "…\n" + excerpt[-MAX_LOG_CHARS:]
-    other = {k: v for k, v in ev.items() if k not in KNOWN_EVIDENCE}
+    other = {k: v for k, v in ev.items() if k not in KNOWN_EVIDENCE or k in shown}
     if other:
         text = json.dumps(other, indent=1, ensure_ascii=False, default=str)
         if len(text) > MAX_JSON_CHARS:

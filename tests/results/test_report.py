@@ -578,3 +578,21 @@ def test_evidence_tables_are_capped_in_columns_too(tmp_path: Path) -> None:
     assert {len(tr.find_all(tag="td")) for tr in table.find_all(tag="tr")} == {0, MAX_TABLE_COLS}
     assert "10 more rows and 70 more columns in run.json." in html
     assert "only one cell" in doc.one(id="regression").text()
+
+
+def test_samples_that_are_not_numbers_are_named_and_still_shown(tmp_path: Path) -> None:
+    """The agents stage kept request names under ``samples`` (the report's key for numbers): every
+    demo report said "Chart not drawn" and the names showed nowhere. The stage now writes
+    ``truncated_requests``; a ``samples`` list the report cannot draw is still shown as recorded."""
+    from day0.core.record import Check
+
+    record = rf.accepted()
+    odd = Check(id="latency.names", title="names", status="pass", value=0.0,
+                evidence={"sent": 3, "samples": ["tool_choice set_alarm #22 (seed 10022)"]})
+    record.stage("latency").checks.append(odd)
+    _, _, doc = rendered(tmp_path, record)
+    box = doc.one(tag="details", id="check-latency.names")
+    assert "evidence.samples[0]: 'tool_choice set_alarm #22 (seed 10022)' is not a number" in \
+        box.one(tag="p", cls="chart-problem").text()
+    other = next(d for d in box.find_all(tag="details")[1:] if d.one(tag="summary").text() == "Other evidence").text()
+    assert '"sent": 3' in other and "set_alarm #22" in other

@@ -96,7 +96,8 @@ def truncation_check(check_id: str, title: str, outcomes: Sequence[Outcome], lim
     names = ", ".join(o.sample for o in cut[:SHOWN])
     return Check(check_id, title, "pass" if share <= limit else "fail", value=round(share, 4), limit=limit,
                  unit="share", direction="lower_is_better", source="http",
-                 evidence={"sent": len(outcomes), "truncated": len(cut), "samples": [o.sample for o in cut[:SHOWN]]},
+                 evidence={"sent": len(outcomes), "truncated": len(cut),  # "samples" is the report's: numbers only
+                           "truncated_requests": [o.sample for o in cut[:SHOWN]]},
                  message=f"{len(cut)} of {len(outcomes)} {what} cut by max_tokens (finish_reason length)"
                          + (f": {names}" if cut else "") + f"; limit {limit:.0%}")
 

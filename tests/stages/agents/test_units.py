@@ -103,6 +103,7 @@ def test_the_share_check_counts_kinds_and_names_the_first_failure():
     assert share_check("agents.x", "t", [Outcome("c", truncated=True)], 1.0, "outputs").status == "error"
     cut = truncation_check("agents.x.truncated", "t", outcomes, 0.1, "outputs")
     assert cut.status == "fail" and cut.value == 0.25 and "c" in cut.message
+    assert cut.evidence["truncated_requests"] == ["c"] and "samples" not in cut.evidence  # samples are numbers
     assert truncation_check("agents.x.truncated", "t", outcomes, 0.25, "outputs").status == "pass"
 
 
