@@ -26,6 +26,7 @@ M_LEFT, M_RIGHT, M_TOP, M_BOTTOM = 64, 20, 30, 46
 FONT = 11
 TITLE_FONT = 13
 ROW = 15  # one line of legend
+MAX_LEGEND_ROWS = 3  # rows of their own under the title; the rest are counted
 ASCENT, DESCENT = 0.95, 0.26  # of the font size, as getBBox() reports a text's height
 
 _NARROW = set("iljtfrI1.,:;|!'()[]{} ")
@@ -184,7 +185,9 @@ class Canvas:
 
     def _legend(self, items: list[tuple[str, str, bool]], title_end: float) -> int:
         """Legend entries right-aligned; on the title's row when they fit beside it, else on rows
-        of their own under it. Returns the number of extra rows used."""
+        of their own under it, at most ``MAX_LEGEND_ROWS`` of them: the last one then ends "+N more"
+        (12 limits of a capacity chart left the plot 104 of 300 units, 32 series none). Returns the
+        number of extra rows used."""
         if not items:
             return 0
         entries = [(lab := shorten(label, 220), color, dashed, text_width(lab) + 26) for label, color, dashed in items]
@@ -195,10 +198,23 @@ class Canvas:
                 rows.append([])
                 room = WIDTH - M_RIGHT - 8
             rows[-1].append(e)
+        if len(rows) > MAX_LEGEND_ROWS + 1:
+            rows = rows[:MAX_LEGEND_ROWS + 1]
+            left = len(entries) - sum(len(r) for r in rows)
+            while True:  # make room on the last row for what says how many were left out
+                more = f"+{left} more"
+                if sum(w for *_, w in rows[-1]) + text_width(more) + 6 <= WIDTH - M_RIGHT - 8 or not rows[-1]:
+                    break
+                rows[-1].pop()
+                left += 1
+            rows[-1].append((more, "", False, text_width(more) + 6))
         for k, row in enumerate(rows):
             y = 18 + ROW * k
             x = WIDTH - M_RIGHT - sum(w for *_, w in row)
             for label, color, dashed, w in row:
+                if not color:  # "+N more": words only
+                    self.text(x + 6, y, label, anchor="start")
+                    break
                 dash = ' stroke-dasharray="5 3"' if dashed else ""
                 self.add(f'<line x1="{_t(x)}" y1="{_t(y - 4)}" x2="{_t(x + 16)}" y2="{_t(y - 4)}" stroke="{color}" '
                          f'stroke-width="2"{dash}/>')

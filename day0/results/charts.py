@@ -250,12 +250,16 @@ class _Axis:
         return fmt_num(t, self.binary)
 
 
-def _linear_axis(values: list[float], include_zero: bool) -> _Axis:
+def _linear_axis(values: list[float], include_zero: bool, bars: bool = False) -> _Axis:
+    """``include_zero``: non-negative values start at 0; ``bars``: 0 is always on the axis (a bar
+    grows from 0: all-negative bars were drawn from above the plot, over the title)."""
     lo, hi = min(values), max(values)
     if max(abs(lo), abs(hi)) > 1e300:
         raise ChartError(f"values up to {max(abs(lo), abs(hi)):.3g} are too large to draw")
-    if include_zero and lo >= 0:
+    if (include_zero or bars) and lo >= 0:
         lo = 0.0
+    if bars and hi <= 0:
+        hi = 0.0
     if hi == lo:
         pad = abs(hi) * 0.1 or 1.0
         lo, hi = (lo - pad if lo != 0 else 0.0), hi + pad
@@ -332,14 +336,14 @@ def render_spec(spec: ChartSpec | HeatmapSpec, max_points: int = 800) -> str:
         xa = _log_axis(all_x, _all_powers_of_two(spec.series))
     else:
         xa = _linear_axis(all_x, include_zero=False)
-    ya = _linear_axis(all_y, include_zero=True)
+    ya = _linear_axis(all_y, include_zero=True, bars=spec.kind == "bar")
     nser = len(prepared)
     legend = [(s.name, PALETTE[k % len(PALETTE)], False) for k, (s, _, _) in enumerate(prepared)] if nser > 1 else []
     legend += [(r.label or "reference", REF_COLOR, True) for r in spec.reference if nser > 1]
     c = _Canvas(spec.title, legend)
     px, py = _frame(c, xa, ya, spec.x_label, spec.y_label, labels is not None)
     for k, (s, xs, ys) in enumerate(prepared):
-        _draw_series(c, spec.kind, PALETTE[k % len(PALETTE)], xs, ys, px, py, k, nser, len(labels or []), ya.lo)
+        _draw_series(c, spec.kind, PALETTE[k % len(PALETTE)], xs, ys, px, py, k, nser, len(labels or []))
     _references(c, spec.reference, c.x0, c.x1, py)
     npts = sum(len(xs) for _, xs, _ in prepared)
     return c.svg(f"{spec.kind} chart, {nser} series, {npts} points drawn")
@@ -388,13 +392,13 @@ def _points(spec: ChartSpec, s: Series, seen: dict[str, int] | None,
 
 
 def _draw_series(c: _Canvas, kind: str, color: str, xs: list[float], ys: list[float], px, py,
-                 k: int, nser: int, ncat: int, y_lo: float) -> None:
+                 k: int, nser: int, ncat: int) -> None:
     """Series ``k`` of ``nser``: bars side by side in each category slot, dots, or a polyline
     (with dots when it has few points)."""
     if kind == "bar":
         slot = (c.x1 - c.x0) / max(1, ncat) * 0.8
         bw = slot / nser
-        base = py(max(y_lo, 0.0))
+        base = py(0.0)  # on the axis: bar charts' axes hold 0
         rects = []
         for xv, yv in zip(xs, ys):
             x = px(xv) - slot / 2 + k * bw
@@ -462,10 +466,10 @@ def percentile_chart(sorted_xs: Sequence[float], unit: str, title: str, limit: f
     values = [percentile(sorted_xs, q) for q in PERCENTILES] + [sorted_xs[-1]]
     c = _Canvas(title)
     xa = _Axis(0, len(names), labels=names)
-    ya = _linear_axis(values + ([limit] if limit is not None else []), include_zero=True)
+    ya = _linear_axis(values + ([limit] if limit is not None else []), include_zero=True, bars=True)
     px, py = _frame(c, xa, ya, "", unit, True)
     slot = (c.x1 - c.x0) / len(names) * 0.6
-    base = py(max(0.0, ya.lo))
+    base = py(0.0)  # on the axis (bars=True)
     bars = []
     for i, v in enumerate(values):
         x, y = px(i) - slot / 2, py(v)
@@ -474,7 +478,8 @@ def percentile_chart(sorted_xs: Sequence[float], unit: str, title: str, limit: f
     c.add(f'<g fill="{PALETTE[0]}">' + "".join(bars) + "</g>")
     if limit is not None:
         _references(c, [Reference(limit, f"limit {fmt_num(limit)} {unit}".strip())], c.x0, c.x1, py)
-    for i, v in enumerate(values):  # above its bar, else just inside its top
-        top = min(py(v), base)
-        c.place(fmt_num(v), [(px(i), top - 4, "middle"), (px(i), top + 14, "middle")], extra=HALO)
+    for i, v in enumerate(values):  # past its bar's end, else just inside it
+        end = py(v)
+        spots = [(px(i), end - 4), (px(i), end + 14)] if v >= 0 else [(px(i), end + 14), (px(i), end - 4)]
+        c.place(fmt_num(v), [(x, y, "middle") for x, y in spots], extra=HALO)
     return c.svg(f"percentiles of {len(sorted_xs)} samples")

@@ -596,3 +596,41 @@ def test_samples_that_are_not_numbers_are_named_and_still_shown(tmp_path: Path) 
         box.one(tag="p", cls="chart-problem").text()
     other = next(d for d in box.find_all(tag="details")[1:] if d.one(tag="summary").text() == "Other evidence").text()
     assert '"sent": 3' in other and "set_alarm #22" in other
+
+
+def _frame_and_bars(svg: str) -> tuple[tuple[float, float], list[tuple[float, float]]]:
+    import re
+
+    rects = [(float(y), float(h)) for y, h in re.findall(r'<rect x="[-\d.]+" y="([-\d.]+)" width="[-\d.]+" '
+                                                           r'height="([-\d.]+)"', svg)]
+    (top, height), bars = rects[0], rects[1:]  # the plot's frame comes first
+    return (top, top + height), bars
+
+
+def test_negative_bars_hang_from_zero_inside_the_plot() -> None:
+    """All-negative bars were drawn from above the plot (0 was not on the axis), over the title,
+    with their lengths reversed: -7 looked shorter than -5."""
+    spec = {"kind": "bar", "title": "change vs baseline (%)", "series": [{"x": ["ttft", "tpot"], "y": [-5, -7]}]}
+    for svg, values in ((charts.render_spec(charts.parse_spec(spec, "w")), [-5, -7]),
+                        (charts.percentile_chart([-3.0, -2.5, -2.0, -1.0], "ms", "offsets"), None)):
+        (top, bottom), bars = _frame_and_bars(svg)
+        assert bars and all(top <= y and y + h <= bottom + 0.1 for y, h in bars)
+        assert len({y for y, _ in bars}) == 1  # every bar starts at the zero line
+        if values:
+            assert bars[1][1] > bars[0][1] > 0  # -7 is longer than -5
+
+
+def test_a_long_legend_is_cut_to_three_rows_and_counts_the_rest() -> None:
+    """32 series once pushed the plot off the chart (height -1); 12 limits of a capacity chart left it a third."""
+    import re
+
+    from day0.results.chartbox import HEIGHT, M_BOTTOM, M_TOP, MAX_LEGEND_ROWS, ROW
+
+    spec = {"title": "busbw per rank", "series": [{"name": f"rank {i} busbw GB/s on node-a", "x": [1, 2, 4],
+                                                   "y": [i, i + 1, i + 2]} for i in range(32)]}
+    svg = charts.render_spec(charts.parse_spec(spec, "w"))
+    (top, bottom), _ = _frame_and_bars(svg)
+    assert top == M_TOP + ROW * MAX_LEGEND_ROWS and bottom == HEIGHT - M_BOTTOM
+    shown = len(re.findall(r">rank \d+ busbw", svg))
+    more = re.findall(r">\+(\d+) more<", svg)
+    assert more and shown + int(more[0]) == 32
