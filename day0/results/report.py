@@ -17,7 +17,6 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -28,7 +27,7 @@ from markupsafe import Markup
 
 from day0.core.inputs import InputError, decode_utf8, read_regular, refusal, term_safe
 from day0.core.outputs import write_file
-from day0.core.record import Check, RunRecord, load_with_bytes, record_file
+from day0.core.record import EVENTS_FILE, Check, RunRecord, load_with_bytes, record_file
 from day0.core.stages import REGRESSION_STAGE, StageInfo
 from day0.core.verdict import waiver_for, waivers_of
 from day0.results import charts, summary, trends
@@ -47,16 +46,7 @@ from day0.results.signoff import (
     signoff_block,
     verify_report,
 )
-from day0.results.textview import (  # noqa: F401
-    MAX_FLAT_ROWS,
-    MAX_TABLE_ROWS,
-    TableView,
-    _summary,
-    flatten,
-    fmt_value,
-    lookup,
-    table_view,
-)
+from day0.results.textview import TableView, _summary, duration, flatten, fmt_value, lookup, table_view
 
 __all__ = ["render", "write_junit", "summary_lines", "publish", "add_cli", "ReportError", "Signatory"]
 
@@ -76,16 +66,6 @@ class ReportError(InputError):
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def _duration(start: str | None, end: str | None) -> str:
-    try:
-        secs = (datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds()
-    except (TypeError, ValueError):
-        return "—"
-    h, rem = divmod(int(round(secs)), 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
 
 
 def _slug(text: str) -> str:
@@ -330,7 +310,7 @@ def build_context(record: RunRecord, run_bytes: bytes, signatories: Sequence[Sig
         "summary": first,
         "sparks": {k: Markup(v) for k, v in trends.sparklines(first.headlines).items()},
         "reason": record.reason,
-        "duration": _duration(record.started_at, record.finished_at),
+        "duration": duration(record.started_at, record.finished_at),
         "facts": facts,
         "environment_rows": flatten(record.environment or {}),
         "profile_sections": sections,
@@ -409,6 +389,7 @@ def render(
     path written.
     """
     src = _record_file(record_path)
+    _apart(src, {"report": Path(out) / REPORT_FILE if Path(out).is_dir() else Path(out)})
     record, run_bytes = load_with_bytes(src)  # one read: the digest is of the record rendered
     return _render(record, run_bytes, src, Path(out), template_dir, signatories, title=title)
 
@@ -491,12 +472,28 @@ def publish(
     """report.html and junit.xml next to run.json (or in ``out_dir``); returns the three paths.
     ``template_dir`` and ``history`` are the caller's (its local profile's), never the record's."""
     src = _record_file(record_path)
-    record, run_bytes = load_with_bytes(src)  # the page and junit.xml are views of the same bytes
     out_dir = Path(out_dir) if out_dir is not None else src.parent
+    _apart(src, {"report": out_dir / REPORT_FILE, "junit": out_dir / JUNIT_FILE})
+    record, run_bytes = load_with_bytes(src)  # the page and junit.xml are views of the same bytes
     out_dir.mkdir(parents=True, exist_ok=True)
     html = _render(record, run_bytes, src, out_dir / REPORT_FILE, template_dir, signatories, history=history)
     junit = write_junit(record, out_dir / JUNIT_FILE)
     return {"run record": src, "report": html, "junit": junit}
+
+
+def _apart(src: Path, outputs: Mapping[str, Path]) -> None:
+    """Refuse outputs that would overwrite the run record rendered, its run's event log, or each
+    other (``--junit run.json`` turned the record into XML and exited 0): a hard or symbolic link
+    counts as the same file."""
+    for label, out in outputs.items():
+        for what, q in (("the run record rendered", src), ("its run's event log", src.parent / EVENTS_FILE)):
+            if os.path.exists(out) and os.path.exists(q) and os.path.samefile(out, q):
+                raise ReportError(f"{out}: the {label} output is {what} ({q}); not overwritten: name another file")
+    paths = list(outputs.items())
+    for i, (label, out) in enumerate(paths):
+        for other, o in paths[i + 1:]:
+            if Path(out).resolve() == Path(o).resolve():
+                raise ReportError(f"{out}: the {label} and {other} outputs are one file; name two")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -504,8 +501,10 @@ def publish(
 
 def _cmd_report(args: argparse.Namespace) -> int:
     src = _record_file(Path(args.run))
-    record, run_bytes = load_with_bytes(src)
     out = Path(args.out) if args.out else src.parent / REPORT_FILE
+    out = out / REPORT_FILE if out.is_dir() else out
+    _apart(src, {"report": out, "junit": Path(args.junit) if args.junit else out.parent / JUNIT_FILE})
+    record, run_bytes = load_with_bytes(src)
     first = first_screen(record, src)
     html = _render(record, run_bytes, src, out, Path(args.template_dir) if args.template_dir else None,
                    args.signatory, first=first)

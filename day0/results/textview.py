@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 MAX_FLAT_ROWS = 400
@@ -38,6 +39,17 @@ def fmt_value(v: Any, limit: int = 200) -> str:
         return f"{v:.3e}"
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def duration(start: str | None, end: str | None) -> str:
+    """The time between two ISO times as "1h 02m 03s" / "2m 03s"; "—" when either is not one."""
+    try:
+        secs = (datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds()
+    except (TypeError, ValueError):
+        return "—"
+    h, rem = divmod(int(round(secs)), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
 
 
 def _summary(v: Any) -> str:

@@ -634,3 +634,26 @@ def test_a_long_legend_is_cut_to_three_rows_and_counts_the_rest() -> None:
     shown = len(re.findall(r">rank \d+ busbw", svg))
     more = re.findall(r">\+(\d+) more<", svg)
     assert more and shown + int(more[0]) == 32
+
+
+def test_cli_report_never_writes_over_the_record_or_its_event_log(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`day0 report ow --junit ow/run.json` exited 0 with run.json turned into XML."""
+    src = rf.write(rf.incomplete(), tmp_path / "run")
+    before = src.read_bytes()
+    (tmp_path / "run" / "events.jsonl").write_text("{}\n")
+    (tmp_path / "link.json").symlink_to(src)
+    for argv in (["--junit", str(src)], ["--out", str(tmp_path / "link.json")], ["--junit", "run/events.jsonl"],
+                 ["--out", str(tmp_path / "r.html"), "--junit", str(tmp_path / "r.html")]):
+        capsys.readouterr()
+        monkeypatch.chdir(tmp_path)
+        assert _cli(["report", "run", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("not overwritten" in err or "are one file" in err), err
+        assert src.read_bytes() == before and (tmp_path / "run" / "events.jsonl").read_text() == "{}\n"
+    assert not (tmp_path / "r.html").exists()
+    with pytest.raises(ReportError, match="report output is the run record rendered"):
+        render(src, src)
+    named_junit = src.rename(src.parent / "junit.xml")  # a record named junit.xml, published beside itself
+    with pytest.raises(ReportError, match="junit output is the run record rendered"):
+        publish(named_junit)
+    assert named_junit.read_bytes() == before
