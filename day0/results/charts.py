@@ -115,7 +115,10 @@ def sample_stats(sorted_xs: Sequence[float]) -> dict[str, float]:
     stats: dict[str, float] = {"count": float(n)}
     if n == 0:
         return stats
-    stats["mean"] = math.fsum(sorted_xs) / n
+    try:
+        stats["mean"] = math.fsum(sorted_xs) / n
+    except OverflowError:  # a sum past 1.8e308: the mean itself is not, summed as fractions
+        stats["mean"] = math.fsum(x / n for x in sorted_xs)
     stats["min"] = sorted_xs[0]
     for q in PERCENTILES:
         stats[f"p{q:g}"] = percentile(sorted_xs, q)

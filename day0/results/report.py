@@ -59,6 +59,7 @@ MAX_LOG_CHARS = 20_000
 MAX_JSON_CHARS = 16_000
 MAX_TEMPLATE_BYTES = 4 << 20  # a site template is a few KB; a file past this is not one
 DIRECTION_SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
+DRAW_ERRORS = (ValueError, ArithmeticError, TypeError)  # what odd evidence can raise while drawn
 
 
 class ReportError(InputError):
@@ -123,10 +124,17 @@ def check_view(stage: str, c: Check, anchor: str) -> CheckView:
     """The check as the page shows it; odd evidence becomes a visible note, never a crash."""
     try:
         return _check_view(stage, c, anchor)
-    except (ValueError, ArithmeticError, TypeError) as exc:  # ChartError is handled per chart inside
+    except DRAW_ERRORS as exc:  # each part is caught on its own inside: this is the last resort
         view = CheckView(c, stage, anchor, fmt_value(c.value), _limit_text(c))
         view.charts.append(ChartView(problem=f"{c.id} evidence: could not be drawn ({type(exc).__name__}: {exc})"))
         return view
+
+
+def _problem(where: str, exc: Exception) -> str:
+    """One line naming the evidence key: a ChartError already says what is wrong, anything else
+    (an overflow in a sum of samples near 1e308) names its kind."""
+    msg = str(exc) if isinstance(exc, charts.ChartError) else f"could not be drawn ({type(exc).__name__}: {exc})"
+    return msg if msg.startswith(where) else f"{where}: {msg}"
 
 
 def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
@@ -144,8 +152,8 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
                 view.charts.append(
                     ChartView(Markup(charts.percentile_chart(xs, c.unit, f"{c.title}: percentiles", limit)))
                 )
-        except charts.ChartError as exc:  # named, and the list is still shown (below) as it was recorded
-            view.charts.append(ChartView(problem=str(exc)))
+        except (charts.ChartError, *DRAW_ERRORS) as exc:  # named, and the list still shown (below) as recorded
+            view.charts.append(ChartView(problem=_problem(f"{c.id} evidence.samples", exc)))
             shown.add("samples")
     specs = ev.get("charts")
     if specs is not None:
@@ -156,9 +164,8 @@ def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
             where = f"{c.id} evidence.charts[{i}]"
             try:
                 view.charts.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
-            except charts.ChartError as exc:
-                msg = str(exc)
-                view.charts.append(ChartView(problem=msg if msg.startswith(where) else f"{where}: {msg}"))
+            except (charts.ChartError, *DRAW_ERRORS) as exc:  # this chart only: the others, the table and log stay
+                view.charts.append(ChartView(problem=_problem(where, exc)))
     if "table" in ev:
         view.table, view.table_problem = table_view(ev["table"], f"{c.id} evidence.table")
     excerpt = ev.get("log_excerpt")

@@ -43,10 +43,12 @@ def num(v: Any) -> float | None:
 def fmt(v: Any) -> str:
     """A figure as a person reads it: 4 significant digits, thousands separated."""
     x = num(v)
-    if x is None:
-        return "—" if v is None else str(v)
+    if x is None:  # an infinity or NaN is no figure either: a dash, never "inf"
+        return "—" if v is None or isinstance(v, float) else str(v)
     if x == 0:
         return "0"
+    if abs(x) >= 1e12:  # as textview.fmt_value: 1e300 written out is 400 characters
+        return f"{x:.3e}"
     if abs(x) >= 1000:
         return f"{x:,.0f}"
     if abs(x) >= 1e-3:
@@ -184,9 +186,12 @@ def headline(fig: Figure, checks: list[Check] | CheckIndex, hits: list[Check] | 
                         "not measured in this run")
     c = PICKERS[fig.pick](hits)
     v = num(c.value)
+    scaled = num(v * fig.scale) if v is not None else None  # None past a float's range: 1e300 x 1e300
     unit = c.unit if fig.unit is None else fig.unit
-    text = f"{fmt(v * fig.scale)} {unit}".strip() if v is not None else "—"
+    text = f"{fmt(scaled)} {unit}".strip() if scaled is not None else "—"
     note = "" if len(hits) == 1 else f"worst of {len(hits)}"
+    if v is not None and scaled is None:
+        note = (note + "; " if note else "") + f"{fmt(v)} {c.unit} x {fig.scale:g} is past a float's range".strip()
     ev = c.evidence if isinstance(c.evidence, dict) else {}
     if fig.pick == "vs_expected":
         exp = num(ev.get("expected_gbps"))
@@ -200,7 +205,7 @@ def headline(fig: Figure, checks: list[Check] | CheckIndex, hits: list[Check] | 
     answer = told if isinstance(told, str) else ""
     if answer:
         note = (note + "; " if note else "") + answer
-    return Headline(fig.key, fig.label, None if v is None else v * fig.scale, text, _limit(c, fig.scale, fig.unit),
+    return Headline(fig.key, fig.label, scaled, text, _limit(c, fig.scale, fig.unit),
                     c.status, c.id, note, c.direction, answer=answer)
 
 

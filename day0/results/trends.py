@@ -54,6 +54,8 @@ def sparkline(h: Headline) -> str:
         return ""
     ys = [v for _, v in pts]
     lo, hi = min(ys), max(ys)
+    if max(abs(lo), abs(hi)) > 1e300:  # as charts' axes: the span would overflow and every point be nan
+        return ""
     span = (hi - lo) or (abs(hi) * 0.1 or 1.0)
     lo -= span * 0.1
     hi = lo + span * 1.2

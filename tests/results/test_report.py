@@ -657,3 +657,22 @@ def test_cli_report_never_writes_over_the_record_or_its_event_log(tmp_path: Path
     with pytest.raises(ReportError, match="junit output is the run record rendered"):
         publish(named_junit)
     assert named_junit.read_bytes() == before
+
+
+def test_samples_near_a_floats_limit_keep_the_checks_other_evidence(tmp_path: Path) -> None:
+    """A sum of samples past 1.8e308 raised in math.fsum, and the catch around the whole check
+    dropped its table and its log excerpt with it: each part of the evidence now fails alone."""
+    from day0.core.record import Check
+
+    record = rf.accepted()
+    ev = {"samples": [1.5e308, 1.6e308], "log_excerpt": "ENGINE LOG: CUDA error", "table": {"columns": ["a"],
+                                                                                             "rows": [["kept"]]}}
+    record.stage("latency").checks.append(Check(id="latency.huge", title="huge", status="pass", value=1.0, evidence=ev))
+    _, html, doc = rendered(tmp_path, record)
+    box = doc.one(tag="details", id="check-latency.huge")
+    stats = dict(zip([th.text() for th in box.one(tag="table", cls="stats").find_all(tag="th")],
+                     [td.text() for td in box.one(tag="table", cls="stats").find_all(tag="td")]))
+    assert stats["mean"] == "1.550e+308" and stats["count"] == "2"
+    assert "kept" in box.one(tag="table", cls="evidence-table").text() and "ENGINE LOG: CUDA error" in box.text()
+    assert "latency.huge evidence.samples: values up to 1.6e+308 are too large to draw" in box.text()
+    assert charts.sample_stats([1.5e308, 1.6e308])["mean"] == pytest.approx(1.55e308)

@@ -270,3 +270,20 @@ def test_a_glob_past_the_length_limit_names_its_key() -> None:
     rec = _many_figures(3, 1, required=["site.c1", "x" * 300])
     with pytest.raises(ValueError, match=r"^profile\.report\.required\[1\]: check pattern .* past 256"):
         S.summarize(rec)
+
+
+def test_figures_past_a_floats_range_show_a_dash_never_inf() -> None:
+    """value x scale overflowed: the headline read "inf x ... PASS"; a ±1e308 history drew a
+    sparkline of "5.0,nan" points."""
+    from day0.core.stages import Figure, StageInfo
+
+    rec = rf.make_record({"site": [Check(id="site.a", title="a", status="pass", value=1e300, unit="x")]})
+    rec.stages[0].info = StageInfo("site", "Site", "?", (Figure("k", "L", ("site.a",), scale=1e300),), origin="mysite")
+    h = S.summarize(rec).headlines[0]
+    assert (h.text, h.value, h.status) == ("—", None, "pass") and h.note == "1.000e+300 x x 1e+300 is past a float's range"
+    assert S.headline_rows(S.summarize(rec))[0][1] == "—"
+    assert S.fmt(float("inf")) == S.fmt(float("nan")) == "—" and S.fmt("text") == "text"
+    spark = S.Headline("k", "L", 5.0, "5", "", "pass", "site.a", trend=[("r1", -1e308), ("r2", 1e308), ("r3", 5.0)])
+    assert trends.sparkline(spark) == ""
+    spark.trend = [("r1", 1.0), ("r2", 5.0)]
+    assert "nan" not in trends.sparkline(spark) and "<polyline" in trends.sparkline(spark)
