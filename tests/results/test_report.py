@@ -553,13 +553,16 @@ def test_cli_report_works_out_the_first_screen_once_and_names_a_long_glob(tmp_pa
     real = S.summarize
     monkeypatch.setattr(S, "summarize", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert _cli(["report", str(src.parent)]) == 0 and len(calls) == 1
+    from day0.core.stages import Figure, StageInfo
+
     rec = rf.rejected()
-    rec.profile = {**rec.profile, "report": {"required": ["latency." + "x" * 300]}}
+    rec.stages[0].info = StageInfo(rec.stages[0].name, "T", "?", (Figure("k", "L", ("latency." + "x" * 300,)),),
+                                   origin="mysite")
     src = rf.write(rec, tmp_path / "long")
     capsys.readouterr()
     assert _cli(["report", str(src.parent)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"day0: {src}: profile.report.required[0]: check pattern ")
+    assert err.count("\n") == 1 and err.startswith(f"day0: {src}: stages[0].figures[0].check_ids[0]: check pattern ")
 
 
 def test_evidence_tables_are_capped_in_columns_too(tmp_path: Path) -> None:
