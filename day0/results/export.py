@@ -18,6 +18,7 @@ from pathlib import Path
 from day0.core.outputs import open_output
 from day0.core.record import RunRecord
 from day0.core.record_shape import STATUSES, VERDICTS
+from day0.core.verdict import waiver_for, waivers_of
 from day0.results import summary
 
 JOB = "day0"
@@ -47,7 +48,9 @@ def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (impo
     """The run as Prometheus gauges, every series labelled by profile and run id.
 
     A check's status is a labelled gauge (one series per possible status, 1 for the one it has),
-    the kube-state-metrics way, so ``day0_check_status{status="fail"} == 1`` is an alert rule.
+    the kube-state-metrics way, so ``day0_check_status{status="fail"} == 1`` is an alert rule;
+    ``day0_check_waived`` marks the failures the profile waives (an ACCEPTED run keeps them
+    ``fail``), for the rule to leave out.
     Only numeric values and limits become samples; a string value has no gauge."""
     from prometheus_client import CollectorRegistry, Gauge
 
@@ -62,6 +65,9 @@ def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (impo
                    [*keys, "status"], registry=reg)
     duration = Gauge("day0_check_duration_seconds", "Seconds the pytest test that recorded a check took",
                      keys, registry=reg)
+    waived = Gauge("day0_check_waived", "1 for a failed Day0 check the profile waives as a known failure",
+                   keys, registry=reg)
+    waivers = waivers_of(record.profile)
     verdict = Gauge("day0_verdict", "1 for the run's verdict, 0 for the others", ["profile", "run_id", "verdict"],
                     registry=reg)
     finished = Gauge("day0_run_finished_timestamp_seconds", "When the run finished (Unix time)",
@@ -82,6 +88,8 @@ def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (impo
                 status.labels(**labels, status=s).set(1 if s in had else 0)
             if (d := _num(c.duration_s)) is not None:
                 duration.labels(**labels).set(d)
+            if waiver_for(c, waivers, record.started_at) is not None:  # an alert on fail leaves these out
+                waived.labels(**labels).set(1)
     for v in VERDICTS:
         verdict.labels(**run, verdict=v).set(1 if record.verdict == v else 0)
     if record.finished_at:

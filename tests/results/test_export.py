@@ -220,3 +220,16 @@ def test_record_text_in_the_step_summary_shows_as_itself() -> None:
     assert html.count("<h") - html.count("<hr") == 1 and "<img" not in html and "<blockquote" not in html
     assert "<ol" not in html and "<pre" not in html and "<em" not in html and "<i>" not in html
     assert "<code>agents.x`&lt;b&gt;y&lt;/b&gt;</code>" in html and "<td>2 &lt;i&gt;u&lt;/i&gt;|`*</td>" in html
+
+
+def test_a_waived_failure_is_marked_so_an_alert_on_fail_can_leave_it_out(tmp_path: Path) -> None:
+    """The demo's ACCEPTED runs keep three waived failures as `fail`: the documented alert on
+    status="fail" fired every night. day0_check_waived marks them; the other failure is not marked."""
+    record = rf.make_record({"agents": [
+        Check(id="agents.tool_calls", title="tools", status="fail", message="control character"),
+        Check(id="agents.structured_outputs", title="json", status="fail", message="broken"),
+    ]}, run_id="20261130T090000Z-cpu-tiny-abc125")
+    record.profile = {**record.profile, "report": {"waivers": [{"check": "agents.tool_calls", "reason": "known"}]}}
+    got = _samples(export.write_textfile(record, tmp_path / "day0.prom").read_text())
+    waived = {s[1]["check"]: s[2] for s in got if s[0] == "day0_check_waived"}
+    assert waived == {"agents.tool_calls": 1.0}
