@@ -68,13 +68,14 @@ def _toml_str(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def profile_shown(tmp_path_factory: pytest.TempPathFactory) -> hostile.Outcome:
-    """``profile show`` of [engine.env] keys and values holding every control (``--json`` held:
-    JSON escapes them itself)."""
+    """``profile show`` of keys and values holding every control, in a table of free keys
+    ([latency.extra_body]; [engine.env] refuses names a shell cannot export), ``--json`` held:
+    JSON escapes them itself."""
     tmp = tmp_path_factory.mktemp("terminal-profile")
     keys = "\n".join(f"{_toml_str('K_' + n + CONTROLS[n] + marker(n))} = {_toml_str('v_' + n + CONTROLS[n] + marker(n))}"
                      for n in NAMES)
     profile = tmp / "p.toml"
-    profile.write_text(f'extends = "cpu-tiny"\n[engine.env]\n{keys}\n')
+    profile.write_text(f'extends = "cpu-tiny"\n[latency.extra_body]\n{keys}\n')
     return hostile.day0("profile", "show", profile)
 
 
@@ -89,7 +90,7 @@ def test_a_key_with_a_newline_is_one_toml_key(tmp_path: Path) -> None:
     string, which TOML reads), one key on one line instead of a forged second [engine] section."""
     key = 'a\n[engine]\nmode = "external"'
     profile = tmp_path / "p.toml"
-    profile.write_text(f'extends = "cpu-tiny"\n[engine.env]\n{_toml_str(key)} = "1"\n')
+    profile.write_text(f'extends = "cpu-tiny"\n[latency.extra_body]\n{_toml_str(key)} = "1"\n')
     out = hostile.day0("profile", "show", profile)
     assert out.code == 0, out.explain()
     lines = out.stdout.split("\n")
