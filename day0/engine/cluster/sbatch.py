@@ -182,7 +182,7 @@ def wait_for(job_id: str, unavailable_timeout_s: float, timeout_s: float | None,
             continue
         if job.ended:
             return Outcome(job, waited_s=now - t0)
-        bad = unavailable_nodes(job) if job.state == "PENDING" else {}
+        bad = _unavailable_or_none(job, log) if job.state == "PENDING" else {}
         unavailable_since = (unavailable_since or now) if bad else None
         if bad and now - unavailable_since >= unavailable_timeout_s:
             _slurm("scancel", job_id)
@@ -202,6 +202,16 @@ def wait_for(job_id: str, unavailable_timeout_s: float, timeout_s: float | None,
             log(f"job {job_id} {job.state}{where}, {now - t0:.0f} s")
             last_said = now
         time.sleep(poll_s)
+
+
+def _unavailable_or_none(job: JobState, log: Log) -> dict[str, tuple[str, str]]:
+    """:func:`unavailable_nodes`, with sinfo's failure (a busy controller) read as nothing known yet:
+    the wait goes on, and the next poll asks again."""
+    try:
+        return unavailable_nodes(job)
+    except SubmitError as exc:
+        log(f"{exc}; asking again")
+        return {}
 
 
 class _Poller:

@@ -129,3 +129,14 @@ def test_timeout_on_a_pending_job_is_blocked(monkeypatch: pytest.MonkeyPatch, no
     outcome = wait_for("42", 300, 15, lambda m: None)
     assert fake.ran("scancel") == [("scancel", "42")]
     assert outcome.exit_code == sbatch.EXIT_BLOCKED and "still PENDING after --timeout 15 s" in outcome.blocked
+
+
+def test_a_failed_sinfo_while_a_job_waits_on_nodes_is_asked_again(monkeypatch: pytest.MonkeyPatch, no_sleep: None) -> None:
+    """sinfo shares the controller's hiccups: one failed answer is nothing known yet, not the end."""
+    fake = scripted(monkeypatch, scontrol=[job_line("PENDING", reason=DOWN_DRAINED, num=3), job_line("RUNNING"),
+                                           job_line("COMPLETED")],
+                    sinfo=[SubmitError("`sinfo -h -N` did not finish within 20 s"), "gpu01|idle|none\n"])
+    said: list[str] = []
+    outcome = wait_for("42", 300, None, said.append)
+    assert (outcome.job.state, fake.ran("scancel")) == ("COMPLETED", [])
+    assert said == ["`sinfo -h -N` did not finish within 20 s; asking again"]
