@@ -44,6 +44,8 @@ from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
 from day0.core.redact import Redactor
 
 PRESETS_DIR = Path(__file__).with_name("presets")
+# A name a POSIX shell can export: [engine.env] names reach every node's `export NAME=...` (ssh).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_PROFILE = "cpu-tiny"
 # Bounds on what a profile file may be. A real profile is a few KB, extends one or two others and
 # nests tables four deep; far past that it is a generated or corrupted file, refused in one line
@@ -93,7 +95,7 @@ class EngineSection(Section):
         over ssh by ``export NAME=...``, where ``X=1;touch f`` would run and ``NCCL-DEBUG`` would
         kill the rank before vLLM starts."""
         for name in value:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, "
                                  "not starting with a digit)")
         return value

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import re
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
+from day0.config.profile import ENV_NAME
 from day0.engine.process import die_with_parent
 
 
@@ -132,9 +132,6 @@ exit "$status"
 """
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
 class SshLauncher:
     """Another host over ssh: non-interactive (BatchMode), in the same directory; the node's
     environment goes through the channel (ssh does not forward the local one), and the remote
@@ -154,7 +151,7 @@ class SshLauncher:
         """The ``export`` lines the remote ``eval`` runs: a name is spliced in as it is, so a name
         that is not one (the profile refuses them too) is refused here rather than run."""
         for name in env:
-            if not _ENV_NAME.fullmatch(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"engine.env: {name!r} is not an environment variable name")
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         return base64.b64encode(exports.encode()) + b"\n"
