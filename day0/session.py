@@ -10,6 +10,7 @@ import contextlib
 import os
 import secrets
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
@@ -113,9 +114,7 @@ class Day0Session:
                                 [s.describe() for s in self.registry.stages])
         tests = {nodeid: stage for stage, nodeid in deselected}  # each test once
         if tests:
-            stages: dict[str, int] = {}
-            for stage in tests.values():
-                stages[stage] = stages.get(stage, 0) + 1
+            stages = dict(Counter(tests.values()))
             self.events.note(DESELECTED_NOTE, {"count": len(tests), "stages": stages,
                                                "nodeids": list(tests)[:MAX_SKIPPED_SHOWN]})
         point_latest(self.out_dir, self.run_dir)

@@ -70,6 +70,12 @@ class SearchPoint:
         requests): more points would not decide them, only more requests a point."""
         return [k for k in self.undecided if self.bounds.get(k, (None, None))[1] is None]
 
+    @property
+    def held_miss(self) -> bool:
+        """A held point that did not meet. One the client lagged through concluded nothing: it is
+        measured again at the same load."""
+        return self.held and self.verdict not in (MEETS, CLIENT_LAGGED)
+
 
 SATURATION = "saturation"  # a search point's miss: a rate at or past what the server completes flat out
 
@@ -171,7 +177,11 @@ class SearchResult:
     def held_missed(self) -> bool:
         """A held point (a confirmation, or a point of the walk down) did not meet: from then on short
         points have shown they overstate what holds, and only a held point can be the answer."""
-        return any(p.held and p.verdict not in (MEETS, CLIENT_LAGGED) for p in self.points)
+        return any(p.held_miss for p in self.points)
+
+    def _met_under_ceiling(self) -> list[SearchPoint]:
+        top = self.ceiling
+        return [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
 
     @property
     def sustained_point(self) -> SearchPoint | None:
@@ -179,10 +189,8 @@ class SearchResult:
         load (a short point and its confirmation), the one over more requests. Once a held point has
         missed, only held points count: a short point that met between the held answer and the held
         miss is not an answer (it had been, above both the answer and what the server held)."""
-        top = self.ceiling
         held_only = self.held_missed
-        met = [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)
-               and (p.held or not held_only)]
+        met = [p for p in self._met_under_ceiling() if p.held or not held_only]
         return max(met, key=lambda p: (p.load, p.metrics.sent)) if met else None
 
     @property
@@ -191,8 +199,7 @@ class SearchResult:
         after a held miss: the search ran out of points before any rate held."""
         if not self.held_missed or self.sustained_point is not None:
             return None
-        top = self.ceiling
-        met = [p for p in self.points if p.verdict == MEETS and (top is None or p.load < top.load)]
+        met = self._met_under_ceiling()
         return max(met, key=lambda p: p.load) if met else None
 
     @property

@@ -240,7 +240,7 @@ class _Bracket:
     def held_misses(self) -> list[SearchPoint]:
         """The confirmations that did not meet. One the client lagged through concluded nothing: it is
         measured again at the same load."""
-        return [pt for pt in self.points if pt.held and pt.verdict not in (MEETS, CLIENT_LAGGED)]
+        return [pt for pt in self.points if pt.held_miss]
 
     def missed_holds(self) -> set[float]:
         """The loads a confirmation did not meet at (each counted once); once there is one, every point
