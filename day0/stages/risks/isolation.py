@@ -31,6 +31,7 @@ import aiohttp
 from day0.client.loadgen import SSEParser, TokenAccountant
 from day0.client.prom import PromError, parse_counters, scrape
 from day0.client.sse import SSEError
+from day0.client.stream import max_output_tokens
 from day0.config.risks import IsolationSettings
 from day0.core.record import Check, measured
 from day0.engine import Endpoint
@@ -139,7 +140,7 @@ class Prober:
         if salt is not None:
             body["cache_salt"] = salt
         url = self.base + "/v1/completions"
-        acct = TokenAccountant(max_tokens=1)  # what the body asks: a count past it cannot be true
+        acct = TokenAccountant(max_output_tokens(body))  # a count past what the body asks cannot be true
         usage: dict[str, Any] | None = None
         perf = time.perf_counter
         sent = perf()
