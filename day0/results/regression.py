@@ -325,24 +325,20 @@ def _why(row: Row, good: float, settings: CompareSettings) -> str:
     reps = f" (median of {row.repeats} repeats)" if row.repeats > 1 else ""
     head = (f"{with_unit(row.value, row.unit)}{reps} vs history median {with_unit(row.centre, row.unit)} "
             f"of {n} run{'s' if n != 1 else ''} ({change})")
+    lower = row.direction == "lower_is_better"
+    tol = row.tolerance.allowed(row.centre or 0.0) if row.tolerance else 0.0
+    reach = abs((row.bound or 0.0) - (row.centre or 0.0))  # how far from the median the bound sits
+    by_factor = f"median {'x' if lower else '/'} {settings.gross_factor:g}"
     if row.gross:
-        lower = row.direction == "lower_is_better"
-        factor = f"median {'x' if lower else '/'} {settings.gross_factor:g}"
-        tol = row.tolerance.allowed(row.centre or 0.0) if row.tolerance else 0.0
-        if abs((row.bound or 0.0) - (row.centre or 0.0)) <= tol:  # the tolerance is wider than the factor
-            factor = f"median {'+' if lower else '-'} tolerance {row.tolerance}, wider than a factor of " \
-                     f"{settings.gross_factor:g}"
+        factor = by_factor if reach > tol else (f"median {'+' if lower else '-'} tolerance {row.tolerance}, wider "
+                                                f"than a factor of {settings.gross_factor:g}")
         rule = (f"{factor}; the gross bound: fewer than {settings.history_runs} runs, the spread of runs is not "
                 "known yet")
     else:
-        lower = row.direction == "lower_is_better"
         k = effective_k(settings.spread_k, len(row.history))
-        rule = (f"median {'+' if lower else '-'} ({k:.3g} x spread {with_unit(row.spread, row.unit)} "
-                f"+ tolerance {row.tolerance})")
-        tol = row.tolerance.allowed(row.centre or 0.0) if row.tolerance else 0.0
-        if abs((row.bound or 0.0) - (row.centre or 0.0)) < k * (row.spread or 0.0) + tol:  # the factor is nearer
-            rule = (f"median {'x' if lower else '/'} {settings.gross_factor:g}, the gross bound, nearer than "
-                    f"{k:.3g} x spread {with_unit(row.spread, row.unit)} + tolerance {row.tolerance}")
+        spread = f"{k:.3g} x spread {with_unit(row.spread, row.unit)} + tolerance {row.tolerance}"
+        rule = (f"{by_factor}, the gross bound, nearer than {spread}" if reach < k * (row.spread or 0.0) + tol
+                else f"median {'+' if lower else '-'} ({spread})")
     bound = f"the bound {with_unit(row.bound, row.unit)} ({rule})"
     how = {"regression": f"worse than {bound}", "unchanged": f"within {bound}",
            "improvement": f"better than the median by more than {fmt(good)} {row.unit}".rstrip()
