@@ -58,9 +58,12 @@ def judge(sample: Sample, markers: Markers) -> tuple[str, str] | None:
     """(finding kind, one line) when the parser's answer is not the raw text's split."""
     want = markers.split(sample.raw)
     got = (_norm(sample.whole.reasoning), _norm(sample.whole.content))
-    if sample.cut and (sample.whole.finish_reason != "length" or got[1] is not None):
+    # With the end tag forbidden the output ends inside the reasoning: at max_tokens, or where the
+    # model itself stopped (EOS), which the raw twin shows; either way no content.
+    finish = sample.raw_finish if sample.raw_finish == "stop" else "length"
+    if sample.cut and (sample.whole.finish_reason != finish or got[1] is not None):
         return LEAK, (f"{sample.label}: cut inside the reasoning (end tag forbidden): finish "
-                      f"{sample.whole.finish_reason!r}, content {got[1]!r:.60} (expected length and no content)")
+                      f"{sample.whole.finish_reason!r}, content {got[1]!r:.60} (expected {finish} and no content)")
     if got != want:
         return SPLIT, (f"{sample.label}: parsed reasoning {got[0]!r:.50} / content {got[1]!r:.50}; the raw "
                        f"output {sample.raw!r:.80} splits as {want[0]!r:.50} / {want[1]!r:.50}")

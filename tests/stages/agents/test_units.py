@@ -252,6 +252,11 @@ def test_the_raw_output_splits_at_the_first_end_tag():
     (Reply(reasoning="a b", content="c", finish_reason="length"), Reply(reasoning="a b", content="c"), True,
      "reasoning_leak"),
     (Reply(reasoning="a b", finish_reason="stop"), Reply(reasoning="a b"), True, "reasoning_leak"),
+    # the model stopped (EOS) inside the reasoning, as its raw twin did: not a leak
+    (Reply(reasoning="a b", finish_reason="stop"), Reply(reasoning="a b"), "stop", None),
+    (Reply(reasoning="a b", finish_reason="length"), Reply(reasoning="a b"), "stop", "reasoning_leak"),
+    (Reply(reasoning="a b", content="c", finish_reason="stop"), Reply(reasoning="a b", content="c"), "stop",
+     "reasoning_leak"),
     (Reply(reasoning="a", content="b", finish_reason="length"), Reply(reasoning="a", content="b"), False, None),
     (Reply(reasoning="a</think>b", finish_reason="length"), Reply(reasoning="a</think>b"), False, "reasoning_split"),
     (Reply(reasoning="a", content="b", finish_reason="length"), Reply(reasoning="ab"), False, "stream_mismatch"),
@@ -262,8 +267,10 @@ def test_a_reasoning_reply_is_held_to_the_raw_split(whole, streamed, cut, kind):
     from day0.stages.agents.reasoning import Markers, Sample, reasoning_check
     from day0.stages.agents.reasoning import judge as judge_reasoning
 
+    raw_finish = cut if isinstance(cut, str) else "length"  # a string: the raw twin's finish, end tag forbidden
+    cut = bool(cut)
     raw = "a b" if cut else "a</think>b"
-    sample = Sample("reasoning #0", cut, raw, "length", whole, streamed)
+    sample = Sample("reasoning #0", cut, raw, raw_finish, whole, streamed)
     found = judge_reasoning(sample, Markers())
     assert (found[0] if found else None) == kind
     check = reasoning_check([sample], Markers(), "deepseek_r1")
