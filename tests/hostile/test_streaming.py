@@ -187,8 +187,8 @@ def test_the_api_key_is_sent_and_never_printed(server, tmp_path):
 @pytest.mark.parametrize("flag,value,problem", [
     ("--num-requests", "-1", "--num-requests"),
     ("--concurrency", "-1", "concurrency"),
-    ("--rate", "0", "request_rate"),
-    ("--input-len", "9:3", "input_len"),
+    ("--rate", "0", "--rate: "),
+    ("--input-len", "9:3", "--input-len: "),
     ("--vocab-size", "0", "--vocab-size"),
 ])
 def test_bad_load_flags_are_one_line(server, flag, value, problem):

@@ -50,7 +50,10 @@ def _length_arg(text: str) -> int | list[int]:
 
 
 def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, e.g. 50,99, got {text!r}") from None
 
 
 def add_sla_flags(p: argparse.ArgumentParser) -> None:
@@ -218,8 +221,51 @@ _LATENCY_FLAGS = [("concurrency", "concurrency"), ("burstiness", "burstiness"), 
                   ("dataset", "dataset"), ("length_mix", "length_mix")]
 
 
+_SEARCH_FLAGS = [("search_start_rate", "start_rate"), ("search_over", "over"),
+                 ("search_start_concurrency", "start_concurrency"), ("search_requests", "requests"),
+                 ("target_rate", "target_rate"), ("search_probe_requests", "probe_requests"),
+                 ("search_saturation_requests", "saturation_requests"),
+                 ("search_saturation_concurrency", "saturation_concurrency"),
+                 ("search_saturation_max_requests", "saturation_max_requests"),
+                 ("search_confirm_requests", "confirm_requests"), ("search_confirm_s", "confirm_s")]
+_SLA_FLAGS = [(a, a) for a in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "max_error_rate", "confidence")]
+_SLA_RENAMED = [("min_output_throughput", "min_output_throughput_tok_s"),
+                ("min_request_throughput", "min_request_throughput_req_s"), ("min_goodput", "min_goodput_req_s")]
+
+
+def key_flags() -> dict[str, str]:
+    """Settings key path -> the flag that sets it: a refusal on the command line names what was typed."""
+    dests = {f"latency.{key}": attr for attr, key in _LATENCY_FLAGS}
+    dests |= {f"latency.search.{key}": attr for attr, key in _SEARCH_FLAGS}
+    dests |= {f"sla.{key}": attr for attr, key in _SLA_FLAGS + _SLA_RENAMED}
+    dests |= {"latency.request_rate": "rate", "latency.sweep_rates": "sweep_rates", "latency.search": "search",
+              "latency.exact_rates": "drawn_rates",
+              "sla.preset": "sla_preset", "sla.limits": "limit", "sla.goodput_slo_ms": "goodput"}
+    return {key: "--" + dest.replace("_", "-") for key, dest in dests.items()}
+
+
+def as_flag(exc: SettingsError) -> SettingsError:
+    """``latency.percentiles.0: why`` -> ``--percentiles (item 1): why``; a key no flag sets as it was."""
+    key, sep, why = str(exc).partition(": ")
+    parts, flags = key.split("."), key_flags()
+    for n in range(len(parts), 0, -1):
+        flag = flags.get(".".join(parts[:n]))
+        if flag and sep:
+            rest = parts[n:]
+            where = f" (item {int(rest[0]) + 1})" if rest and rest[0].isdigit() else "".join(f" {r}" for r in rest)
+            return SettingsError(f"{flag}{where}: {why}")
+    return exc
+
+
 def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSection]:
-    """The flags as ``[latency]`` and ``[sla]`` tables, validated as a profile's (SettingsError on a bad one)."""
+    """The flags as ``[latency]`` and ``[sla]`` tables, validated as a profile's (SettingsError naming the flag)."""
+    try:
+        return _latency_table(args), sla_from_args(args)
+    except SettingsError as exc:
+        raise as_flag(exc) from None
+
+
+def _latency_table(args: argparse.Namespace) -> LatencySection:
     lat: dict[str, Any] = {key: getattr(args, attr) for attr, key in _LATENCY_FLAGS
                            if getattr(args, attr, None) is not None}
     lat["endpoint"] = args.endpoint
@@ -235,19 +281,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSec
         lat["fresh_prompts"] = False
     if args.sweep_rates:
         lat["sweep_rates"] = _floats(args.sweep_rates)
-    search = {key: getattr(args, attr) for attr, key in (("search_start_rate", "start_rate"), ("search_over", "over"),
-                                                         ("search_start_concurrency", "start_concurrency"),
-                                                         ("search_requests", "requests"), ("target_rate", "target_rate"),
-                                                         ("search_probe_requests", "probe_requests"),
-                                                         ("search_saturation_requests", "saturation_requests"),
-                                                         ("search_saturation_concurrency", "saturation_concurrency"),
-                                                         ("search_saturation_max_requests", "saturation_max_requests"),
-                                                         ("search_confirm_requests", "confirm_requests"),
-                                                         ("search_confirm_s", "confirm_s"))
-              if getattr(args, attr, None) is not None}
+    search = {key: getattr(args, attr) for attr, key in _SEARCH_FLAGS if getattr(args, attr, None) is not None}
     if args.search or search:
         lat["search"] = search
-    return LatencySection.from_table(lat), sla_from_args(args)
+    return LatencySection.from_table(lat)
 
 
 def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
@@ -266,13 +303,9 @@ def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
 
 
 def sla_from_args(args: argparse.Namespace) -> SlaSection:
-    """The SLA flags as an ``[sla]`` table (SettingsError naming the flag or key)."""
+    """The SLA flags as an ``[sla]`` table (SettingsError naming the flag)."""
     sla: dict[str, Any] = {"preset": args.sla_preset} if args.sla_preset else {}
-    for attr in ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "max_error_rate", "confidence"):
-        if getattr(args, attr) is not None:
-            sla[attr] = getattr(args, attr)
-    for attr, key in (("min_output_throughput", "min_output_throughput_tok_s"),
-                      ("min_request_throughput", "min_request_throughput_req_s"), ("min_goodput", "min_goodput_req_s")):
+    for attr, key in _SLA_FLAGS + _SLA_RENAMED:
         if getattr(args, attr) is not None:
             sla[key] = getattr(args, attr)
     for item in args.limit or []:
@@ -285,7 +318,10 @@ def sla_from_args(args: argparse.Namespace) -> SlaSection:
             raise SettingsError(f"--limit {item!r}: expected KEY=MS, e.g. ttft_p90_ms=800")
     if args.goodput:
         sla["goodput_slo_ms"] = _goodput_arg(args.goodput)
-    return SlaSection.from_table(sla)
+    try:
+        return SlaSection.from_table(sla)
+    except SettingsError as exc:
+        raise as_flag(exc) from None
 
 
 def _goodput_arg(text: str) -> dict[str, float]:
@@ -421,8 +457,11 @@ def import_main(args: argparse.Namespace) -> int:
     term = Terminal()  # the file is another tool's: its labels, paths and notes are printed redacted, escaped
     try:
         sla = sla_from_args(args)
-        pcts = report_percentiles(LatencySection.from_table(
-            {"percentiles": args.percentiles} if args.percentiles is not None else {}), sla)
+        try:
+            pcts = report_percentiles(LatencySection.from_table(
+                {"percentiles": args.percentiles} if args.percentiles is not None else {}), sla)
+        except SettingsError as exc:
+            raise as_flag(exc) from None
         run = read_result(args.file, args.format, args.benchmark)
         metrics, checks = import_checks(run, sla, pcts)
         term.print(f"{run.tool} {run.label}: {run.path}",

@@ -185,3 +185,15 @@ def test_a_guidellm_benchmark_whose_config_is_not_an_object_is_one_line(tmp_path
     assert main(["import", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"day0: {path}: benchmarks: 2 runs (0: ?, 1: ?)") and "\n" not in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--percentiles=-1"], "--percentiles (item 1): input should be greater than or equal to 0, got -1.0"),
+    (["--confidence", "2"], "--confidence: input should be less than 1, got 2.0"),
+    (["--limit", "ttft_p99_ms=-5"], "--limit ttft_p99_ms: input should be greater than 0, got -5.0"),
+])
+def test_a_bad_flag_of_an_import_is_named_as_typed(argv, line, capsys):
+    """Not the [latency]/[sla] key it sets: the one refusal line, exit 2, before the file is read."""
+    assert main(["import", str(VLLM), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert line in err and "\n" not in err
