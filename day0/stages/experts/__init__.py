@@ -14,7 +14,16 @@ from day0.stages.experts.checks import AGREE, BALANCE, HOT, agreement_check, loa
 from day0.stages.experts.load import LayerLoad, LoadError, LoadSummary, Placement, balancedness, merge
 from day0.stages.experts.routed import Routed, RoutedError, count, decode, moe_layers, read_npy
 from day0.stages.experts.router_hook import EXTENSION
-from day0.stages.experts.stage import Target, judge, not_applicable, placement_of, run_stage, target_of, workload
+from day0.stages.experts.stage import (
+    Target,
+    judge,
+    not_applicable,
+    placement_of,
+    router_untrusted,
+    run_stage,
+    target_of,
+    workload,
+)
 from day0.stages.experts.views import HttpDriver, InprocessDriver, Observed, ViewMissing, combine, observe, rpc_refusal
 
 __all__ = [
@@ -26,7 +35,7 @@ __all__ = [
     "EXTENSION", "HttpDriver", "InprocessDriver", "Observed", "ViewMissing", "combine", "observe", "rpc_refusal",
     # the stage
     "AGREE", "BALANCE", "HOT", "Target", "agreement_check", "judge", "load_checks", "not_applicable",
-    "placement_of", "run_stage", "target_of", "unmeasured", "workload",
+    "placement_of", "router_untrusted", "run_stage", "target_of", "unmeasured", "workload",
 ]
 
 STAGE = Stage(

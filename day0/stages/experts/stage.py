@@ -21,7 +21,7 @@ from day0.model import archs
 from day0.model.config import ConfigUnavailable, model_config
 from day0.model.ranks import ep_size_of
 from day0.stages.experts.checks import agreement_check, agreement_skipped, load_checks, unmeasured
-from day0.stages.experts.load import LoadSummary, Placement
+from day0.stages.experts.load import LayerLoad, LoadSummary, Placement
 from day0.stages.experts.routed import moe_layers
 from day0.stages.experts.views import Driver, HttpDriver, InprocessDriver, Observed, observe
 
@@ -124,9 +124,9 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
 def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, source_prefix: str = "http") -> list[Check]:
     """The checks from what the views saw: the router view first (it counts what the model
     computed), vLLM's routed_experts when it is the only one, "could not measure" when neither."""
-    short = _router_shortfall(obs) if obs.router else None
-    if short:
-        obs.router_missing, obs.router = short, None
+    untrusted = router_untrusted(obs, target.top_k if target else 0) if obs.router else None
+    if untrusted:
+        obs.router_missing, obs.router = untrusted, None
     router = obs.router.loads if obs.router else None
     use_router = router is not None and section.view in ("auto", "router")
     use_routed = obs.routed is not None and section.view in ("auto", "routed")
@@ -157,24 +157,63 @@ def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, sour
 TP_AGREE = "experts.tp_ranks_agree"  # recorded when they do not: the balance checks keep one rank's counts
 
 
-def _router_shortfall(obs: Observed) -> str | None:
-    """Why the router view cannot be trusted, or None: each MoE layer must have routed every token
-    the workload forwarded, less at most the prompt tokens it shares (prefix-cache hits). A hook
-    that sees fewer was bypassed. The counters are armed as the worker is created, before any graph
-    is traced or captured (``router_hook.ExpertCounter.__new__``), so a compiled or graph-captured
-    engine counts; what can still bypass them is a kernel that routes inside itself (a monolithic
-    MoE kernel, listed in ``skipped``) or an extension that was not in place when the model was built."""
+def router_untrusted(obs: Observed, top_k: int) -> str | None:
+    """Why the router view cannot be trusted, or None. By the view's definition (docs/metrics.md,
+    "Expert load") each MoE layer routed every token the workload forwarded, less at most the
+    prompt tokens the requests share (prefix-cache hits), and counted ``top_k`` expert ids for each:
+    a count outside that is not the workload's routing, however even its shares look. The counters
+    are armed as the worker is created, before any graph is traced or captured
+    (``router_hook.ExpertCounter.__new__``), so a compiled or graph-captured engine counts; what can
+    still bypass them is a kernel that routes inside itself (a monolithic MoE kernel, listed in
+    ``skipped``) or an extension that was not in place when the model was built. ``top_k`` 0: not
+    known here (no config.json), and each layer's ids per token must then be one whole number."""
     assert obs.router is not None
-    if not obs.router.loads:
+    loads = list(obs.router.loads.values())
+    if not loads:
         return "the workers found no MoE layer whose router takes a callback"
-    seen = min(load.tokens for load in obs.router.loads.values())
-    need = obs.forwarded_tokens - obs.cacheable_tokens
-    if seen >= need:
-        return None
-    why = (f"the router hook saw {seen} of the {obs.forwarded_tokens} tokens the workload forwarded through "
-           f"every MoE layer (at least {need} must pass it)")
-    return why + ("; something routed those tokens without the router's capture callback (a kernel that routes "
-                  "inside itself, or a worker extension loaded after the model was built): read vLLM's routed_experts")
+    if obs.forwarded_tokens is None:
+        return (f"not verified: {obs.uncounted} of {len(obs.answers)} responses gave no usage.prompt_tokens and "
+                "usage.completion_tokens, so the tokens forwarded, which each MoE layer's count must match, are unknown")
+    return _ids_per_token(loads, top_k) or _tokens_seen(obs, loads)
+
+
+def _ids_per_token(loads: list[LayerLoad], top_k: int) -> str | None:
+    """A layer whose expert ids are not ``top_k`` for each token it counted: ids were dropped (an id
+    outside the experts is not counted) or counted twice, so its shares are not the router's."""
+    why = "the hook dropped or duplicated top-k ids"
+    per_token: dict[int, int] = {}
+    for load in loads:
+        a, t = load.assignments, load.tokens
+        if top_k and a != top_k * t:
+            return f"layer {load.layer} counted {a} expert ids for {t} tokens, not top-{top_k} x {t} = {top_k * t}: {why}"
+        if not top_k and (a % t if t else a):
+            return f"layer {load.layer} counted {a} expert ids for {t} tokens, not a whole number per token: {why}"
+        if t:
+            per_token[load.layer] = a // t
+    if len(set(per_token.values())) > 1:
+        ordered = sorted(per_token.items(), key=lambda lk: (lk[1], lk[0]))
+        low, high = ordered[0], ordered[-1]
+        return f"layer {low[0]} counted {low[1]} expert ids a token and layer {high[0]} {high[1]}: {why}"
+    return None
+
+
+def _tokens_seen(obs: Observed, loads: list[LayerLoad]) -> str | None:
+    """Every layer's tokens within [forwarded - shareable prompt tokens, forwarded]."""
+    forwarded = obs.forwarded_tokens
+    assert forwarded is not None
+    need = forwarded - obs.cacheable_tokens
+    low = min(loads, key=lambda x: (x.tokens, x.layer))
+    high = max(loads, key=lambda x: (x.tokens, -x.layer))
+    if low.tokens < need:
+        return (f"the router hook saw {low.tokens} of the {forwarded} tokens the workload forwarded through "
+                f"every MoE layer (at least {need} must pass it); something routed those tokens without the router's "
+                "capture callback (a kernel that routes inside itself, or a worker extension loaded after the model "
+                "was built): read vLLM's routed_experts")
+    if high.tokens > forwarded:
+        return (f"the router hook saw {high.tokens} tokens in layer {high.layer}, more than the {forwarded} the "
+                "workload forwarded: it counted rows that are no token of it (CUDA-graph or sequence-parallel padding, "
+                "a data-parallel dummy batch or another rank's tokens) or a step twice")
+    return None
 
 
 def _why_neither(obs: Observed, section: ExpertsSection) -> str:

@@ -17,7 +17,7 @@ import time
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from day0.client.workload import Request
 from day0.stages.experts.load import LayerLoad, LoadError, merge
@@ -33,9 +33,17 @@ class ViewMissing(RuntimeError):
 
 @dataclass(frozen=True)
 class Answer:
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: int | None  # None: the response did not say (no usable usage)
+    completion_tokens: int | None
     routed: Routed | None  # vLLM's routed_experts, when the engine returns it
+
+    @property
+    def forwarded(self) -> int | None:
+        """Tokens that went through the model: every prompt token and every output token but the
+        last (sampled, never fed back); None when the response did not give its token counts."""
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return self.prompt_tokens + max(0, self.completion_tokens - 1)
 
 
 class Driver(Protocol):
@@ -61,9 +69,9 @@ class HttpDriver:
         body = {"model": self.endpoint.model, "prompt": req.prompt, "max_tokens": req.output_len,
                 "ignore_eos": True, **extra, "stream": False}
         out = self.endpoint.json("/v1/completions", body)
-        choice, usage = out["choices"][0], out.get("usage") or {}
+        choice, usage = out["choices"][0], out.get("usage")
         raw = choice.get("routed_experts")
-        return Answer(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+        return Answer(_usage_count(usage, "prompt_tokens"), _usage_count(usage, "completion_tokens"),
                       decode(raw) if raw is not None else None)
 
     def run(self, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int) -> list[Answer]:
@@ -79,6 +87,15 @@ class HttpDriver:
         if not isinstance(results, list):
             raise ViewMissing(f"POST /collective_rpc answered {str(out)[:200]!r}, not {{\"results\": [...]}}")
         return results
+
+
+def _usage_count(usage: Any, key: str) -> int | None:
+    """``usage[key]`` when it is a token count; None (not 0) when absent or not a count, so the
+    router view is reported unverified rather than checked against a workload of no tokens."""
+    v = usage.get(key) if isinstance(usage, dict) else None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def _body(exc: urllib.error.HTTPError) -> str:
@@ -122,7 +139,7 @@ class InprocessDriver:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt), **salt} for r in reqs],
                                  [SamplingParams(max_tokens=r.output_len, ignore_eos=True, **kw) for r in reqs],
                                  use_tqdm=False)
-        return [Answer(len(o.prompt_token_ids or ()), len(o.outputs[0].token_ids),
+        return [Answer(None if o.prompt_token_ids is None else len(o.prompt_token_ids), len(o.outputs[0].token_ids),
                        _from_array(getattr(o.outputs[0], "routed_experts", None))) for o in outs]
 
     def rpc(self, method: str) -> list[Any]:
@@ -197,17 +214,31 @@ class Observed:
     routed_missing: str | None = None
 
     @property
-    def prompt_tokens(self) -> int:
-        return sum(a.prompt_tokens for a in self.answers)
+    def prompt_tokens(self) -> int | None:
+        return _total(a.prompt_tokens for a in self.answers)
 
     @property
-    def completion_tokens(self) -> int:
-        return sum(a.completion_tokens for a in self.answers)
+    def completion_tokens(self) -> int | None:
+        return _total(a.completion_tokens for a in self.answers)
 
     @property
-    def forwarded_tokens(self) -> int:
-        """Tokens that went through the model: every prompt token and every output token but the last."""
-        return sum(a.prompt_tokens + max(0, a.completion_tokens - 1) for a in self.answers)
+    def forwarded_tokens(self) -> int | None:
+        """Every answer's :attr:`Answer.forwarded`; None when any answer did not give its counts."""
+        return _total(a.forwarded for a in self.answers)
+
+    @property
+    def uncounted(self) -> int:
+        """Answers that did not say how many tokens they took."""
+        return sum(1 for a in self.answers if a.forwarded is None)
+
+
+def _total(counts: Iterable[int | None]) -> int | None:
+    out = 0
+    for n in counts:
+        if n is None:
+            return None
+        out += n
+    return out
 
 
 def observe(driver: Driver, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int, num_experts: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from day0.client.workload import Request
 from day0.config.experts import ExpertsSection
 from day0.config.profile import load_profile
 from day0.stages.experts import (
@@ -20,7 +21,7 @@ from day0.stages.experts import (
     rpc_refusal,
     workload,
 )
-from day0.stages.experts.views import Answer, Workers
+from day0.stages.experts.views import Answer, HttpDriver, Workers
 
 SECTION = ExpertsSection(min_tokens_per_layer=10)
 
@@ -190,3 +191,67 @@ def test_a_router_hook_that_missed_decode_steps_is_not_trusted():
     shared = _obs(partial, routed_missing="no field", answer=Answer(100, 10, None))
     shared.cacheable_tokens = 9
     assert judge(shared, TARGET, SECTION)[0].status == "pass"
+
+
+def test_a_router_hook_that_dropped_or_duplicated_top_k_ids_is_not_trusted():
+    """50 tokens at top-2 are 100 expert ids; a view whose shares look even but hold 60 (ids lost) or
+    150 (a step's ids counted twice) is not the router's routing. Before: both passed, balance 1.0."""
+    for ids, counts in ((60, [15, 15, 15, 15]), (150, [40, 40, 35, 35])):
+        hook = Workers({1: LayerLoad.of(1, counts, 50, 4)}, 1, True, False)
+        checks = judge(_obs(hook, routed_missing="no field"), TARGET, SECTION)
+        assert {c.status for c in checks} == {"error"}, checks
+        assert f"layer 1 counted {ids} expert ids for 50 tokens, not top-2 x 50 = 100" in checks[0].message
+        assert "dropped or duplicated" in checks[0].message
+
+
+def test_a_router_hook_that_counted_more_tokens_than_were_forwarded_is_not_trusted():
+    """Every token counted twice (tokens and ids alike): the ids-per-token test holds, the upper bound
+    does not. Before: a count above the forwarded tokens passed."""
+    twice = Workers({1: LayerLoad.of(1, [50, 50, 50, 50], 100, 4)}, 1, True, False)
+    checks = judge(_obs(twice, routed_missing="no field"), TARGET, SECTION)
+    assert checks[0].status == "error" and "saw 100 tokens in layer 1, more than the 50 the workload forwarded" \
+        in checks[0].message
+    # with vLLM's routed_experts there, that view is judged instead and the comparison says why not both
+    checks = {c.id: c for c in judge(_obs(twice, routed=BALANCED), TARGET, SECTION)}
+    assert checks["experts.balance"].status == "pass" and checks["experts.balance"].source == "http:routed_experts"
+    assert checks["experts.views_agree"].status == "skip" and "more than the 50" in checks["experts.views_agree"].message
+
+
+def test_with_top_k_unknown_every_layer_must_count_one_whole_number_of_ids_a_token():
+    ok = Workers({1: LayerLoad.of(1, [25] * 4, 50, 4), 2: LayerLoad.of(2, [25] * 4, 50, 4)}, 1, True, False)
+    assert judge(_obs(ok, routed_missing="no field"), None, SECTION)[0].status == "pass"
+    ragged = Workers({1: LayerLoad.of(1, [20] * 4, 50, 4)}, 1, True, False)
+    msg = judge(_obs(ragged, routed_missing="no field"), None, SECTION)[0].message
+    assert "layer 1 counted 80 expert ids for 50 tokens, not a whole number per token" in msg
+    mixed = Workers({1: LayerLoad.of(1, [25] * 4, 50, 4), 2: LayerLoad.of(2, [50] * 4, 50, 4)}, 1, True, False)
+    msg = judge(_obs(mixed, routed_missing="no field"), None, SECTION)[0].message
+    assert "layer 1 counted 2 expert ids a token and layer 2 4" in msg
+
+
+class _Endpoint:
+    """A server's /v1/completions answer with what ``usage`` it is given (None: no usage at all)."""
+
+    model = "m"
+
+    def __init__(self, usage):
+        self.usage = usage
+
+    def json(self, path, body):
+        return {"choices": [{"text": "x"}], **({} if self.usage is None else {"usage": self.usage})}
+
+
+def test_a_response_without_usage_leaves_the_router_view_unverified():
+    """Before: a response without usage read as 0 prompt and 0 output tokens, so nothing was
+    forwarded and a hook that saw 10 of the 50 tokens passed."""
+    req = Request(index=0, prompt=[1] * 45, input_len=45, output_len=6)
+    for usage in (None, {}, {"prompt_tokens": 45}, {"prompt_tokens": "45", "completion_tokens": 6},
+                  {"prompt_tokens": -1, "completion_tokens": 6}, {"prompt_tokens": True, "completion_tokens": 6}):
+        answer = HttpDriver(_Endpoint(usage)).complete(req, {})
+        partial = Workers({1: LayerLoad.of(1, [5, 5, 5, 5], 10, 4)}, 1, True, False)
+        checks = judge(_obs(partial, routed_missing="no field", answer=answer), TARGET, SECTION)
+        assert {c.status for c in checks} == {"error"}, (usage, checks)
+        assert checks[0].message.startswith("could not measure: router view: not verified: 1 of 1 responses gave "
+                                            "no usage.prompt_tokens and usage.completion_tokens"), checks[0].message
+        assert answer.forwarded is None, usage
+    counted = HttpDriver(_Endpoint({"prompt_tokens": 45, "completion_tokens": 6.0})).complete(req, {})
+    assert (counted.prompt_tokens, counted.completion_tokens, counted.forwarded) == (45, 6, 50)
