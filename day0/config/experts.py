@@ -26,6 +26,12 @@ class ExpertsSection(Section):
     # The busiest expert's load over the uniform load: 1 = its fair share, E / top_k = every token
     # picks it. The tiny MoEs measured 1.83-2.64; the planted router bias 4.0.
     max_hot_expert_ratio: float = Field(3.0, ge=1)
+    # The least spread layer's entropy, from a collapsed router (0: every token to the same top-k,
+    # entropy ln k) to a uniform one at its token count (1: ln E - (E - k) / 2kT); the midpoint, so
+    # a collapse fails at any E/k, where mean/max and the hot expert cannot see one when E/k <= 3
+    # (docs/metrics.md, "Expert load"). The tiny MoEs' recorded runs: 0.887-0.890; one expert that
+    # every token picks (the planted bias) 0.62.
+    min_spread: float = Field(0.5, gt=0, lt=1)
     view: Literal["auto", "router", "routed"] = Field(
         "auto", description="router: day0's worker extension via collective_rpc; routed: vLLM's routed_experts "
                             "field; auto: whichever the engine gives (both: they are compared)")

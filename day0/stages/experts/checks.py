@@ -1,4 +1,5 @@
-"""The experts stage's checks: balance, the hot expert, and the two views against each other.
+"""The experts stage's checks: balance, the hot expert, the router's spread (is it collapsed?),
+and the two views against each other.
 
 Each is judged against ``[experts]``; a view that could not measure makes the check an ``error``
 with the reason (never a pass on nothing). Evidence carries the per-layer table, the raw counts
@@ -7,6 +8,7 @@ and a layers x experts heatmap with the hot expert marked.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from day0.config.experts import ExpertsSection
@@ -14,8 +16,10 @@ from day0.core.record import Check, measured
 from day0.stages.experts.load import LayerLoad, LoadSummary
 
 BALANCE, HOT, AGREE = "experts.balance", "experts.hot_expert", "experts.views_agree"
+SPREAD = "experts.spread"
 BALANCE_TITLE = "Expert load balancedness (mean/max), worst layer"
 HOT_TITLE = "Hottest expert's load vs its uniform share"
+SPREAD_TITLE = "Router spread from collapsed (0) to uniform (1), least spread layer"
 AGREE_TITLE = "Router hook vs vLLM's routed_experts"
 
 
@@ -24,22 +28,26 @@ def _r(x: float | None, nd: int = 4) -> float | None:
 
 
 def unmeasured(reason: str, section: ExpertsSection, source: str = "") -> list[Check]:
-    """Both figures as "could not measure", with the reason (status error: the run is INCOMPLETE)."""
+    """Every load figure as "could not measure", with the reason (status error: the run is INCOMPLETE)."""
     msg = f"could not measure: {reason}"
     return [Check(id=BALANCE, title=BALANCE_TITLE, status="error", limit=section.min_balancedness,
                   direction="higher_is_better", message=msg, source=source),
             Check(id=HOT, title=HOT_TITLE, status="error", limit=section.max_hot_expert_ratio, unit="x",
-                  direction="lower_is_better", message=msg, source=source)]
+                  direction="lower_is_better", message=msg, source=source),
+            Check(id=SPREAD, title=SPREAD_TITLE, status="error", limit=section.min_spread,
+                  direction="higher_is_better", message=msg, source=source)]
 
 
 def layer_table(summary: LoadSummary) -> dict[str, Any]:
     ep = summary.placement.expert_parallel
-    cols = ["layer", "tokens routed", "hottest expert", "x its share", "balancedness (experts)"]
+    cols = ["layer", "tokens routed", "hottest expert", "x its share", "balancedness (experts)",
+            "spread (0 collapsed, 1 uniform)", "experts never chosen"]
     cols += ["tokens per EP rank", "balancedness (EP ranks)"] if ep else []
     rows = []
     for load in summary.layers:
         expert, ratio = load.hottest()
-        row: list[Any] = [load.layer, load.tokens, expert, _r(ratio, 3), _r(load.expert_balance())]
+        row: list[Any] = [load.layer, load.tokens, expert, _r(ratio, 3), _r(load.expert_balance()),
+                          _r(load.spread()), sum(1 for n in load.experts if not n)]
         if ep:
             row += [" / ".join(str(n) for n in load.rank_loads(summary.placement)),
                     _r(load.rank_balance(summary.placement))]
@@ -97,7 +105,35 @@ def load_checks(summary: LoadSummary, section: ExpertsSection, source: str, base
                                    "uniform_share": _r(hot.uniform), "token_share": _r(hot.token_share)},
                          message=(f"{hot.sentence()} ({'within' if hot_ok else 'over'} the limit "
                                   f"{section.max_hot_expert_ratio:g}x)"))
-    return [balance, hot_check]
+    return [balance, hot_check, spread_check(summary, section, source, ev)]
+
+
+def spread_check(summary: LoadSummary, section: ExpertsSection, source: str, ev: dict[str, Any]) -> Check:
+    """``experts.spread``: the layer closest to a collapsed router, which balance and the hot expert
+    miss when ``E/k`` is small (a collapse onto k of E experts scores ``k/E`` and ``E/k`` on them)."""
+    routed = [load for load in summary.layers if load.assignments]
+    if routed and all(load.top_k >= len(load.experts) for load in routed):
+        return Check(id=SPREAD, title=SPREAD_TITLE, status="skip", source=source,
+                     message=f"not applicable: {routed[0].spread_gap()}")
+    gap = next(((load.layer, why) for load in routed if (why := load.spread_gap())), None)
+    least = summary.least_spread()
+    if gap is not None or least is None:
+        why = f"layer {gap[0]}: {gap[1]}" if gap else "no layer routed anything"
+        return Check(id=SPREAD, title=SPREAD_TITLE, status="error", limit=section.min_spread,
+                     direction="higher_is_better", message=f"could not measure: {why}", source=source)
+    layer, value = least
+    load = next(x for x in routed if x.layer == layer)
+    collapsed, observed, uniform = load.entropies()
+    ok = value >= section.min_spread
+    return measured(SPREAD, SPREAD_TITLE, _r(value), section.min_spread, direction="higher_is_better",
+                    source=source, evidence={**ev, "layer": layer,
+                                             "spread": {str(x.layer): _r(x.spread()) for x in routed},
+                                             "effective_experts": _r(math.exp(observed), 3)},
+                    message=(f"layer {layer}: its routing is as even as {math.exp(observed):.2f} experts used "
+                             f"evenly, where a collapse onto its top-{load.top_k:g} gives {math.exp(collapsed):g} "
+                             f"and a uniform router at {load.tokens} tokens {math.exp(uniform):.2f}: {value:.3f} of "
+                             f"the way from collapsed to uniform ({'at or above' if ok else 'below'} the limit "
+                             f"{section.min_spread:g})"))
 
 
 def agreement_check(router: Sequence[LayerLoad], routed: Sequence[LayerLoad], section: ExpertsSection) -> Check:

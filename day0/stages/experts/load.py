@@ -9,6 +9,10 @@ Balancedness is vLLM's EPLB figure (``vllm/distributed/eplb/eplb_state.py``, aft
 mean load over max load, 1 when every unit carries the same, ``1/n`` when one of ``n`` units
 carries everything. The busiest rank sets an MoE layer's step time, so this is the share of the
 step the other ranks spend doing useful work.
+
+Spread places a layer's entropy between a collapsed router (every token to the same k experts)
+and a uniform one at its token count: balancedness and the hot expert score that collapse ``k/E``
+and ``E/k``, which a loose limit passes when ``E/k`` is small.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from typing import Mapping, Sequence
 from day0.model.ranks import experts_on_rank
 
 PLACEMENTS = ("linear", "round_robin")  # vLLM's expert_placement_strategy values
+# Assignments a uniform router must give each expert, on average, before a layer's spread is judged:
+# the usual floor for a multinomial's expected cell count, under which the entropy's expected
+# shortfall (the spread's top) is no longer the small correction its formula assumes.
+MIN_EXPECTED = 5
 
 
 class LoadError(ValueError):
@@ -102,6 +110,41 @@ class LayerLoad:
     def rank_balance(self, placement: Placement) -> float | None:
         return balancedness(self.rank_loads(placement)) if placement.expert_parallel else None
 
+    @property
+    def top_k(self) -> float:
+        """Experts each routed token went to (the router's top-k when the counts are whole)."""
+        return self.assignments / self.tokens if self.tokens else 0.0
+
+    def spread_gap(self) -> str | None:
+        """Why :meth:`spread` cannot tell a collapsed router from an even one here, or None."""
+        e, k = len(self.experts), self.top_k
+        if not self.assignments or not self.tokens:
+            return "it routed nothing"
+        if k >= e:
+            return f"every token goes to all {e} experts (top-{k:g}): there is no choice to collapse"
+        if self.assignments < MIN_EXPECTED * e:
+            return (f"{self.assignments} assignments over {e} experts: a uniform router would give each fewer "
+                    f"than {MIN_EXPECTED}, too few to tell it from a collapsed one")
+        return None
+
+    def spread(self) -> float | None:
+        """Where this layer's routing sits between a collapsed router (0: every token to the same
+        k experts, the least even a top-k router can be, entropy ``ln k``) and a uniform one at
+        the same token count (1: entropy ``ln E - (E - k) / (2 k T)``, less than ``ln E`` by the
+        plug-in entropy's expected shortfall), on the entropy of the expert shares; a collapse is 0
+        at any ``E/k`` (the derivation: docs/metrics.md, "Expert load"). None: :meth:`spread_gap`."""
+        if self.spread_gap() is not None:
+            return None
+        collapsed, observed, uniform = self.entropies()
+        return (observed - collapsed) / (uniform - collapsed)
+
+    def entropies(self) -> tuple[float, float, float]:
+        """(collapsed, observed, uniform) entropy of the expert shares ``n_e / (k T)``, in nats:
+        ``exp`` of each is the number of experts used evenly that would give it."""
+        n, e, k = self.assignments, len(self.experts), self.top_k
+        observed = -sum(c / n * math.log(c / n) for c in self.experts if c)
+        return math.log(k), observed, math.log(e) - (e - k) / (2 * n)
+
     def hottest(self) -> tuple[int, float]:
         """(expert, its load over the uniform load): 1 is its fair share, ``E`` takes everything."""
         total = self.assignments
@@ -173,6 +216,12 @@ class LoadSummary:
         if not rows:
             return None
         return sum(sum(r) / len(r) for r in rows) / sum(max(r) for r in rows)
+
+    def least_spread(self) -> tuple[int, float] | None:
+        """(layer, spread) of the layer closest to a collapsed router; None when no layer has one."""
+        scored = [(load.layer, load.spread()) for load in self.layers]
+        scored = [(layer, s) for layer, s in scored if s is not None]
+        return min(scored, key=lambda ls: (ls[1], ls[0])) if scored else None
 
     def hottest(self) -> Hot | None:
         best: Hot | None = None

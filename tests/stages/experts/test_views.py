@@ -81,7 +81,8 @@ TARGET = Target(4, 2, (1,), Placement(4))
 
 def test_neither_view_is_could_not_measure_with_both_reasons():
     checks = judge(_obs(router_missing="404 dev mode", routed_missing="no field"), TARGET, SECTION)
-    assert [(c.id, c.status) for c in checks] == [("experts.balance", "error"), ("experts.hot_expert", "error")]
+    assert [(c.id, c.status) for c in checks] == [("experts.balance", "error"), ("experts.hot_expert", "error"),
+                                                  ("experts.spread", "error")]
     assert checks[0].message == "could not measure: router view: 404 dev mode; vLLM's routed_experts: no field"
 
 
