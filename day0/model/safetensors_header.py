@@ -7,7 +7,8 @@ broken tensor by name, so the format (8-byte little-endian header length, a JSON
 one byte buffer the header's ``data_offsets`` index into) is parsed here directly. The rules
 match safetensors' own validation (tests check both agree on arbitrary mutated headers):
 tensors tile the byte buffer exactly, in offset order, with no hole and no overlap, each tensor
-spans ``numel x element size`` bytes, and the last tensor ends where the file ends.
+spans ``numel x element size`` bytes, and the last tensor ends where the file ends. The JSON is
+read as safetensors' serde_json reads it (:mod:`day0.model.safetensors_json`), not as Python's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from day0.core.inputs import InputError, open_regular
+from day0.model import safetensors_json as sjson
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors refuses larger headers (HeaderTooLarge)
 LENGTH_FIELD_BYTES = 8
@@ -181,34 +183,78 @@ def read_header_bytes(path: Path, label: str) -> tuple[bytes, int]:
 
 
 def parse_header(raw: bytes, file_size: int, label: str) -> ShardHeader:
-    """Decode the JSON header bytes and validate them against the file size."""
+    """Decode the JSON header bytes as safetensors does and validate them against the file size.
+
+    An ordinary header is judged on msgspec's fast parse; one that the fast parse cannot vouch
+    for (see :mod:`day0.model.safetensors_json`) is parsed again the strict way and judged on that.
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise HeaderError(f"{label}: header is not UTF-8 (byte {exc.start} of the header)") from None
+    if raw.startswith(sjson.BOM):
+        raise HeaderError(f"{label}: header starts with a UTF-8 byte-order mark (EF BB BF), which safetensors "
+                          "refuses: the JSON must start at the header's first byte")
+    obj = sjson.fast(raw)
+    if obj is not None:
+        meta_key = "__metadata__" in obj
+        header, plain = _judge(obj, len(raw), file_size, label)
+        if plain and sjson.no_repeated_key(raw, header.tensors, header.metadata, meta_key):
+            return header
+    return _strict(text, len(raw), file_size, label)
+
+
+def _strict(text: str, header_len: int, file_size: int, label: str) -> ShardHeader:
+    """The header parsed and judged the serde_json way: what that refuses while parsing is a
+    :class:`HeaderError` (the shard is unreadable to safetensors), the rest the header's problems."""
     try:
-        obj = loads_json(raw)
-    except json.JSONDecodeError as exc:
-        raise HeaderError(f"{label}: header is not JSON ({exc.msg} at char {exc.pos})") from None
+        obj = sjson.strict(text)
+    except sjson.Refused as exc:
+        raise HeaderError(f"{label}: {exc}") from None
     except RecursionError:  # safetensors headers are 3 levels deep; this one is thousands
-        raise HeaderError(f"{label}: header JSON is nested too deeply to be a safetensors header") from None
+        raise HeaderError(f"{label}: {sjson.TOO_DEEP}") from None
     except ValueError as exc:  # an integer of more digits than int() converts
         raise HeaderError(f"{label}: header is not usable JSON ({str(exc).split(';')[0]})") from None
     if not isinstance(obj, dict):
         raise HeaderError(f"{label}: header JSON is a {type(obj).__name__}, not an object (starts {text[:16]!r})")
-    header = ShardHeader(name=label, file_size=file_size, header_len=len(raw))
+    metadata = obj.get("__metadata__")
+    header, plain = _judge(obj, header_len, file_size, label)
+    try:
+        if not plain:
+            sjson.check_values(obj, metadata, surrogates="\\u" in text)
+        elif "\\u" in text:
+            sjson.check_strings([*header.tensors, *(header.metadata or {}), *(header.metadata or {}).values()])
+    except sjson.Refused as exc:
+        raise HeaderError(f"{label}: {exc}") from None
+    return header
+
+
+def _judge(obj: dict[str, Any], header_len: int, file_size: int, label: str) -> tuple[ShardHeader, bool]:
+    """The header ``obj`` declares, with its problems; and whether it is plain: metadata of
+    strings, every entry exactly a known dtype, a shape and a pair of offsets, no key twice."""
+    header = ShardHeader(name=label, file_size=file_size, header_len=header_len)
+    plain = type(obj) is dict
+    for key, value in sjson.replaced(obj):  # a top-level key twice: fine for a tensor name, if each value is an entry
+        if key == "__metadata__":
+            why = "__metadata__ is written twice (safetensors refuses a repeated field)"
+        elif why := _not_an_entry(value):
+            why = f"tensor {short_name(key)} is written twice, and {why} (safetensors reads each value)"
+        if why:
+            header.problems.append(Problem("layout", f"{label}: {why}", key))
     metadata = obj.pop("__metadata__", None)
     if metadata is not None:
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        if not isinstance(metadata, dict) or not all(type(v) is str for v in metadata.values()) or any(
+                type(v) is not str for _, v in sjson.replaced(metadata)):
+            plain = False
             header.problems.append(
                 Problem("layout", f"{label}: __metadata__ must map strings to strings", "__metadata__")
             )
         else:
             header.metadata = metadata
-    data_start = LENGTH_FIELD_BYTES + len(raw)
-    header.tensors, problems = validate_entries(obj, file_size - data_start, label, data_start)
+    data_start = LENGTH_FIELD_BYTES + header_len
+    header.tensors, problems, entries_plain = _validate(obj, file_size - data_start, label, data_start)
     header.problems.extend(problems)
-    return header
+    return header, plain and entries_plain
 
 
 def validate_entries(
@@ -220,22 +266,37 @@ def validate_entries(
     disagree with dtype x shape, holes and overlaps between tensors, and a buffer that is shorter
     (truncated) or longer (padded) than the tensors cover.
     """
+    tensors, problems, _ = _validate(entries, data_len, label, data_start)
+    return tensors, problems
+
+
+def _validate(
+    entries: dict[str, Any], data_len: int, label: str, data_start: int
+) -> tuple[dict[str, TensorEntry], list[Problem], bool]:
+    """:func:`validate_entries`, and whether every entry was plain (exactly a known dtype, a
+    shape and a pair of offsets, of integers, no key twice): only then may a fast parse stand."""
     tensors: dict[str, TensorEntry] = {}
     problems: list[Problem] = []
+    plain = True
     # (dtype, shape) -> byte length, or None when not a whole number of bytes. Checkpoints repeat
     # a handful of shapes thousands of times (one per layer or expert), so this is mostly hits.
+    # A hit needs the dims to be ints: (2.0,), (True,) and (-0.0,) equal (2,), (1,) and (0,).
     nbytes_of: dict[tuple[str, tuple[int, ...]], int | None] = {}
     for tname, info in entries.items():
         entry = None
-        try:  # fast path: a well-formed entry, the overwhelmingly common case
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            key = (dtype, shape)
-            nbytes = nbytes_of[key] if key in nbytes_of else nbytes_of.setdefault(key, _nbytes(dtype, shape))
-            if nbytes != -1 and type(begin) is int and type(end) is int and 0 <= begin <= end <= MAX_BYTES:
-                entry = TensorEntry(tname, dtype, shape, begin, end)
-        except (TypeError, KeyError, ValueError):
-            pass
+        if type(info) is dict and len(info) == 3:  # fast path: a well-formed entry, the common case
+            try:
+                dtype, dims, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+                shape = tuple(dims)
+                key = (dtype, shape)
+                nbytes = nbytes_of[key] if key in nbytes_of else nbytes_of.setdefault(key, _nbytes(dtype, shape))
+                if (nbytes != -1 and type(dims) is list and type(begin) is int and type(end) is int
+                        and 0 <= begin <= end <= MAX_BYTES and _ALL_INT(map(type, shape))):
+                    entry = TensorEntry(tname, dtype, shape, begin, end)
+            except (TypeError, KeyError, ValueError):
+                pass
         if entry is None:
+            plain = False
             entry = _entry(tname, info, label, problems)
             if entry is None:
                 continue
@@ -258,7 +319,7 @@ def validate_entries(
                 tname, entry.end - entry.begin, nbytes,
             ))
     problems.extend(_tiling_problems(tensors, data_len, label, data_start))
-    return tensors, problems
+    return tensors, problems, plain
 
 
 def _entry(tname: str, info: Any, label: str, problems: list[Problem]) -> TensorEntry | None:
@@ -274,31 +335,70 @@ def _entry(tname: str, info: Any, label: str, problems: list[Problem]) -> Tensor
     if not isinstance(info, dict):
         bad(f"entry is a {type(info).__name__}, not an object")
         return None
+    for field_name in sorted({k for k, _ in sjson.replaced(info)} & sjson.STRUCT_FIELDS):
+        bad(f"{field_name} is written twice in its entry (safetensors refuses a repeated field)")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
-        bad(f"data_offsets {reprlib.repr(offsets)} is not a pair of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) or _past_u64(o) for o in offsets):
+        bad(f"data_offsets {reprlib.repr(offsets)} is not a pair of non-negative integers{_as_float(offsets)}")
         return None
     begin, end = offsets
-    if end > MAX_BYTES:
+    if _past_u64(begin) or _past_u64(end):
         bad(f"data_offsets {reprlib.repr(offsets)} reach past what a 64-bit size can count")
         return None
     if end < begin:
         bad(f"data_offsets [{begin}, {end}] end before they begin")
         return None
     valid = True
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        bad(f"shape {reprlib.repr(shape)} is not a list of non-negative integers")
+    if not isinstance(shape, list) or not all(_is_uint(d) or _past_u64(d) for d in shape):
+        bad(f"shape {reprlib.repr(shape)} is not a list of non-negative integers{_as_float(shape)}")
         shape, valid = [], False
     elif len(shape) > MAX_RANK:
         bad(f"shape has {len(shape)} dimensions (at most {MAX_RANK})")
         shape, valid = [], False
-    elif math.prod(shape) * DTYPE_BITS.get(dtype if isinstance(dtype, str) else "", 8) > 8 * MAX_BYTES:
-        bad(f"shape {reprlib.repr(shape)} holds more bytes than a 64-bit size can count")
+    elif any(_past_u64(d) for d in shape):
+        bad(f"shape {reprlib.repr(shape)} has a dimension of 2**64 or more: safetensors reads it as a "
+            "float, not a 64-bit size, even where a 0 makes the tensor empty")
+        shape, valid = [], False
+    elif _count_overflows(shape, DTYPE_BITS.get(dtype if isinstance(dtype, str) else "", 8)):
+        bad(f"shape {reprlib.repr(shape)} holds more elements or bits than a 64-bit size can count "
+            "(safetensors multiplies the dimensions in order and refuses an overflow, even before a 0)")
         shape, valid = [], False
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         bad(f"dtype {reprlib.repr(dtype)} is not a safetensors dtype")
         dtype, valid = reprlib.repr(dtype), False
     return TensorEntry(tname, dtype, tuple(shape), begin, end, valid)
+
+
+def _not_an_entry(info: Any) -> str:
+    """Why an earlier value of a tensor name written twice is not an entry safetensors reads ("" if
+    it is one). serde_json reads each value into a tensor entry before the last replaces it, so
+    its types count; its offsets and size do not (only the last value is laid out)."""
+    if not isinstance(info, dict):
+        return f"its earlier entry is a {type(info).__name__}, not an object"
+    repeated = sorted({k for k, _ in sjson.replaced(info)} & sjson.STRUCT_FIELDS)
+    missing = sorted(sjson.STRUCT_FIELDS - set(info))
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if repeated or missing:
+        return f"its earlier entry has {'repeated' if repeated else 'no'} {', '.join(repeated or missing)}"
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        return f"its earlier entry's dtype {reprlib.repr(dtype)} is not a safetensors dtype"
+    if not isinstance(shape, list) or not all(_is_uint(d) and d <= MAX_BYTES for d in shape):
+        return f"its earlier entry's shape {reprlib.repr(shape)} is not a list of 64-bit sizes"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) and o <= MAX_BYTES for o in offsets):
+        return f"its earlier entry's data_offsets {reprlib.repr(offsets)} is not a pair of 64-bit sizes"
+    return ""
+
+
+def _as_float(values: Any) -> str:
+    """Why a value spelled as an integer is not one to safetensors ('' if none is such)."""
+    if isinstance(values, list) and any(isinstance(v, sjson.NegativeZero) for v in values):
+        return " (safetensors' JSON reader, serde_json, reads -0 as a float)"
+    return ""
+
+
+def _past_u64(x: Any) -> bool:
+    """An integer of 2**64 or more (which safetensors' serde_json reads as a float)."""
+    return type(x) is int and x > MAX_BYTES
 
 
 def short_name(name: str) -> str:
@@ -312,12 +412,26 @@ def short_name(name: str) -> str:
 def _nbytes(dtype: Any, shape: tuple[Any, ...]) -> int | None:
     """Bytes a tensor occupies; None if not whole bytes; -1 if dtype or shape is malformed."""
     bits = DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
-    if bits is None or len(shape) > MAX_RANK or not all(_is_uint(d) for d in shape):
+    if bits is None or len(shape) > MAX_RANK or not all(_is_uint(d) and d <= MAX_BYTES for d in shape):
         return -1
-    total = math.prod(shape) * bits
-    if total > 8 * MAX_BYTES:
+    if _count_overflows(shape, bits):
         return -1  # _entry reports it
+    total = math.prod(shape) * bits
     return None if total % 8 else total // 8
+
+
+def _count_overflows(shape: list[int] | tuple[int, ...], bits: int) -> bool:
+    """Whether safetensors' size arithmetic overflows a u64: it multiplies the dimensions in order
+    (so [2**40, 2**40, 0] overflows before the 0), then the count by the dtype's bits."""
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > MAX_BYTES:
+            return True
+    return numel * bits > MAX_BYTES
+
+
+_ALL_INT = {int}.issuperset  # of map(type, dims): bool and float are no dims, even where they equal one
 
 
 def _is_uint(x: Any) -> bool:
