@@ -9,7 +9,8 @@ trusted to remember all three, so the event log, the engine log and the run reco
 they write through :class:`Redactor`, and so does everything a command prints or exports
 (:class:`day0.core.terminal.Terminal`): keys by name, known values wherever they appear in a
 string (also escaped, line by line, or wrapped), and secret shapes in text (``_SHAPES``, listed in
-docs/profiles.md, "Secrets"). Why shapes as well as names: a value has no name to go by.
+docs/profiles.md, "Secrets"), in a table's keys as in its values. Why shapes as well as names: a
+value has no name to go by.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ REDACTED = "<redacted>"
 
 # A key that names a secret, matched on the whole key (or its last ``_``/``-`` separated words), so
 # `num_key_value_heads` or `max_num_batched_tokens` are not mistaken for secrets, `hf-token` is.
-# Names that end like a secret and are not one: tokenizer words, figures, cache and sort keys.
+# Names that end like a secret and are not one: tokenizer words, figures, cache and sort keys, rates
+# (`experts_per_token`, `kv_bytes_per_token`: a plan's figures), a figure's `answer_key`.
 _NOT_SECRET = (r"(?:eos|bos|pad|unk|sep|cls|mask|decoded|itl|first|last|stop|special|added|profile|cache"
-               r"|sort|prefix|metrics_by)[_\-](?:token|key)$")
+               r"|sort|prefix|metrics_by|by|per|answer)[_\-](?:token|key)$")
 SECRET_KEY = re.compile(
     r"^(?!(?:.*[_\-.])?" + _NOT_SECRET + ")"
     r"(?:.*[_\-.])?(?:api[_\-]?key|access[_\-]?key|secret[_\-]?key|private[_\-]?key|key|token|secret|password"
@@ -36,6 +38,9 @@ SECRET_KEY = re.compile(
 )
 # An environment variable named like a secret: HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD.
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTH)(?:_|$)", re.IGNORECASE)
+# Shorter values are not redacted by value: "1" or "true" would blank half a report. Such a value is
+# still redacted by its key; a real credential is never this short.
+MIN_SECRET_LEN = 6
 # Shapes of secrets in free text: each pattern's ``value`` group is the secret; the rest (the flag,
 # the header's name, the quotes) stays, so a reader still sees what was there. Why shapes and not
 # only names: a secret arrives inside values too (a proxy URL, an error body quoting a header, a
@@ -47,10 +52,13 @@ _QUOTE = r"(?:\\?[\"'])?"  # a name or value in quotes, or in JSON-escaped quote
 # break JSON- or repr-escaped (``\n``, ``\\\n``), so a value on the next line still goes.
 _GAP = r"(?:[ \t]|\\{0,3}\r?\n|\\{1,3}[nrt]|\\{1,2}(?=[ \t\r\n]))"
 # A name (of a flag, a key) ending in a secret word: the whole name is taken at once (possessive) and
-# its end looked at, so a long run of name characters is read once, not once per start.
-_ENDS_SECRET = "(?:" + "|".join(f"(?<={w})" for w in ("apikey", "api_key", "api-key", "token", "secret", "password",
-                                                       "passwd")) + ")"
+# its end looked at, so a long run of name characters is read once, not once per start. The lookbehinds
+# only find candidates; :func:`_text_names_secret` decides (a word, not a tokenizer word).
+_ENDS_SECRET = "(?:" + "|".join(f"(?<={w})" for w in ("key", "token", "secret", "password", "passwd")) + ")"
 _ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
+# A value in quotes, to its closing quote (the same one, JSON-escaped or not; a backslash escapes the
+# next character) or the end of the line: `password="correct horse battery staple"` goes whole.
+_QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,4096}+"
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
     r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
@@ -64,28 +72,33 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     r"\b(?:set-)?cookie2?" + _QUOTE + r"[ \t]{0,16}[:=][ \t]{0,16}+" + _QUOTE
     + r"(?P<value>" + _FRESH + r"[^\r\n'\"\\]++)",
     # a flag whose name ends in a secret word, then its value: --api-key X, --hf-token=X, --api-key 'X Y',
-    # --api-key="X", or the value on the next line of a continued (\) command. A flag starts a word:
-    # in `a 4096-token prefix` the dash is a hyphen, not a flag.
-    r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + r"(?:=|" + _GAP + r"{1,64}+)"
-    r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)[^\"'\r\n\\]++|[^\s'\",\-\\][^\s'\",]*+))",
+    # --api-key="X", or the value on the next line of a continued (\) command, or the next item of
+    # a command line printed as a list (['vllm', '--api-key', 'X'], a CalledProcessError's message).
+    # A flag starts a word: in `a 4096-token prefix` the dash is a hyphen, not a flag.
+    r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG
+    + r"(?:=|" + _GAP + r"{1,64}+|\\?[\"'][ \t]{0,16}+,[ \t]{0,16}+(?=\\?[\"']))"
+    r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",\-\\][^\s'\",]*+))",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
     r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
     # a query parameter named like a secret: ?key=X, &X-Amz-Signature=X, &sig=X, &access_token=X
     r"[?&;](?:[\w.\-]{0,64}[_.\-])?(?:api_?key|key|token|sig|signature|secret|password|passwd|pwd|credential"
     r"|auth|session(?:id)?|jwt|code)=(?P<value>" + _FRESH + r"[^\s&#'\"<>\\]++)",
-    # name = value, "name": "value" with a secret name (api_key=X, "password": "X"): 8+ characters
-    # with a letter, so `token: 142` (a count) stays
-    r"(?<![\w\-])(?P<name>[\w\-]{1,64}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]\s{0,16}" + _QUOTE
-    + r"(?P<value>" + _FRESH + r"(?=[^\s'\",}\\]{0,4096}[a-z])[^\s'\",}\\]{8,}+)",
+    # name = value, "name": "value" with a secret name (api_key=X, AWS_SECRET_ACCESS_KEY=X, hf_token: X,
+    # "password": "X Y"): a value of MIN_SECRET_LEN+ characters, in quotes (blanks and all) or
+    # unquoted to a blank with a letter in it, so `token: 142` (a count) stays
+    r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]\s{0,16}"
+    + r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % MIN_SECRET_LEN
+    + r"|(?=[^\s'\",}\\]{0,4096}[a-z])[^\s'\",}\\]{%d,}+))" % MIN_SECRET_LEN,
 ))
 _USERINFO = _SHAPES[1]
 _NOT_SECRET_NAME = re.compile(r"(?:^|[_\-.])" + _NOT_SECRET, re.IGNORECASE)  # `--eos-token X` is a tokenizer word
+# The secret word a name in text ends in: ``key`` only as a word after another (`MY_KEY`, `apiKey`,
+# not `monkey` nor a bare `key`, which names a figure in day0's own text); the others also glued on
+# (`PGPASSWORD`, `authtoken`), where nothing ordinary ends in them.
+_SECRET_NAME_END = re.compile(r"(?:[^\W_][_\-]key|apikey|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
 # Between the characters of a known value in text: a line break (a wrapped line, a continued command).
 _WRAP = r"(?:\\?\r?\n[ \t]{0,64})?"
 _MAX_WRAPPED = 256  # longer known values (a key file) are matched whole and line by line, not wrapped
-# Shorter values are not redacted by value: "1" or "true" would blank half a report. Such a value is
-# still redacted by its key; a real credential is never this short.
-MIN_SECRET_LEN = 6
 # Keys whose list of strings is a command line: read as one (Redactor.argv), so `--hf-token` then
 # `hf_...` as two elements loses the second.
 COMMAND_LINE_KEYS = frozenset({"argv", "cmd", "command", "cmdline", "command_line"})
@@ -151,9 +164,10 @@ class Redactor:
 
     def __call__(self, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v, k)
-                        else _blanked(v) if _is_credential_table(k, v)
-                        else self.argv(v) if _is_command_line(k, v) else self(v)) for k, v in data.items()}
+            return self._keyed({k: (REDACTED if is_secret_key(k) and _is_scalar_secret(v, k)
+                                    else _blanked(v) if _is_credential_table(k, v)
+                                    else self.argv(v) if _is_command_line(k, v) else self(v))
+                                for k, v in data.items()})
         if isinstance(data, (list, tuple)):
             return [self(v) for v in data]
         if isinstance(data, str):
@@ -164,10 +178,24 @@ class Redactor:
         """Every string through :meth:`text` (known values, secret shapes), no field blanked for
         its name: for day0's own declarations, where ``key`` names a figure, not a credential."""
         if isinstance(data, dict):
-            return {k: self.strings(v) for k, v in data.items()}
+            return self._keyed({k: self.strings(v) for k, v in data.items()})
         if isinstance(data, (list, tuple)):
             return [self.strings(v) for v in data]
         return self.text(data) if isinstance(data, str) else data
+
+    def _keyed(self, data: dict[Any, Any]) -> dict[Any, Any]:
+        """``data`` with its keys through :meth:`text`: a key is free text too (a table keyed by
+        the header lines or the command lines it saw). Two keys that redact alike both stay, the
+        later one numbered, so no entry is lost."""
+        out: dict[Any, Any] = {}
+        for k, v in data.items():
+            key = redacted = self.text(k) if isinstance(k, str) else k
+            n = 1
+            while key in out:
+                n += 1
+                key = f"{redacted} ({n})"
+            out[key] = v
+        return out
 
     def text(self, text: str) -> str:
         """Known values, then secret shapes, replaced; linear in ``len(text)``."""
@@ -204,10 +232,18 @@ class Redactor:
 def _redact_value(m: re.Match[str]) -> str:
     """The match with its ``value`` group replaced: the flag, header name and quotes stay."""
     name = m.groupdict().get("name")
-    if name is not None and _NOT_SECRET_NAME.search(name):
+    if name is not None and not _text_names_secret(name):
         return m.group()
     start, end = m.span("value")
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
+
+
+def _text_names_secret(name: str) -> bool:
+    """A flag or key name in text that a value follows: is the value a secret? `max_tokens`,
+    `tokenizer` or `num_kv_heads` never reach here (the patterns want the name to end in a secret
+    word); this tells `api_key` and `hfToken` from `eos_token` and `monkey`."""
+    words = _CAMEL_HUMP.sub("_", name.lstrip("-"))  # accessToken -> access_Token, as is_secret_key reads it
+    return bool(_SECRET_NAME_END.search(words)) and not _NOT_SECRET_NAME.search(words)
 
 
 def _forms(values: Iterable[str]) -> Iterator[str]:

@@ -48,7 +48,8 @@ def test_secret_key_names(key):
 
 
 @pytest.mark.parametrize("key", ["num_key_value_heads", "max_num_batched_tokens", "eos_token", "bos_token",
-                                 "profile_key", "cached_tokens", "tokenizer", "keys", "monkey", "tokens"])
+                                 "profile_key", "cached_tokens", "tokenizer", "keys", "monkey", "tokens",
+                                 "experts_per_token", "kv_bytes_per_token", "expertsPerToken", "answer_key", "by_key"])
 def test_keys_that_only_look_like_secrets(key):
     assert not is_secret_key(key)
 

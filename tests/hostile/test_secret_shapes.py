@@ -69,6 +69,12 @@ SHAPES = [Shape(i, t.format(c=_canary(i.replace("-", ""))), _canary(i.replace("-
     ("flag-value-on-next-line", "vllm serve m \\\n  --api-key \\\n  {c}"),
     ("bearer-on-next-line", "Authorization: Bearer\n    {c}"),
     ("private-key-block", "-----BEGIN PRIVATE KEY-----\nMIIEv{c}\nQUFBQQ==\n-----END PRIVATE KEY-----"),
+    # missed before: a name ending in key (not api_key), a command line printed as a list, a quoted
+    # passphrase whose first word is short (a longer first word alone went)
+    ("assign-secret-access-key", "aws_secret_access_key = {c}"),
+    ("flag-secret-access-key", "aws configure --aws-secret-access-key {c} --profile ci"),
+    ("flag-in-a-listed-command", "Command '['vllm', 'serve', '--api-key', '{c}']' returned non-zero exit status 1."),
+    ("json-quoted-passphrase", '{{"password": "correct horse {c} staple", "user": "ci"}}'),
 ]]
 IDS = [s.id for s in SHAPES]
 KEY = "sk-shapes-KEYf00d-Zq9known"  # the value of the variable engine.api_key_env names

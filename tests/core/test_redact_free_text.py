@@ -1,0 +1,181 @@
+"""The free-text rules of the redactor: a secret no profile or environment told day0 about.
+
+Only a secret day0 does not know by value reaches these rules (an error body, a traceback, a
+command line a check quotes), so they must catch a credential by the name it is assigned to and
+leave day0's own text alone: a report full of ``max_tokens=<redacted>`` would be as wrong as a
+leaked key. Each miss below was seen on the rules before (a review, 2026-12-07).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from day0.core.redact import REDACTED, Redactor
+from tests.support import hostile
+
+SECRET = "Zq9FreeTextCnry7"  # distinctive: a hit can only be a leak
+WORDS = ("correct", "horse", "battery", "staple")  # a passphrase: every word is the secret
+
+
+def _gone(text: str) -> str:
+    out = Redactor().text(text)
+    assert SECRET not in out and REDACTED in out, (text, out)
+    assert Redactor().text(out) == out  # redacting twice changes nothing
+    return out
+
+
+# Missed before: `key` only counted inside `api_key`, so any other credential named `*_key` went;
+# a 7-character value was too short; a camel-case `accessKey` was not read as two words.
+@pytest.mark.parametrize("text", [
+    f"aws_secret_access_key = {SECRET}",
+    f"AWS_SECRET_ACCESS_KEY={SECRET}",
+    f'{{"aws_secret_access_key": "{SECRET}"}}',
+    f"export STORAGE_ACCOUNT_KEY='{SECRET}'",
+    f"accessKey: {SECRET}",
+    f"aws s3 cp m s3://b --aws-secret-access-key {SECRET} --region x",
+    f"--storage-account-key={SECRET}",
+])
+def test_an_assignment_to_a_name_ending_in_key_loses_its_value(text: str) -> None:
+    out = _gone(text)
+    assert out.split(REDACTED)[0] == text.split(SECRET)[0]  # the name, the `=` and the quotes stay
+
+
+def test_a_command_line_printed_as_a_list_loses_a_secret_flags_value() -> None:
+    """A CalledProcessError's message, a traceback's locals, a JSON log field: the flag and its value
+    are two quoted items, which no flag shape read (only a list kept under `argv` was read by position)."""
+    err = subprocess.CalledProcessError(1, ["vllm", "serve", "m", "--api-key", SECRET, "--port", "8000"])
+    for text in (str(err), json.dumps(["vllm", "--hf-token", SECRET]), json.dumps(json.dumps(["--api-key", SECRET]))):
+        out = _gone(text)
+        assert "--port" in out or "vllm" in out or "--api-key" in out, out
+    assert Redactor().text("['--eos-token', '</s>', '--max-num-batched-tokens', '8192']") == \
+        "['--eos-token', '</s>', '--max-num-batched-tokens', '8192']"
+
+
+def test_a_short_password_by_name_loses_its_value() -> None:
+    assert Redactor().text("login with password=hunter2 failed") == f"login with password={REDACTED} failed"
+    assert Redactor().text("PGPASSWORD=hunter2 psql") == f"PGPASSWORD={REDACTED} psql"
+
+
+# Caught before too (kept caught): a name ending in api_key, token, secret, password, as `=`, `:`,
+# JSON, JSON-escaped and as a flag.
+@pytest.mark.parametrize("text", [
+    f"api_key={SECRET}", f"OPENAI_API_KEY={SECRET}", f"hf_token: {SECRET}", f"client_secret={SECRET}",
+    f"HF-TOKEN = '{SECRET}'", f'{{"api_key": "{SECRET}"}}', json.dumps(json.dumps({"api_key": SECRET})),
+    f"--api-key {SECRET}", f"--api-key={SECRET}", f"--client-secret '{SECRET}'", f"apiKey: {SECRET}",
+])
+def test_an_assignment_to_a_secret_name_loses_its_value(text: str) -> None:
+    _gone(text)
+
+
+@pytest.mark.parametrize("text", [
+    'password="correct horse battery staple" user=bob',
+    "password='correct horse battery staple' user=bob",
+    'DB_PASSWORD = "correcthorse battery staple" user=bob',  # the first word alone went before
+    '{"password": "correct horse battery staple", "user": "bob"}',
+    json.dumps(json.dumps({"password": "correct horse battery staple", "user": "bob"})),  # an error body in a log
+    'hf_token: "correct horse battery staple" user=bob',
+    "--db-password='correct horse battery staple' user=bob",
+    "mysql --password \"correct horse battery staple\" user=bob",
+])
+def test_a_quoted_passphrase_goes_whole_and_what_follows_stays(text: str) -> None:
+    out = Redactor().text(text)
+    assert not any(w in out for w in WORDS), (text, out)
+    assert "user" in out and "bob" in out, out  # the value ends at its closing quote
+
+
+def test_a_quoted_value_ends_at_its_own_quote() -> None:
+    """An apostrophe inside double quotes, an escaped quote inside them: still the value."""
+    r = Redactor()
+    assert r.text('''password="it's correct horse" next''') == f'password="{REDACTED}" next'
+    assert r.text(r'password="say \"correct horse\"" next') == f'password="{REDACTED}" next'
+
+
+def test_a_key_of_a_dict_goes_through_the_text_rules() -> None:
+    """A table keyed by what it saw (header lines, command lines, values) put the key in run.json
+    as written: only values were redacted."""
+    known = "sk-known-Zq9Dict4Name"
+    r = Redactor(frozenset({known}))
+    data = {known: 1, "nested": [{f"api_key={SECRET}": "x"}], f"Authorization: Bearer {SECRET}2": 2, 3: "n"}
+    out = r(data)
+    assert known not in json.dumps(out) and SECRET not in json.dumps(out), out
+    assert out[REDACTED] == 1 and out["nested"] == [{f"api_key={REDACTED}": "x"}] and out[3] == "n"
+    assert r.strings(data) == out  # day0's own tables too
+    assert r(out) == out
+    # two keys that redact alike: both entries stay
+    assert r({f"token={SECRET}": 1, f"token={SECRET}x": 2}) == {f"token={REDACTED}": 1, f"token={REDACTED} (2)": 2}
+
+
+# day0's own text: engine args, metrics, tokenizer settings, figures, a plan's rates. None is a secret.
+ORDINARY = [
+    "max_tokens=128", "max_tokens: 128", "top_k: 8", "num_kv_heads=8", "num_key_value_heads: 8",
+    "kv_cache_dtype=fp8_e4m3", "kv_cache", "tokenizer: /models/llama-3-8b/tokenizer.json",
+    "tokenizer=/models/llama-3-8b", "prefix_cache_hit_rate=0.93", "latency.ttft_p99: 812.5 ms",
+    "key=latency.ttft_p99", "key: latency.ttft_p99", "rule.key=latency.ttft_p99", "token_ids=[1, 2, 3]",
+    "completion_tokens: 12", "tokens=32", '"tokenizer_mode": "auto"', "max_num_batched_tokens=8192",
+    "--max-num-batched-tokens 8192", "--tokenizer-mode auto", "--kv-cache-dtype fp8", "token: 142",
+    "eos_token: </s>", 'pad_token = "<pad>"', '"eos_token": "<|endoftext|>"', "--eos-token <|eot_id|>",
+    "bos_token=<|begin_of_text|>", "eosToken: <|endoftext|>", "monkey=bananas42", "turkey: sandwich",
+    "sort_key=latency.ttft_p99", "cache_key: abcdef0123", "profile_key: risks.isolation.tenant",
+    "kv_bytes_per_token=131072", "experts_per_token: 8", '"answer_key": "answer"', "metrics_by_key=latency",
+    'api_key_env = "VLLM_API_KEY"', "engine.api_key_env=OPENAI_API_KEY", "key_variable=HF_TOKEN",
+    "tokens_per_second=1234.5", "vllm:time_to_first_token_seconds_bucket{le=\"0.1\"} 3",
+    "spec_decode_num_draft_tokens=4", "secret: true", "password: None", "api_key=EMPTY",
+    "detokenize=True", "keys=latency,kvcache", "passkey_len=128",
+    "cat /etc/passwd: Permission denied",
+]
+
+
+@pytest.mark.parametrize("text", ORDINARY)
+def test_ordinary_day0_text_comes_through_unchanged(text: str) -> None:
+    assert Redactor().text(text) == text
+    assert Redactor().strings({text: 1}) == {text: 1}  # as a key too (the text rules alone)
+
+
+def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
+    """Each hostile line (a name with no end to its value, a quote never closed, backslashes, names
+    back to back) costs about what a benign line of the same length does, in the same process: a
+    rule that backtracks or rescans is quadratic in the line, hundreds of times slower at 200 KB.
+    The subprocess's timeout only stops a hang; the ratio is the assertion."""
+    code = textwrap.dedent('''
+        import json, sys, time
+        from day0.core.redact import Redactor
+        n = 200_000
+        def fit(s):
+            return (s * (n // len(s) + 1))[:n]
+        benign = fit("INFO engine: max_tokens=128 top_k: 8 prompt 'hello world' took 12.5 ms, ok. ")
+        hostile = {
+            "backslashes-in-quotes": 'password="' + "\\\\" * n,
+            "quote-never-closed": fit('x_key="a b c d e f g '),
+            "json-never-closed": fit('{"api_key": "aaaa bbbb '),
+            "names-back-to-back": fit("a_key=a_key=a_key="),
+            "names-without-values": fit("api_key: "),
+            "digits-after-a-name": fit("token=" + "1" * 5000 + " "),
+            "long-names": fit("x" * 127 + "_token "),
+            "escaped-quotes": fit('password=\\\\"' + 'a\\\\\\\\' * 50),
+            "flag-quote-never-closed": fit("--api-key '\\\\"),
+            "listed-flags": fit("'--api-key', "),
+            "camel-names": fit("aKey:aKey:aKey:"),
+            "hyphens": fit("a-"),
+            "equals": fit("="),
+        }
+        r = Redactor()
+        def best(text):
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                r.text(text)
+                times.append(time.perf_counter() - t)
+            return min(times)
+        base = best(benign)
+        print(json.dumps({k: best(v) / base for k, v in hostile.items()}))
+    ''')
+    out = hostile.run([sys.executable, "-c", code], timeout_s=120)
+    assert out.code == 0, out.explain()
+    ratios = json.loads(out.stdout)
+    slow = {k: round(v, 1) for k, v in ratios.items() if v > 20}
+    assert not slow, f"hostile lines cost this many benign lines of the same length: {slow}"
