@@ -160,12 +160,18 @@ def open_regular(path: Path | str, what: str | None = None, error: type[InputErr
 def read_regular(path: Path | str, what: str | None, cap: int, error: type[InputError] = InputError, *,
                  label: str | None = None) -> bytes:
     """The bytes of a regular file of at most ``cap`` bytes (checked before and while reading:
-    a sparse file's claimed size is refused without reading it, a growing one at the cap)."""
+    a sparse file's claimed size is refused without reading it, a growing one at the cap).
+
+    Read as the size the file claims, then on to the cap only if there is more: ``read(cap + 1)``
+    allocates the whole cap up front (256 MiB for a 5 kB result), which counts against a strict
+    overcommit limit and which tracemalloc counts as the reader's peak."""
     label = str(path) if label is None else label
-    fh, _ = open_regular(path, what, error, label=label, cap=cap)
+    fh, st = open_regular(path, what, error, label=label, cap=cap)
     with fh:
         try:
-            data = fh.read(cap + 1)
+            data = fh.read(min(st.st_size, cap) + 1)
+            if st.st_size < len(data) <= cap:  # it grew since, or claims no size (/proc): the rest, to the cap
+                data += fh.read(cap + 1 - len(data))
         except OSError as exc:
             raise error(label, f"cannot be read ({exc.strerror or exc})") from None
     if len(data) > cap:
