@@ -9,18 +9,31 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
+
+
+def ordered(values: Sequence[float]) -> Sequence[float]:
+    """``values`` sorted. A compact array of doubles (``array('d')``: an import's millions of
+    inter-token gaps) is sorted as one, 8 bytes a value: ``sorted()`` would make each a float
+    object of 32 bytes, four times the array, in every percentile taken of it."""
+    if isinstance(values, array) and values.typecode == "d":
+        import numpy as np  # here, not at the top: most callers never pass an array and skip its import
+
+        out: Any = np.sort(np.frombuffer(values, dtype=np.float64))  # a Sequence in all but name
+        return out
+    return sorted(values)
 
 
 def percentile(values: Sequence[float], p: float, *, presorted: bool = False, method: str = "linear") -> float:
     """``linear``: interpolation between closest ranks (numpy's default, what vLLM bench uses);
     ``nearest``: the value at rank ceil(n p / 100) (nccl-tests' rule, never a value not seen)."""
-    if not values:
+    if len(values) == 0:  # not `not values`: a sorted array (ordered) has no single truth value
         return math.nan
     if not 0 <= p <= 100:
         raise ValueError(f"percentile {p} is outside [0, 100]")
-    v = values if presorted else sorted(values)
+    v = values if presorted else ordered(values)
     if method == "nearest":
         return float(v[min(len(v) - 1, max(0, math.ceil(len(v) * p / 100.0) - 1))])
     if method != "linear":
@@ -29,7 +42,7 @@ def percentile(values: Sequence[float], p: float, *, presorted: bool = False, me
     lo = math.floor(rank)
     hi = min(lo + 1, len(v) - 1)
     frac = rank - lo
-    return v[lo] + (v[hi] - v[lo]) * frac if frac else float(v[lo])
+    return float(v[lo] + (v[hi] - v[lo]) * frac) if frac else float(v[lo])
 
 
 # -- confidence in a percentile ----------------------------------------------------------------
@@ -107,7 +120,7 @@ def percentile_bounds(values: Sequence[float], p: float, confidence: float = 0.9
                       presorted: bool = False) -> PercentileBounds:
     """The order statistics X(u), X(l) with P(X(u) >= true p-th percentile) >= confidence and
     P(X(l) <= it) >= confidence (:func:`bound_ranks`)."""
-    v = values if presorted else sorted(values)
+    v = values if presorted else ordered(values)
     lower, upper = bound_ranks(len(v), p, confidence)
     return PercentileBounds(p, confidence, len(v), None if lower is None else float(v[lower - 1]),
                             None if upper is None else float(v[upper - 1]))
@@ -178,10 +191,15 @@ def tail_bursts(series: Sequence[float], share: float = TAIL_SHARE) -> TailBurst
     k = math.floor(n * share)
     if not 0 < share < 1 or k < MIN_TAIL:
         return None
-    threshold = sorted(series)[n - k]
-    slow = [x >= threshold for x in series]
-    runs = sum(1 for i, s in enumerate(slow) if s and (i == 0 or not slow[i - 1]))
-    return TailBursts(n, share, sum(slow), runs)
+    threshold = float(ordered(series)[n - k])
+    slow = runs = 0
+    before = False  # whether the sample before was slow: a run starts at a slow one after a fast one
+    for x in series:  # counted as it goes, not as a list of flags: a series may hold millions (an import's ITL)
+        now = x >= threshold
+        slow += now
+        runs += now and not before
+        before = now
+    return TailBursts(n, share, slow, runs)
 
 
 # Offered bursts: how bursty the arrivals a client sent were, before any server answered them.

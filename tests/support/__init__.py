@@ -1,6 +1,7 @@
 """What the tests share: the repository's paths, run and checkpoint factories, the hostile-input
 runner, the scripted SSE server, the raw socket server, fakes of vLLM's server and of ssh, fake Slurm
-commands, the host requirements of the ``host`` marker, and the processes a test's stop left."""
+commands, vLLM bench results of any size, the host requirements of the ``host`` marker, and the
+processes a test's stop left."""
 
 from pathlib import Path
 

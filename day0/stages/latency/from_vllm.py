@@ -12,6 +12,8 @@ Without ``--save-detailed`` the file holds summaries only: refused, naming the m
 from __future__ import annotations
 
 import math
+from array import array
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -92,24 +94,32 @@ def _request(doc: Doc, obj: dict[str, Any], i: int) -> RequestResult:
         r.error, r.reason = error_kind(err)
         return r
     ttft = doc.number(obj, "ttfts", i, minimum=0.0)
-    gaps = doc.listed(obj, "itls", i)
-    t = wait + ttft
-    r.msg_t = [t]
-    for k in range(len(gaps)):
-        t += doc.number(obj, "itls", i, k, minimum=0.0)
-        r.msg_t.append(t)
+    gaps = _gaps(doc, obj, i)
+    r.msg_t = array("d", accumulate(gaps, initial=wait + ttft))  # t += gap, as each message came
+    t = r.msg_t[-1]
     if latency is not None and wait + latency + WINDOW_SLACK_S < t:  # vLLM: the last chunk's instant - send
         raise doc.outside(("latencies", i), f"{latency:.6g} s, before the request's last token at {t - wait:.6g} s "
                                             f"(ttfts[{i}] + itls[{i}]): a request cannot end before it streamed")
     if claimed:  # vLLM bench counts a chat stream's role chunk as a message: at least one token per gap
         check_tokens(doc, ("output_lens", i), claimed, len(gaps), len(r.msg_t))
-    r.msg_n = [1] * len(r.msg_t)
+    r.msg_n = array("B", b"\x01") * len(r.msg_t)  # one token a message: a byte each, not a list's 8
     r.output_tokens = r.expected_output_len or len(r.msg_t)
     r.output_tokens_source = "usage" if r.expected_output_len else "messages"
     r.prompt_tokens = r.input_len
     r.token_source = "content"
     r.ok = True
     return r
+
+
+def _gaps(doc: Doc, obj: dict[str, Any], i: int) -> list[Any]:
+    """``itls[i]``, every gap a number >= 0. Checked for the whole list at once (their types and
+    least value), since a long run holds millions: a gap at a time through :meth:`Doc.number` is
+    only for naming the first that is not (strict_json already refused NaN and infinities)."""
+    gaps: list[Any] = doc.listed(obj, "itls", i)
+    if not set(map(type, gaps)) <= {float, int} or (gaps and min(gaps) < 0):
+        for k in range(len(gaps)):
+            doc.number(obj, "itls", i, k, minimum=0.0)
+    return gaps
 
 
 def _settings(doc: Doc, obj: dict[str, Any], n: int) -> LatencySection:

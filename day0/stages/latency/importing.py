@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from day0.config.latency import SlaSection
-from day0.core.inputs import InputError, read_regular, strict_json
+from day0.core.inputs import InputError, decode_utf8, read_regular, strict_json
 from day0.core.record import EVENTS_FILE, Check, EventLog, RunRecord, rebuild
 from day0.stages.latency.checks import (
     error_rate_check,
@@ -40,8 +40,7 @@ def read_result(path: Path, fmt: str = "auto", benchmark: int | None = None) -> 
     """The run in ``path`` (``benchmark``: which one, when the file holds several); InputError names
     the file and key of anything that cannot be used."""
     path = Path(path)
-    text = read_regular(path, "benchmark result", MAX_RESULT_BYTES)
-    runs = _documents(path, text)
+    runs, sha256 = _read(path)
     first = runs[0]
     kind = fmt if fmt != "auto" else ("guidellm" if looks_like_guidellm(first) else
                                       "vllm" if looks_like_vllm(first) else "")
@@ -58,19 +57,34 @@ def read_result(path: Path, fmt: str = "auto", benchmark: int | None = None) -> 
         if not isinstance(runs[i], dict):
             raise InputError(f"{path}: result {i}: expected an object, not a vllm bench serve result")
         run = read_vllm(path, runs[i], f"result {i} ({labels[i]})" if len(runs) > 1 else labels[i])
-    run.sha256 = hashlib.sha256(text).hexdigest()
+    run.sha256 = sha256
     return run
 
 
-def _documents(path: Path, text: bytes) -> list[Any]:
-    """The file's JSON document, or (``vllm bench serve --append-result``) one per line."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if len(lines) > 1 and all(line.lstrip().startswith(b"{") for line in lines):
-        try:
-            return [strict_json(text, str(path))]
-        except InputError:
+def _read(path: Path) -> tuple[list[Any], str]:
+    """The file's documents and its sha256. The bytes are let go before the parse: held beside
+    their decoded text and what the parser builds, they were a third of the import's peak."""
+    raw = read_regular(path, "benchmark result", MAX_RESULT_BYTES)
+    sha256 = hashlib.sha256(raw).hexdigest()
+    try:
+        text: str | bytes = decode_utf8(raw, str(path))
+    except InputError:  # parsed as bytes, so a refusal names the bad byte (and its line, one result a line)
+        text = raw
+    del raw
+    return _documents(path, text), sha256
+
+
+def _documents(path: Path, text: str | bytes) -> list[Any]:
+    """The file's JSON document, or (``vllm bench serve --append-result``) one per line. The lines
+    are looked at only when the whole is not one document: they are a second copy of the file."""
+    try:
+        return [strict_json(text, str(path))]
+    except InputError:
+        raw = text.encode("utf-8") if isinstance(text, str) else text  # split as bytes: \n and \r only
+        lines = [line for line in raw.splitlines() if line.strip()]
+        if len(lines) > 1 and all(line.lstrip().startswith(b"{") for line in lines):
             return [strict_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1)]
-    return [strict_json(text, str(path))]
+        raise
 
 
 def _pick(path: Path, benchmark: int | None, labels: list[str], what: str) -> int:

@@ -23,13 +23,15 @@ Failed requests are counted by kind and reason and kept out of every latency sta
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Iterable, Sequence
 
 from day0.client.loadgen import PhaseResult, RequestResult, token_source
 from day0.client.prom import pct_name
 from day0.config.latency import LIMIT_METRICS
-from day0.core.stats import percentile
+from day0.core.stats import ordered, percentile
 
 SOURCE = "http"  # the engine view the figures come from (the in-process run relabels its checks)
 METRICS: tuple[str, ...] = LIMIT_METRICS  # ttft, tpot, itl, e2e: the ones an [sla] limit names
@@ -73,13 +75,15 @@ class Stats:
 
 
 def summarize(values: Sequence[float], percentiles: Iterable[float]) -> Stats:
-    v = sorted(values)
+    v = ordered(values)
     n = len(v)
     if n == 0:
         return Stats(0, math.nan, math.nan, math.nan, math.nan, {pct_name(p): math.nan for p in percentiles})
-    mean = math.fsum(v) / n
-    var = math.fsum((x - mean) ** 2 for x in v) / n
-    return Stats(n, mean, math.sqrt(var), v[0], v[-1],
+    # over ``values`` as given, not the sorted ``v`` (fsum is exact in any order): an array yields
+    # Python floats, whose ``** 2`` is the one a list always had (numpy's is off by an ulp now and then)
+    mean = math.fsum(values) / n
+    var = math.fsum((x - mean) ** 2 for x in values) / n
+    return Stats(n, mean, math.sqrt(var), float(v[0]), float(v[-1]),
                  {pct_name(p): percentile(v, p, presorted=True) for p in percentiles})
 
 
@@ -93,6 +97,23 @@ def per_token_itl(msg_t: Sequence[float], msg_n: Sequence[int]) -> list[float]:
         g = (msg_t[i] - msg_t[i - 1]) / msg_n[i]
         out.extend([g] * msg_n[i])
     return out
+
+
+def itl_samples(ok: Sequence[RequestResult]) -> tuple[array[float], array[float]]:
+    """ITL per message and per token (ms) over ``ok``, as compact arrays: a long run or an imported
+    file has millions of gaps, and a list would hold each as a float object (32 bytes, not 8).
+    Where every message carried one token the two are the same numbers, and the same array (never
+    written to after this)."""
+    ms = 1000.0
+    itl: array[float] = array("d")
+    for r in ok:
+        itl.extend((b - a) * ms for a, b in pairwise(r.msg_t))
+    if all(not r.msg_n or min(r.msg_n) == 1 == max(r.msg_n) for r in ok):
+        return itl, itl  # per_token_itl's g / 1 * ms is the message's gap, bit for bit
+    itl_tok: array[float] = array("d")
+    for r in ok:
+        itl_tok.extend(g * ms for g in per_token_itl(r.msg_t, r.msg_n))
+    return itl, itl_tok
 
 
 def tpot_of(r: RequestResult) -> float | None:
@@ -138,7 +159,7 @@ class LatencyMetrics:
     goodput: float | None
     slo_ms: dict[str, float]
     stats: dict[str, Stats]  # ttft, tpot, itl, itl_token, e2e, send_lag, ttft_from_send
-    samples: dict[str, list[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send, e2e_from_send,
+    samples: dict[str, Sequence[float]]  # per-request ms: ttft, tpot, e2e, send_lag, ttft_from_send, e2e_from_send,
     # ttft_without_stalls, e2e_without_stalls, tpot_without_stalls (the client loop's stalls taken out:
     # what each was at least); pooled itl, itl_token
     sample_offsets_s: list[float]  # scheduled time of each successful request since t=0
@@ -172,11 +193,7 @@ def compute_metrics(phase: PhaseResult, percentiles: Iterable[float], slo_ms: di
     tpots = [tpot_of(r) for r in ok]
     tpot = [t * ms for t in tpots if t is not None]
     tpot_free = [t * ms for t in map(tpot_without_stalls, ok) if t is not None]
-    itl: list[float] = []
-    itl_tok: list[float] = []
-    for r in ok:
-        itl.extend((b - a) * ms for a, b in zip(r.msg_t, r.msg_t[1:]))
-        itl_tok.extend(g * ms for g in per_token_itl(r.msg_t, r.msg_n))
+    itl, itl_tok = itl_samples(ok)
     errors: dict[str, int] = {}
     reasons: dict[str, int] = {}
     for r in bad:
@@ -234,7 +251,7 @@ def pooled(first: LatencyMetrics, more: LatencyMetrics) -> LatencyMetrics:
     A capacity search's answer holds over its point and the requests measured at that load after it.
     The loop stall is the second phase's: the first was judged with its own already."""
     pcts = [float(k[1:]) for k in first.stats["ttft"].percentiles]
-    samples = {k: first.samples.get(k, []) + more.samples.get(k, []) for k in (*first.samples, *more.samples)}
+    samples = {k: _joined(first.samples.get(k, []), more.samples.get(k, [])) for k in (*first.samples, *more.samples)}
     dur = first.duration_s + more.duration_s
     completed = first.completed + more.completed
     ins, outs = first.input_tokens + more.input_tokens, first.output_tokens + more.output_tokens
@@ -255,3 +272,10 @@ def pooled(first: LatencyMetrics, more: LatencyMetrics) -> LatencyMetrics:
         count_mismatches=first.count_mismatches + more.count_mismatches, offered_rate=first.offered_rate,
         failures=(first.failures + more.failures)[:20], workers=max(first.workers, more.workers),
         loop_stall_ms=more.loop_stall_ms, missing=first.missing)
+
+
+def _joined(a: Sequence[float], b: Sequence[float]) -> Sequence[float]:
+    """Two phases' samples of one metric, one after the other (a list, or an array where either is one)."""
+    if isinstance(a, array) or isinstance(b, array):
+        return array("d", a) + array("d", b)
+    return [*a, *b]
