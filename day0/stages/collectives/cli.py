@@ -212,9 +212,11 @@ def _cmd_transport(args: argparse.Namespace) -> int:
         log = read_nccl_debug(args.logs)
     except ValueError as exc:  # InputError too
         return _refuse(exc)
+    procs = log.comms.by_proc
     Terminal().print(f"# NCCL log: {len(args.logs)} file(s), {log.lines} lines, NCCL {', '.join(log.versions) or '?'}, "
-                     f"{sum(c.count for c in log.connections)} channel connections, {len(log.rank_hosts)} ranks on "
-                     f"{len(set(log.rank_hosts.values()))} host(s)")
+                     f"{sum(c.count for c in log.connections)} channel connections, {len(procs)} process(es) with "
+                     f"init lines on {len({host for host, _ in procs})} host(s) in {len(log.comms.groups())} "
+                     "communicator(s)")
     return _report(log_checks(log, topology), args.json)
 
 

@@ -7,10 +7,16 @@ InfiniBand is misconfigured still runs, only slower, through SHM or sockets: the
 place that says so. Formats follow NCCL's ``transport/{p2p,shm,net}.cc``, ``graph/search.cc``
 and ``init.cc``, of any version since 2.7.
 
+A job has several communicators (the world, vLLM's TP/PP/DP/EP groups), each numbering its ranks
+from 0, and a connection line names its communicator's ranks only: :mod:`nccl_comms` keeps each
+process's communicators from their init lines and places a connection's two ends by them
+(:meth:`NcclDebugLog.ends`), saying why where the log cannot tell.
+
 Logs come from every rank of a job, so they are big and are read without trusting them: a file
 is streamed under the caps of :mod:`inputs`, connections are kept once per (ranks, side,
-transport, host) with a count and the channels that used it, so memory follows the ranks and
-links of the job, not the lines of the file; a log that contradicts itself (two NCCL versions)
+transport, process, communicator in init) with a count and the channels that used it, and
+communicators once per process, so memory follows the ranks, links and communicators of the job,
+not the lines of the file; a log that contradicts itself (two NCCL versions)
 or names impossible channels is refused with its file and line, since no verdict drawn from it
 could be trusted.
 """
@@ -23,7 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
+from day0.stages.collectives import nccl_comms
 from day0.stages.collectives.inputs import UNREADABLE_LOG, InputError, iter_lines
+from day0.stages.collectives.nccl_comms import CommTable, Ends, init_facts
 
 # "host:pid:tid [dev] NCCL INFO message"; the prefix is optional (NCCL_DEBUG_FILE keeps it, a
 # grep'ed excerpt may not).
@@ -46,11 +54,6 @@ _PATTERN = re.compile(
     r"(?:,\s*(?:bw|speed)\s+(?P<bwi>[\d.]+)/(?P<bwo>[\d.]+))?"
     r"(?:,\s*type\s+(?P<ti>[A-Za-z0-9]+)/(?P<to>[A-Za-z0-9]+))?"
 )
-_COMM = re.compile(
-    r"comm\s+0x[0-9a-fA-F]+\s+rank\s+(?P<rank>\d+)\s+nRanks\s+(?P<nranks>\d+)\s+nNodes\s+(?P<nnodes>\d+)"
-    r"\s+localRanks\s+(?P<lranks>\d+)\s+localRank\s+(?P<lrank>\d+)"
-)
-_INIT = re.compile(r"comm\s+0x[0-9a-fA-F]+\s+rank\s+(?P<rank>\d+)\s+nranks\s+(?P<nranks>\d+)\s+cudaDev\s+(?P<dev>\d+)")
 _VERSION = re.compile(r"^NCCL version\s+(?P<v>\S+)")
 _USING_NET = re.compile(r"Using network\s+(?P<net>.+?)\s*$")
 
@@ -61,7 +64,6 @@ NVLINK_PATH_TYPES = frozenset({"NVL", "NVB", "C2C", "LOC"})
 #: Bounds on what one log may hold: far above a 10,000-rank job, far below what exhausts memory.
 MAX_CHANNEL = 1024  # NCCL has at most 64 channels (MAXCHANNELS) today
 MAX_GROUPS = 500_000  # distinct connections (rank pair, side, transport, host) and topology patterns
-MAX_RANKS = 1_000_000
 MAX_TREES = 256  # tree entries kept as evidence (their ranks' hosts are all kept)
 MAX_RINGS, MAX_RING_RANKS = 64, 4096  # ring orders kept as evidence: channels, ranks of each
 MAX_WARNINGS = 50
@@ -88,6 +90,8 @@ class Connection:
     line: str
     count: int = 1  # lines (channels x connection indices) that set this connection up
     channels: int = 0  # bit c set: channel c used it
+    pid: int | None = None  # the process that logged it (None without a prefix)
+    opened: int | None = None  # the communicator whose init its thread was running (CommTable serial)
 
     @property
     def transport(self) -> str:
@@ -106,6 +110,16 @@ class Connection:
     def logger_rank(self) -> int:
         """The rank whose process printed the line: the receiver for [receive], else the sender."""
         return self.dst if self.side == "receive" else self.src
+
+    @property
+    def peer_rank(self) -> int:
+        """The other end: the rank whose host the communicator must tell."""
+        return self.src if self.side == "receive" else self.dst
+
+    @property
+    def peer_dev(self) -> str | None:
+        """The peer's GPU as the line prints it: nvmlDev (NCCL >= 2.12) or busId (2.8-2.11)."""
+        return self.src_dev if self.side == "receive" else self.dst_dev
 
     @property
     def channel_list(self) -> list[int]:
@@ -135,10 +149,9 @@ class NcclDebugLog:
     rings: dict[int, list[int]] = field(default_factory=dict)  # channel -> rank order
     trees: list[dict[str, Any]] = field(default_factory=list)  # {rank, channel, up, down}, the first MAX_TREES
     patterns: list[GraphPattern] = field(default_factory=list)
-    rank_hosts: dict[int, str] = field(default_factory=dict)
-    local_ranks: dict[str, int] = field(default_factory=dict)  # host -> localRanks NCCL reported
-    nranks: int | None = None
-    nnodes: int | None = None
+    comms: CommTable = field(default_factory=CommTable)  # every process's communicators
+    nranks: int | None = None  # the largest communicator's (the world's), whatever printed last
+    nnodes: int | None = None  # ... and its node count
     versions: list[str] = field(default_factory=list)  # distinct, in the order seen
     networks: list[str] = field(default_factory=list)  # "Using network IB", distinct
     nvls: bool = False
@@ -149,28 +162,16 @@ class NcclDebugLog:
     _index: dict[tuple, Any] = field(default_factory=dict, repr=False)  # group key -> Connection/GraphPattern
     _version_at: str = field(default="", repr=False)  # where the first version was printed
 
-    def host_of(self, rank: int, devices_per_node: int | None = None) -> str | None:
-        """The host of a rank: seen in the log, else inferred, else None when it cannot be known.
+    def ends(self, conn: Connection, devices_per_node: int | None = None) -> Ends:
+        """The hosts of a connection's two ends, each placed by the communicator of the line.
 
-        A log often holds one node's processes only (each node writes its own NCCL_DEBUG_FILE):
-        then ranks of the other nodes never print a line, and are placed by what is known.
+        The logging end is the host that printed the line; the peer is that communicator's rank, on
+        the host whose process logged it, else inferred (``<other node>`` when every host of the
+        communicator has all its local ranks logged, ``<node k>`` for the world's rank by
+        ``devices_per_node``), else None with ``why``. A log often holds one node's processes only
+        (each node writes its own NCCL_DEBUG_FILE): the other nodes' ranks never print a line.
         """
-        if rank in self.rank_hosts:
-            return self.rank_hosts[rank]
-        hosts = set(self.rank_hosts.values())
-        if self.nnodes == 1 and len(hosts) == 1:
-            return next(iter(hosts))
-        if devices_per_node:
-            node = rank // devices_per_node
-            for r, h in self.rank_hosts.items():
-                if r // devices_per_node == node:
-                    return h
-            return f"<node {node}>"
-        if hosts and all(
-            sum(1 for v in self.rank_hosts.values() if v == h) >= self.local_ranks.get(h, 1 << 30) for h in hosts
-        ):
-            return "<other node>"  # every known host has all its local ranks accounted for
-        return None
+        return self.comms.ends(conn, self.connections, self.nnodes, devices_per_node)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,7 +179,8 @@ class NcclDebugLog:
             "rings": {str(k): v[:1024] for k, v in sorted(self.rings.items())},
             "trees": self.trees[:MAX_TREES],
             "patterns": [asdict(p) for p in self.patterns[:64]],
-            "rank_hosts": {str(k): v for k, v in sorted(self.rank_hosts.items())[:4096]},
+            "communicators": self.comms.summary(),
+            "processes": len(self.comms.by_proc),
             "nranks": self.nranks,
             "nnodes": self.nnodes,
             "versions": sorted(set(self.versions)),
@@ -190,14 +192,16 @@ class NcclDebugLog:
 
 
 class _Line(NamedTuple):
-    """One NCCL line: the host of the process that logged it (None without a prefix), its number,
-    the raw text, the message after ``NCCL INFO``, and the file it came from."""
+    """One NCCL line: the host, pid and thread of the process that logged it (None without a
+    prefix), its number, the raw text, the message after ``NCCL INFO``, and the file it came from."""
 
     host: str | None
     n: int
     raw: str
     msg: str
     where: str
+    pid: int | None = None
+    tid: int | None = None
 
 
 def _feed(log: NcclDebugLog, where: str, n: int, raw: str) -> None:
@@ -207,8 +211,10 @@ def _feed(log: NcclDebugLog, where: str, n: int, raw: str) -> None:
         _, path, problem = (raw.split("\t", 2) + ["", ""])[:3]
         raise NcclLogError(path, problem)
     m = _PREFIX.match(raw)
+    pid = tid = None
     if m:
         host, level, msg = sys.intern(m["host"]), m["level"], m["msg"].strip()
+        pid, tid = int(m["pid"]), int(m["tid"])
     else:
         b = _BARE.match(raw)
         if not b:
@@ -220,7 +226,7 @@ def _feed(log: NcclDebugLog, where: str, n: int, raw: str) -> None:
         if len(log.warnings) < MAX_WARNINGS:
             log.warnings.append(raw.strip()[:500])
         return
-    line = _Line(host, n, raw, msg, where)
+    line = _Line(host, n, raw, msg, where, pid, tid)
     for read in _READERS:
         if read(log, line):
             break
@@ -264,14 +270,6 @@ def _group(log: NcclDebugLog, line: _Line, key: tuple) -> Any:
     return seen
 
 
-def _host(log: NcclDebugLog, rank: int, line: _Line) -> None:
-    if line.host is None or rank in log.rank_hosts:
-        return
-    if len(log.rank_hosts) >= MAX_RANKS:
-        raise NcclLogError(line.where, f"more than {MAX_RANKS} ranks: not one NCCL job's log", line.n)
-    log.rank_hosts[rank] = line.host
-
-
 def _channel(ch: str, line: _Line) -> int:
     c = int(ch)
     if c >= MAX_CHANNEL:
@@ -286,19 +284,19 @@ def _read_connection(log: NcclDebugLog, line: _Line) -> bool:
         return False
     ch = _channel(c["ch"], line)
     src, dst, via = int(c["src"]), int(c["dst"]), sys.intern(c["via"])
-    key = ("conn", src, dst, c["side"], via, line.host)
+    opened = log.comms.opened(line.host, line.pid, line.tid)
+    key = ("conn", src, dst, c["side"], via, line.host, line.pid, opened)
     conn = _group(log, line, key)
     if conn is None:
         conn = Connection(
             channel=ch, conn_index=int(c["ci"]) if c["ci"] is not None else None, src=src, dst=dst,
             src_dev=c["srcdev"], dst_dev=c["dstdev"], side=c["side"], via=via, host=line.host, line_no=line.n,
-            line=line.raw.strip()[:300], count=0,
+            line=line.raw.strip()[:300], count=0, pid=line.pid, opened=opened,
         )
         log._index[key] = conn
         log.connections.append(conn)
     conn.count += 1
     conn.channels |= 1 << ch
-    _host(log, conn.logger_rank, line)
     return True
 
 
@@ -325,7 +323,7 @@ def _read_trees(log: NcclDebugLog, line: _Line) -> bool:
                     "down": [int(t[k]) for k in ("d0", "d1", "d2") if int(t[k]) >= 0],
                 }
             )
-        _host(log, me, line)
+        log.comms.note_tree(line.host, line.pid, me)
     return True
 
 
@@ -355,24 +353,19 @@ def _read_pattern(log: NcclDebugLog, line: _Line) -> bool:
     return True
 
 
-def _read_comm(log: NcclDebugLog, line: _Line) -> bool:
-    cm = _COMM.search(line.msg)
-    if not cm:
-        return False
-    log.nranks = int(cm["nranks"])
-    log.nnodes = int(cm["nnodes"])
-    _host(log, int(cm["rank"]), line)
-    if line.host is not None and (line.host in log.local_ranks or len(log.local_ranks) < MAX_RANKS):
-        log.local_ranks[line.host] = int(cm["lranks"])
-    return True
-
-
 def _read_init(log: NcclDebugLog, line: _Line) -> bool:
-    im = _INIT.search(line.msg)
-    if not im:
+    """An init line: the communicator's size for the log, and the process's member of it for the table."""
+    f = init_facts(line.msg)
+    if f is None:
         return False
-    log.nranks = log.nranks or int(im["nranks"])
-    _host(log, int(im["rank"]), line)
+    if log.nranks is None or f.nranks > log.nranks:
+        log.nranks, log.nnodes = f.nranks, f.nnodes
+    elif f.nranks == log.nranks and f.nnodes is not None:
+        log.nnodes = max(log.nnodes or 0, f.nnodes)
+    if line.host is not None and line.pid is not None and line.tid is not None:
+        if log.comms.note(line.host, line.pid, line.tid, f, f"{line.where}:{line.n}") is None:
+            raise NcclLogError(line.where, f"more than {nccl_comms.MAX_COMMS} communicators (processes x communicators): not "
+                                           "one NCCL job's log (split it by job)", line.n)
     return True
 
 
@@ -408,8 +401,7 @@ def _read_nvls(log: NcclDebugLog, line: _Line) -> bool:
     return found
 
 
-#: In the order they are tried: a connection line is never read as a ring, an init line is a comm line first.
+#: In the order they are tried: a connection line is never read as a ring.
 _READERS: tuple[Callable[[NcclDebugLog, _Line], bool], ...] = (
-    _read_connection, _read_ring, _read_trees, _read_pattern, _read_comm, _read_init, _read_version, _read_network,
-    _read_nvls,
+    _read_connection, _read_ring, _read_trees, _read_pattern, _read_init, _read_version, _read_network, _read_nvls,
 )

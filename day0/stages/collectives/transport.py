@@ -108,7 +108,7 @@ def classify(log: NcclDebugLog, topology: TransportTopology) -> dict[str, list[C
     out: dict[str, list[Connection]] = {"intra_node": [], "inter_node": [], "unknown": []}
     dpn = topology.devices_per_node
     for c in log.connections:
-        a, b = log.host_of(c.src, dpn), log.host_of(c.dst, dpn)
+        a, b, _ = log.ends(c, dpn)
         if a is not None and b is not None:
             out["intra_node" if a == b else "inter_node"].append(c)
         elif c.transport in ("SHM",) or (c.transport == "P2P" and "MNNVL" not in c.via.upper()):
@@ -116,6 +116,17 @@ def classify(log: NcclDebugLog, topology: TransportTopology) -> dict[str, list[C
         else:
             out["unknown"].append(c)
     return out
+
+
+def _unplaced(log: NcclDebugLog, unknown: list[Connection], topo: TransportTopology, limit: int = 5) -> list[list[str]]:
+    """Why connections could not be placed on a node: the first distinct reasons, each with a line it holds for."""
+    out: dict[str, str] = {}
+    for c in unknown:
+        why = log.ends(c, topo.devices_per_node).why or "its node cannot be told"
+        out.setdefault(why, c.line)
+        if len(out) >= limit:
+            break
+    return [[why, line] for why, line in out.items()]
 
 
 def _summary(conns: Iterable[Connection]) -> str:
@@ -214,6 +225,9 @@ def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: Tr
     evidence = dict(base_evidence)
     evidence["table"] = _conn_table(conns)
     evidence["unknown_scope"] = len(groups["unknown"])
+    unplaced = _unplaced(log, groups["unknown"], topo)
+    if unplaced:
+        evidence["unknown_why"] = unplaced
     value = _summary(conns)
     if bad or pattern_bad:
         first = bad[0][1] if bad else (
@@ -244,8 +258,9 @@ def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: Tr
             return Check(
                 id=cid, title=title, status="error", value=value, limit=expect, direction="exact",
                 message=f"{sum(c.count for c in groups['unknown'])} NET connections whose node could not be told "
-                "from the log; "
-                "keep the host:pid prefix (NCCL_DEBUG_FILE) or set topology.devices_per_node",
+                f"from the log ({unplaced[0][0]}); "
+                "keep the host:pid prefix and the init lines (NCCL_DEBUG_FILE, NCCL_DEBUG_SUBSYS=INIT) or set "
+                "topology.devices_per_node",
                 evidence=evidence, source="nccl_debug",
             )
         return Check(
@@ -253,6 +268,9 @@ def _scope_check(cid, title, scope, expect, groups, log, base_evidence, topo: Tr
             message=f"no {scope.replace('_', '-')} connections in this run", evidence=evidence, source="nccl_debug",
         )
     msg = f"{sum(c.count for c in conns)} {scope.replace('_', '-')} connections, all {expect if expect != 'any' else 'unconstrained'}: {value}"
+    if unplaced:  # judged on what could be placed; what could not is said, not guessed
+        msg += (f"; {sum(c.count for c in groups['unknown'])} connections not placed on a node, so not judged "
+                f"({unplaced[0][0]})")
     return Check(
         id=cid, title=title, status="pass", value=value, limit=expect, direction="exact",
         message=msg, evidence=evidence, source="nccl_debug",
