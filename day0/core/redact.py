@@ -29,7 +29,8 @@ REDACTED = "<redacted>"
 # Names that end like a secret and are not one: tokenizer words, figures, cache and sort keys, rates
 # (`experts_per_token`, `kv_bytes_per_token`: a plan's figures), a figure's `answer_key`.
 _NOT_SECRET = (r"(?:eos|bos|pad|unk|sep|cls|mask|decoded|itl|first|last|stop|special|added|profile|cache"
-               r"|sort|prefix|metrics_by|by|per|answer)[_\-](?:token|key)$")
+               r"|sort|prefix|metrics_by|by|per|answer|start|end|image|video|audio|think|boi|eoi|sampled)"
+               r"[_\-](?:token|key)$")
 SECRET_KEY = re.compile(
     r"^(?!(?:.*[_\-.])?" + _NOT_SECRET + ")"
     r"(?:.*[_\-.])?(?:api[_\-]?key|access[_\-]?key|secret[_\-]?key|private[_\-]?key|key|token|secret|password"
@@ -58,7 +59,7 @@ _ENDS_SECRET = "(?:" + "|".join(f"(?<={w})" for w in ("key", "token", "secret", 
 _ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
 # A value in quotes, to its closing quote (the same one, JSON-escaped or not; a backslash escapes the
 # next character) or the end of the line: `password="correct horse battery staple"` goes whole.
-_QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,4096}+"
+_QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,}+"
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
     r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
@@ -89,13 +90,22 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]\s{0,16}"
     + r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % MIN_SECRET_LEN
     + r"|(?=[^\s'\",}\\]{0,4096}[a-z])[^\s'\",}\\]{%d,}+))" % MIN_SECRET_LEN,
+    # a token whose issuer's prefix says what it is, wherever it stands (a prompt, "my token: hf_..."):
+    # Hugging Face, GitHub, GitLab, Slack, OpenAI/Anthropic. Case-sensitive prefixes and long bodies
+    # of letters and digits only, so an identifier such as hf_hub_download is not one.
+    r"(?-i:(?<![\w\-])(?P<value>" + _FRESH + r"(?:hf_[A-Za-z0-9]{30,}+|gh[pousr]_[A-Za-z0-9]{30,}+"
+    r"|github_pat_[A-Za-z0-9_]{40,}+|glpat-[A-Za-z0-9_\-]{20,}+|xox[abprs]-[A-Za-z0-9\-]{10,}+"
+    r"|sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{32,}+)))",
 ))
 _USERINFO = _SHAPES[1]
 _NOT_SECRET_NAME = re.compile(r"(?:^|[_\-.])" + _NOT_SECRET, re.IGNORECASE)  # `--eos-token X` is a tokenizer word
 # The secret word a name in text ends in: ``key`` only as a word after another (`MY_KEY`, `apiKey`,
 # not `monkey` nor a bare `key`, which names a figure in day0's own text); the others also glued on
 # (`PGPASSWORD`, `authtoken`), where nothing ordinary ends in them.
-_SECRET_NAME_END = re.compile(r"(?:[^\W_][_\-]key|apikey|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
+_SECRET_NAME_END = re.compile(r"(?:(?:api|access|secret|private|account|storage|client|signing|encryption"
+                              r"|master|auth|session|subscription|ssh|license|service|shared)[_\-]?key"
+                              r"|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
+_ENV_KEY = re.compile(r"[A-Z0-9]_KEY$")  # MY_KEY, STORAGE_KEY: a variable's name, whatever its first words
 # Between the characters of a known value in text: a line break (a wrapped line, a continued command).
 _WRAP = r"(?:\\?\r?\n[ \t]{0,64})?"
 _MAX_WRAPPED = 256  # longer known values (a key file) are matched whole and line by line, not wrapped
@@ -188,12 +198,15 @@ class Redactor:
         the header lines or the command lines it saw). Two keys that redact alike both stay, the
         later one numbered, so no entry is lost."""
         out: dict[Any, Any] = {}
+        last: dict[Any, int] = {}
         for k, v in data.items():
             key = redacted = self.text(k) if isinstance(k, str) else k
-            n = 1
-            while key in out:
-                n += 1
-                key = f"{redacted} ({n})"
+            if key in out:
+                n = last.get(redacted, 1)
+                while key in out:
+                    n += 1
+                    key = f"{redacted} ({n})"
+                last[redacted] = n
             out[key] = v
         return out
 
@@ -232,10 +245,20 @@ class Redactor:
 def _redact_value(m: re.Match[str]) -> str:
     """The match with its ``value`` group replaced: the flag, header name and quotes stay."""
     name = m.groupdict().get("name")
-    if name is not None and not _text_names_secret(name):
+    if name is not None and (not _text_names_secret(name) or _prose(m)):
         return m.group()
     start, end = m.span("value")
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
+
+
+# A bare "token" after a word and a space is prose, not a name: "KV bytes per token: config.json x TP",
+# "time per output token: 12 ms". A named one (hf_token, "token": at a line's start) still goes.
+_PROSE_TOKEN = re.compile(r"\w[ \t]token$", re.IGNORECASE)
+
+
+def _prose(m: re.Match[str]) -> bool:
+    start, end = m.span("name")
+    return bool(_PROSE_TOKEN.search(m.string, max(0, start - 2), end))
 
 
 def _text_names_secret(name: str) -> bool:
@@ -243,7 +266,7 @@ def _text_names_secret(name: str) -> bool:
     `tokenizer` or `num_kv_heads` never reach here (the patterns want the name to end in a secret
     word); this tells `api_key` and `hfToken` from `eos_token` and `monkey`."""
     words = _CAMEL_HUMP.sub("_", name.lstrip("-"))  # accessToken -> access_Token, as is_secret_key reads it
-    return bool(_SECRET_NAME_END.search(words)) and not _NOT_SECRET_NAME.search(words)
+    return bool(_SECRET_NAME_END.search(words) or _ENV_KEY.search(name.lstrip('-'))) and not _NOT_SECRET_NAME.search(words)
 
 
 def _forms(values: Iterable[str]) -> Iterator[str]:
