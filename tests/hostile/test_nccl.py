@@ -568,3 +568,90 @@ def test_a_results_file_that_is_a_fifo(tmp_path):
     code = ("import sys\nfrom day0.stages.collectives import load_result\n"
             f"try:\n    load_result({str(fifo)!r})\nexcept ValueError as e:\n    sys.exit(f'day0: {{e}}')\n")
     hostile.refused(hostile.run([sys.executable, "-c", code]), fifo, code=1, problem="FIFO")
+
+
+def _comms_log(k: int, n: int) -> str:
+    """One process: rank 0 of ``k`` communicators (2.27 init lines), then ``n`` connection lines 0 -> j."""
+    out = []
+    for i in range(k):
+        head = (f"h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0x{0x10000 + i:x} rank 0 nranks 2000000 cudaDev 0 "
+                f"nvmlDev 0 busId 18000 commId 0x{i + 1:x}")
+        out += [f"{head} - Init START",
+                f"h:1:1 [0] NCCL INFO comm 0x{0x10000 + i:x} rank 0 nRanks 2000000 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+                f"{head} - Init COMPLETE"]
+    out += [f"h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> {j + 1}[0] [send] via NET/IB/0" for j in range(n)]
+    return "\n".join(out) + "\n"
+
+
+def _judge_seconds(text: str) -> float:
+    """The fastest of 3 parses and judgements (a ratio of two such is what the tests compare, never seconds)."""
+    import time
+
+    from day0.stages.collectives.nccl_debug import NcclLogError, parse_nccl_debug
+    from day0.stages.collectives.transport import log_checks
+
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        try:
+            log_checks(parse_nccl_debug(text), {"intra_node": "nvlink", "inter_node": "infiniband"})
+        except NcclLogError:
+            pass
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+@pytest.mark.parametrize("k", ["cap", "past the cap"])
+def test_many_communicators_of_one_process_cost_what_one_does(k):
+    """A line is placed among the communicators its process is that rank of: with every one of them
+    a candidate the time grew as communicators x lines (5,000 x 10,000: 35 s, for what one takes 0.1 s)."""
+    from day0.stages.collectives import nccl_comms
+    from day0.stages.collectives.nccl_debug import NcclLogError, parse_nccl_debug
+
+    cap = getattr(nccl_comms, "MAX_COMMS_PER_RANK", 64)  # (the ratio is what fails before the cap existed)
+    many = cap if k == "cap" else 300
+    text, one = _comms_log(many, 6000), _comms_log(1, 6000)
+    if k != "cap":
+        with pytest.raises(NcclLogError, match=rf"<log>:{3 * cap + 1}: more than "
+                                               rf"{cap} communicators in which process h:1 is rank 0"):
+            parse_nccl_debug(text)
+    assert _judge_seconds(text) < 3 * _judge_seconds(one)
+
+
+@pytest.mark.parametrize("what", ["comm", "commId", "parent"])
+def test_an_address_longer_than_64_bits_is_refused_at_its_line(what):
+    """%p and 0x%llx print at most 16 hex digits: longer ones were kept whole per communicator (+450 MiB)."""
+    from day0.stages.collectives.nccl_debug import NcclLogError, parse_nccl_debug
+
+    long = "0x" + "f" * 4000
+    ids = {"comm": (long, "0x1", "0x2"), "commId": ("0x3", long, "0x2"), "parent": ("0x3", "0x1", long)}[what]
+    text = ("h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0x2 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 "
+            "commId 0x9 - Init COMPLETE\n"
+            f"h:1:1 [0] NCCL INFO ncclCommSplit comm {ids[0]} rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 parent "
+            f"{ids[2]} color 0 key 0 commId {ids[1]} - Init COMPLETE\n")
+    with pytest.raises(NcclLogError, match=rf"<log>:2: {what} 0xfff+\.\.\. has more than 16 hex digits"):
+        parse_nccl_debug(text)
+
+
+def test_trees_lines_naming_a_million_ranks_of_one_process_are_refused():
+    """A Trees line names its printer's rank (``->me->``), one per communicator; a million of them from one
+    process were kept as a million (process, rank) keys (+428 MiB, the old parser +148)."""
+    from day0.stages.collectives import nccl_comms
+    from day0.stages.collectives.nccl_debug import NcclLogError, parse_nccl_debug
+
+    items = " ".join(f"[0] -1/-1/-1->{i}->-1" for i in range(2 * nccl_comms.MAX_COMMS_PER_PROCESS))
+    with pytest.raises(NcclLogError, match=r"<log>:2: Trees lines of h:1 name more than"):
+        parse_nccl_debug(f"h:1:1 [0] NCCL INFO Trees [0] -1/-1/-1->0->-1\nh:1:1 [0] NCCL INFO Trees {items}\n")
+
+
+def test_a_pid_of_5000_digits_is_not_a_crash(tmp_path):
+    """int() of more than 4,300 digits raises ValueError: it left transport_checks, and the CLI named no line."""
+    from day0.stages.collectives.transport import transport_checks
+
+    good = "".join(f"h:{100 + r}:{100 + r} [{r}] NCCL INFO Channel 00/0 : {r}[{r}] -> {1 - r}[{1 - r}] via P2P/CUMEM/read\n"
+                   for r in range(2))
+    bad = good + f"h:{'9' * 5000}:1 [0] NCCL INFO Channel 00/0 : 0[0] -> {'7' * 5000}[1] via NET/IB/0\n"
+    checks = transport_checks(bad, {"intra_node": "nvlink"})
+    assert checks[0].status == "pass", checks[0].message
+    out = hostile.day0("collectives", "transport", write(tmp_path, "digits.log", bad), "--intra-node", "nvlink")
+    assert out.code == 0 and "Exceeds the limit" not in out.stdout + out.stderr, out.explain()

@@ -29,28 +29,29 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
-from day0.stages.collectives import nccl_comms
 from day0.stages.collectives.inputs import UNREADABLE_LOG, InputError, iter_lines
-from day0.stages.collectives.nccl_comms import CommTable, Ends, init_facts
+from day0.stages.collectives.nccl_comms import CommLineError, CommTable, Ends, init_facts
 
 # "host:pid:tid [dev] NCCL INFO message"; the prefix is optional (NCCL_DEBUG_FILE keeps it, a
 # grep'ed excerpt may not).
-_PREFIX = re.compile(r"^\s*(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>[^\]]*)\]\s+NCCL\s+(?P<level>INFO|WARN|TRACE)\s+(?P<msg>.*)$")
+_PREFIX = re.compile(r"^\s*(?P<host>[^\s:]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10})\s+\[(?P<dev>[^\]]*)\]\s+NCCL\s+(?P<level>INFO|WARN|TRACE)\s+(?P<msg>.*)$")
 _BARE = re.compile(r"^\s*NCCL\s+(?P<level>INFO|WARN|TRACE)\s+(?P<msg>.*)$")
 # Connection lines. NCCL >= 2.12: "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read";
 # 2.8-2.11: "Channel 00 : 0[1b000] -> 1[1c000] via P2P/IPC"; <= 2.7: "Ring 00 : 0 -> 1 [send] via NET/IB/0".
 _CONN = re.compile(
-    r"^(?:Channel|Ring)\s+(?P<ch>\d+)(?:/(?P<ci>\d+))?\s*:\s*"
-    r"(?P<src>\d+)(?:\[(?P<srcdev>[0-9a-fA-Fx]+)\])?\s*->\s*"
-    r"(?P<dst>\d+)(?:\[(?P<dstdev>[0-9a-fA-Fx]+)\])?"
+    r"^(?:Channel|Ring)\s+(?P<ch>\d{1,10})(?:/(?P<ci>\d{1,10}))?\s*:\s*"
+    r"(?P<src>\d{1,10})(?:\[(?P<srcdev>[0-9a-fA-Fx]{1,18})\])?\s*->\s*"
+    r"(?P<dst>\d{1,10})(?:\[(?P<dstdev>[0-9a-fA-Fx]{1,18})\])?"
     r"(?:\s*\[(?P<side>send|receive)\])?\s+via\s+(?P<via>.+?)\s*$"
 )
 # Ring order: "Channel 00/02 :    0   1   2   3" (no arrow, only ranks).
-_RING = re.compile(r"^(?:Channel|Ring)\s+(?P<ch>\d+)(?:/(?P<nch>\d+))?\s*:\s*(?P<ranks>-?\d+(?:\s+-?\d+)*)\s*$")
+_RING = re.compile(r"^(?:Channel|Ring)\s+(?P<ch>\d{1,10})(?:/(?P<nch>\d{1,10}))?\s*:\s*"
+                   r"(?P<ranks>-?\d{1,10}(?:\s+-?\d{1,10})*)\s*$")
 # Trees: "Trees [0] 1/-1/-1->0->-1 [1] 1/-1/-1->0->-1"
-_TREE_ITEM = re.compile(r"\[(?P<ch>\d+)\]\s+(?P<d0>-?\d+)/(?P<d1>-?\d+)/(?P<d2>-?\d+)->(?P<me>-?\d+)->(?P<up>-?\d+)")
+_TREE_ITEM = re.compile(r"\[(?P<ch>\d{1,10})\]\s+(?P<d0>-?\d{1,10})/(?P<d1>-?\d{1,10})/(?P<d2>-?\d{1,10})"
+                        r"->(?P<me>-?\d{1,10})->(?P<up>-?\d{1,10})\b")
 _PATTERN = re.compile(
-    r"^Pattern\s+(?P<pattern>\d+),\s*crossNic\s+(?P<crossnic>\d+),\s*nChannels\s+(?P<nch>\d+)"
+    r"^Pattern\s+(?P<pattern>\d{1,10}),\s*crossNic\s+(?P<crossnic>\d{1,10}),\s*nChannels\s+(?P<nch>\d{1,10})"
     r"(?:,\s*(?:bw|speed)\s+(?P<bwi>[\d.]+)/(?P<bwo>[\d.]+))?"
     r"(?:,\s*type\s+(?P<ti>[A-Za-z0-9]+)/(?P<to>[A-Za-z0-9]+))?"
 )
@@ -227,9 +228,14 @@ def _feed(log: NcclDebugLog, where: str, n: int, raw: str) -> None:
             log.warnings.append(raw.strip()[:500])
         return
     line = _Line(host, n, raw, msg, where, pid, tid)
-    for read in _READERS:
-        if read(log, line):
-            break
+    try:
+        for read in _READERS:
+            if read(log, line):
+                break
+    except NcclLogError:
+        raise
+    except ValueError as exc:  # a number no NCCL prints (the regexes bound digits; this is the backstop)
+        raise NcclLogError(where, f"{str(exc)[:200]}: not an NCCL line", n) from None
 
 
 def parse_nccl_debug_lines(lines: Iterable[tuple[int, str]], *, where: str = "<log>",
@@ -323,7 +329,9 @@ def _read_trees(log: NcclDebugLog, line: _Line) -> bool:
                     "down": [int(t[k]) for k in ("d0", "d1", "d2") if int(t[k]) >= 0],
                 }
             )
-        log.comms.note_tree(line.host, line.pid, me)
+        why = log.comms.note_tree(line.host, line.pid, me)
+        if why:
+            raise NcclLogError(line.where, why, line.n)
     return True
 
 
@@ -355,7 +363,10 @@ def _read_pattern(log: NcclDebugLog, line: _Line) -> bool:
 
 def _read_init(log: NcclDebugLog, line: _Line) -> bool:
     """An init line: the communicator's size for the log, and the process's member of it for the table."""
-    f = init_facts(line.msg)
+    try:
+        f = init_facts(line.msg)
+    except CommLineError as exc:
+        raise NcclLogError(line.where, str(exc), line.n) from None
     if f is None:
         return False
     if log.nranks is None or f.nranks > log.nranks:
@@ -363,9 +374,9 @@ def _read_init(log: NcclDebugLog, line: _Line) -> bool:
     elif f.nranks == log.nranks and f.nnodes is not None:
         log.nnodes = max(log.nnodes or 0, f.nnodes)
     if line.host is not None and line.pid is not None and line.tid is not None:
-        if log.comms.note(line.host, line.pid, line.tid, f, f"{line.where}:{line.n}") is None:
-            raise NcclLogError(line.where, f"more than {nccl_comms.MAX_COMMS} communicators (processes x communicators): not "
-                                           "one NCCL job's log (split it by job)", line.n)
+        why = log.comms.note(line.host, line.pid, line.tid, f)
+        if why:
+            raise NcclLogError(line.where, f"{why} (split it by job)", line.n)
     return True
 
 

@@ -9,6 +9,7 @@ one process's lines in the order it prints them, processes one after the other p
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import pytest
@@ -42,6 +43,7 @@ class Comm:
     comm_id: str | None = None  # ncclCommInitRank's commId; None: made by ncclCommSplit of ``parent``
     parent: str | None = None
     color: int = 0
+    split_count: int = 1  # the parent's splits so far, this one included (2.24 on print it)
 
 
 def init(comm: Comm, *, style: str = "2.27", tid_of=lambda p, c: p.pid + 16, connect=()) -> None:
@@ -57,10 +59,10 @@ def init(comm: Comm, *, style: str = "2.27", tid_of=lambda p, c: p.pid + 16, con
             what = f"{head}comm {ptr} rank {rank} nranks {n} {dev} commId {comm.comm_id}"
         else:
             parent = p.comms[comm.parent][0]
-            what = {  # 2.21-2.22 print a commId hashed from an all-zero id, the same for every split
+            what = {  # 2.21-2.22: the commId is hashed from "%016lx-%d" (parent's commHash, color), one per color
                 "2.21": f"ncclCommSplit comm {ptr} rank {rank} nranks {n} {dev} parent {parent} color {comm.color} "
-                        f"key {rank} commId 0xf6b1e2a5d0c3b4a7",
-                "2.27": f"ncclCommSplit comm {ptr} rank {rank} nranks {n} {dev} parent {parent} splitCount 1 "
+                        f"key {rank} commId {split_id(comm.parent, comm.color)}",
+                "2.27": f"ncclCommSplit comm {ptr} rank {rank} nranks {n} {dev} parent {parent} splitCount {comm.split_count} "
                         f"color {comm.color} key {rank}",
             }[style]
         glued = comm.comm_id is None and style == "2.27"  # "key %d- Init START": NCCL >= 2.23's split omits the space
@@ -72,6 +74,11 @@ def init(comm: Comm, *, style: str = "2.27", tid_of=lambda p, c: p.pid + 16, con
             if rank in (src, dst):
                 line(comm, src, dst, via, tid=tid, only=p)
         p.say(tid, f"{what} - Init COMPLETE")
+
+
+def split_id(parent: str, color: int) -> str:
+    """What NCCL 2.21-2.22 print as a split's commId: hashUniqueId of "%016lx-%d" (parent commHash, color)."""
+    return "0x" + hashlib.sha256(f"{parent}-{color}".encode()).hexdigest()[:16]
 
 
 def line(comm: Comm, src: int, dst: int, via: str, *, tid: int | None = None, only: Proc | None = None) -> None:
@@ -234,8 +241,9 @@ def pairs_of_four_hosts(style: str) -> list[Proc]:
 
 @pytest.mark.parametrize("style", ["2.21", "2.27"])
 def test_a_split_is_told_by_its_parent_and_color(style):
-    """ncclCommSplit prints no commId of its own (2.21-2.22 print one hashed from zeros, the same for
-    every split): rank 1 of the pair split with color 1 is n3, not n1."""
+    """A split is told by its commId (2.21-2.22: hashed from the parent's commHash and the color), or
+    by its parent, split count and color (2.23 on print no commId): rank 1 of the pair split with color 1
+    is n3, not n1."""
     log = parse_nccl_debug(text_of(pairs_of_four_hosts(style)))
     for c in log.connections:
         pair = {"n0", "n1"} if c.host in ("n0", "n1") else {"n2", "n3"}
@@ -275,3 +283,80 @@ def test_a_reused_address_is_a_new_communicator_and_the_table_is_capped(monkeypa
     monkeypatch.setattr(nccl_comms, "MAX_COMMS", 1)
     with pytest.raises(NcclLogError, match=r"<log>:3: more than 1 communicators"):
         parse_nccl_debug(text)
+
+
+def destroy(p: Proc, name: str) -> None:
+    """``ncclCommDestroy``'s line (init.cc: ``comm %p rank %d nranks %d cudaDev %d busId %lx - Destroy COMPLETE``)."""
+    ptr, rank, n = p.comms.pop(name)
+    p.say(p.pid + 16, f"comm {ptr} rank {rank} nranks {n} cudaDev {p.dev} busId {0x18000 + p.dev * 0x11000:x} "
+                      "- Destroy COMPLETE")
+
+
+@pytest.mark.parametrize("style", ["2.21", "2.27"])
+def test_a_destroyed_communicator_s_address_given_to_the_next_split_is_another_communicator(style):
+    """torch splits per-node groups from the world, uses and destroys them, then splits cross-node pairs:
+    malloc hands the pairs the freed address. Read as one communicator, the pair's IB links were the
+    per-node group's and a healthy cluster failed "intra-node 0->1 used NET/IB"."""
+    procs = [Proc("gpu-a" if r < 2 else "gpu-b", 4100 + r, r % 2) for r in range(4)]
+    world = Comm("world", procs, "0x5001")
+    init(world, style=style)
+    for k in range(2):  # per node: ranks {0, 1} and {2, 3}, colors 0 and 1
+        node = Comm(f"node{k}", procs[2 * k:2 * k + 2], parent="world", color=k)
+        init(node, style=style)
+        line(node, 0, 1, "P2P/CUMEM/read")
+        line(node, 1, 0, "P2P/CUMEM/read")
+    for p in procs:
+        ptr = p.comms[f"node{p.pid % 4 // 2}"][0]
+        destroy(p, f"node{p.pid % 4 // 2}")
+        p.comms["free"] = (ptr, 0, 0)  # the next communicator gets this address
+    for d in range(2):  # cross-node pairs {0, 2} and {1, 3}, colors 0 and 1 again
+        pair = Comm("pair", [procs[d], procs[2 + d]], parent="world", color=d, split_count=2)
+        for p in pair.members:
+            p.comms = {k: v for k, v in p.comms.items() if k != "free"} | {"free": p.comms["free"]}
+        init_at_freed(pair, style)
+        line(pair, 0, 1, "NET/IB/0/GDRDMA")
+        line(pair, 1, 0, "NET/IB/0/GDRDMA")
+    ring(world)
+    log = parse_nccl_debug(text_of(procs))
+    groups = classify(log, TransportTopology.coerce(dict(TOPO, devices_per_node=2)))
+    assert {c.transport for c in groups["intra_node"]} == {"P2P"}
+    checks = {c.id: c for c in log_checks(log, dict(TOPO, devices_per_node=2))}
+    intra, inter = checks["collectives.transport.intra_node"], checks["collectives.transport.inter_node"]
+    assert (intra.status, inter.status) == ("pass", "pass"), (intra.message, inter.message)
+    if style == "2.27":  # 2.21-2.22 print one commId per parent and color: the pairs' share the node groups'
+        assert "not placed" not in intra.message + inter.message
+    assert [c.color for c in log.comms.by_proc[("gpu-a", 4100)]] == [None, 0, 0]  # three records, one address twice
+
+
+def init_at_freed(comm: Comm, style: str) -> None:
+    """``init`` for a communicator placed at each member's freed address (the one ``destroy`` released)."""
+    text_before = {id(p): len(p.lines) for p in comm.members}
+    init(comm, style=style)
+    for p in comm.members:
+        ptr = p.comms[comm.name][0]
+        freed = p.comms.pop("free")[0]
+        p.lines[text_before[id(p)]:] = [ln.replace(f"comm {ptr} ", f"comm {freed} ") for ln in p.lines[text_before[id(p)]:]]
+        p.comms[comm.name] = (freed, *p.comms[comm.name][1:])
+
+
+@pytest.mark.parametrize("style", ["2.19", "2.27"])
+def test_one_node_whole_and_the_other_s_excerpt_are_placed_by_the_world(style):
+    """Node B's file is ``grep Channel`` of it: its processes print world ranks and no init line, node A's
+    processes are the world's members; each side looks the other up (it was an error, unplaced)."""
+    procs = [Proc("gpu-a" if r < 4 else "gpu-b", 6100 + r, r % 4) for r in range(8)]
+    world = Comm("world", procs, "0xc0ffee")
+    init(world)
+    ring(world)
+    keep = []
+    for p in procs:
+        for ln in p.lines:
+            if p.host == "gpu-b" and " Channel " not in ln:
+                continue
+            if style == "2.19" and (" nNodes " in ln or "Init START" in ln):
+                continue  # 2.19 prints no nRanks/nNodes line
+            keep.append(ln.replace("ncclCommInitRankConfig ", "") if style == "2.19" else ln)
+    log = parse_nccl_debug("\n".join(keep))
+    checks = {c.id: c for c in log_checks(log, {"intra_node": "nvlink", "inter_node": "infiniband"})}
+    inter = checks["collectives.transport.inter_node"]
+    assert inter.status == "pass" and "not placed" not in inter.message, inter.message
+    assert sum(c.count for c in classify(log, TransportTopology.coerce(TOPO))["inter_node"]) == 4
