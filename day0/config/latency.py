@@ -316,7 +316,9 @@ class SlaSection(_Table):
             m = LIMIT_KEY.match(key)
             if not m:
                 raise ValueError(f"{key}: not a '{LIMIT_FORM}' limit")
-            if not 0 < float(m.group(2).replace("_", ".")) < 100:  # p0/p100: the sample's extremes, which no sample bounds
+            # p0/p100: the sample's extremes, which no sample bounds; as the fraction the bounds use
+            # (p0_000...1 with 322 zeros is 0 once divided by 100)
+            if not 0 < float(m.group(2).replace("_", ".")) / 100.0 < 1:
                 raise ValueError(f"{key}: the percentile must lie strictly between 0 and 100")
         return value
 

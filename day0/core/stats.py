@@ -99,7 +99,7 @@ def bound_ranks(n: int, p: float, confidence: float = 0.95) -> tuple[int | None,
     smallest rank with P(B <= u - 1) >= c, l the largest with P(B >= l) >= c, B ~ Binomial(n,
     p / 100); None where no rank bounds that side. Ranks alone, so a stop rule knows before the
     sample is complete how many values past a limit already decide it (n - l + 1)."""
-    if not 0 < p < 100:
+    if not 0 < p / 100.0 < 1:  # as the fraction: 1e-323 is above 0, its hundredth is not
         raise ValueError(f"percentile {p} is not inside (0, 100)")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence {confidence} is not inside (0, 1)")
