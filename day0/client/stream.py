@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Literal
@@ -29,6 +28,7 @@ from day0.client.prom import read_answer
 from day0.client.sse import SSEError, SSEParser
 from day0.client.wire import KEEPALIVE_S, StreamPool, WireError, request_head
 from day0.client.workload import Request
+from day0.core.numbers import token_count
 
 Endpoint = Literal["completions", "chat"]
 # Per-message token-count evidence, strongest first; a request reports its weakest source.
@@ -244,12 +244,10 @@ def _count_of(usage: dict[str, Any], key: str) -> int:
     """``usage[key]`` as a token count: a finite, non-negative whole number (``4`` or ``4.0``), else
     the request's malformed_event naming the key. ``Infinity``, ``1e999``, ``NaN``, ``-1`` or ``"4"``
     is no count a server could have meant, and ``int()`` of the first two raises OverflowError."""
-    v = usage[key]
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise _Failed("malformed_event", f"usage.{key} is {str(v)[:40]!r}, not a token count")
-    return v
+    count = token_count(usage[key])
+    if count is None:
+        raise _Failed("malformed_event", f"usage.{key} is {str(usage[key])[:40]!r}, not a token count")
+    return count
 
 
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")

@@ -1,4 +1,5 @@
-"""Whole numbers typed by a person (command-line counts): one parser, so every count refuses alike.
+"""Whole numbers typed by a person (command-line counts): one parser, so every count refuses alike;
+and a count a server sent (a response's ``usage``), read one way wherever it is read.
 
 ``int()`` takes more than a count should: ``-5``, ``+3``, ``1_000``, `` 7 `` and Arabic-Indic or
 full-width digits all parse. A count on day0's command line is ASCII digits within stated bounds, or
@@ -8,7 +9,8 @@ argparse's one-line usage error naming the option.
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import math
+from typing import Any, Callable
 
 MAX_DIGITS = 12
 
@@ -26,3 +28,12 @@ def whole_number(minimum: int = 0, maximum: int = 10**12) -> Callable[[str], int
 
     parse.__name__ = "whole number"  # argparse names the type in its message
     return parse
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` as a count a server sent: a finite, non-negative whole number (``4`` or ``4.0``),
+    else None. ``Infinity``, ``1e999``, ``NaN``, ``-1``, ``true`` or ``"4"`` is no count a server
+    could have meant, and ``int()`` of the first two raises OverflowError."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from day0.client.workload import Request
+from day0.core.numbers import token_count
 from day0.stages.experts.load import LayerLoad, LoadError, merge
 from day0.stages.experts.routed import Routed, RoutedError, count, decode
 from day0.stages.experts.router_hook import EXTENSION
@@ -92,10 +93,7 @@ class HttpDriver:
 def _usage_count(usage: Any, key: str) -> int | None:
     """``usage[key]`` when it is a token count; None (not 0) when absent or not a count, so the
     router view is reported unverified rather than checked against a workload of no tokens."""
-    v = usage.get(key) if isinstance(usage, dict) else None
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    return token_count(usage.get(key)) if isinstance(usage, dict) else None
 
 
 def _body(exc: urllib.error.HTTPError) -> str:
