@@ -260,9 +260,10 @@ def as_flag(exc: SettingsError) -> SettingsError:
 def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSection]:
     """The flags as ``[latency]`` and ``[sla]`` tables, validated as a profile's (SettingsError naming the flag)."""
     try:
-        return _latency_table(args), sla_from_args(args)
+        latency = _latency_table(args)
     except SettingsError as exc:
         raise as_flag(exc) from None
+    return latency, sla_from_args(args)  # which names its own flags
 
 
 def _latency_table(args: argparse.Namespace) -> LatencySection:
