@@ -48,10 +48,15 @@ MIN_SECRET_LEN = 6
 # command line in a message), where no key names it. Every repeat is bounded or possessive, so a
 # 100 MB log line is one linear scan (unbounded ``[\w\-]*`` before a word took 70 s on 40 KB).
 _FRESH = r"(?!<redacted>)"  # redacting twice changes nothing
-_QUOTE = r"(?:\\?[\"'])?"  # a name or value in quotes, or in JSON-escaped quotes
+# A quote, bare or JSON-escaped up to three deep (an error body quoted in a log line quoted in an event:
+# `\\\\\\\"` is a quote escaped three times).
+_Q = r"\\{0,7}[\"']"
+_QUOTE = f"(?:{_Q})?"  # a name or value in quotes, or in JSON-escaped quotes
 # Between a flag or header and its value: blanks, a line break (continued with \ or not), the same
 # break JSON- or repr-escaped (``\n``, ``\\\n``), so a value on the next line still goes.
 _GAP = r"(?:[ \t]|\\{0,3}\r?\n|\\{1,3}[nrt]|\\{1,2}(?=[ \t\r\n]))"
+# A YAML list's next item: a line break (or a JSON-escaped one), the indent, and its dash.
+_YAML_ITEM = r"(?:\r?\n|\\{1,3}n)[ \t]{0,64}+-[ \t]{1,16}+"
 # A name (of a flag, a key) ending in a secret word: the whole name is taken at once (possessive) and
 # its end looked at, so a long run of name characters is read once, not once per start. The lookbehinds
 # only find candidates; :func:`_text_names_secret` decides (a word, not a tokenizer word).
@@ -74,22 +79,31 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     + r"(?P<value>" + _FRESH + r"[^\r\n'\"\\]++)",
     # a flag whose name ends in a secret word, then its value: --api-key X, --hf-token=X, --api-key 'X Y',
     # --api-key="X", or the value on the next line of a continued (\) command, or the next item of
-    # a command line printed as a list (['vllm', '--api-key', 'X'], a CalledProcessError's message).
+    # a command line printed as a list (['vllm', '--api-key', 'X'], a CalledProcessError's message)
+    # or as a YAML list (`- --api-key` then `- X`, a Kubernetes manifest's args).
     # A flag starts a word: in `a 4096-token prefix` the dash is a hyphen, not a flag.
-    r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG
-    + r"(?:=|" + _GAP + r"{1,64}+|\\?[\"'][ \t]{0,16}+,[ \t]{0,16}+(?=\\?[\"']))"
-    r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",\-\\][^\s'\",]*+))",
+    r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + _QUOTE
+    + r"(?:=|" + _YAML_ITEM + "|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
+    r"(?P<q>" + _Q + r")?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",\-\\][^\s'\",]*+))",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
     r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
     # a query parameter named like a secret: ?key=X, &X-Amz-Signature=X, &sig=X, &access_token=X
     r"[?&;](?:[\w.\-]{0,64}[_.\-])?(?:api_?key|key|token|sig|signature|secret|password|passwd|pwd|credential"
     r"|auth|session(?:id)?|jwt|code)=(?P<value>" + _FRESH + r"[^\s&#'\"<>\\]++)",
     # name = value, "name": "value" with a secret name (api_key=X, AWS_SECRET_ACCESS_KEY=X, hf_token: X,
-    # "password": "X Y"): a value of MIN_SECRET_LEN+ characters, in quotes (blanks and all) or
-    # unquoted to a blank with a letter in it, so `token: 142` (a count) stays
+    # "password": "X Y", "api_key": ["X", "Y"], `api_key:` then `- X`): a value of MIN_SECRET_LEN+
+    # characters, in quotes (blanks and all), a list to its `]`, or unquoted to a blank. Unquoted or
+    # listed, a value without a letter is a secret only under a credential's name (`password=12345678`,
+    # `"api_key": 12345678`); under a token's, it is a count (`token: 142`), see _redact_value.
     r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]\s{0,16}"
-    + r"(?P<q>\\?[\"'])?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % MIN_SECRET_LEN
-    + r"|(?=[^\s'\",}\\]{0,4096}[a-z])[^\s'\",}\\]{%d,}+))" % MIN_SECRET_LEN,
+    + r"(?:(?P<list>\[)\s{0,16}+|-[ \t]{1,16}+)?(?(list)|(?!\[)(?P<q>" + _Q + r")?)(?P<value>" + _FRESH
+    + r"(?(q)" + _QUOTED % MIN_SECRET_LEN + r"|(?P<bare>(?(list)[^\]]|[^\s'\",}\\]){%d,}+)))" % MIN_SECRET_LEN,
+    # a user's password on a command line: curl -u user:X, --user=user:X, --proxy-user user:X, and
+    # ['curl', '-u', 'user:X'] (the user stays)
+    r"(?<![\w\-])(?:-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|[ \t]{1,16}+|[ \t]{0,16}+,[ \t]{0,16}+(?="
+    + _Q + r"))(?:" + _Q + r")?[^\s:'\"\\]{1,256}+:(?P<value>" + _FRESH + r"[^\s'\"\\]++)",
+    # a netrc entry (~/.netrc, quoted in an error): `machine h login me password X`, on one line or several
+    r"\b(?:login|account)\s{1,64}+\S{1,256}+\s{1,64}+password\s{1,64}+(?P<value>" + _FRESH + r"\S++)",
     # a token whose issuer's prefix says what it is, wherever it stands (a prompt, "my token: hf_..."):
     # Hugging Face, GitHub, GitLab, Slack, OpenAI/Anthropic. Case-sensitive prefixes and long bodies
     # of letters and digits only, so an identifier such as hf_hub_download is not one.
@@ -102,9 +116,14 @@ _NOT_SECRET_NAME = re.compile(r"(?:^|[_\-.])" + _NOT_SECRET, re.IGNORECASE)  # `
 # The secret word a name in text ends in: ``key`` only as a word after another (`MY_KEY`, `apiKey`,
 # not `monkey` nor a bare `key`, which names a figure in day0's own text); the others also glued on
 # (`PGPASSWORD`, `authtoken`), where nothing ordinary ends in them.
-_SECRET_NAME_END = re.compile(r"(?:(?:api|access|secret|private|account|storage|client|signing|encryption"
-                              r"|master|auth|session|subscription|ssh|license|service|shared)[_\-]?key"
-                              r"|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
+_CREDENTIAL_END = (r"(?:(?:api|access|secret|private|account|storage|client|signing|encryption"
+                   r"|master|auth|session|subscription|ssh|license|service|shared)[_\-]?key"
+                   r"|secret|password|passwd|credentials?)$")
+_SECRET_NAME_END = re.compile(_CREDENTIAL_END + "|token$", re.IGNORECASE)
+# A name whose value is a secret even when it is all digits (`password=12345678`); a token's or a
+# variable's `_KEY` may be a count or an index (`token: 142`), so those want a letter.
+_DIGITS_SECRET_NAME = re.compile(_CREDENTIAL_END, re.IGNORECASE)
+_LETTER = re.compile(r"[a-z]", re.IGNORECASE)
 _ENV_KEY = re.compile(r"[A-Z0-9]_KEY$")  # MY_KEY, STORAGE_KEY: a variable's name, whatever its first words
 # Between the characters of a known value in text: a line break (a wrapped line, a continued command).
 _WRAP = r"(?:\\?\r?\n[ \t]{0,64})?"
@@ -222,30 +241,46 @@ class Redactor:
         return text
 
     def argv(self, argv: Iterable[str]) -> list[str]:
-        """A command line for a log: the value after a secret flag goes, as does any known value."""
+        """A command line for a log: the value after a secret flag goes, as does any known value,
+        and the password of a user flag's ``user:password`` (``curl -u bob:X``)."""
         out: list[str] = []
-        hide_next = False
+        hide_next: str | None = None  # the flag whose value the next word is
         for arg in argv:
-            if hide_next:
-                out.append(REDACTED)
-                hide_next = False
+            if hide_next is not None and not (hide_next in _USER_FLAGS and arg.startswith("-")):
+                out.append(self.text(_hidden(hide_next, arg)))  # a user flag's word is a value only if not a flag
+                hide_next = None
                 continue
-            flag = arg.split("=", 1)[0]
-            if flag.startswith("-") and is_secret_key(flag.lstrip("-")):
-                if "=" in arg:
-                    out.append(f"{flag}={REDACTED}")
+            hide_next = None
+            flag, eq, value = arg.partition("=")
+            if flag.startswith("-") and (is_secret_key(flag.lstrip("-")) or flag in _USER_FLAGS):
+                if eq:
+                    out.append(self.text(f"{flag}={_hidden(flag, value)}"))
                 else:
                     out.append(arg)
-                    hide_next = True
+                    hide_next = flag
                 continue
             out.append(self.text(arg))
         return out
+
+
+_USER_FLAGS = frozenset({"-u", "-U", "--user", "--proxy-user"})  # curl's: user:password
+
+
+def _hidden(flag: str, value: str) -> str:
+    """A secret flag's value, gone; a user flag's keeps its user (``bob:<redacted>``)."""
+    if flag in _USER_FLAGS:
+        user, colon, _ = value.partition(":")
+        return f"{user}:{REDACTED}" if colon else value
+    return REDACTED
 
 
 def _redact_value(m: re.Match[str]) -> str:
     """The match with its ``value`` group replaced: the flag, header name and quotes stay."""
     name = m.groupdict().get("name")
     if name is not None and (not _text_names_secret(name) or _prose(m)):
+        return m.group()
+    bare = m.groupdict().get("bare")
+    if bare is not None and not _LETTER.search(bare) and not _DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")):
         return m.group()
     start, end = m.span("value")
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"

@@ -103,6 +103,46 @@ def test_a_quoted_value_longer_than_any_bound_goes_whole() -> None:
         assert "SIGNATURE_TAIL" not in _gone(text), text
 
 
+# Missed before (stop 61's "left alone"): a secret as a list's item, an all-digit password, JSON
+# escaped three deep, a YAML argument list, a netrc entry, a curl user's password.
+@pytest.mark.parametrize("text", [
+    f"{{'api_key': ['{SECRET}']}}",  # a repr in an exception
+    json.dumps({"api_key": ["first-key-9", SECRET]}),  # vLLM's api_key takes several: all go
+    json.dumps({"api_key": ["first-key-9", SECRET]}, indent=2),
+    f"api_key:\n  - {SECRET}",  # YAML
+    f"args:\n  - --api-key\n  - {SECRET}\n  - --port",  # a Kubernetes manifest's container args
+    json.dumps(["--api-key", SECRET], indent=1),
+    json.dumps(json.dumps(json.dumps({"password": SECRET}))),
+    json.dumps(json.dumps(json.dumps(["--hf-token", SECRET]))),
+    f"machine hub.example.com login bob password {SECRET}",
+    f"machine hub.example.com\n  login bob\n  password {SECRET}\n",
+    f"curl -u bob:{SECRET} https://x", f"curl --user=bob:{SECRET} x", f"--proxy-user 'bob:{SECRET}'",
+    str(subprocess.CalledProcessError(22, ["curl", "-sf", "-u", f"bob:{SECRET}", "https://x"])),
+])
+def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) -> None:
+    out = _gone(text)
+    assert "first-key-9" not in out
+    assert "bob" in out or "--api-key" in out or "--hf-token" in out or "api_key" in out or "password" in out
+
+
+@pytest.mark.parametrize("text", [
+    "password=12345678", 'DB_PASSWORD = "98765432"', json.dumps({"password": 12345678}),
+    json.dumps({"api_key": 12345678}), "client_secret: 987654321", json.dumps({"api_key": [12345678]}),
+])
+def test_an_all_digit_value_under_a_credentials_name_goes(text: str) -> None:
+    out = Redactor().text(text)
+    assert "12345678" not in out and "98765432" not in out and "987654321" not in out, out
+    assert REDACTED in out
+
+
+def test_a_user_flags_password_goes_from_a_command_line_kept_as_a_list() -> None:
+    r = Redactor()
+    argv = ["curl", "-u", f"bob:{SECRET}", f"--user=al:{SECRET}", "python", "-u", "--api-key", SECRET, "-u", "x.py"]
+    assert r.argv(argv) == ["curl", "-u", f"bob:{REDACTED}", f"--user=al:{REDACTED}", "python", "-u", "--api-key",
+                            REDACTED, "-u", "x.py"]
+    assert r({"cmd": ["curl", "-u", f"bob:{SECRET}"]}) == {"cmd": ["curl", "-u", f"bob:{REDACTED}"]}
+
+
 @pytest.mark.parametrize("token", [
     "hf_" + "aB3" * 12, "ghp_" + "aB3" * 12, "github_pat_" + "aB3_" * 12, "glpat-" + "aB3" * 8,
     "xoxb-1234-5678-" + "aB3" * 4, "sk-proj-" + "aB3-" * 10, "sk-ant-" + "aB3" * 12,
@@ -181,6 +221,9 @@ ORDINARY = [
     # a bare "token" in prose: day0's own check title
     "KV bytes per token: config.json x TP x PP equals the engine's KV spec",
     "hf_hub_download_with_progress_and_more_words", "risk-assessment-of-the-deployment-and-more",
+    # ids and counts under a token's name, a lone -u, a login that is not a netrc's
+    '"token": [1, 2, 3]', "token: [128001, 128009]", "TOTAL_TOKEN=1234567", "python -u script.py",
+    "python -u -m pytest", "login failed: 3 attempts, password reset sent", '"api_key": null',
 ]
 
 
@@ -214,6 +257,11 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "flag-quote-never-closed": fit("--api-key '\\\\"),
             "listed-flags": fit("'--api-key', "),
             "camel-names": fit("aKey:aKey:aKey:"),
+            "list-never-closed": fit('"api_key": [ "a", '),
+            "yaml-items": fit("--api-key\\n - "),
+            "netrc-words": fit("login a password "),
+            "user-flags": fit("-u a:-u a:"),
+            "digits-after-a-password": fit("password=" + "1" * 5000 + " "),
             "hyphens": fit("a-"),
             "equals": fit("="),
         }
