@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from day0.config.experts import ExpertsSection
 from day0.core.record import Check, measured
+from day0.core.verdict import NOT_APPLICABLE
 from day0.stages.experts.load import LayerLoad, LoadSummary
 
 BALANCE, HOT, AGREE = "experts.balance", "experts.hot_expert", "experts.views_agree"
@@ -110,10 +111,12 @@ def load_checks(summary: LoadSummary, section: ExpertsSection, source: str, base
 
 def spread_check(summary: LoadSummary, section: ExpertsSection, source: str, ev: dict[str, Any]) -> Check:
     """``experts.spread``: the layer closest to a collapsed router, which balance and the hot expert
-    miss when ``E/k`` is small (a collapse onto k of E experts scores ``k/E`` and ``E/k`` on them)."""
+    miss when ``E/k`` is small (a collapse onto k of E experts scores ``k/E`` and ``E/k`` on them).
+    With top-k every expert there is no choice to collapse: a skip marked not applicable
+    (``NOT_APPLICABLE`` in its evidence), so the required spread does not hold the run INCOMPLETE."""
     routed = [load for load in summary.layers if load.assignments]
     if routed and all(load.top_k >= len(load.experts) for load in routed):
-        return Check(id=SPREAD, title=SPREAD_TITLE, status="skip", source=source,
+        return Check(id=SPREAD, title=SPREAD_TITLE, status="skip", source=source, evidence={NOT_APPLICABLE: True},
                      message=f"not applicable: {routed[0].spread_gap()}")
     gap = next(((load.layer, why) for load in routed if (why := load.spread_gap())), None)
     least = summary.least_spread()

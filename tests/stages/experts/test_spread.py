@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import pytest
 
 from day0.config.experts import ExpertsSection
 from day0.config.profile import load_profile
-from day0.stages.experts import LayerLoad, Observed, Placement, Target, count, judge, merge, workload
+from day0.core.verdict import run_verdict, stage_verdict
+from day0.stages.experts import STAGE, LayerLoad, Observed, Placement, Target, count, judge, merge, workload
 from day0.stages.experts.routed import Routed
 from day0.stages.experts.views import Answer, Workers
 
@@ -50,6 +52,29 @@ def test_the_spread_check_skips_without_a_choice_and_refuses_too_few_tokens():
     checks = {c.id: c for c in judge(Observed([Answer(15, 6, None)], 1.0, router_missing="off", routed=sparse),
                                      Target(64, 1, (1,), Placement(64)), SECTION)}
     assert checks["experts.spread"].status == "error" and "too few to tell" in checks["experts.spread"].message
+
+
+@dataclass
+class _Stage:
+    """What run_verdict reads of a stage."""
+
+    name: str
+    checks: list
+    verdict: str = ""
+
+
+def test_a_top_k_of_every_expert_can_be_accepted_though_the_spread_is_required():
+    """Before: the spread's skip carried no not-applicable mark, and the stage requires the spread,
+    so 2 experts top-2 left every run INCOMPLETE ("required check not verified: experts.spread")."""
+    both = {1: LayerLoad.of(1, [2000, 2000], 2000, 2), 3: LayerLoad.of(3, [2000, 2000], 2000, 2)}
+    router = Workers(both, 1, True, False)
+    checks = judge(Observed([Answer(2000, 1, None)], 1.0, router=router), Target(2, 2, (1, 3), Placement(2)),
+                   ExpertsSection())
+    spread = next(c for c in checks if c.id == "experts.spread")
+    assert spread.status == "skip" and spread.evidence == {"not_applicable": True}
+    stage = _Stage("experts", checks, stage_verdict(checks))
+    assert "experts.spread" in STAGE.required
+    assert run_verdict([stage], True, list(STAGE.required))[0] == "accepted"
 
 
 @pytest.fixture(scope="module")
