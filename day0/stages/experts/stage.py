@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from day0.client.workload import Request, WorkloadSpec, build_requests, read_vocab
 from day0.config.experts import ExpertsSection
@@ -23,7 +23,7 @@ from day0.model.ranks import ep_size_of
 from day0.stages.experts.checks import agreement_check, agreement_skipped, load_checks, unmeasured
 from day0.stages.experts.load import LayerLoad, LoadSummary, Placement
 from day0.stages.experts.routed import moe_layers
-from day0.stages.experts.views import Driver, HttpDriver, InprocessDriver, Observed, observe
+from day0.stages.experts.views import Driver, HttpDriver, InprocessDriver, Observed, Workers, observe
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ def run_stage(engine: Any, profile: Profile, *, progress: Callable[[str], None] 
 def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, source_prefix: str = "http") -> list[Check]:
     """The checks from what the views saw: the router view first (it counts what the model
     computed), vLLM's routed_experts when it is the only one, "could not measure" when neither."""
-    untrusted = router_untrusted(obs, target.top_k if target else 0) if obs.router else None
+    untrusted = router_untrusted(obs, target.top_k if target else 0, target.moe_layers if target else None) \
+        if obs.router else None
     if untrusted:
         obs.router_missing, obs.router = untrusted, None
     router = obs.router.loads if obs.router else None
@@ -157,9 +158,11 @@ def judge(obs: Observed, target: Target | None, section: ExpertsSection, *, sour
 TP_AGREE = "experts.tp_ranks_agree"  # recorded when they do not: the balance checks keep one rank's counts
 
 
-def router_untrusted(obs: Observed, top_k: int) -> str | None:
+def router_untrusted(obs: Observed, top_k: int, moe_layers: Sequence[int] | None = None) -> str | None:
     """Why the router view cannot be trusted, or None. By the view's definition (docs/metrics.md,
-    "Expert load") each MoE layer routed every token the workload forwarded, less at most the
+    "Expert load") every MoE layer is counted (``moe_layers``, config.json's, when known: a layer
+    the hook skipped or never hooked could be the collapsed one, so the rest are not judged alone),
+    and each routed every token the workload forwarded, less at most the
     prompt tokens the requests share (prefix-cache hits), and counted ``top_k`` expert ids for each:
     a count outside that is not the workload's routing, however even its shares look. The counters
     are armed as the worker is created, before any graph is traced or captured
@@ -171,10 +174,37 @@ def router_untrusted(obs: Observed, top_k: int) -> str | None:
     loads = list(obs.router.loads.values())
     if not loads:
         return "the workers found no MoE layer whose router takes a callback"
+    uncounted = _layers_uncounted(obs.router, moe_layers)
+    if uncounted:
+        return uncounted
     if obs.forwarded_tokens is None:
         return (f"not verified: {obs.uncounted} of {len(obs.answers)} responses gave no usage.prompt_tokens and "
                 "usage.completion_tokens, so the tokens forwarded, which each MoE layer's count must match, are unknown")
     return _ids_per_token(loads, top_k) or _tokens_seen(obs, loads)
+
+
+def _layers_uncounted(router: Workers, moe_layers: Sequence[int] | None) -> str | None:
+    """Why the view does not cover every MoE layer, or None: a layer the hook skipped (a monolithic
+    kernel routes inside itself) or whose router it never hooked is absent from the counts, and a
+    collapse there would pass on the layers that are present. Layers counted that config.json holds
+    no experts in are no MoE layer of this model either."""
+    counted = sorted(router.loads)
+    if moe_layers is not None and set(counted) != set(moe_layers):
+        missing = sorted(set(moe_layers) - set(counted))
+        extra = sorted(set(counted) - set(moe_layers))
+        what = ([f"did not count MoE layer(s) {_listed(missing)}"] if missing else []) + (
+            [f"counted layer(s) {_listed(extra)}, which hold no routed experts"] if extra else [])
+        skipped = f"; skipped: {'; '.join(router.skipped)}" if router.skipped else ""
+        return (f"the router hook {' and '.join(what)} (config.json's MoE layers: {_listed(sorted(moe_layers))}"
+                f"{skipped}): judging only the layers it counted would leave a collapse in the others unseen")
+    if router.skipped:
+        return (f"the router hook skipped {'; '.join(router.skipped)}: that layer routes without the router's "
+                f"callback, and judging the layers it counted ({_listed(counted)}) would leave it unseen")
+    return None
+
+
+def _listed(layers: Sequence[int]) -> str:
+    return ", ".join(str(n) for n in layers)
 
 
 def _ids_per_token(loads: list[LayerLoad], top_k: int) -> str | None:

@@ -256,3 +256,31 @@ def test_a_response_without_usage_leaves_the_router_view_unverified():
         assert answer.forwarded is None, usage
     counted = HttpDriver(_Endpoint({"prompt_tokens": 45, "completion_tokens": 6.0})).complete(req, {})
     assert (counted.prompt_tokens, counted.completion_tokens, counted.forwarded) == (45, 6, 50)
+
+
+def test_a_router_view_without_every_moe_layer_is_not_trusted():
+    """config.json's MoE layers are 1 and 2; the hook counted layer 1 only (layer 2 ran a monolithic
+    kernel, or was never hooked). Before: the view was trusted and balance, hot expert and spread
+    passed on layer 1 alone, though layer 2 could have collapsed."""
+    two = Target(4, 2, (1, 2), Placement(4))
+    monolithic = ["layer 2: FusedMoE (monolithic kernel: no router callback)"]
+    for skipped in (monolithic, []):
+        hook = Workers(BALANCED, 1, True, False, skipped=skipped)
+        checks = judge(_obs(hook, routed_missing="no field"), two, SECTION)
+        assert {c.status for c in checks} == {"error"}, (skipped, checks)
+        assert checks[0].message.startswith("could not measure: router view: the router hook did not count MoE "
+                                            "layer(s) 2 (config.json's MoE layers: 1, 2"), checks[0].message
+        assert ("monolithic kernel" in checks[0].message) == bool(skipped)
+    # a layer config.json holds no experts in is no MoE layer of this model either
+    extra = Workers({**BALANCED, 3: LayerLoad.of(3, [25] * 4, 50, 4)}, 1, True, False)
+    msg = judge(_obs(extra, routed_missing="no field"), TARGET, SECTION)[0].message
+    assert "counted layer(s) 3, which hold no routed experts" in msg
+    # without a config.json the layers are unknown, but a layer the hook reports skipping still is one
+    hook = Workers(BALANCED, 1, True, False, skipped=monolithic)
+    checks = judge(_obs(hook, routed_missing="no field"), None, SECTION)
+    assert checks[0].status == "error" and "the router hook skipped layer 2: FusedMoE" in checks[0].message
+    # with vLLM's routed_experts there, that view is judged instead
+    routed = {1: LayerLoad.of(1, [25] * 4, 50, 4), 2: LayerLoad.of(2, [25] * 4, 50, 4)}
+    checks = {c.id: c for c in judge(_obs(hook, routed=routed), two, SECTION)}
+    assert checks["experts.balance"].status == "pass" and checks["experts.balance"].source == "http:routed_experts"
+    assert "did not count MoE layer(s) 2" in checks["experts.views_agree"].message
