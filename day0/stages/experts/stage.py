@@ -162,8 +162,8 @@ def router_untrusted(obs: Observed, top_k: int, moe_layers: Sequence[int] | None
     """Why the router view cannot be trusted, or None. By the view's definition (docs/metrics.md,
     "Expert load") every MoE layer is counted (``moe_layers``, config.json's, when known: a layer
     the hook skipped or never hooked could be the collapsed one, so the rest are not judged alone),
-    and each routed every token the workload forwarded, less at most the
-    prompt tokens the requests share (prefix-cache hits), and counted ``top_k`` expert ids for each:
+    and each routed every token the workload forwarded, less at most the prompt tokens the prefix
+    cache can serve (:func:`views.cacheable`), and counted ``top_k`` expert ids for each:
     a count outside that is not the workload's routing, however even its shares look. The counters
     are armed as the worker is created, before any graph is traced or captured
     (``router_hook.ExpertCounter.__new__``), so a compiled or graph-captured engine counts; what can

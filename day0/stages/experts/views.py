@@ -205,7 +205,7 @@ class Observed:
 
     answers: list[Answer]
     seconds: float
-    cacheable_tokens: int = 0  # prompt tokens the requests share by design: at most these come from the prefix cache
+    cacheable_tokens: int = 0  # at most these prompt tokens come from the prefix cache (:func:`cacheable`)
     router: Workers | None = None
     router_missing: str | None = None
     routed: dict[int, LayerLoad] | None = None
@@ -239,6 +239,21 @@ def _total(counts: Iterable[int | None]) -> int | None:
     return out
 
 
+def cacheable(reqs: Sequence[Request]) -> int:
+    """The most prompt tokens the prefix cache can serve this workload: a shared prefix is cached
+    only once a request of its group has computed it, and the run's fresh ``cache_salt`` keeps any
+    earlier run's cache out, so the first request of each group computes its prefix whole. Per
+    prefix group, every member's ``shared_len`` but the smallest (whichever goes first, the bound
+    holds). The experts workload has no nonce, so requests of different groups share nothing; a
+    request without a group shares nothing. Counting the first of each group too excused a whole
+    prefix per group that no cache could serve (with a prefix per request, every prefix token)."""
+    groups: dict[int, list[int]] = {}
+    for r in reqs:
+        if r.prefix_group is not None:
+            groups.setdefault(r.prefix_group, []).append(r.shared_len)
+    return sum(sum(lens) - min(lens) for lens in groups.values())
+
+
 def observe(driver: Driver, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int, num_experts: int,
             moe_layers: Sequence[int] | None, progress: Callable[[str], None] | None = None) -> Observed:
     """Arm the router view, run the requests, read both views."""
@@ -251,7 +266,7 @@ def observe(driver: Driver, reqs: Sequence[Request], extra: dict[str, Any], conc
     say(f"experts: {len(reqs)} requests, {concurrency} at a time (router view: {'off: ' + armed if armed else 'armed'})")
     t0 = time.perf_counter()
     answers = driver.run(reqs, extra, concurrency)
-    obs = Observed(answers, time.perf_counter() - t0, sum(r.shared_len for r in reqs), router_missing=armed)
+    obs = Observed(answers, time.perf_counter() - t0, cacheable(reqs), router_missing=armed)
     if armed is None:
         try:
             obs.router = combine(driver.rpc(READ))

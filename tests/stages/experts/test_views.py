@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from day0.client.workload import Request
+from day0.client.workload import Request, WorkloadSpec, build_requests
 from day0.config.experts import ExpertsSection
 from day0.config.profile import load_profile
 from day0.stages.experts import (
@@ -17,6 +17,7 @@ from day0.stages.experts import (
     combine,
     judge,
     not_applicable,
+    observe,
     placement_of,
     rpc_refusal,
     workload,
@@ -284,3 +285,40 @@ def test_a_router_view_without_every_moe_layer_is_not_trusted():
     checks = {c.id: c for c in judge(_obs(hook, routed=routed), two, SECTION)}
     assert checks["experts.balance"].status == "pass" and checks["experts.balance"].source == "http:routed_experts"
     assert "did not count MoE layer(s) 2" in checks["experts.views_agree"].message
+
+
+class _Driver:
+    """Answers each request in full and reads back a hook that saw ``seen`` tokens in layer 1."""
+
+    source = "http"
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def rpc(self, method):
+        if method.endswith("reset"):
+            return [{}]
+        return [worker(counts={"1": [self.seen // 2] * 4}, tokens={"1": self.seen})]
+
+    def run(self, reqs, extra, concurrency):
+        return [Answer(r.input_len, r.output_len, None) for r in reqs]
+
+
+def test_only_requests_after_the_first_of_their_prefix_group_can_hit_the_prefix_cache():
+    """16 requests of 1200 prompt tokens, each its own 1000-token prefix: no request can be served
+    from the cache (a fresh cache_salt per run), so a hook that missed every prefix token (16,000
+    of 20,208 forwarded) was bypassed. Before: C was every request's shared prefix, 16,000, and the
+    hook's 4,208 tokens were trusted and judged."""
+    spec = WorkloadSpec(input_len=1200, output_len=64, prefix_len=1000, num_prefixes=16, seed=0)
+    alone = build_requests(spec, 32000, 16)
+    forwarded = sum(r.input_len + r.output_len - 1 for r in alone)
+    obs = observe(_Driver(forwarded - 16_000), alone, {}, 4, 4, (1,))
+    assert obs.cacheable_tokens == 0 and forwarded == 20_208
+    checks = judge(obs, TARGET, SECTION)
+    assert checks[0].status == "error" and "saw 4208 of the 20208 tokens" in checks[0].message
+    # 4 prefixes over 16 requests: the 12 after the first of each group may hit, 12 x 1000 tokens
+    shared = build_requests(WorkloadSpec(1200, 64, 1000, 4, 0), 32000, 16)
+    assert observe(_Driver(0), shared, {}, 4, 4, (1,)).cacheable_tokens == 12_000
+    assert judge(observe(_Driver(forwarded - 12_000), shared, {}, 4, 4, (1,)), TARGET, SECTION)[0].status == "pass"
+    missed = judge(observe(_Driver(forwarded - 12_002), shared, {}, 4, 4, (1,)), TARGET, SECTION)[0]
+    assert missed.status == "error" and "at least 8208 must pass it" in missed.message
