@@ -12,8 +12,8 @@ import math
 from typing import Any, Sequence
 
 from day0.config.experts import ExpertsSection
-from day0.core.record import Check, measured
-from day0.core.verdict import NOT_APPLICABLE
+from day0.core.record import Check, Direction, measured
+from day0.core.verdict import NOT_APPLICABLE, judge
 from day0.stages.experts.load import LayerLoad, LoadSummary
 
 BALANCE, HOT, AGREE = "experts.balance", "experts.hot_expert", "experts.views_agree"
@@ -26,6 +26,24 @@ AGREE_TITLE = "Router hook vs vLLM's routed_experts"
 
 def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
+
+
+def _places(value: float, limit: float, direction: Direction, nd: int) -> int:
+    """Decimal places, ``nd`` or the fewest more, at which ``value`` rounded sits on the same side of
+    ``limit`` as ``value`` itself: a spread of 0.49999727 is 0.5 at 4 places, which meets a limit
+    of 0.5 that the figure misses. The check is judged on the exact figure (day0/core/verdict.py);
+    the record and the message show it rounded, never rounded across its limit."""
+    ok = judge(value, limit, direction)
+    return next((p for p in range(nd, 17) if judge(round(value, p), limit, direction) == ok), 17)
+
+
+def _judged(cid: str, title: str, value: float, limit: float, nd: int, *, direction: Direction,
+            **kw: Any) -> Check:
+    """:func:`measured` on the exact figure, recorded rounded (:func:`_places`). Judging the rounded
+    figure passed a spread of 0.49999727 against 0.5 with a message saying "below the limit"."""
+    check = measured(cid, title, value, limit, direction=direction, **kw)
+    check.value = round(value, _places(value, limit, direction, nd))
+    return check
 
 
 def unmeasured(reason: str, section: ExpertsSection, source: str = "") -> list[Check]:
@@ -94,18 +112,19 @@ def load_checks(summary: LoadSummary, section: ExpertsSection, source: str, base
     assert worst is not None and hot is not None  # summary.measured
     layer, value = worst
     ok = value >= section.min_balancedness
-    balance = measured(BALANCE, BALANCE_TITLE, _r(value), section.min_balancedness, direction="higher_is_better",
-                       source=source, evidence={**ev, "over": unit, "worst_layer": layer},
-                       message=(f"layer {layer}: mean/max load over {unit} is {value:.3f} "
-                                f"({'at or above' if ok else 'below'} the limit {section.min_balancedness:g}); "
-                                f"hottest: {hot.sentence()}"))
+    shown = _places(value, section.min_balancedness, "higher_is_better", 3)
+    balance = _judged(BALANCE, BALANCE_TITLE, value, section.min_balancedness, 4, direction="higher_is_better",
+                      source=source, evidence={**ev, "over": unit, "worst_layer": layer},
+                      message=(f"layer {layer}: mean/max load over {unit} is {value:.{shown}f} "
+                               f"({'at or above' if ok else 'below'} the limit {section.min_balancedness:g}); "
+                               f"hottest: {hot.sentence()}"))
     hot_ok = hot.ratio <= section.max_hot_expert_ratio
-    hot_check = measured(HOT, HOT_TITLE, _r(hot.ratio, 3), section.max_hot_expert_ratio, unit="x",
-                         direction="lower_is_better", source=source,
-                         evidence={**ev, "layer": hot.layer, "expert": hot.expert, "share": _r(hot.share),
-                                   "uniform_share": _r(hot.uniform), "token_share": _r(hot.token_share)},
-                         message=(f"{hot.sentence()} ({'within' if hot_ok else 'over'} the limit "
-                                  f"{section.max_hot_expert_ratio:g}x)"))
+    hot_check = _judged(HOT, HOT_TITLE, hot.ratio, section.max_hot_expert_ratio, 3, unit="x",
+                        direction="lower_is_better", source=source,
+                        evidence={**ev, "layer": hot.layer, "expert": hot.expert, "share": _r(hot.share),
+                                  "uniform_share": _r(hot.uniform), "token_share": _r(hot.token_share)},
+                        message=(f"{hot.sentence(_places(hot.ratio, section.max_hot_expert_ratio, 'lower_is_better', 2))} "
+                                 f"({'within' if hot_ok else 'over'} the limit {section.max_hot_expert_ratio:g}x)"))
     return [balance, hot_check, spread_check(summary, section, source, ev)]
 
 
@@ -128,15 +147,16 @@ def spread_check(summary: LoadSummary, section: ExpertsSection, source: str, ev:
     load = next(x for x in routed if x.layer == layer)
     collapsed, observed, uniform = load.entropies()
     ok = value >= section.min_spread
-    return measured(SPREAD, SPREAD_TITLE, _r(value), section.min_spread, direction="higher_is_better",
-                    source=source, evidence={**ev, "layer": layer,
-                                             "spread": {str(x.layer): _r(x.spread()) for x in routed},
-                                             "effective_experts": _r(math.exp(observed), 3)},
-                    message=(f"layer {layer}: its routing is as even as {math.exp(observed):.2f} experts used "
-                             f"evenly, where a collapse onto its top-{load.top_k:g} gives {math.exp(collapsed):g} "
-                             f"and a uniform router at {load.tokens} tokens {math.exp(uniform):.2f}: {value:.3f} of "
-                             f"the way from collapsed to uniform ({'at or above' if ok else 'below'} the limit "
-                             f"{section.min_spread:g})"))
+    shown = _places(value, section.min_spread, "higher_is_better", 3)
+    return _judged(SPREAD, SPREAD_TITLE, value, section.min_spread, 4, direction="higher_is_better",
+                   source=source, evidence={**ev, "layer": layer,
+                                            "spread": {str(x.layer): _r(x.spread()) for x in routed},
+                                            "effective_experts": _r(math.exp(observed), 3)},
+                   message=(f"layer {layer}: its routing is as even as {math.exp(observed):.2f} experts used "
+                            f"evenly, where a collapse onto its top-{load.top_k:g} gives {math.exp(collapsed):g} "
+                            f"and a uniform router at {load.tokens} tokens {math.exp(uniform):.2f}: {value:.{shown}f} "
+                            f"of the way from collapsed to uniform ({'at or above' if ok else 'below'} the limit "
+                            f"{section.min_spread:g})"))
 
 
 def agreement_check(router: Sequence[LayerLoad], routed: Sequence[LayerLoad], section: ExpertsSection) -> Check:
@@ -154,12 +174,13 @@ def agreement_check(router: Sequence[LayerLoad], routed: Sequence[LayerLoad], se
             d = abs(x / ta - y / tb)
             if d > worst:
                 worst, where = d, (layer, e)
-    msg = (f"largest per-expert share difference {100 * worst:.2f} pp (layer {where[0]}, expert {where[1]})"
+    pp = _places(worst, section.agreement_limit, "lower_is_better", 4) - 2  # the fraction's places, in points
+    msg = (f"largest per-expert share difference {100 * worst:.{pp}f} pp (layer {where[0]}, expert {where[1]})"
            if where[0] is not None else "identical shares in every layer")
-    return measured(AGREE, AGREE_TITLE, round(worst, 5), section.agreement_limit, direction="lower_is_better",
-                    message=msg, source="router+routed_experts",
-                    evidence={"router_tokens": {str(k): v.tokens for k, v in a.items()},
-                              "routed_tokens": {str(k): v.tokens for k, v in b.items()}})
+    return _judged(AGREE, AGREE_TITLE, worst, section.agreement_limit, 5, direction="lower_is_better",
+                   message=msg, source="router+routed_experts",
+                   evidence={"router_tokens": {str(k): v.tokens for k, v in a.items()},
+                             "routed_tokens": {str(k): v.tokens for k, v in b.items()}})
 
 
 def agreement_skipped(why: str) -> Check:

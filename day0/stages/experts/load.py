@@ -182,10 +182,12 @@ class Hot:
     uniform: float  # 1 / E
     token_share: float  # of the layer's tokens that reached it (uniform: k / E)
 
-    def sentence(self) -> str:
+    def sentence(self, places: int = 2) -> str:
+        """The hot expert in words, its ratio to ``places`` decimals (more where 2 would round it
+        onto its limit: the checks say how many)."""
         return (f"layer {self.layer} expert {self.expert} takes {100 * self.share:.1f}% of the routed assignments "
                 f"(uniform {100 * self.uniform:.1f}%; {100 * self.token_share:.0f}% of the layer's tokens reach it): "
-                f"{self.ratio:.2f}x its share")
+                f"{self.ratio:.{places}f}x its share")
 
 
 @dataclass(frozen=True)

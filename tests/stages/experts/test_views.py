@@ -14,6 +14,7 @@ from day0.stages.experts import (
     Placement,
     Target,
     ViewMissing,
+    agreement_check,
     combine,
     judge,
     not_applicable,
@@ -322,3 +323,26 @@ def test_only_requests_after_the_first_of_their_prefix_group_can_hit_the_prefix_
     assert judge(observe(_Driver(forwarded - 12_000), shared, {}, 4, 4, (1,)), TARGET, SECTION)[0].status == "pass"
     missed = judge(observe(_Driver(forwarded - 12_002), shared, {}, 4, 4, (1,)), TARGET, SECTION)[0]
     assert missed.status == "error" and "at least 8208 must pass it" in missed.message
+
+
+def test_each_figure_is_judged_before_it_is_rounded():
+    """Each figure a hair on the wrong side of its limit, within the rounding the record used (4 places
+    for balance and spread, 3 for the hot expert, 5 for agreement). Before: each was judged on its
+    rounded figure, so a spread of 0.49999727 was a pass of 0.5 whose message said "below the limit"."""
+    section = ExpertsSection(min_tokens_per_layer=10, min_balancedness=0.5, max_hot_expert_ratio=2.0)
+    skewed = {1: LayerLoad.of(1, [20001, 5000, 5000, 9999], 20000, 4)}  # mean/max 0.499975, hot 2.0001x
+    checks = {c.id: c for c in judge(_obs(router_missing="off", routed=skewed, answer=Answer(20000, 1, None)),
+                                     TARGET, section)}
+    balance, hot = checks["experts.balance"], checks["experts.hot_expert"]
+    assert (balance.status, balance.value) == ("fail", 0.49998) and "is 0.49998 (below the limit 0.5)" in balance.message
+    assert (hot.status, hot.value) == ("fail", 2.0001) and "2.0001x its share (over the limit 2x)" in hot.message
+    spread_counts = [2562, 2438, 2500, 2500, 0, 0, 0, 0]  # the reviewer's: spread 0.4999972757715258
+    eight = {1: LayerLoad.of(1, spread_counts, 5000, 8)}
+    spread = {c.id: c for c in judge(_obs(router_missing="off", routed=eight, answer=Answer(5000, 1, None)),
+                                     Target(8, 2, (1,), Placement(8)), SECTION)}["experts.spread"]
+    assert spread.status == "fail" and spread.value == 0.499997 and "0.499997 of the way" in spread.message
+    routed = {1: LayerLoad.of(1, [384017, 100000, 100000, 215983], 400000, 4)}  # share 0.48002125 vs 0.500025
+    agree = agreement_check(list(skewed.values()), list(routed.values()), SECTION)
+    assert agree.status == "fail" and agree.value == 0.020004 and "2.0004 pp" in agree.message
+    # a figure rounded within its limit keeps the usual places
+    assert judge(_obs(Workers(HOT, 1, True, False)), TARGET, SECTION)[0].value == 0.5
