@@ -172,31 +172,72 @@ def combine(results: Sequence[Any]) -> Workers:
     """Per data-parallel group and layer: one TP rank's counts when its ranks each route every
     token (the router is replicated: their counts must agree), their sum under sequence-parallel
     MoE (each TP rank routes its own shard); then the sum over data-parallel groups (each routes
-    its own requests). Pipeline stages hold different layers, so their layers sit side by side."""
+    its own requests). Pipeline stages hold different layers, so their layers sit side by side.
+    An answer that is no count (:func:`read_worker`) is ViewMissing naming the worker and field."""
     groups: dict[tuple[int, int], list[tuple[int, list[int], int]]] = {}
     skipped: list[str] = []
     sharded = False
-    for res in results:
+    for i, res in enumerate(results):
         if not isinstance(res, dict) or "counts" not in res:
             why = res.get("error") if isinstance(res, dict) else str(res)[:200]
             raise ViewMissing(f"a worker answered {READ} without counts: {why}")
-        skipped += [s for s in res.get("skipped") or [] if s not in skipped]
+        dp, tp, layers, said = read_worker(i, res)
+        skipped += [s for s in said if s not in skipped]
         sharded |= bool(res.get("sequence_parallel"))
-        for layer, counts in res["counts"].items():
-            groups.setdefault((int(res.get("dp_rank", 0)), int(layer)), []).append(
-                (int(res.get("tp_rank", 0)), counts, int(res["tokens"][layer])))
+        for layer, (counts, tokens) in layers.items():
+            groups.setdefault((dp, layer), []).append((tp, counts, tokens))
     agree = True
     parts: list[dict[int, LayerLoad]] = []
     for (_, layer), entries in sorted(groups.items()):
         entries.sort(key=lambda e: e[0])
         n = len(entries[0][1])
         if sharded:
+            if any(len(c) != n for _, c, _ in entries):
+                raise ViewMissing(f"layer {layer}: the TP ranks' shards hold {sorted({len(c) for _, c, _ in entries})} "
+                                  "expert counts, not one number of experts")
             parts.append({layer: LayerLoad.of(layer, [sum(c[e] for _, c, _ in entries) for e in range(n)],
                                               sum(t for _, _, t in entries), n)})
             continue
         agree = agree and all(c == entries[0][1] and t == entries[0][2] for _, c, t in entries)
         parts.append({layer: LayerLoad.of(layer, entries[0][1], entries[0][2], n)})
     return Workers(merge(parts), len(results), agree, sharded, skipped)
+
+
+def read_worker(i: int, res: dict[str, Any]) -> tuple[int, int, dict[int, tuple[list[int], int]], list[str]]:
+    """(dp rank, tp rank, {layer: (counts, tokens)}, skipped) from worker ``i``'s answer, every
+    number a count by :func:`~day0.core.numbers.token_count`. The answer crosses JSON from another
+    process: ``int()`` of it raised ValueError on NaN, OverflowError on Infinity, TypeError on "3"
+    (past observe, which catches only ViewMissing) and cut 3.7 to 3; now each is ViewMissing, one
+    line naming the worker and the field ("worker 1: counts[3][5] is nan, not a count")."""
+    where = f"worker {i}"
+    counts, tokens, said = res["counts"], res.get("tokens"), res.get("skipped") or []
+    for key, value in (("counts", counts), ("tokens", tokens)):
+        if not isinstance(value, dict):
+            raise ViewMissing(f"{where}: {key} is {_shown(value)}, not an object of layers")
+    if not isinstance(said, list):
+        raise ViewMissing(f"{where}: skipped is {_shown(said)}, not a list")
+    dp, tp = (_count(res.get(k, 0), f"{where}: {k}") for k in ("dp_rank", "tp_rank"))
+    layers: dict[int, tuple[list[int], int]] = {}
+    for key, row in counts.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ViewMissing(f"{where}: counts key {_shown(key)} is not a layer number")
+        if not isinstance(row, list):
+            raise ViewMissing(f"{where}: counts[{key}] is {_shown(row)}, not a list of counts")
+        layers[int(key)] = ([_count(c, f"{where}: counts[{key}][{e}]") for e, c in enumerate(row)],
+                            _count(tokens.get(key), f"{where}: tokens[{key}]"))
+    return dp, tp, layers, [str(s) for s in said]
+
+
+def _count(value: Any, field_name: str) -> int:
+    n = token_count(value)
+    if n is None:
+        raise ViewMissing(f"{field_name} is {'missing' if value is None else _shown(value)}, not a count")
+    return n
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 @dataclass

@@ -346,3 +346,39 @@ def test_each_figure_is_judged_before_it_is_rounded():
     assert agree.status == "fail" and agree.value == 0.020004 and "2.0004 pp" in agree.message
     # a figure rounded within its limit keeps the usual places
     assert judge(_obs(Workers(HOT, 1, True, False)), TARGET, SECTION)[0].value == 0.5
+
+
+@pytest.mark.parametrize("answer, why", [
+    ({"counts": {"1": [float("nan"), 4]}, "tokens": {"1": 2}}, "worker 1: counts[1][0] is nan, not a count"),
+    ({"counts": {"1": [float("inf"), 4]}, "tokens": {"1": 2}}, "worker 1: counts[1][0] is inf, not a count"),
+    ({"counts": {"1": [3, "3"]}, "tokens": {"1": 2}}, "worker 1: counts[1][1] is '3', not a count"),
+    ({"counts": {"1": [3.7, 0.3]}, "tokens": {"1": 2}}, "worker 1: counts[1][0] is 3.7, not a count"),
+    ({"counts": {"1": [3, -1]}, "tokens": {"1": 2}}, "worker 1: counts[1][1] is -1, not a count"),
+    ({"counts": {"1": [3, 1]}, "tokens": {}}, "worker 1: tokens[1] is missing, not a count"),
+    ({"counts": {"1": [3, 1]}, "tokens": {"1": True}}, "worker 1: tokens[1] is True, not a count"),
+    ({"counts": {"1": 4}, "tokens": {"1": 2}}, "worker 1: counts[1] is 4, not a list of counts"),
+    ({"counts": {"x": [3, 1]}, "tokens": {"x": 2}}, "worker 1: counts key 'x' is not a layer number"),
+    ({"counts": [3, 1], "tokens": {"1": 2}}, "worker 1: counts is [3, 1], not an object of layers"),
+    ({"counts": {"1": [3, 1]}, "tokens": {"1": 2}, "dp_rank": 0.5}, "worker 1: dp_rank is 0.5, not a count"),
+])
+def test_a_worker_answer_that_is_no_count_is_one_line_naming_the_worker_and_field(answer, why):
+    """Before: int() of each number let NaN (ValueError), Infinity (OverflowError), "3" (TypeError) and a
+    missing token count (KeyError) escape observe(), which catches ViewMissing, and cut 3.7 to 3."""
+    with pytest.raises(ViewMissing) as exc:
+        combine([{"counts": {"1": [3, 1]}, "tokens": {"1": 2}}, answer])
+    assert str(exc.value) == why
+
+    class Driver(_Driver):
+        def rpc(self, method):
+            return [{}] if method.endswith("reset") else [worker(), answer]
+
+    obs = observe(Driver(0), [Request(0, [1] * 45, 45, 6)], {}, 1, 4, (1,))
+    assert obs.router is None and obs.router_missing == why
+
+
+def test_sequence_parallel_shards_of_different_lengths_are_named():
+    """Before: summing the shards indexed the shorter one past its end (IndexError out of observe)."""
+    shards = [worker(0, counts={"0": [2, 0, 0, 0]}, tokens={"0": 1}, sp=True),
+              worker(1, counts={"0": [1, 1, 0]}, tokens={"0": 1}, sp=True)]
+    with pytest.raises(ViewMissing, match=r"layer 0: the TP ranks' shards hold \[3, 4\] expert counts"):
+        combine(shards)
