@@ -139,14 +139,15 @@ def check_values(top: dict[str, Any], metadata: Any, *, surrogates: bool) -> Non
             items = enumerate(node)
         for k, v in items:
             here = k if where is None else where  # the top-level key: a tensor name or __metadata__
+            # The key first: serde_json reads it whatever its value is, an object or a list included.
+            if surrogates and ((type(k) is str and _SURROGATE.search(k)) or (type(v) is str and _SURROGATE.search(v))):
+                raise Refused(f"header holds a lone UTF-16 surrogate escape (not Unicode) in {_place(here, where, k)}")
             kind = type(v)
             if kind in _CONTAINERS:
                 stack.append((v, depth + 1, here))
             elif kind is int and not _MIN_I64 <= v <= MAX_U64 and not _fits_f64(v):
                 raise Refused(f"header holds an integer of {len(str(abs(v)))} digits in {_place(here, where, k)}, "
                               "beyond a 64-bit float")
-            elif surrogates and ((kind is str and _SURROGATE.search(v)) or (type(k) is str and _SURROGATE.search(k))):
-                raise Refused(f"header holds a lone UTF-16 surrogate escape (not Unicode) in {_place(here, where, k)}")
 
 
 def check_strings(strings: Iterable[str]) -> None:

@@ -68,6 +68,13 @@ CASES: dict[str, Case] = {
                                        "lone UTF-16 surrogate"),
     "lone-surrogate-in-an-extra-field": Case(b'{"a":' + entry(b',"x":["\\udfff"]') + b"}", 2, False,
                                              "lone UTF-16 surrogate"),
+    "lone-surrogate-key-of-a-list-in-an-entry": Case(b'{"a":' + entry(b',"\\ud800":[]') + b"}", 2, False,
+                                                     "lone UTF-16 surrogate escape (not Unicode) in the entry of tensor 'a'"),
+    "lone-surrogate-key-of-an-object-in-an-extra-field": Case(b'{"a":' + entry(b',"x":[{"\\udc00":{"y":1}}]') + b"}", 2,
+                                                              False, "lone UTF-16 surrogate"),
+    "lone-surrogate-in-a-name-beside-an-extra-field": Case(
+        b'{"a\\ud800":' + U8 + b',"b":' + entry(b',"x":1', offsets=b"[2,4]") + b"}", 4, False,
+        "lone UTF-16 surrogate escape (not Unicode) in tensor name 'a\\ud800'"),
     "dim-2-64-beside-a-zero": Case(b'{"a":' + entry(shape=b"[0,18446744073709551616]", offsets=b"[0,0]") + b"}", 0,
                                    False, "2**64 or more"),
     "dims-overflow-before-a-zero": Case(b'{"a":' + entry(shape=b"[4294967296,4294967296,0]", offsets=b"[0,0]") + b"}",
