@@ -222,8 +222,9 @@ def _strict(text: str, header_len: int, file_size: int, label: str) -> ShardHead
     try:
         if not plain:
             sjson.check_values(obj, metadata, surrogates="\\u" in text)
-        elif "\\u" in text:
-            sjson.check_strings([*header.tensors, *(header.metadata or {}), *(header.metadata or {}).values()])
+        elif "\\u" in text:  # a metadata key written twice keeps the header plain: its earlier values count too
+            meta = header.metadata or {}
+            sjson.check_strings([*header.tensors, *meta, *meta.values(), *(v for _, v in sjson.replaced(meta))])
     except sjson.Refused as exc:
         raise HeaderError(f"{label}: {exc}") from None
     return header

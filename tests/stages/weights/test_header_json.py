@@ -66,6 +66,8 @@ CASES: dict[str, Case] = {
     "high-surrogate-then-no-low": Case(b'{"\\ud800\\u0041":' + U8 + b"}", 2, False, "lone UTF-16 surrogate"),
     "lone-surrogate-in-metadata": Case(b'{"__metadata__":{"k":"\\ud800"},"a":' + U8 + b"}", 2, False,
                                        "lone UTF-16 surrogate"),
+    "lone-surrogate-in-an-earlier-metadata-value": Case(b'{"__metadata__":{"k":"\\ud800","k":"ok"},"a":' + U8 + b"}", 2,
+                                                        False, "lone UTF-16 surrogate"),
     "lone-surrogate-in-an-extra-field": Case(b'{"a":' + entry(b',"x":["\\udfff"]') + b"}", 2, False,
                                              "lone UTF-16 surrogate"),
     "lone-surrogate-key-of-a-list-in-an-entry": Case(b'{"a":' + entry(b',"\\ud800":[]') + b"}", 2, False,
