@@ -51,6 +51,8 @@ CASES: dict[str, Case] = {
     "dtype-twice-one-spelled-with-an-escape": Case(
         b'{"a":{"dtype":"U8","d\\u0074ype":"U8","shape":[2],"data_offsets":[0,2]}}', 2, False, "dtype is written twice"),
     "tensor-twice-earlier-not-an-entry": Case(b'{"a":5,"a":' + U8 + b"}", 2, False, "tensor a is written twice"),
+    "tensor-three-times-the-first-not-an-entry": Case(b'{"a":5,"a":' + U8 + b',"a":' + U8 + b"}", 2, False,
+                                                      "tensor a is written 3 times, and an earlier entry is a int"),
     "tensor-twice-earlier-dim-negative-zero": Case(b'{"a":' + entry(shape=b"[2,-0]") + b',"a":' + U8 + b"}", 2, False,
                                                    "tensor a is written twice"),
     "offset-negative-zero": Case(b'{"a":' + entry(offsets=b"[-0,2]") + b"}", 2, False, "reads -0 as a float"),
@@ -180,6 +182,24 @@ def test_the_audit_names_the_shard_in_one_failed_check(tmp_path: Path, name: str
     failed = [c for c in audit(ck.dir) if c.failed and c.id in ("weights.shard_header", "weights.shard_layout")]
     assert failed, name
     assert failed[0].message.startswith(f"{ck.shards[1]}: ") and CASES[name].says in failed[0].message
+
+
+def test_a_key_written_many_times_is_one_problem_with_its_count(tmp_path: Path) -> None:
+    """Each repetition was its own problem, kept for the whole audit: a 5 MB header of "t":0
+    repeated held 833,323 of them (2.2 s, +271 MB) and the CLI printed 200 identical lines."""
+    n = 50_000
+    header = b"{" + b'"t":0,' * n + b'"__metadata__":{},' * 3 + b'"t":' + U8 + b"}"
+    path = write(tmp_path / "x.safetensors", Case(header, 2, False))
+    assert not safetensors_loads(path)
+    expected = [
+        f"x.safetensors: tensor t is written {n + 1:,} times, and an earlier entry is a int, not an object "
+        "(safetensors reads each value)",
+        "x.safetensors: __metadata__ is written 3 times (safetensors refuses a repeated field)"]
+    assert [p.message for p in read_header(path).problems] == expected
+    ck = cf.make_checkpoint(tmp_path / "m")
+    write(ck.path(1), Case(header, 2, False))
+    failed = [c.message for c in audit(ck.dir) if c.failed and c.id in ("weights.shard_header", "weights.shard_layout")]
+    assert failed == [f"{ck.shards[1]}: {m.split(': ', 1)[1]}" for m in expected], failed
 
 
 names = st.text(alphabet='ab:."\\', min_size=1, max_size=4)
