@@ -201,6 +201,7 @@ def parse_header(raw: bytes, file_size: int, label: str) -> ShardHeader:
         header, plain = _judge(obj, len(raw), file_size, label)
         if plain and sjson.no_repeated_key(raw, header.tensors, header.metadata, meta_key):
             return header
+        del obj, header  # the strict parse must not hold the fast one too: it doubled the peak
     return _strict(text, len(raw), file_size, label)
 
 
