@@ -149,14 +149,15 @@ def measured(
 ) -> Check:
     """A check whose status follows from comparing value with limit in the given direction.
 
-    NaN against a limit (a mean of nothing), or an infinity on the good side of it (a throughput
-    divided by a zero time), is ``error``: nothing was measured, so it can neither pass nor reject
-    the deployment. An infinity on the bad side is a true miss and fails: a KL divergence where the
+    NaN against a limit (a mean of nothing, in any direction), an infinity against an ``exact`` one (a
+    count is never infinite) or on the good side of an ordered one (a throughput divided by a zero
+    time) is ``error``: nothing was measured, so it can neither pass nor reject the deployment. An
+    infinity on the bad side of a min/max limit is a true miss and fails: a KL divergence where the
     deployment gives zero probability to the reference's token, a cost per token at zero throughput."""
     ok = judge(value, limit, direction)
     status: Status = "pass" if ok else "fail"
-    bad_side = math.inf if direction == "lower_is_better" else -math.inf
-    if limit is not None and direction != "exact" and not_finite(value) and value != bad_side:
+    bad_side = math.inf if direction == "lower_is_better" else -math.inf if direction == "higher_is_better" else None
+    if limit is not None and not_finite(value) and value != bad_side:
         status = "error"
         message = f"not a finite measurement: {_default_message(value, limit, unit, direction, None)}" + (
             f"; {message}" if message else "")

@@ -47,10 +47,13 @@ def test_an_infinite_figure_meets_no_ordered_limit(value, direction):
 
 
 @pytest.mark.parametrize("value, direction", [(float("inf"), "higher_is_better"), (float("-inf"), "lower_is_better"),
-                                              (float("nan"), "lower_is_better"), (float("nan"), "higher_is_better")])
+                                              (float("nan"), "lower_is_better"), (float("nan"), "higher_is_better"),
+                                              (float("nan"), "exact"), (float("inf"), "exact"), (float("-inf"), "exact")])
 def test_a_figure_that_is_not_a_finite_number_is_an_error_that_the_record_keeps(tmp_path, value, direction):
     """measured() made inf a pass (written as null, so rebuild refused the line and the check vanished) and
-    NaN a fail (a non-measurement rejecting the deployment). Neither was measured: an error, kept, incomplete."""
+    NaN a fail (a non-measurement rejecting the deployment). Neither was measured: an error, kept, incomplete.
+    Against an ``exact`` limit (the default direction) NaN or an infinity was a ``fail`` after 054b5b2, so a
+    count that was never measured REJECTED the run."""
     import numpy as np
 
     c = measured("latency.x", "x", value, 20.0, unit="tok/s", direction=direction)
