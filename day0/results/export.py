@@ -73,6 +73,9 @@ def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (impo
     finished = Gauge("day0_run_finished_timestamp_seconds", "When the run finished (Unix time)",
                      ["profile", "run_id"], registry=reg)
     seen: dict[tuple[str, ...], set[str]] = {}  # the statuses of every check sharing one label set
+    # label set -> (its labels, failing checks, waived ones): a waived failure beside an unwaived one
+    # under the same labels must not mark the series waived, or `unless day0_check_waived` hides the latter
+    fails: dict[tuple[str, ...], tuple[dict[str, str], int, int]] = {}
     for st in record.stages:
         for c in st.checks:
             labels = {**run, "stage": st.name, "check": c.id, "repeat": "" if c.repeat is None else str(c.repeat)}
@@ -88,8 +91,12 @@ def registry(record: RunRecord):  # -> prometheus_client.CollectorRegistry (impo
                 status.labels(**labels, status=s).set(1 if s in had else 0)
             if (d := _num(c.duration_s)) is not None:
                 duration.labels(**labels).set(d)
-            if waiver_for(c, waivers, record.started_at) is not None:  # an alert on fail leaves these out
-                waived.labels(**labels).set(1)
+            if c.status == "fail":
+                _, n, w = fails.get(tuple(labels.values()), (labels, 0, 0))
+                fails[tuple(labels.values())] = (labels, n + 1, w + (waiver_for(c, waivers, record.started_at) is not None))
+    for labels, n, w in fails.values():
+        if w == n:  # every failure under these labels is waived: an alert on fail leaves them out
+            waived.labels(**labels).set(1)
     for v in VERDICTS:
         verdict.labels(**run, verdict=v).set(1 if record.verdict == v else 0)
     if record.finished_at:

@@ -233,3 +233,20 @@ def test_a_waived_failure_is_marked_so_an_alert_on_fail_can_leave_it_out(tmp_pat
     got = _samples(export.write_textfile(record, tmp_path / "day0.prom").read_text())
     waived = {s[1]["check"]: s[2] for s in got if s[0] == "day0_check_waived"}
     assert waived == {"agents.tool_calls": 1.0}
+
+
+def test_a_waived_failure_never_marks_an_unwaived_one_sharing_its_labels(tmp_path: Path) -> None:
+    """Checks sharing stage, id and repeat share one series: day0_check_waived was set to 1 as soon as
+    one of them was waived, so `unless day0_check_waived == 1` hid an unwaived failure beside it
+    (reviewer's r9_export.py: a wrong_tool finding waived, a bad_json one not, the run REJECTED, the
+    series waived). 1 only when every failure under the labels is waived."""
+    def tools(kind: str) -> Check:
+        return Check(id="agents.tool_calls", title="tools", status="fail", message=kind, evidence={"findings": [kind]})
+
+    waivers = {"report": {"waivers": [{"check": "agents.tool_calls", "finding": "wrong_tool", "reason": "known"}]}}
+    for kinds, want in [(["wrong_tool", "bad_json"], {}), (["bad_json", "wrong_tool"], {}),
+                        (["wrong_tool", "wrong_tool"], {"agents.tool_calls": 1.0})]:
+        record = rf.make_record({"agents": [tools(k) for k in kinds]}, run_id="20261130T090000Z-cpu-tiny-abc126")
+        record.profile = {**record.profile, **waivers}
+        got = _samples(export.write_textfile(record, tmp_path / "day0.prom").read_text())
+        assert {s[1]["check"]: s[2] for s in got if s[0] == "day0_check_waived"} == want, kinds
