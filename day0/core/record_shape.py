@@ -15,6 +15,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
+from day0.core.globs import checked as checked_glob
 from day0.core.inputs import InputError, key_path
 from day0.core.names import MAX_COMPONENT, is_component
 from day0.core.stages import PICKS
@@ -192,10 +193,17 @@ def deselected(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
 
 def stage_info(data: Any, where: str, path: tuple[Any, ...]) -> dict[str, Any]:
     """A stage declaration's fields (in ``run_started.stage_info`` or a run.json stage), each
-    figure checked too, so the report never reads a malformed one."""
+    figure checked too, so the report never reads a malformed one: a figure's glob no check id could
+    match (``day0.core.globs``) is refused here by its key, or ``history add`` would store it and every
+    later report that read it for trends would stop on it, blaming the run being rendered."""
     fields(data, STAGE_INFO, where, path)
     for i, f in enumerate(data.get("figures") or []):
         fields(f, FIGURE, where, (*path, "figures", i))
+        for k, glob in enumerate(f["check_ids"]):
+            try:
+                checked_glob(glob)
+            except ValueError as exc:
+                raise RecordError(f"{where}: {key_path((*path, 'figures', i, 'check_ids', k))}: {exc}") from None
     return data
 
 

@@ -341,6 +341,7 @@ class Summary:
     required: list[str]
     trend_runs: int = 0
     baseline_run: str = ""
+    trend_notes: list[str] = field(default_factory=list)  # history runs passed over for the trends, and why
 
 
 def summarize(record: RunRecord, history: Iterable[RunRecord] = (), baseline_run_id: str = "") -> Summary:
@@ -349,28 +350,39 @@ def summarize(record: RunRecord, history: Iterable[RunRecord] = (), baseline_run
     index = CheckIndex(record.checks())
     heads = headlines(record, index)
     past = [r for r in history if r.run_id != record.run_id]
-    if past:
-        add_trends(heads, [*past, record], baseline_run_id, {h.key: h.value for h in heads})
+    notes = add_trends(heads, [*past, record], baseline_run_id, {h.key: h.value for h in heads}) if past else []
     return Summary(record.verdict, verdict_line(record), record.reason, adaptation(record), heads,
                    failed(record), unverified(record, index), required_checks(record.profile),
-                   len(past) + 1 if past else 0, baseline_run_id)
+                   len(past) + 1 - len(notes) if past else 0, baseline_run_id, notes)
 
 
 def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id: str = "",
-               last: dict[str, float | None] | None = None) -> None:
+               last: dict[str, float | None] | None = None) -> list[str]:
     """Each headline's value in each run (runs without the figure leave a gap, not a zero). ``last``:
-    the last run's values when already worked out (this run's, from :func:`summarize`)."""
-    per_run = [(r.run_id, last if last is not None and n == len(runs) - 1 else {h.key: h.value for h in headlines(r)})
-               for n, r in enumerate(runs)]
+    the last run's values when already worked out (this run's, from :func:`summarize`). An earlier
+    run whose figures cannot be read (a glob past ``MAX_GLOB``, stored by an older day0) is passed
+    over, one note each returned: history is another run's file, and must never stop this run's report."""
+    per_run, notes = [], []
+    for n, r in enumerate(runs):
+        if last is not None and n == len(runs) - 1:
+            per_run.append((r.run_id, last))
+            continue
+        try:
+            per_run.append((r.run_id, {h.key: h.value for h in headlines(r)}))
+        except ValueError as exc:
+            notes.append(f"history run {r.run_id} passed over for the trends: {exc}")
     for h in heads:
         h.trend = [(rid, vals[h.key]) for rid, vals in per_run if vals.get(h.key) is not None]  # type: ignore[misc]
         ids = [rid for rid, _ in h.trend]
         h.baseline_index = ids.index(baseline_run_id) if baseline_run_id in ids else None
+    return notes
 
 
 def answer_lines(s: Summary) -> list[str]:
-    """The figures' answers in words, one line each, for under the terminal's table."""
-    return [f"{h.label}: {h.answer}" for h in s.headlines if h.answer and h.status != "absent"]
+    """The figures' answers in words, one line each, for under the terminal's table; then a note for
+    each history run the trends passed over (so a gap in a trend is explained, not silent)."""
+    return [f"{h.label}: {h.answer}" for h in s.headlines if h.answer and h.status != "absent"] + \
+        [f"note: {n}" for n in s.trend_notes]
 
 
 def headline_rows(s: Summary) -> list[tuple[str, str, str, str]]:

@@ -218,3 +218,39 @@ def test_cli_add_and_list(tmp_path, capsys):
     assert _cli(["history", "add", str(tmp_path / "nope"), "--history", str(tmp_path / "h")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nope: run record not found" in err
+
+
+def _long_figure(rec: RunRecord) -> RunRecord:
+    from day0.core.stages import Figure, StageInfo
+
+    rec.stages[0].info = StageInfo(rec.stages[0].name, "T", "?", (Figure("k", "L", ("latency." + "x" * 300,)),),
+                                   origin="mysite")
+    return rec
+
+
+def test_a_figure_glob_no_check_id_could_be_is_refused_by_history_add_naming_its_key(tmp_path, capsys):
+    """record_shape checked a figure's check_ids only as non-empty strings, so `history add` stored a
+    record whose 308-character glob then stopped every later `day0 report` (reviewer's r6_longfig.py)."""
+    src = _write(_long_figure(_record("run-longfig")), tmp_path)
+    assert _cli(["history", "add", str(src), "--history", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{src}: stages[0].figures[0].check_ids[0]: check pattern " in err
+    assert "308 characters, past 256" in err and not (tmp_path / "h").exists()
+    with pytest.raises(RecordError, match=r"stages\[0\]\.figures\[0\]\.check_ids\[0\]: check pattern"):
+        load(src)
+
+
+def test_a_bad_history_entry_never_blocks_a_later_runs_report(tmp_path, capsys):
+    """One entry an older day0 stored with a figure glob past 256 characters made `day0 report` of
+    every later valid run exit 2 blaming that run's file (r6_longfig.py then r7): now it is passed over."""
+    from tests.results.test_report import _cli as report_cli
+
+    out = tmp_path / "reports"
+    old = _long_figure(_record("run-old", started="2026-11-29T09:00:00.000+00:00"))
+    folder = history.folder_for(history.history_root(old.profile, out), old)
+    folder.mkdir(parents=True)
+    (folder / history.entry_name(1, old)).write_text(json.dumps(old.to_dict()), encoding="utf-8")
+    new = _record("run-new")
+    src = rf.write(new, out / new.run_id)
+    assert report_cli(["report", str(src.parent)]) == 0
+    assert (src.parent / "report.html").is_file() and "day0 verdict" in capsys.readouterr().out

@@ -284,3 +284,17 @@ def test_figures_past_a_floats_range_show_a_dash_never_inf() -> None:
     assert trends.sparkline(spark) == ""
     spark.trend = [("r1", 1.0), ("r2", 5.0)]
     assert "nan" not in trends.sparkline(spark) and "<polyline" in trends.sparkline(spark)
+
+
+def test_a_past_run_whose_figures_cannot_be_read_is_passed_over_with_a_note() -> None:
+    """add_trends read every past run's headlines: one history run with a figure glob past 256
+    characters raised, and the report of the run being rendered stopped, blaming it (r6_longfig.py)."""
+    from day0.core.stages import Figure, StageInfo
+
+    past = [full_record(ttft=100.0 + 10 * i, run_id=f"run-{i}") for i in range(3)]
+    past[1].stages[0].info = StageInfo(past[1].stages[0].name, "T", "?", (Figure("k", "L", ("latency." + "x" * 300,)),))
+    s = S.summarize(full_record(ttft=400.0, run_id="run-now"), past)
+    ttft = next(h for h in s.headlines if h.key == "ttft_p99")
+    assert [rid for rid, _ in ttft.trend] == ["run-0", "run-2", "run-now"] and s.trend_runs == 3
+    assert len(s.trend_notes) == 1 and s.trend_notes[0].startswith("history run run-1 passed over for the trends: ")
+    assert "past 256" in s.trend_notes[0] and S.answer_lines(s)[-1] == "note: " + s.trend_notes[0]
