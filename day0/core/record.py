@@ -32,6 +32,8 @@ from day0.core.redact import Redactor
 from day0.core.stages import DERIVED_STAGES, StageInfo
 from day0.core.verdict import (  # noqa: F401
     DESELECTED_NOTE,
+    EXIT_STATUS_NOTE,
+    STOPPED_EXIT_STATUSES,
     bad_patterns,
     contradiction,
     deselected_of,
@@ -386,12 +388,6 @@ class RunRecord:
         return write_file(path, json.dumps(self.to_dict(), indent=2) + "\n", error=RecordError)
 
 
-# pytest's exit statuses of a session that did not run its tests through: INTERRUPTED (Ctrl-C, or the
-# SIGTERM the plugin turns into one) and INTERNAL_ERROR. Its session still ends, so the event log
-# has its run_finished, but the tests after the interruption never ran.
-STOPPED_EXIT_STATUSES = (2, 3)
-
-
 class _Fold:
     """The state of folding events into a record; each ``on_<type>`` validates one event."""
 
@@ -471,7 +467,9 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
     verdict, reason = run_verdict(stages, finished=fold.finished_at is not None, required=required_checks(profile),
                                   waivers=waivers, on=on, excused=stood_in_checks(profile),
                                   stopped=fold.exit_status in STOPPED_EXIT_STATUSES, deselected=deselected_of(fold.notes))
-    notes = dict(fold.notes)
+    notes = {k: v for k, v in fold.notes.items() if k != EXIT_STATUS_NOTE}  # run_finished's alone says it
+    if fold.finished_at is not None:  # in run.json, so contradiction() sees an interrupted session
+        notes[EXIT_STATUS_NOTE] = fold.exit_status
     bad = [(key, f"{fold.started_where}: {key}: {why}") for key, why in bad_patterns(profile)]
     if bad:  # passed over by every reader; a required one verified nothing
         notes[PATTERNS_SKIPPED_NOTE] = [named for _, named in bad[:MAX_SKIPPED_SHOWN]]
@@ -564,6 +562,7 @@ def _from_v1(data: dict[str, Any], where: str) -> RunRecord:
     seen: dict[str, int] = {}
     if DESELECTED_NOTE in data.get("notes", {}):
         shape.deselected(data["notes"][DESELECTED_NOTE], where, ("notes", DESELECTED_NOTE))
+    shape.fields(data.get("notes", {}), shape.RUN_NOTES, where, ("notes",))  # a record from before it lacks it
     for i, s in enumerate(data["stages"]):
         shape.fields(s, shape.STAGE, where, ("stages", i))
         if s["name"] in seen:

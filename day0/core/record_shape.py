@@ -149,6 +149,8 @@ CHECK_EVENT: dict[str, tuple[bool, Test]] = {"stage": (True, NAME), "check": (Tr
 NOTE_EVENT: dict[str, tuple[bool, Test]] = {"key": (True, NAME), "value": (False, ANY)}
 EXIT_STATUS: Test = (lambda v: v is None or _is_int(v), "a whole number or null")
 FINISHED_EVENT: dict[str, tuple[bool, Test]] = {"at": (True, TIME), "exit_status": (False, EXIT_STATUS)}
+# run.json's notes the verdict reads (day0.core.verdict.EXIT_STATUS_NOTE): optional, for records made before it.
+RUN_NOTES: dict[str, tuple[bool, Test]] = {"exit_status": (False, EXIT_STATUS)}
 
 
 def fields(data: Any, shape: Mapping[str, tuple[bool, Test]], where: str, path: tuple[Any, ...] = ()) -> dict:

@@ -25,6 +25,13 @@ NOT_APPLICABLE = "not_applicable"
 # The note naming the day0 tests a session deselected (-k, -m, --deselect): what they would have
 # checked is not in the record, so such a run is never accepted as a full one.
 DESELECTED_NOTE = "deselected"
+# The record's note of pytest's exit status as the session ended (its run_finished event's): a
+# reader of run.json alone must see an interrupted session, or an edit to "accepted" would stand.
+EXIT_STATUS_NOTE = "exit_status"
+# pytest's exit statuses of a session that did not run its tests through: INTERRUPTED (Ctrl-C, or the
+# SIGTERM the plugin turns into one) and INTERNAL_ERROR. Its session still ends, so the event log
+# has its run_finished, but the tests after the interruption never ran.
+STOPPED_EXIT_STATUSES = (2, 3)
 
 
 class _Check(Protocol):
@@ -338,9 +345,11 @@ def contradiction(record: Any) -> str | None:
     if record.verdict == "accepted" and required:
         return f"verdict: 'accepted', but {required[0][0]} verified nothing ({required[0][1]})"
     if record.verdict == "accepted":
+        exit_status = record.notes.get(EXIT_STATUS_NOTE) if isinstance(record.notes, dict) else None
         verdict, reason = run_verdict(derived, finished=record.finished_at is not None,
                                       required=required_checks(record.profile), waivers=waivers,
                                       on=record.started_at, excused=stood_in_checks(record.profile),
+                                      stopped=exit_status in STOPPED_EXIT_STATUSES,
                                       deselected=deselected_of(record.notes))
         if verdict != "accepted":
             return f"verdict: 'accepted', but its checks give {verdict!r} ({reason})"

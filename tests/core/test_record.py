@@ -18,6 +18,7 @@ from day0.core.record import (
     judge,
     load,
     measured,
+    parse_record,
     read_events,
     rebuild,
     stage_verdict,
@@ -125,6 +126,36 @@ def test_a_session_interrupted_after_every_check_so_far_passed_is_incomplete(tmp
     assert rec.verdict == verdict, rec.reason
     if verdict == "incomplete":
         assert rec.reason.startswith("the run was interrupted (Ctrl-C or SIGTERM) before its tests ended")
+
+
+@pytest.mark.parametrize("exit_status", [2, 3])
+def test_an_interrupted_run_edited_to_accepted_is_refused_on_load(tmp_path, exit_status):
+    """The exit status stayed on the rebuild's fold, never reaching run.json, so contradiction() could
+    not see it: reviewer's r1_interrupted.py edited an interrupted record to 'accepted' and it loaded,
+    reported, signed and verified as ACCEPTED. Now run.json keeps it as notes.exit_status."""
+    _log(tmp_path, checks=(("weights", "pass"), ("latency", "pass")), exit_status=exit_status)
+    assert rebuild(tmp_path).notes["exit_status"] == exit_status
+    data = json.loads((tmp_path / "run.json").read_text())
+    data["verdict"], data["reason"] = "accepted", "every stage ran and passed"
+    with pytest.raises(RecordError, match=r"verdict: 'accepted', but its checks give 'incomplete' \(the run was "
+                                          r"interrupted.*the record contradicts itself$"):
+        parse_record(json.dumps(data), "run.json")
+    data["notes"]["exit_status"] = 0
+    assert parse_record(json.dumps(data), "run.json").verdict == "accepted"
+    del data["notes"]["exit_status"]  # a record made before the note: loads as it did
+    assert parse_record(json.dumps(data), "run.json").verdict == "accepted"
+    data["notes"]["exit_status"] = "2"
+    with pytest.raises(RecordError, match=r"^run.json: notes.exit_status: expected a whole number or null, got the string"):
+        parse_record(json.dumps(data), "run.json")
+
+
+def test_a_note_event_cannot_stand_in_for_run_finished_exit_status(tmp_path):
+    """Only run_finished says how the session ended: a note of the same key is dropped, never kept."""
+    log = _log(tmp_path, finished=False)
+    log.note("exit_status", 0)
+    assert "exit_status" not in rebuild(tmp_path).notes
+    log.run_finished(2)
+    assert rebuild(tmp_path).notes["exit_status"] == 2
 
 
 def test_a_run_with_every_stage_passing_is_accepted(tmp_path):
