@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Collection, Protocol
 
+from day0.core.globs import Names
 from day0.core.globs import checked as checked_glob
 from day0.core.globs import matches as glob_matches
 
@@ -254,19 +255,23 @@ def unverified_required(stages: Sequence[_Stage], required: Sequence[str],
     is skip, blocked or error, or a glob no check matches at all (a required check that never ran).
     ``excused`` ids (:func:`stood_in_checks`) are not required through a glob."""
     out: list[tuple[str, str]] = []
-    checks = [c for s in stages for c in s.checks]
+    by_id: dict[str, list[tuple[int, _Check]]] = {}  # each id's checks, with their place in the run
+    for n, c in enumerate(c for s in stages for c in s.checks):
+        by_id.setdefault(c.id, []).append((n, c))
+    names, reported = Names(by_id), set[str]()  # each glob matched once; each id reported once
     idle = {s.name for s in stages if s.verdict == NOT_APPLICABLE}
     for glob in required:
         if glob.split(".", 1)[0] in idle:
             continue  # a stage that does not apply to this target requires nothing of it
-        hits = [c for c in checks if glob_matches(c.id, glob)]
-        if not hits:
+        ids = names.matching(glob)
+        if not ids:
             out.append((glob, "required, but no such check ran"))
-        for c in (h for h in hits if h.id not in excused):
-            if not_applicable(c):
-                continue
-            if c.status in ("skip", "blocked", "error") and all(c.id != i for i, _ in out):
+            reported.add(glob)
+        hits = sorted((p for i in ids if i not in excused for p in by_id[i]), key=lambda p: p[0])
+        for _, c in hits:  # in run order: the first not-verified check of each id gives its reason
+            if c.id not in reported and c.status in ("skip", "blocked", "error") and not not_applicable(c):
                 out.append((c.id, f"required, but {c.status}: {c.message}"))
+                reported.add(c.id)
     return out
 
 

@@ -9,14 +9,12 @@ to its evidence.
 
 from __future__ import annotations
 
-import bisect
 import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from day0.core.globs import matches as glob_matches
+from day0.core.globs import Names
 from day0.core.record import Check, RunRecord, required_checks
 from day0.core.stages import Figure, StageInfo
 from day0.core.verdict import NOT_APPLICABLE, not_applicable, stood_in_checks, waiver_for, waivers_of
@@ -137,23 +135,11 @@ class CheckIndex:
         self.by_id: dict[str, list[tuple[int, Check]]] = {}
         for n, c in enumerate(checks):
             self.by_id.setdefault(c.id, []).append((n, c))
-        self.sorted_ids = sorted(self.by_id)
-        self._ids: dict[str, list[str]] = {}
+        self.names = Names(self.by_id)
 
     def ids(self, glob: str) -> list[str]:
         """The distinct check ids ``glob`` matches (fnmatch); ValueError for a glob past ``MAX_GLOB``."""
-        found = self._ids.get(glob)
-        if found is None:
-            glob_matches("", glob)  # a glob past the length limit is refused before it is tried
-            head = re.split(r"[*?[]", glob, maxsplit=1)[0]  # the literal prefix every match starts with
-            ids, n = self.sorted_ids, bisect.bisect_left(self.sorted_ids, head)
-            found = []
-            while n < len(ids) and ids[n].startswith(head):
-                if glob_matches(ids[n], glob):
-                    found.append(ids[n])
-                n += 1
-            self._ids[glob] = found
-        return found
+        return self.names.matching(glob)
 
     def checks(self, glob: str) -> list[Check]:
         """The checks ``glob`` matches, in run order."""
