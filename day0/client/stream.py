@@ -241,9 +241,8 @@ class TokenAccountant:
 
 
 def _count_of(usage: dict[str, Any], key: str) -> int:
-    """``usage[key]`` as a token count: a finite, non-negative whole number (``4`` or ``4.0``), else
-    the request's malformed_event naming the key. ``Infinity``, ``1e999``, ``NaN``, ``-1`` or ``"4"``
-    is no count a server could have meant, and ``int()`` of the first two raises OverflowError."""
+    """``usage[key]`` as a token count (``day0.core.numbers.token_count``: a whole number from 0 to
+    2**53), else the request's malformed_event naming the key, so the phase's other requests stand."""
     count = token_count(usage[key])
     if count is None:
         raise _Failed("malformed_event", f"usage.{key} is {str(usage[key])[:40]!r}, not a token count")

@@ -30,10 +30,19 @@ def whole_number(minimum: int = 0, maximum: int = 10**12) -> Callable[[str], int
     return parse
 
 
+# The largest token count a server is believed: far past any context or batch (a server sends
+# thousands), and exact in a double, so every figure computed from it in floats stays finite.
+TOKEN_COUNT_MAX = 2**53
+
+
 def token_count(value: Any) -> int | None:
-    """``value`` as a count a server sent: a finite, non-negative whole number (``4`` or ``4.0``),
-    else None. ``Infinity``, ``1e999``, ``NaN``, ``-1``, ``true`` or ``"4"`` is no count a server
-    could have meant, and ``int()`` of the first two raises OverflowError."""
+    """``value`` as a count a server sent: a finite, non-negative whole number (``4`` or ``4.0``) up
+    to ``TOKEN_COUNT_MAX``, else None. ``Infinity``, ``1e999``, ``NaN``, ``-1``, ``true`` or ``"4"``
+    is no count a server could have meant, and ``int()`` of the first two raises OverflowError; nor
+    is an integer of 400 digits, which JSON allows and which once ended ``day0 latency`` with
+    "int too large to convert to float" when the token throughput was computed."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= TOKEN_COUNT_MAX:
+        return value
+    return None

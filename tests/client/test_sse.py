@@ -204,11 +204,26 @@ def test_accounting_recovers_the_tokens_of_every_message(msgs, endpoint):
     ('{"choices": [], "usage": {"completion_tokens": 2.5}}', "malformed_event"),
     ('{"choices": [], "usage": {"completion_tokens": "4"}}', "malformed_event"),
     ('{"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": -Infinity}}', "malformed_event"),
+    # a whole number JSON allows but no float holds: once "int too large to convert to float" in the
+    # phase's token throughput, which ended `day0 latency` and lost every result
+    ('{"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 1' + "0" * 400 + '}}', "malformed_event"),
+    ('{"choices": [], "usage": {"completion_tokens": 9007199254740993}}', "malformed_event"),  # 2**53 + 1
+    ('{"choices": [], "usage": {"completion_tokens": 1e300}}', "malformed_event"),  # a whole float, as large
 ])
 def test_bad_events_fail_the_request(data, kind):
     with pytest.raises(_Failed) as exc:
         TokenAccountant().tokens_in(data)
     assert exc.value.kind == kind
+
+
+def test_a_huge_prompt_count_is_named_and_the_largest_count_is_kept():
+    """No max_tokens bounds a prompt count: its own ceiling (2**53, exact in a double) does."""
+    with pytest.raises(_Failed) as exc:
+        TokenAccountant(max_tokens=4).tokens_in('{"choices": [], "usage": {"prompt_tokens": 1' + "0" * 400 + '}}')
+    assert exc.value.reason.startswith("usage.prompt_tokens is '1000"), exc.value.reason
+    a = TokenAccountant()
+    a.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 2**53, "prompt_tokens": 2**53}}))
+    assert (a.final_tokens, a.prompt_tokens) == (2**53, 2**53)
 
 
 def test_a_whole_float_count_is_a_count():

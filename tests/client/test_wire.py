@@ -196,6 +196,21 @@ def test_a_final_usage_past_max_tokens_fails_the_request_not_the_figures():
     assert res.reason == "usage.completion_tokens 200 is past the request's max_tokens 2"
 
 
+def test_a_prompt_count_of_400_digits_fails_the_request_not_the_phase():
+    """Before: the count was believed, and the phase's token throughput raised OverflowError
+    ("int too large to convert to float"), which ended `day0 latency` with a traceback."""
+    huge = '{"choices": [], "usage": {"prompt_tokens": 1' + "0" * 400 + ', "completion_tokens": 2}}'
+    body = sse(token("a", 1), token("b", 2), huge, "[DONE]")
+
+    async def go():
+        async with Fake(answering(OK_HEAD + chunked(body, 4096))) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error) == (False, "malformed_event")
+    assert res.reason.startswith("usage.prompt_tokens is '1000") and res.reason.endswith("not a token count")
+
+
 def test_a_line_without_end_is_that_requests_malformed_event_at_the_cap(monkeypatch):
     """A 200 whose ``data:`` line never ends was kept whole until request_timeout_s (300 s)."""
     from day0.client import sse as sse_mod

@@ -248,7 +248,8 @@ def test_a_response_without_usage_leaves_the_router_view_unverified():
     forwarded and a hook that saw 10 of the 50 tokens passed."""
     req = Request(index=0, prompt=[1] * 45, input_len=45, output_len=6)
     for usage in (None, {}, {"prompt_tokens": 45}, {"prompt_tokens": "45", "completion_tokens": 6},
-                  {"prompt_tokens": -1, "completion_tokens": 6}, {"prompt_tokens": True, "completion_tokens": 6}):
+                  {"prompt_tokens": -1, "completion_tokens": 6}, {"prompt_tokens": True, "completion_tokens": 6},
+                  {"prompt_tokens": 10**400, "completion_tokens": 6}, {"prompt_tokens": 45, "completion_tokens": 1e300}):
         answer = HttpDriver(_Endpoint(usage)).complete(req, {})
         partial = Workers({1: LayerLoad.of(1, [5, 5, 5, 5], 10, 4)}, 1, True, False)
         checks = judge(_obs(partial, routed_missing="no field", answer=answer), TARGET, SECTION)
