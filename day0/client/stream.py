@@ -83,7 +83,7 @@ class RequestResult:
     output_tokens_source: str = "usage"  # usage | messages
     prompt_tokens: int | None = None
     token_source: str = "content"  # weakest evidence used for a message's token count
-    count_mismatch: bool = False  # per-message counts disagree with the final usage
+    count_mismatch: bool = False  # per-message counts disagree with the final usage (see _mismatch)
     shard: int = 0  # the shard (load worker) that drove it: whose loop's stalls it sat through
     # seconds its driving loop did not run between its scheduled send and the read of its first token,
     # and of its last (day0.client.loadgen.LoopWatch.stamp): what its TTFT and E2E hold of the client's
@@ -175,16 +175,18 @@ class TokenAccountant:
     never averaged in.
 
     ``max_tokens`` (the request's own) bounds every count the server gives: a cumulative or final
-    ``completion_tokens``, or token ids adding up, past it cannot be true, and is the request's
-    malformed_event rather than a throughput 100 times too high (a final usage of 400 after 4 streamed
-    tokens) or a per-token list of 10**9 values (a usage jumping to 10**9).
+    ``completion_tokens``, token ids adding up, or messages counted one token each, past it cannot be
+    true, and is the request's malformed_event rather than a throughput 100 times too high (a final
+    usage of 400 after 4 streamed tokens, or 400 text messages where 2 tokens were asked for) or a
+    per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("cum", "ids", "weakest", "final_tokens", "prompt_tokens", "max_tokens")
+    __slots__ = ("cum", "ids", "texts", "weakest", "final_tokens", "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.cum = 0  # cumulative completion_tokens seen so far
         self.ids = 0  # token ids seen so far
+        self.texts = 0  # messages counted one token each (no token ids, no usage on them)
         self.weakest = 0  # index into TOKEN_SOURCES
         self.final_tokens: int | None = None
         self.prompt_tokens: int | None = None
@@ -222,6 +224,8 @@ class TokenAccountant:
             else:
                 role_only = _role_only(choice)
                 n = 1 if _carries_output(choice) and not role_only else 0
+                if n:
+                    self.texts = self._bounded(self.texts + n, "messages counted as tokens")
                 if not role_only:
                     self.weakest = 2
         if usage:
@@ -339,7 +343,7 @@ async def stream_one(
     if acct.final_tokens is not None:
         res.output_tokens = acct.final_tokens
         res.output_tokens_source = "usage"
-        res.count_mismatch = acct.weakest < 2 and msg_total != res.output_tokens
+        res.count_mismatch = _mismatch(acct.weakest, msg_total, res.output_tokens)
     else:
         res.output_tokens = msg_total
         res.output_tokens_source = "messages"
@@ -349,6 +353,16 @@ async def stream_one(
         else:
             res.ok = True
     return res
+
+
+def _mismatch(weakest: int, counted: int, usage: int) -> bool:
+    """Whether the per-message counts disagree with the final usage. Exact evidence (token ids,
+    continuous usage) must add up to it; one token a text message may fall short of it (a server
+    sending several tokens a message is legal, and the reason the source is reported), but not pass
+    it: each such message is a token by the rule, so more of them than usage counts means the
+    per-message figures (TTFT, ITL) are not the tokens usage speaks of. Not a failure: usage still
+    gives the totals, and a server may send a closing text message with no token in it."""
+    return counted != usage if weakest < 2 else counted > usage
 
 
 class StreamCut(ValueError):

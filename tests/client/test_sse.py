@@ -241,7 +241,10 @@ def test_a_whole_float_count_is_a_count():
       {"choices": [{"text": "a"}], "usage": {"completion_tokens": 10**9}}], "usage.completion_tokens 1000000000"),
     ([{"choices": [{"text": "a", "token_ids": [1, 2, 3]}]}, {"choices": [{"text": "b", "token_ids": [4, 5]}]}],
      "token ids 5"),
-], ids=["final_usage", "usage_jump", "token_ids"])
+    # no usage, no token ids: a server ignoring max_tokens passed with one token a message, 400 of them
+    ([{"choices": [{"text": "a"}]}] * 400, "messages counted as tokens 5"),
+    ([{"choices": [{"index": 0, "delta": {"content": ""}}]}] * 5, "messages counted as tokens 5"),
+], ids=["final_usage", "usage_jump", "token_ids", "text_messages", "empty_chat_deltas"])
 def test_a_count_past_the_requests_max_tokens_is_malformed(events, reason):
     a = TokenAccountant(max_tokens=4)
     with pytest.raises(_Failed) as exc:
@@ -256,6 +259,9 @@ def test_counts_up_to_max_tokens_are_kept():
     got = [a.tokens_in(json.dumps({"choices": [{"text": "a"}], "usage": {"completion_tokens": k}})) for k in (2, 4)]
     a.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}))
     assert got == [2, 2] and a.final_tokens == 4
+    plain = TokenAccountant(max_tokens=4)
+    assert [plain.tokens_in(json.dumps({"choices": [{"text": "a"}]})) for _ in range(4)] == [1, 1, 1, 1]
+    assert plain.tokens_in(json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})) == 0
 
 
 @pytest.mark.parametrize(("payload", "bound"), [

@@ -196,6 +196,41 @@ def test_a_final_usage_past_max_tokens_fails_the_request_not_the_figures():
     assert res.reason == "usage.completion_tokens 200 is past the request's max_tokens 2"
 
 
+def _text_messages(k: int, *final_usage: int) -> bytes:
+    """``k`` completion messages with text and no usage, then a final usage when given."""
+    tail = [{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": u}} for u in final_usage]
+    return OK_HEAD + chunked(sse(*[{"choices": [{"index": 0, "text": "a"}]}] * k, *tail, "[DONE]"), 4096)
+
+
+@pytest.mark.parametrize("final_usage", [(), (2,)], ids=["no_usage", "final_usage_2"])
+def test_text_messages_past_max_tokens_fail_the_request(final_usage):
+    """REQ asks for 2 tokens; a server ignoring it streamed 400 text messages and passed with 400
+    output tokens (no usage) or with ok and no count_mismatch (a final usage of 2)."""
+    async def go():
+        async with Fake(answering(_text_messages(400, *final_usage))) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert (res.ok, res.error) == (False, "malformed_event")
+    assert res.reason == "messages counted as tokens 3 is past the request's max_tokens 2"
+
+
+@pytest.mark.parametrize(("messages", "usage", "mismatch"), [
+    (3, 2, True),  # more one-token messages than usage counts: the per-message figures are not its tokens
+    (2, 5, False),  # several tokens a message: what counting by messages expects
+    (4, 4, False),
+])
+def test_text_messages_above_usage_are_a_count_mismatch(messages, usage, mismatch):
+    async def go():
+        async with Fake(answering(_text_messages(messages, usage))) as f, StreamPool() as pool:
+            return await one(pool, f.url(), ClientOptions(extra_body={"max_tokens": 8}))
+
+    res = asyncio.run(go())
+    assert res.ok, res.reason
+    assert (res.token_source, res.output_tokens, len(res.msg_t)) == ("content", usage, messages)
+    assert res.count_mismatch is mismatch
+
+
 def test_a_prompt_count_of_400_digits_fails_the_request_not_the_phase():
     """Before: the count was believed, and the phase's token throughput raised OverflowError
     ("int too large to convert to float"), which ended `day0 latency` with a traceback."""
