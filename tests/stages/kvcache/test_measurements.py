@@ -274,6 +274,43 @@ def test_bad_metrics_are_one_line_errors(text, match):
         kv.parse_kv_metrics(text)
 
 
+_CONFIG = 'vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="101"} 1\n'
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e400"])
+@pytest.mark.parametrize("metric, rest", [
+    ("vllm:kv_cache_usage_perc", ""),
+    ("vllm:num_requests_running", 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'),
+    ("vllm:num_requests_waiting", 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'),
+    ("vllm:prefix_cache_hits_total", 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'),
+])
+def test_a_gauge_no_number_can_be_is_a_prom_error_naming_it(metric, rest, value):
+    """NaN, +Inf or 1e400 reached round() or int() and raised ValueError or OverflowError, which
+    the kvcache stage's callers (catching PromError) did not expect."""
+    with pytest.raises(PromError, match="^" + metric.removesuffix("_total") + " is "):
+        kv.parse_kv_metrics(_CONFIG + rest + f'{metric}{{engine="0"}} {value}\n')
+
+
+@pytest.mark.parametrize("text, match", [
+    ('vllm:kv_cache_usage_perc{engine="0"} 1.5\n', r"^vllm:kv_cache_usage_perc is 1.5, not a number in \[0, 1\]"),
+    ('vllm:kv_cache_usage_perc{engine="0"} -0.1\n', "^vllm:kv_cache_usage_perc is -0.1"),
+    ('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:num_requests_running{engine="0"} 2.5\n',
+     "^vllm:num_requests_running is 2.5, not a count of requests"),
+    ('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:num_requests_waiting{engine="0"} 1e300\n',
+     "^vllm:num_requests_waiting is 1e\\+300, not a count of requests"),
+])
+def test_a_gauge_out_of_its_domain_is_a_prom_error_naming_it(text, match):
+    with pytest.raises(PromError, match=match):
+        kv.parse_kv_metrics(_CONFIG + text)
+
+
+def test_a_block_count_past_a_float_is_a_prom_error():
+    """usage x (num_gpu_blocks - 1) of 400 digits raised OverflowError."""
+    text = 'vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="1' + "0" * 400 + '"} 1\n'
+    with pytest.raises(PromError, match="^vllm:cache_config_info has block_size 16 and num_gpu_blocks 1000"):
+        kv.parse_kv_metrics(text + 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n')
+
+
 def engine_state(prompts: list[int], outs: list[int], bs: int, prefix: int = 0, group: list[int] | None = None):
     """What vLLM would hold: per request ceil((prompt + out - 1) / bs) blocks, a shared prefix's full blocks once."""
     shared = (prefix // bs) if group else 0
