@@ -18,6 +18,8 @@ from typing import Iterable
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from day0.core.record import one_line
+
 # What each client-side metric is compared with, in order of preference (names without suffix).
 SERVER_METRICS: dict[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
@@ -81,14 +83,22 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return start + (end - start) * (rank - prev) / in_bucket
 
 
+# How much of the parser's complaint a PromError keeps: it quotes the offending line whole, and a
+# line of /metrics may run to ANSWER_MAX_BYTES, once printed as one "line" of 4,000,047 characters.
+EXCERPT_CHARS = 200
+
+
 def samples(text: str, labels: dict[str, str] | None = None) -> list[Sample]:
-    """Every sample of an exposition whose labels include ``labels``; PromError (one line) for a
-    text that is not an exposition. The one place /metrics text is parsed."""
+    """Every sample of an exposition whose labels include ``labels``; PromError (one line, the
+    parser's complaint cut to ``EXCERPT_CHARS`` with its length) for a text that is not an
+    exposition. The one place /metrics text is parsed."""
     want = labels or {}
     try:
         found = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
     except Exception as exc:  # the parser raises bare ValueErrors with the offending line
-        raise PromError(f"not a Prometheus exposition: {exc}") from None
+        why = str(exc)
+        size = f" ({len(why)} characters)" if len(why) > EXCERPT_CHARS else ""
+        raise PromError(f"not a Prometheus exposition: {one_line(why, EXCERPT_CHARS)}{size}") from None
     return [s for s in found if all(s.labels.get(k) == v for k, v in want.items())]
 
 

@@ -109,6 +109,22 @@ def test_garbage_is_a_clear_error():
         parse_histograms("this is {not metrics\n")
 
 
+@pytest.mark.parametrize("line", [
+    'vllm:x{a="b",' + "c" * 5_000_000 + '} 1',
+    'vllm:x 1 2 3 ' + "c" * 5_000_000,
+    "\x1f\x8b" + "\xff" * 5_000_000,
+], ids=["labels", "value", "binary"])
+def test_a_malformed_line_is_quoted_in_part_with_its_length(line):
+    """The parser quotes the offending line whole: a 4 MB line became run.server_error and was
+    printed by `day0 latency` as one "line" of 4,000,047 characters."""
+    with pytest.raises(PromError) as exc:
+        server_view(None, "vllm:ok 1\n" + line + "\n")
+    msg = str(exc.value)
+    assert msg.startswith("not a Prometheus exposition: ") and "\n" not in msg
+    assert len(msg) < 300 and msg.endswith(" characters)"), msg[:400]
+    assert int(msg.rsplit("(", 1)[1].split()[0]) >= 5_000_000
+
+
 def test_a_label_that_is_no_number_is_a_prom_error_naming_the_metric():
     """A bucket bound or a draft position the code reads as a number was a bare ValueError naming
     no metric, which no caller of these parsers expects."""
