@@ -9,9 +9,12 @@ Prometheus' ``histogram_quantile`` does it, so they are only as fine as the buck
 from __future__ import annotations
 
 import asyncio
+import http.client
+import io
 import math
+import socket
 import time
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -221,23 +224,109 @@ async def scrape(session, base_url: str) -> str:  # session: aiohttp.ClientSessi
 
 
 def scrape_sync(base_url: str, timeout_s: float = 10.0) -> str:
-    """:func:`scrape` without an event loop: GET /metrics as text, at most ``ANSWER_MAX_BYTES``, its
-    body read within ``ANSWER_MAX_S`` (``timeout_s`` bounds each read, so a body dripping a byte
-    inside it is stopped at the deadline, not after its whole length); PromError naming the URL."""
+    """:func:`scrape` without an event loop: GET /metrics as text, at most ``ANSWER_MAX_BYTES``, the
+    whole answer (connect, status line, headers, redirects, body) within ``ANSWER_MAX_S``, each read
+    within ``timeout_s``; PromError naming the URL. urlopen bounded only the body by the deadline: a
+    server trickling its headers a byte every 0.5 s (inside a 1 s read timeout) held a 2 s deadline 38 s."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
-    deadline = time.monotonic() + ANSWER_MAX_S
-    body = bytearray()
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            while len(body) <= ANSWER_MAX_BYTES and (chunk := resp.read1(1 << 16)):
-                body += chunk
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"its answer took past {ANSWER_MAX_S:g} s")
+        status, body = _get_within(url, timeout_s, time.monotonic() + ANSWER_MAX_S)
     except Exception as exc:
         raise PromError(f"{url}: {type(exc).__name__}: {exc}") from None
+    if status != 200:
+        raise PromError(f"{url}: HTTP {status}")
     if len(body) > ANSWER_MAX_BYTES:
         raise PromError(f"{url}: its answer goes on past {ANSWER_MAX_BYTES >> 20} MiB")
     return body.decode("utf-8", "replace")
+
+
+REDIRECTS_MAX = 5  # as the async scrape, a redirect is followed (an older vLLM sent /metrics to /metrics/)
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def _get_within(url: str, read_s: float, deadline: float) -> tuple[int, bytes]:
+    """(status, body of a 200, read past ``ANSWER_MAX_BYTES`` by at most one read) of a GET, every
+    step before ``deadline``: TimeoutError past it, ValueError for what cannot be fetched."""
+    for _ in range(REDIRECTS_MAX + 1):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url[:200]!r} is not an http(s) URL")
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = kind(parts.hostname, parts.port, timeout=_left(read_s, deadline))
+        raw: socket.socket | None = None
+        try:
+            conn.connect()
+            raw = conn.sock
+            conn.sock = _DeadlineSocket(raw, read_s, deadline)
+            conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+            resp = conn.getresponse()
+            location = resp.getheader("Location")
+            if resp.status in _REDIRECTS and location:
+                url = urllib.parse.urljoin(url, location)
+                continue
+            if resp.status != 200:
+                return resp.status, b""
+            body = bytearray()
+            while len(body) <= ANSWER_MAX_BYTES and (chunk := resp.read1(1 << 16)):
+                body += chunk
+            return 200, bytes(body)
+        finally:
+            conn.close()
+            if raw is not None:
+                raw.close()
+    raise ValueError(f"more than {REDIRECTS_MAX} redirects")
+
+
+def _left(read_s: float, deadline: float) -> float:
+    """The timeout of the next socket step: ``read_s``, cut to what is left before ``deadline``;
+    TimeoutError (the deadline's message) when nothing is."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"its answer took past {ANSWER_MAX_S:g} s")
+    return min(read_s, left)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads for http.client (status line, headers, chunk sizes, body), each given
+    :func:`_left`, so no read, however slow its bytes come, carries the answer past its deadline."""
+
+    def __init__(self, sock: socket.socket, read_s: float, deadline: float) -> None:
+        super().__init__()
+        self.sock, self.read_s, self.deadline = sock, read_s, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:  # buf: a writable buffer (memoryview)
+        self.sock.settimeout(_left(self.read_s, self.deadline))
+        try:
+            return self.sock.recv_into(buf)
+        except TimeoutError:
+            _left(self.read_s, self.deadline)  # the deadline's message when it was the deadline
+            raise
+
+
+class _DeadlineSocket:
+    """A connected socket whose ``makefile`` (what http.client reads the answer through) is a
+    :class:`_DeadlineReader`; sending goes to the socket. Its ``close`` does nothing: http.client
+    closes the connection as soon as it reads ``Connection: close``, before the body is read through
+    the reader (a socket's own makefile defers that close), so :func:`_get_within` closes it last."""
+
+    def __init__(self, sock: socket.socket, read_s: float, deadline: float) -> None:
+        self._sock, self._read_s, self._deadline = sock, read_s, deadline
+
+    def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._read_s, self._deadline))
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.settimeout(_left(self._read_s, self._deadline))
+        self._sock.sendall(data)
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
 
 
 # vLLM's prefix-cache counters (v1/metrics/loggers.py), in tokens: of the prompt tokens the

@@ -116,3 +116,66 @@ def test_a_stream_read_through_make_session_ends_at_its_request_timeout():
     finally:
         listener.close()
     assert got > 0 and not task.cancelled() and isinstance(task.exception(), TimeoutError), task
+
+
+def _in_thread(url: str) -> list[BaseException | str]:
+    """scrape_sync's answer (or what it raised) on a thread joined for 30 s, so a scrape the deadline
+    does not stop fails the test instead of hanging it."""
+    import threading
+
+    out: list[BaseException | str] = []
+
+    def scrape() -> None:
+        try:
+            out.append(prom.scrape_sync(url, timeout_s=1.0))
+        except Exception as exc:  # noqa: BLE001 (what it raised is the assertion)
+            out.append(exc)
+
+    worker = threading.Thread(target=scrape, daemon=True)
+    worker.start()
+    worker.join(30)
+    return out
+
+
+def test_a_head_trickled_inside_the_read_timeout_ends_at_the_deadline(monkeypatch):
+    """urlopen bounded only the body by ANSWER_MAX_S: a status line and headers sent a byte every
+    0.2 s (each read inside the 1 s read timeout) held a 2 s deadline for the whole head (38 s)."""
+    monkeypatch.setattr(prom, "ANSWER_MAX_S", 2.0)
+
+    def trickle(conn: socket.socket) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 100_000:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.2)
+
+    listener, url = raw_server(trickle)
+    try:
+        out = _in_thread(url)
+    finally:
+        listener.close()
+    assert out, "scrape_sync still reading its head after 30 s"
+    assert isinstance(out[0], prom.PromError), out
+    assert str(out[0]) == f"{url}/metrics: TimeoutError: its answer took past 2 s"
+
+
+def test_a_redirect_is_followed_and_a_loop_of_them_refused():
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nvllm:x 1\n")
+
+    target, target_url = raw_server(answer)
+
+    def moved(conn: socket.socket) -> None:
+        conn.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {target_url}/metrics/\r\n"
+                     "Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
+
+    def loop(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /metrics\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    first, first_url = raw_server(moved)
+    again, again_url = raw_server(loop)
+    try:
+        assert _in_thread(first_url) == ["vllm:x 1\n"]
+        out = _in_thread(again_url)
+    finally:
+        for s in (target, first, again):
+            s.close()
+    assert isinstance(out[0], prom.PromError) and str(out[0]) == f"{again_url}/metrics: ValueError: more than 5 redirects"
