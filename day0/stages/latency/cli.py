@@ -50,6 +50,9 @@ def _length_arg(text: str) -> int | list[int]:
 
 
 def _floats(text: str) -> list[float]:
+    """A flag's comma-separated numbers, as an argparse ``type``: argparse turns the
+    ArgumentTypeError into its one usage line naming the flag (exit 2); called after parsing it
+    would escape every handler as a traceback."""
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -161,7 +164,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     load.add_argument("--prefix-len", type=whole_number(0), metavar="TOKENS", help="shared-prefix tokens")
     load.add_argument("--num-prefixes", type=whole_number(1), metavar="N", help="distinct shared prefixes (round robin)")
     load.add_argument("--seed", type=whole_number(0), help="seed of prompts and arrival times")
-    load.add_argument("--sweep-rates", metavar="REQ/S,...", help="comma-separated ascending rates for the SLA sweep")
+    load.add_argument("--sweep-rates", type=_floats, metavar="REQ/S,...", help="comma-separated ascending rates for the SLA sweep")
     add_search_flags(load)
     load.add_argument("--no-fresh-prompts", action="store_true",
                       help="the seed's prompts exactly, run after run (default: a per-run nonce at the front of "
@@ -281,7 +284,7 @@ def _latency_table(args: argparse.Namespace) -> LatencySection:
     if args.no_fresh_prompts:
         lat["fresh_prompts"] = False
     if args.sweep_rates:
-        lat["sweep_rates"] = _floats(args.sweep_rates)
+        lat["sweep_rates"] = args.sweep_rates
     search = {key: getattr(args, attr) for attr, key in _SEARCH_FLAGS if getattr(args, attr, None) is not None}
     if args.search or search:
         lat["search"] = search

@@ -193,3 +193,43 @@ def test_goodput_judges_each_metric_at_the_limit_set():
     # tpot in the SLO: the last token 20 ms after the first, over 2 more tokens = 10 ms for each of them
     m = compute_metrics(phase, [50], SlaSection.from_table({"goodput_slo_ms": {"tpot": 4.9}}).per_request_slo())
     assert m.good_requests == 0
+
+
+BAD_VALUES = ["abc", "1e999", "-1", "nan", "", "\u0663", "99999999999999999999999", "-0", "0", "inf", "1:2:3", "a:b",
+              ",", "1,,2", "1,,x", "ttft:nan", "x=", "=5", "\u0663:\u0664"]
+DETAILED = "tests/data/vllm-bench-detailed.json"
+
+
+def _value_flags(command: str) -> list[str]:
+    """Every flag of ``day0 latency`` (or its ``import``) that takes a value, but for the paths
+    (an output file, a folder to read) and --url, whose refusals have tests of their own."""
+    from day0.cli import build_parser
+
+    live = build_parser("latency")._subparsers._group_actions[0].choices["latency"]
+    parser = live._subparsers._group_actions[0].choices["import"] if command == "import" else live
+    skip = {"--json", "--out", "--url", "--tokenizer", "--dataset", "--api-key-env"}
+    return [o for a in parser._actions if a.nargs != 0 for o in a.option_strings
+            if o.startswith("--") and o not in skip]
+
+
+@pytest.mark.parametrize("command, flag", [(c, f) for c in ("live", "import") for f in _value_flags(c)])
+def test_every_flag_refuses_a_bad_value_in_one_line(command, flag, capsys, monkeypatch):
+    """Whatever is typed after a flag ends in a verdict (import: 0 or 1) or one line and exit 2,
+    never a traceback: --sweep-rates abc escaped every handler as argparse's ArgumentTypeError.
+    The live run stops where it would connect (stubbed), so an accepted value is one line too."""
+    from day0.cli import main as day0_main
+    from day0.stages.latency import cli as latency_cli
+
+    def unreachable(url: str) -> None:
+        raise ValueError("--url: not connected in this test")
+
+    monkeypatch.setattr(latency_cli, "reachable", unreachable)
+    head = ["latency", "import", DETAILED] if command == "import" else ["latency", "--url", "http://h", "--vocab-size", "9"]
+    for value in BAD_VALUES:
+        try:
+            rc = day0_main([*head, flag, value])
+        except SystemExit as exited:
+            rc = exited.code
+        err = capsys.readouterr().err.strip()
+        assert (rc in (0, 1) and command == "import" and not err) or (rc == 2 and err and "\n" not in err), \
+            (flag, value, rc, err)
