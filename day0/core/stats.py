@@ -42,7 +42,10 @@ def percentile(values: Sequence[float], p: float, *, presorted: bool = False, me
     lo = math.floor(rank)
     hi = min(lo + 1, len(v) - 1)
     frac = rank - lo
-    return float(v[lo] + (v[hi] - v[lo]) * frac) if frac else float(v[lo])
+    # in Python floats (the same IEEE doubles): numpy's scalars warn on stderr where the span is past
+    # a float (inf - inf), and the report must not print a warning about its own arithmetic
+    low, high = float(v[lo]), float(v[hi])
+    return low + (high - low) * frac if frac else low
 
 
 # -- confidence in a percentile ----------------------------------------------------------------
