@@ -107,6 +107,9 @@ def _sent_before_the_window(r: dict[str, Any]) -> None:
     r["start_times"][0] -= 100.0
 
 
+A_YEAR = 3.2e7  # s: past imported.MAX_DURATION_S (1e7), which no request or run lasts
+
+
 VLLM_LEFT_OUT: dict[str, tuple[Edit, str]] = {
     "negative-queue-time": (_set("queue_times", 0, -5.0), "queue_times[0]: expected a number >= 0"),
     "negative-ttft": (_set("ttfts", 0, -0.01), "ttfts[0]"),
@@ -123,6 +126,10 @@ VLLM_LEFT_OUT: dict[str, tuple[Edit, str]] = {
     "negative-prompt-tokens": (_set("input_lens", 0, -1), "input_lens[0]"),
     "sent-before-the-window": (_sent_before_the_window, "start_times[0]: sent"),
     "failed-request-ends-before-it-starts": (_set("latencies", 4, -1.0), "latencies[4]"),
+    # durations past any request's: were left out as ending after the window, or kept (a queue wait)
+    "gaps-of-1e200-s": (lambda r: r["itls"].__setitem__(0, [1e200] * 5), "itls[0][0]: 1e+200 s: longer than 1e+07 s"),
+    "first-token-a-year-after-the-send": (_set("ttfts", 0, A_YEAR), "ttfts[0]: 3.2e+07 s: longer than"),
+    "queued-a-year": (_set("queue_times", 0, A_YEAR), "queue_times[0]: 3.2e+07 s: longer than"),
 }
 
 
@@ -133,6 +140,14 @@ def test_a_vllm_request_outside_its_domain_is_left_out_and_named(tmp_path: Path,
 
 
 # --------------------------------------------------------------------------- vllm bench serve: the file
+
+
+def _every_gap_and_the_window_1e200_s(r: dict[str, Any]) -> None:
+    """Consistent, but no run's: its gaps' squares in ms overflowed the variance (a traceback)."""
+    for i, gaps in enumerate(r["itls"]):
+        r["itls"][i] = [1e200] * len(gaps)
+        r["latencies"][i] = r["ttfts"][i] + sum(r["itls"][i])
+    r["duration"] = 1e201
 
 
 def _every(key: str, value: Any) -> Edit:
@@ -160,6 +175,8 @@ VLLM_REFUSED: dict[str, tuple[Callable[[], dict[str, Any] | str], tuple[str, ...
     "duration-1e999": (lambda: _text(lambda t: t.replace('"duration": 0.2836420479998196', '"duration": 1e999', 1)),
                        ("1e999",)),
     "boolean-token-count": (lambda: _vllm(_set("output_lens", 0, True)), ("output_lens[0]", "true")),
+    "every-gap-and-the-window-1e200-s": (lambda: _vllm(_every_gap_and_the_window_1e200_s),
+                                         ("duration:", "1e+201 s: longer than")),
 }
 
 
@@ -215,6 +232,10 @@ GUIDELLM_LEFT_OUT: dict[str, tuple[Edit, str]] = {
     "last-token-after-the-window": (_last_token_after_measuring, f"{SUCCESSFUL}.info.timings.last_token_iteration"),
     "errored-request-ends-before-it-starts": (_errored_ends_before_it_starts,
                                               "benchmarks[0].requests.errored[0].request_end_time"),
+    "first-token-a-year-after-its-start": (_timing(0, "first_token_iteration", lambda t: t["request_start"] + A_YEAR),
+                                           "first_token_iteration: 3.2e+07 s after its request_start: longer than"),
+    "ends-a-year-after-its-start": (_field(0, "request_end_time", lambda r: r["info"]["timings"]["request_start"]
+                                           + A_YEAR), "request_end_time: 3.2e+07 s after its request_start: longer"),
 }
 
 
@@ -246,6 +267,8 @@ GUIDELLM_REFUSED: dict[str, tuple[Edit, tuple[str, ...]]] = {
     "every-first-token-before-its-start": (_only_impossible_requests,
                                            ("first_token_iteration", "nothing left to judge")),
     "boolean-token-count": (_field(0, "output_tokens", lambda r: True), ("output_tokens", "true")),
+    "window-of-a-year": (_measure("measure_end_time", lambda m: m["measure_start_time"] + A_YEAR),
+                         ("scheduler_metrics.measure_end_time", "after measure_start_time: longer than")),
 }
 
 

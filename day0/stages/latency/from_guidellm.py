@@ -71,6 +71,7 @@ def read_guidellm(path: Path, obj: dict[str, Any], index: int) -> ImportedRun:
                           "them: sample_size); the per-request checks need every one")
     start = bd.number(b, "scheduler_metrics", "measure_start_time")
     end = bd.number(b, "scheduler_metrics", "measure_end_time", minimum=start)
+    bd.span(("scheduler_metrics", "measure_end_time"), end - start, " after measure_start_time")
     if end <= start and (groups["successful"] or groups["errored"]):
         raise bd.fail(("scheduler_metrics", "measure_end_time"), "a window of 0 s (measure_end_time = "
                       "measure_start_time) cannot hold the requests it times (the throughputs would be infinite)")
@@ -120,17 +121,22 @@ def _times(doc: Doc, r: Any) -> tuple[float, float]:
 
 
 def _end(doc: Doc, r: Any, sent: float) -> float | None:
-    """When the request ended (``request_end_time``), never before it was sent."""
+    """When the request ended (``request_end_time``), never before it was sent, nor longer after it
+    than a request lasts (:meth:`Doc.span`)."""
     end = doc.number(r, "request_end_time", default=None)
     if end is not None and end < sent:
         raise doc.outside(("request_end_time",), f"{end - sent:.6g} s after its request_start: a request "
                                                  "cannot end before it starts")
+    if end is not None:
+        doc.span(("request_end_time",), end - sent, " after its request_start")
     return end
 
 
 def _not_before(doc: Doc, keys: tuple[Any, ...], t: float, earlier: float, name: str) -> None:
+    """A token's instant ``t`` after the ``earlier`` one it follows, by a duration a request can take."""
     if t < earlier:
         raise doc.outside(keys, f"{t - earlier:.6g} s after its {name}: a token cannot precede it")
+    doc.span(keys, t - earlier, f" after its {name}")
 
 
 def _request(doc: Doc, index: int, r: Any) -> RequestResult:

@@ -20,6 +20,7 @@ from typing import Any
 from day0.client.loadgen import LoadShape, PhaseResult, RequestResult
 from day0.config.latency import LatencySection
 from day0.stages.latency.imported import (
+    MAX_DURATION_S,
     WINDOW_SLACK_S,
     Doc,
     ImportedRun,
@@ -58,7 +59,7 @@ def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
     for key in ("itls", "latencies", "start_times", "errors", "input_lens", "output_lens"):
         doc.listed(obj, key, length=n)
     doc.listed(obj, "queue_times", length=n, default=None)  # older vLLM versions did not write it
-    duration = doc.number(obj, "duration", minimum=0.0)
+    duration = doc.seconds(obj, "duration")
     if duration <= 0 < n:
         raise doc.fail(("duration",), "a window of 0 s cannot hold the requests it times (the throughputs "
                                       "would be infinite); expected a number > 0")
@@ -84,19 +85,20 @@ def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
 def _request(doc: Doc, obj: dict[str, Any], i: int) -> RequestResult:
     """Request ``i``: vLLM's send minus its queue wait is the scheduled time day0 measures from."""
     start = doc.number(obj, "start_times", i)
-    wait = doc.number(obj, "queue_times", i, default=0.0, none_ok=True, minimum=0.0) or 0.0
+    wait = doc.seconds(obj, "queue_times", i, default=0.0, none_ok=True) or 0.0
     claimed = doc.count(obj, "output_lens", i, none_ok=True) or 0  # 0 or null: the server sent no usage
     r = RequestResult(i, "measure", start - wait, start, doc.count(obj, "input_lens", i) or 0, claimed)
-    latency = doc.number(obj, "latencies", i, none_ok=True, minimum=0.0)
+    latency = doc.seconds(obj, "latencies", i, none_ok=True)
     r.finished = start + (latency or 0.0)
     err = doc.text(obj, "errors", i)
     if err:
         r.error, r.reason = error_kind(err)
         return r
-    ttft = doc.number(obj, "ttfts", i, minimum=0.0)
+    ttft = doc.seconds(obj, "ttfts", i)
     gaps = _gaps(doc, obj, i)
     r.msg_t = array("d", accumulate(gaps, initial=wait + ttft))  # t += gap, as each message came
     t = r.msg_t[-1]
+    doc.span(("itls", i), t - wait, f" from the send to the last token (ttfts[{i}] + itls[{i}])")
     if latency is not None and wait + latency + WINDOW_SLACK_S < t:  # vLLM: the last chunk's instant - send
         raise doc.outside(("latencies", i), f"{latency:.6g} s, before the request's last token at {t - wait:.6g} s "
                                             f"(ttfts[{i}] + itls[{i}]): a request cannot end before it streamed")
@@ -112,13 +114,13 @@ def _request(doc: Doc, obj: dict[str, Any], i: int) -> RequestResult:
 
 
 def _gaps(doc: Doc, obj: dict[str, Any], i: int) -> list[Any]:
-    """``itls[i]``, every gap a number >= 0. Checked for the whole list at once (their types and
-    least value), since a long run holds millions: a gap at a time through :meth:`Doc.number` is
+    """``itls[i]``, every gap a duration (:meth:`Doc.seconds`). Checked for the whole list at once
+    (their types, least and greatest value), since a long run holds millions: a gap at a time is
     only for naming the first that is not (strict_json already refused NaN and infinities)."""
     gaps: list[Any] = doc.listed(obj, "itls", i)
-    if not set(map(type, gaps)) <= {float, int} or (gaps and min(gaps) < 0):
+    if not set(map(type, gaps)) <= {float, int} or (gaps and not 0 <= min(gaps) <= max(gaps) <= MAX_DURATION_S):
         for k in range(len(gaps)):
-            doc.number(obj, "itls", i, k, minimum=0.0)
+            doc.seconds(obj, "itls", i, k)
     return gaps
 
 

@@ -40,6 +40,11 @@ MAX_TOKENS_PER_MESSAGE = 256
 # The tools read their clocks at different instants (a send, the window's start): 1 ms is far above
 # that jitter and far below anything a window or a latency is judged by.
 WINDOW_SLACK_S = 1e-3
+# No benchmark request or run lasts anywhere near this (about 116 days; vLLM bench gives up on a
+# request after 6 hours): a longer duration is a wrong unit or a made-up file. Bounding it also keeps
+# every figure computed from durations finite: a gap of 1e200 s overflowed its square in the
+# variance, and past 1.8e305 s it is no float in ms at all.
+MAX_DURATION_S = 1e7
 MAX_LEFT_OUT_SHOWN = 20
 
 
@@ -138,6 +143,20 @@ class Doc:
         if minimum is not None and v < minimum:
             raise self.outside(keys, f"expected a number >= {minimum:g}, got {got(v)}")
         return v
+
+    def seconds(self, obj: Any, *keys: Any, default: Any = _MISSING, none_ok: bool = False) -> Any:
+        """A duration: a number of seconds in 0..:data:`MAX_DURATION_S` (``None`` too with ``none_ok``)."""
+        v = self.number(obj, *keys, default=default, none_ok=none_ok, minimum=0.0)
+        if v is not None:
+            self.span(keys, v)
+        return v
+
+    def span(self, keys: tuple[Any, ...], seconds: float, since: str = "") -> None:
+        """Refuse (OutOfDomain naming ``keys``) a duration, read or taken between two instants
+        (``since`` says which), longer than :data:`MAX_DURATION_S`: no request or run lasts that long."""
+        if seconds > MAX_DURATION_S:
+            raise self.outside(keys, f"{seconds:.6g} s{since}: longer than {MAX_DURATION_S:g} s (116 days) "
+                                     "cannot be a request's or a run's duration")
 
     def count(self, obj: Any, *keys: Any, default: Any = _MISSING, none_ok: bool = False) -> int | None:
         """A count: a whole number in 0..:data:`MAX_COUNT` (6.0 is 6; 5.5, -3 and 1e300 are outside)."""

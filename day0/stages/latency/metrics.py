@@ -79,12 +79,26 @@ def summarize(values: Sequence[float], percentiles: Iterable[float]) -> Stats:
     n = len(v)
     if n == 0:
         return Stats(0, math.nan, math.nan, math.nan, math.nan, {pct_name(p): math.nan for p in percentiles})
-    # over ``values`` as given, not the sorted ``v`` (fsum is exact in any order): an array yields
-    # Python floats, whose ``** 2`` is the one a list always had (numpy's is off by an ulp now and then)
-    mean = math.fsum(values) / n
-    var = math.fsum((x - mean) ** 2 for x in values) / n
-    return Stats(n, mean, math.sqrt(var), float(v[0]), float(v[-1]),
+    mean, std = mean_std(values)
+    return Stats(n, mean, std, float(v[0]), float(v[-1]),
                  {pct_name(p): percentile(v, p, presorted=True) for p in percentiles})
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population std of ``values`` (not empty), raising for no finite input: a square or
+    a sum past 1.8e308 (a gap of 1e200 s squared in ms) raised OverflowError out of an import; then
+    every value is taken relative to the largest, each square at most 4, the std inf only where it
+    is past a float itself. Over ``values`` as given, not sorted (fsum is exact in any order): an
+    array yields Python floats, whose ``** 2`` is the one a list always had (numpy's is off by an
+    ulp now and then)."""
+    n = len(values)
+    try:
+        mean = math.fsum(values) / n
+        return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in values) / n)
+    except OverflowError:
+        scale = max(abs(x) for x in values)
+        m = math.fsum(x / scale for x in values) / n
+        return m * scale, math.sqrt(math.fsum((x / scale - m) ** 2 for x in values) / n) * scale
 
 
 def per_token_itl(msg_t: Sequence[float], msg_n: Sequence[int]) -> list[float]:

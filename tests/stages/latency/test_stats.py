@@ -70,6 +70,20 @@ def test_an_array_of_doubles_gives_the_figures_its_list_gives_bit_for_bit(values
     assert all(type(x) is float for x in (percentile(compact, p), summarize(compact, [p]).min))  # JSON writes them
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=50))
+def test_a_summary_of_any_finite_figures_is_figures_never_an_exception(values):
+    """Gaps of 1e200 s (an import's, in ms) squared past a float in the variance: an OverflowError
+    traceback. Now computed relative to the largest value, inf only where the std itself is."""
+    s = summarize(values, [50])
+    assert math.isfinite(s.mean) and s.std >= 0 and not math.isnan(s.std)
+
+
+def test_huge_figures_are_summarized_as_their_scaled_selves():
+    small, big = summarize([1.0, 1.0, 0.0], [50]), summarize([1e200, 1e200, 0.0], [50])
+    assert (big.mean, big.std) == pytest.approx((small.mean * 1e200, small.std * 1e200), rel=1e-12)
+
+
 @pytest.mark.parametrize("values", [[-1.7e308, 1.7e308], [1.7e308, math.inf, math.inf]])
 def test_a_percentile_past_a_floats_range_prints_no_numpy_warning(values, recwarn):
     """numpy's float64 scalars warned 'overflow encountered' / 'invalid value' on stderr (an import
