@@ -248,16 +248,17 @@ def key_flags() -> dict[str, str]:
 
 
 def as_flag(exc: SettingsError) -> SettingsError:
-    """``latency.percentiles.0: why`` -> ``--percentiles (item 1): why``; a key no flag sets as it was."""
+    """``latency.percentiles.0: why`` -> ``--percentiles (item 1): why``; a key no flag sets as it was.
+    Only the settings key is split off: what follows it is the user's own text, kept verbatim (a
+    limit's key ``ttft_p99.9_ms`` came out as ``ttft_p99 9_ms`` when the whole path was split on dots)."""
     key, sep, why = str(exc).partition(": ")
-    parts, flags = key.split("."), key_flags()
-    for n in range(len(parts), 0, -1):
-        flag = flags.get(".".join(parts[:n]))
-        if flag and sep:
-            rest = parts[n:]
-            where = f" (item {int(rest[0]) + 1})" if rest and rest[0].isdigit() else "".join(f" {r}" for r in rest)
-            return SettingsError(f"{flag}{where}: {why}")
-    return exc
+    known = [k for k in key_flags() if key == k or key.startswith(k + ".")]
+    if not known or not sep:
+        return exc
+    prefix = max(known, key=len)
+    rest = key[len(prefix) + 1:]
+    where = f" (item {int(rest) + 1})" if rest.isdigit() else f" {rest}" if rest else ""
+    return SettingsError(f"{key_flags()[prefix]}{where}: {why}")
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSection]:

@@ -103,6 +103,9 @@ def test_a_step_or_search_point_offers_exactly_its_rate_unless_asked_for_the_dra
     (("--limit", "e2e_p150_ms=5"), "--limit e2e_p150_ms: the percentile must lie strictly between 0 and 100"),
     # above 0, but 0 once divided by 100: it was "day0: math domain error", naming nothing
     (("--limit", "ttft_p0_" + "0" * 322 + "1_ms=5"), "the percentile must lie strictly between 0 and 100"),
+    # the key as typed: its dot was taken for a settings path's ("--limit ttft_p99 9_ms: ...")
+    (("--limit", "ttft_p99.9_ms=-1"), "--limit ttft_p99.9_ms: input should be greater than 0"),
+    (("--limit", "ttft_p99.9_ms=nan"), "--limit ttft_p99.9_ms: expected a finite number"),
     (("--limit", "ttft_p90_ms"), "--limit 'ttft_p90_ms': expected KEY=MS"),
     (("--limit", "ttft_p90_ms=fast"), "--limit 'ttft_p90_ms=fast': expected KEY=MS"),
     (("--goodput", "itl:5"), "--goodput 'itl:5': expected METRIC:MS"),
