@@ -22,6 +22,7 @@ from day0.stages.latency.imported import (
     Doc,
     ImportedRun,
     LeftOut,
+    check_request_count,
     check_tokens,
     check_window,
     error_kind,
@@ -64,6 +65,7 @@ def read_guidellm(path: Path, obj: dict[str, Any], index: int) -> ImportedRun:
     b = doc.obj(obj, "benchmarks", index)
     bd = doc.at("benchmarks", index)  # reads from b name their whole key path
     groups = {g: bd.listed(b, "requests", g, default=[]) or [] for g in ("successful", "errored", "incomplete")}
+    check_request_count(bd, ("requests",), len(groups["successful"]) + len(groups["errored"]))
     for g in ("successful", "errored"):
         total = bd.number(b, "metrics", "request_totals", g, default=None)
         if total is not None and len(groups[g]) < total:

@@ -25,6 +25,7 @@ from day0.stages.latency.imported import (
     Doc,
     ImportedRun,
     LeftOut,
+    check_request_count,
     check_tokens,
     check_window,
     error_kind,
@@ -56,6 +57,7 @@ def read_vllm(path: Path, obj: dict[str, Any], label: str) -> ImportedRun:
     """One saved ``vllm bench serve`` result (an object of the file) as an :class:`ImportedRun`."""
     doc = Doc(path, _HINT)
     n = len(doc.listed(obj, DETAILED))
+    check_request_count(doc, (DETAILED,), n)
     for key in ("itls", "latencies", "start_times", "errors", "input_lens", "output_lens"):
         doc.listed(obj, key, length=n)
     doc.listed(obj, "queue_times", length=n, default=None)  # older vLLM versions did not write it

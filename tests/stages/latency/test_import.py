@@ -218,3 +218,16 @@ def test_an_import_holds_a_few_bytes_for_each_byte_of_its_file(tmp_path):
         tracemalloc.stop()
     assert m.stats["itl"].count == 300 * 199 and {c.id: c for c in checks}["latency.itl_p99"].status == "pass"
     assert peak < 6.5 * path.stat().st_size, f"{peak / path.stat().st_size:.1f} bytes per byte of the file"
+
+
+@pytest.mark.parametrize("path, named", [(VLLM, "ttfts: 12 requests"), (GUIDELLM, "benchmarks[0].requests: 8 requests")])
+def test_a_run_of_more_requests_than_an_import_holds_is_one_line(path, named, capsys, monkeypatch):
+    """Memory follows the request count (about 1.3 KB each), not the file's bytes: 300,000 requests
+    of one gap, 5 MB, held 446 MB, and a file at the 256 MiB cap could claim 15 million. Past
+    MAX_REQUESTS the count is refused, naming it and the cap (here a cap of 5, the fixtures hold more)."""
+    from day0.stages.latency import imported
+
+    monkeypatch.setattr(imported, "MAX_REQUESTS", 5, raising=False)
+    assert main(["import", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and "more than an import holds (5:" in err and "\n" not in err
