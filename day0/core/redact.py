@@ -80,30 +80,41 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # a flag whose name ends in a secret word, then its value: --api-key X, --hf-token=X, --api-key 'X Y',
     # --api-key="X", or the value on the next line of a continued (\) command, or the next item of
     # a command line printed as a list (['vllm', '--api-key', 'X'], a CalledProcessError's message)
-    # or as a YAML list (`- --api-key` then `- X`, a Kubernetes manifest's args).
-    # A flag starts a word: in `a 4096-token prefix` the dash is a hyphen, not a flag.
+    # or as a YAML list (`- --api-key` then `- X`, a Kubernetes manifest's args: every item up to
+    # the next flag goes, vLLM's --api-key takes several). A flag starts a word: in `a 4096-token
+    # prefix` the dash is a hyphen, not a flag.
     r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + _QUOTE
-    + r"(?:=|" + _YAML_ITEM + "|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
-    r"(?P<q>" + _Q + r")?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",\-\\][^\s'\",]*+))",
+    + r"(?:=|(?P<yaml>" + _YAML_ITEM + ")|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
+    r"(?P<q>" + _Q + r")?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",`\-\\][^\s'\",`]*+)"
+    r"(?(yaml)(?:" + _YAML_ITEM + r"(?!-)[^\r\n]++){0,1024}+))",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
     r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
     # a query parameter named like a secret: ?key=X, &X-Amz-Signature=X, &sig=X, &access_token=X
     r"[?&;](?:[\w.\-]{0,64}[_.\-])?(?:api_?key|key|token|sig|signature|secret|password|passwd|pwd|credential"
     r"|auth|session(?:id)?|jwt|code)=(?P<value>" + _FRESH + r"[^\s&#'\"<>\\]++)",
     # name = value, "name": "value" with a secret name (api_key=X, AWS_SECRET_ACCESS_KEY=X, hf_token: X,
-    # "password": "X Y", "api_key": ["X", "Y"], `api_key:` then `- X`): a value of MIN_SECRET_LEN+
-    # characters, in quotes (blanks and all), a list to its `]`, or unquoted to a blank. Unquoted or
-    # listed, a value without a letter is a secret only under a credential's name (`password=12345678`,
-    # `"api_key": 12345678`); under a token's, it is a count (`token: 142`), see _redact_value.
-    r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]\s{0,16}"
-    + r"(?:(?P<list>\[)\s{0,16}+|-[ \t]{1,16}+)?(?(list)|(?!\[)(?P<q>" + _Q + r")?)(?P<value>" + _FRESH
-    + r"(?(q)" + _QUOTED % MIN_SECRET_LEN + r"|(?P<bare>(?(list)[^\]]|[^\s'\",}\\]){%d,}+)))" % MIN_SECRET_LEN,
-    # a user's password on a command line: curl -u user:X, --user=user:X, --proxy-user user:X, and
-    # ['curl', '-u', 'user:X'] (the user stays)
-    r"(?<![\w\-])(?:-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|[ \t]{1,16}+|[ \t]{0,16}+,[ \t]{0,16}+(?="
-    + _Q + r"))(?:" + _Q + r")?[^\s:'\"\\]{1,256}+:(?P<value>" + _FRESH + r"[^\s'\"\\]++)",
-    # a netrc entry (~/.netrc, quoted in an error): `machine h login me password X`, on one line or several
-    r"\b(?:login|account)\s{1,64}+\S{1,256}+\s{1,64}+password\s{1,64}+(?P<value>" + _FRESH + r"\S++)",
+    # "password": "X Y"): a value of MIN_SECRET_LEN+ characters, in quotes (blanks and all) or
+    # unquoted to a blank; or a list of values, in brackets (`"api_key": ["X", "Y"]`, one level of
+    # nested lists, across lines when pretty-printed) or a YAML block (`api_key:` then `- X`, `- Y`),
+    # which goes whole when any item would go alone. Unquoted, a value without a letter is a secret
+    # only under a credential's name (`password=12345678`, `"api_key": 12345678`); under a token's,
+    # it is a count (`token: 142`, `"token": [1, 2]`): see _redact_value.
+    r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]"
+    + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:\[[^\[\]]{0,4096}+\]|[^\[\]]){1,65536}+)"
+    + r"|[ \t]{0,16}+" + _YAML_ITEM + r"(?P<bitems>" + _FRESH + r"[^\r\n]++(?:" + _YAML_ITEM + r"[^\r\n]++){0,1024}+)"
+    + r"|\s{0,16}(?!\[)(?P<q>" + _Q + r")?(?P<value>" + _FRESH
+    + r"(?(q)" + _QUOTED % MIN_SECRET_LEN + r"|(?P<bare>[^\s'\",}`\\]{%d,}+))))" % MIN_SECRET_LEN,
+    # curl's user and password: curl -u user:X, -uuser:X, --user=user:X, --proxy-user 'a b:X', and
+    # ['curl', '-u', 'user:X']; the user stays, or goes itself when the password is empty (a key
+    # sent as the user: `-u sk_live_X:`). Only on a line that names curl (_redact_value): pip's -U
+    # and docker's --user 1000:1000 are no credentials.
+    r"(?<![\w\-])(?P<uflag>-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|[ \t]{1,16}+|[ \t]{0,16}+,\s{0,16}+(?="
+    + _Q + r")|(?<=u|U)(?=[^\s\-'\"\\]))(?P<q>" + _Q + r")?(?P<user>(?(q)[^:\r\n'\"\\]{0,256}+"
+    r"|[^\s:'\"\\`]{0,256}+)):(?P<value>" + _FRESH + r"(?(q)[^\r\n'\"\\`]*+|[^\s'\"\\`]*+))",
+    # a netrc entry (~/.netrc, quoted in an error): `machine h login me password X` or `default ...`,
+    # its tokens in any order, on one line or several
+    r"\b(?:machine\s{1,64}+\S{1,256}+|default)(?:\s{1,64}+(?!password\b)\S{1,256}+){0,8}+\s{1,64}+password"
+    r"\s{1,64}+(?P<value>" + _FRESH + r"[^\s`'\"]++)",
     # a token whose issuer's prefix says what it is, wherever it stands (a prompt, "my token: hf_..."):
     # Hugging Face, GitHub, GitLab, Slack, OpenAI/Anthropic. Case-sensitive prefixes and long bodies
     # of letters and digits only, so an identifier such as hf_hub_download is not one.
@@ -241,29 +252,37 @@ class Redactor:
         return text
 
     def argv(self, argv: Iterable[str]) -> list[str]:
-        """A command line for a log: the value after a secret flag goes, as does any known value,
-        and the password of a user flag's ``user:password`` (``curl -u bob:X``)."""
+        """A command line for a log: the value after a secret flag goes (every word up to the next
+        flag after ``--api-key``, which vLLM takes several of), as does any known value, and on
+        curl's command line the password of ``-u user:password``."""
+        words = list(argv)
+        user_flags = _USER_FLAGS if any(_CURL.search(w) for w in words[:8]) else frozenset()
         out: list[str] = []
-        hide_next: str | None = None  # the flag whose value the next word is
-        for arg in argv:
-            if hide_next is not None and not (hide_next in _USER_FLAGS and arg.startswith("-")):
-                out.append(self.text(_hidden(hide_next, arg)))  # a user flag's word is a value only if not a flag
-                hide_next = None
+        hiding: str | None = None  # the flag whose value the next word is
+        taken = 0  # of its values so far
+        for arg in words:
+            # a secret flag's first word is its value whatever it looks like; a user flag's, and
+            # --api-key's further ones, only if no flag
+            if hiding is not None and (not arg.startswith("-") or (taken == 0 and hiding not in user_flags)):
+                out.append(self.text(_hidden(hiding, arg)))
+                taken += 1
+                hiding = hiding if hiding in _MANY_VALUES else None
                 continue
-            hide_next = None
+            hiding, taken = None, 0
             flag, eq, value = arg.partition("=")
-            if flag.startswith("-") and (is_secret_key(flag.lstrip("-")) or flag in _USER_FLAGS):
+            if flag.startswith("-") and (is_secret_key(flag.lstrip("-")) or flag in user_flags):
                 if eq:
                     out.append(self.text(f"{flag}={_hidden(flag, value)}"))
                 else:
                     out.append(arg)
-                    hide_next = flag
+                    hiding = flag
                 continue
             out.append(self.text(arg))
         return out
 
 
 _USER_FLAGS = frozenset({"-u", "-U", "--user", "--proxy-user"})  # curl's: user:password
+_MANY_VALUES = frozenset({"--api-key"})  # vLLM's: a list of keys (nargs="+")
 
 
 def _hidden(flag: str, value: str) -> str:
@@ -275,15 +294,54 @@ def _hidden(flag: str, value: str) -> str:
 
 
 def _redact_value(m: re.Match[str]) -> str:
-    """The match with its ``value`` group replaced: the flag, header name and quotes stay."""
-    name = m.groupdict().get("name")
+    """The match with its secret replaced (its ``value``, or a list's items): the flag, header name
+    and quotes stay. The patterns find candidates; what only reads as a secret in context is decided
+    here: a name that is no secret's, a bare value without a letter, a list none of whose items is a
+    secret, a user flag on a line that is not curl's."""
+    groups = m.groupdict()
+    name = groups.get("name")
     if name is not None and (not _text_names_secret(name) or _prose(m)):
         return m.group()
-    bare = m.groupdict().get("bare")
-    if bare is not None and not _LETTER.search(bare) and not _DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")):
+    digits_ok = bool(_DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")))
+    if groups.get("bare") is not None and not _LETTER.search(groups["bare"]) and not digits_ok:
         return m.group()
-    start, end = m.span("value")
+    items = groups.get("litems") or groups.get("bitems")
+    if items is not None:
+        pieces = items.split(",") if groups.get("litems") is not None else _YAML_NEXT.split(items)
+        if not any(_item_is_secret(piece, digits_ok) for piece in pieces):
+            return m.group()
+        return _replaced(m, "litems" if groups.get("litems") is not None else "bitems")
+    if groups.get("uflag") is not None:
+        line = m.string.rfind("\n", 0, m.start()) + 1
+        if not _CURL.search(m.string, max(line, m.start() - 512), m.start()):
+            return m.group()
+        if not groups["value"]:  # -u KEY: (an empty password): the user is the secret
+            return _replaced(m, "user") if len(groups["user"]) >= MIN_SECRET_LEN else m.group()
+    return _replaced(m, "value")
+
+
+def _replaced(m: re.Match[str], group: str) -> str:
+    start, end = m.span(group)
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
+
+
+_CURL = re.compile(r"\bcurl\b", re.IGNORECASE)
+_YAML_NEXT = re.compile(_YAML_ITEM)
+_ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
+_NOT_VALUES = frozenset({"true", "false", "null", "none"})
+
+
+def _item_is_secret(piece: str, digits_ok: bool) -> bool:
+    """One item of a list under a secret's name, judged as a value standing alone would be: quoted,
+    MIN_SECRET_LEN characters; bare, also one word with a letter (or digits under a credential's
+    name), not ``true``/``null``. So ``"secret": [true, false]`` and ``"token": [1, 2]`` stay."""
+    inner = _ITEM_EDGES.sub("", piece)
+    if len(inner) < MIN_SECRET_LEN:
+        return False
+    if re.match(r"[\s\[]*\\{0,7}[\"']", piece):
+        return True
+    return (not any(c.isspace() for c in inner) and inner.lower() not in _NOT_VALUES
+            and (digits_ok or bool(_LETTER.search(inner))))
 
 
 # A bare "token" after a word and a space is prose, not a name: "KV bytes per token: config.json x TP",

@@ -116,12 +116,18 @@ def test_a_quoted_value_longer_than_any_bound_goes_whole() -> None:
     json.dumps(json.dumps(json.dumps(["--hf-token", SECRET]))),
     f"machine hub.example.com login bob password {SECRET}",
     f"machine hub.example.com\n  login bob\n  password {SECRET}\n",
-    f"curl -u bob:{SECRET} https://x", f"curl --user=bob:{SECRET} x", f"--proxy-user 'bob:{SECRET}'",
+    f"curl -u bob:{SECRET} https://x", f"curl --user=bob:{SECRET} x", f"curl --proxy-user 'bob:{SECRET}'",
+    # after a review of the above: every item of a list, quoted passwords with blanks, curl's glued -u
+    f"api_key:\n  - first-key-9\n  - {SECRET}", f"args:\n  - --api-key\n  - first-key-9\n  - {SECRET}\n  - --port",
+    json.dumps({"api_key": [["first-key-9"], SECRET]}), f"curl -ubob:{SECRET} https://x",
+    f"curl --user 'bob smith:first-key-9 {SECRET}' x", f'curl -u "bob:first-key-9 {SECRET}" x',
+    f"machine h password {SECRET} login bob", f"default login bob password {SECRET}",
     str(subprocess.CalledProcessError(22, ["curl", "-sf", "-u", f"bob:{SECRET}", "https://x"])),
 ])
 def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) -> None:
     out = _gone(text)
     assert "first-key-9" not in out
+    assert "`" not in text or out.count("`") == text.count("`")
     assert "bob" in out or "--api-key" in out or "--hf-token" in out or "api_key" in out or "password" in out
 
 
@@ -135,11 +141,22 @@ def test_an_all_digit_value_under_a_credentials_name_goes(text: str) -> None:
     assert REDACTED in out
 
 
+def test_a_key_sent_as_curls_user_goes_and_a_markdown_quote_stays() -> None:
+    assert Redactor().text(f"curl -u sk_live_{SECRET}: https://api.x") == f"curl -u {REDACTED}: https://api.x"
+    assert Redactor().text(f"`curl -u bob:{SECRET}`, then") == f"`curl -u bob:{REDACTED}`, then"
+
+
 def test_a_user_flags_password_goes_from_a_command_line_kept_as_a_list() -> None:
     r = Redactor()
     argv = ["curl", "-u", f"bob:{SECRET}", f"--user=al:{SECRET}", "python", "-u", "--api-key", SECRET, "-u", "x.py"]
     assert r.argv(argv) == ["curl", "-u", f"bob:{REDACTED}", f"--user=al:{REDACTED}", "python", "-u", "--api-key",
                             REDACTED, "-u", "x.py"]
+    # vLLM's --api-key takes several keys: every word up to the next flag goes
+    assert r.argv(["vllm", "serve", "m", "--api-key", "first-key-9", SECRET, "--port", "8000"]) == [
+        "vllm", "serve", "m", "--api-key", REDACTED, REDACTED, "--port", "8000"]
+    # not curl's: pip's -U and docker's --user take no password
+    for argv in (["pip", "install", "-U", "git+https://github.com/x/y.git"], ["docker", "run", "--user", "1000:1000"]):
+        assert r.argv(argv) == argv
     assert r({"cmd": ["curl", "-u", f"bob:{SECRET}"]}) == {"cmd": ["curl", "-u", f"bob:{REDACTED}"]}
 
 
@@ -224,6 +241,11 @@ ORDINARY = [
     # ids and counts under a token's name, a lone -u, a login that is not a netrc's
     '"token": [1, 2, 3]', "token: [128001, 128009]", "TOTAL_TOKEN=1234567", "python -u script.py",
     "python -u -m pytest", "login failed: 3 attempts, password reset sent", '"api_key": null',
+    # after a review: not curl's user flags, prose about logins, lists of no secret
+    "pip install -U git+https://github.com/vllm-project/vllm.git", "uv pip install -U https://wheels.vllm.ai/x.whl",
+    "docker run --user 1000:1000 img", "docker exec -u root:root c bash", "login via password prompt",
+    "account with password protection", '"secret": [true, false]', "token_ids = [1, 2, 3]",
+    "requests_with_new_token = [r for r in batch if r.has_new_token]",
 ]
 
 
@@ -261,6 +283,10 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "yaml-items": fit("--api-key\\n - "),
             "netrc-words": fit("login a password "),
             "user-flags": fit("-u a:-u a:"),
+            "curl-user-flags": fit("curl -ua:-u"),
+            "nested-lists": fit("api_key: [[a],"),
+            "yaml-block": fit("api_key:\\n - a"),
+            "netrc-default": fit("default "),
             "digits-after-a-password": fit("password=" + "1" * 5000 + " "),
             "hyphens": fit("a-"),
             "equals": fit("="),
