@@ -11,6 +11,10 @@ the unquantized checkpoint. DeepSeek multi-token-prediction (MTP) layers
 are left out of :func:`expected_tensors` and :func:`parameter_count` unless ``include_mtp=True``
 (DeepSeek-V3 is "671B" without its 14B MTP module, "685B" with it).
 
+A key config.json leaves out takes the default vLLM ends up with for that architecture
+(:mod:`day0.model.arch_defaults`: transformers' config class, or vLLM's ``getattr``), never one
+of day0's own; an explicit ``null`` is read as "not set", as transformers keeps it ``None``.
+
 Every value is read strictly (:func:`check_types`, :func:`check_config`): config.json comes from
 anywhere, and ``int("256")`` or ``bool("false")`` would quietly describe a model that is not the
 one vLLM loads. Counts are bounded, because a loop per layer or per expert over ``1e9`` of them
@@ -24,6 +28,8 @@ import math
 import reprlib
 from pathlib import Path
 from typing import Any, Callable
+
+from day0.model import arch_defaults
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -194,7 +200,7 @@ def active_parameter_count(config: dict[str, Any]) -> int:
     """Parameters touched per token: routed experts counted ``num_experts_per_tok`` times, not all."""
     total = 0
     routed = routed_experts(config)
-    per_tok = _get(config, "num_experts_per_tok", 0) or 0
+    per_tok = experts_per_token(config)
     for name, shape in expected_tensors(config).items():
         n = math.prod(shape)
         if routed and ".experts." in name:
@@ -243,9 +249,12 @@ def derived_max_model_len(config: dict[str, Any]) -> tuple[int, str]:
     Why: a ``max_model_len`` above this is refused at start-up unless
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``; day0 wants to say so before a multi-node launch.
     The smallest of the length keys wins; a rope ``factor`` multiplies it except for rope types
-    whose ``max_position_embeddings`` is already the scaled length (llama3, yarn, longrope).
+    whose ``max_position_embeddings`` is already the scaled length (llama3, yarn, longrope). An
+    absent ``max_position_embeddings`` is the config class's default (Mistral 131072), as vLLM
+    reads it; 2048 only where no key is set and day0 knows no class (vLLM's own fallback).
     """
-    found = [(_get(config, k), k) for k in _MAX_LEN_KEYS if config.get(k) is not None]
+    found = [(v, k if k in config else f"{k} (default)") for k in _MAX_LEN_KEYS
+             if (v := _get(config, k, None)) is not None]
     if config.get("model_max_length"):
         length, key = _get(config, "model_max_length"), "model_max_length"
     elif found:
@@ -304,8 +313,15 @@ def describe_value(value: Any) -> str:
 
 def _get(config: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
     """``config[key]`` checked against its kind: integers are integers (not ``"256"``, ``256.0``
-    or ``true``) within :data:`_INT_RANGES`, flags are booleans. Null counts as not set."""
+    or ``true``) within :data:`_INT_RANGES`, flags are booleans.
+
+    An absent key is the architecture's default in :mod:`day0.model.arch_defaults` (what vLLM
+    reads through transformers' config class), so every caller sees the same model vLLM builds;
+    ``default`` is what an explicit null (or a class default of None) means to the caller.
+    """
     value = config.get(key)
+    if value is None and key in arch_defaults.KEYS and key not in config:
+        value = arch_defaults.absent_default(_known_architecture(config), key)
     if value is None:
         if default is _REQUIRED:
             arch = config.get("architectures")
@@ -325,6 +341,15 @@ def _get(config: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
     elif key in _STR_KEYS and not isinstance(value, str):
         raise ConfigError(key, f"expected a string, got {describe_value(value)}")
     return value
+
+
+def _known_architecture(config: dict[str, Any]) -> str | None:
+    """The architecture when day0 knows it, else None: an unknown model reads no table default,
+    and :func:`check_types` still types its keys (the error, if any, is :func:`architecture`'s)."""
+    try:
+        return architecture(config)
+    except ConfigError:
+        return None
 
 
 def check_types(config: Any) -> None:
@@ -515,8 +540,7 @@ def _deepseek_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -
         experts = _get(config, "n_routed_experts")
         inter = _get(config, "moe_intermediate_size")
         _linear(out, m + "gate", experts, hidden)
-        default_topk = "noaux_tc" if architecture(config) == "DeepseekV3ForCausalLM" else "greedy"
-        if _get(config, "topk_method", default_topk) == "noaux_tc":
+        if _get(config, "topk_method", None) == "noaux_tc":  # vLLM adds the bias only then
             out[m + "gate.e_score_correction_bias"] = (experts,)
         for e in range(experts):
             _gated_mlp(out, f"{m}experts.{e}.", hidden, inter)

@@ -155,7 +155,7 @@ def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) ->
                    experts=[0.0] * n_layers, routed=archs.routed_experts(config))
     routed = fp.routed
     mla = archs.is_mla(config)
-    active_share = int(config.get("num_experts_per_tok") or 0) / routed if routed else 1.0
+    active_share = archs.experts_per_token(config) / routed if routed else 1.0
     for name, shape in archs.expected_tensors(config).items():
         count = math.prod(shape)
         fp.parameters += count

@@ -74,7 +74,7 @@ def target_of(profile: Profile) -> Target | None:
     e = archs.routed_experts(config)
     layers = tuple(moe_layers(archs.expected_tensors(config)))
     placement, eplb = placement_of(profile.engine.args, e)
-    return Target(e, int(config.get("num_experts_per_tok") or 0), layers or None, placement, eplb)
+    return Target(e, archs.experts_per_token(config), layers or None, placement, eplb)
 
 
 def workload(profile: Profile, section: ExpertsSection) -> tuple[list[Request], dict[str, Any], int]:
