@@ -225,7 +225,9 @@ class TokenAccountant:
                 role_only = _role_only(choice)
                 n = 1 if _carries_output(choice) and not role_only else 0
                 if n:
-                    self.texts = self._bounded(self.texts + n, "messages counted as tokens")
+                    self.texts += n
+                    if not _closing_empty(choice):  # a closing empty message may hold no token: never past the bound
+                        self._bounded(self.texts, "messages counted as tokens")
                 if not role_only:
                     self.weakest = 2
         if usage:
@@ -264,6 +266,13 @@ def _carries_output(choice: dict[str, Any]) -> bool:
         return True
     delta = choice.get("delta")
     return bool(delta) and any(delta.get(k) is not None for k in _OUTPUT_FIELDS)
+
+
+def _closing_empty(choice: dict[str, Any]) -> bool:
+    """A message with a finish_reason and no text: counted one token by the rule (vLLM sends a token
+    that decodes to half a character as empty text), but a server may also close a stream of
+    max_tokens tokens with one, holding none; held to max_tokens, every such request failed."""
+    return choice.get("finish_reason") is not None and not _delta_text(choice)
 
 
 def _role_only(choice: dict[str, Any]) -> bool:

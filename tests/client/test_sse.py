@@ -262,6 +262,15 @@ def test_counts_up_to_max_tokens_are_kept():
     plain = TokenAccountant(max_tokens=4)
     assert [plain.tokens_in(json.dumps({"choices": [{"text": "a"}]})) for _ in range(4)] == [1, 1, 1, 1]
     assert plain.tokens_in(json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})) == 0
+    # max_tokens tokens, then a closing message with empty text (completions and chat), then usage:
+    # the closing one is counted by the rule, not held to the bound (a review of the bound's commit)
+    for closing in ({"text": "", "finish_reason": "length"}, {"delta": {"content": ""}, "finish_reason": "length"}):
+        closed = TokenAccountant(max_tokens=4)
+        for _ in range(4):
+            closed.tokens_in(json.dumps({"choices": [{"text": "x"}]}))
+        assert closed.tokens_in(json.dumps({"choices": [{"index": 0, **closing}]})) == 1
+        closed.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}))
+        assert closed.final_tokens == 4
 
 
 @pytest.mark.parametrize(("payload", "bound"), [
