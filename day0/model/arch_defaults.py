@@ -15,8 +15,9 @@ A value of ``None`` means the class itself leaves the key ``None`` (then derived
 unset), which day0 reads exactly like a ``null`` in config.json: the caller's own meaning of
 "not set" (``num_key_value_heads`` -> the attention heads, ``head_dim`` -> hidden / heads,
 ``q_lora_rank`` -> no query compression). An explicit ``null`` in config.json never reaches this
-table: transformers keeps it ``None`` rather than its default (DeepSeek-V2-Lite's
-``"q_lora_rank": null`` means no ``q_a_proj``, not 1536).
+table: where transformers keeps it ``None`` rather than its default, that is what vLLM reads
+(DeepSeek-V2-Lite's ``"q_lora_rank": null`` means no ``q_a_proj``, not 1536); for most other keys
+transformers 5.19 refuses a ``null`` outright, so no loadable config has one (docs/stages/preflight.md).
 """
 
 from __future__ import annotations
