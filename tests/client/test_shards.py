@@ -94,6 +94,25 @@ def test_merge_is_exact_and_equals_one_process():
     assert a.workers == 3 and b.workers == 1
 
 
+def test_a_request_result_is_slotted_and_still_crosses_a_process_boundary():
+    """An import holds a RequestResult per request, so it has no per-instance ``__dict__``. Load
+    workers send results as JSON (``asdict`` and back), and a pickle (multiprocessing, a cache)
+    must round-trip too: both give the same fields, bit for bit."""
+    import pickle
+    from array import array
+
+    r = _result(7, 1000.0 + 1 / 3, ok=True)
+    r.stalled_to_first = 1e-3
+    assert not hasattr(r, "__dict__")
+    with pytest.raises(AttributeError):
+        r.not_a_field = 1  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(r))
+    assert type(back) is RequestResult and asdict(back) == asdict(r) and back.ttft == r.ttft
+    assert RequestResult(**json.loads(json.dumps(asdict(r)))) == r
+    r.msg_t, r.msg_n = array("d", r.msg_t), array("B", r.msg_n)  # as an import builds them
+    assert asdict(pickle.loads(pickle.dumps(r))) == asdict(r)
+
+
 def test_a_workers_stall_is_taken_out_of_its_own_requests_only():
     """Each worker watches its own loop and stamps its own requests with what they stalled through
     as they end; merged, a request's figures lose its own worker's stalls (``*_without_stalls``),

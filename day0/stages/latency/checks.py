@@ -129,8 +129,9 @@ def _percentile_evidence(m: LatencyMetrics, metric: str, p: float, limit: float 
         evidence["charts"] = [{
             "kind": "scatter", "title": f"{metric.upper()} per request over the run",
             "x_label": "scheduled send (s since start)", "y_label": f"{metric.upper()} (ms)", "x_log": False,
-            "series": [{"name": metric, "x": [round(x, 4) for x in m.sample_offsets_s],
-                        "y": [round(x, 4) for x in samples]}],
+            # y is the samples' own rounded list (TTFT and E2E are never downsampled): one list of
+            # floats a request fewer, in the check and in its record
+            "series": [{"name": metric, "x": [round(x, 4) for x in m.sample_offsets_s], "y": evidence["samples"]}],
             "reference": [{"y": limit, "label": f"SLA {pct_name(p)}"}] if limit is not None else [],
         }]
     return evidence

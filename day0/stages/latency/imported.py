@@ -46,10 +46,10 @@ WINDOW_SLACK_S = 1e-3
 # variance, and past 1.8e305 s it is no float in ms at all.
 MAX_DURATION_S = 1e7
 MAX_LEFT_OUT_SHOWN = 20
-# An imported request costs about 1.3 KB held (its RequestResult, its message times, its share of the
+# An imported request costs about 0.8 KB held (its RequestResult, its message times, its share of the
 # pooled samples: docs/metrics.md, "Memory and time"), whatever few bytes of the file it took: 300,000
-# requests of one gap each, 5 MB of file, held 446 MB. A file at the 256 MiB cap could claim 15
-# million (20 GB); the count is refused past a million (about 1.3 GB), before any is read.
+# requests of one gap each, 5 MB of file, held 310 MB. A file at the 256 MiB cap could claim 15
+# million (12 GB); the count is refused past a million (about 0.9 GB), before any is read.
 MAX_REQUESTS = 1_000_000
 
 
@@ -200,7 +200,7 @@ def check_request_count(doc: Doc, keys: tuple[Any, ...], n: int) -> None:
     """Refuse (one line naming ``keys``, the count and the cap) a run of more than
     :data:`MAX_REQUESTS` requests: what an import holds grows with the count, not the file's bytes."""
     if n > MAX_REQUESTS:
-        raise doc.fail(keys, f"{n:,} requests, more than an import holds ({MAX_REQUESTS:,}: about 1.3 KB of "
+        raise doc.fail(keys, f"{n:,} requests, more than an import holds ({MAX_REQUESTS:,}: about 0.8 KB of "
                              "memory each); import a shorter run")
 
 

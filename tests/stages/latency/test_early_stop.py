@@ -173,7 +173,7 @@ def test_a_confirmation_is_its_point_and_more_judged_as_one_sample():
     more = metrics_with([50.0, 60.0], lag_ms=[2.0, 3.0], failed=1)
     first.loop_stall_ms, more.loop_stall_ms = 80.0, 6.0
     both = pooled(first, more)
-    assert both.samples["ttft"] == [20.0, 30.0, 40.0, 50.0, 60.0] and both.samples["send_lag"] == pytest.approx([1, 1, 1, 2, 3])
+    assert list(both.samples["ttft"]) == [20.0, 30.0, 40.0, 50.0, 60.0] and both.samples["send_lag"] == pytest.approx([1, 1, 1, 2, 3])
     assert (both.sent, both.completed, both.failed, both.errors) == (6, 5, 1, {"http": 1})
     assert both.duration_s == first.duration_s + more.duration_s
     assert both.request_throughput == pytest.approx(5 / both.duration_s)
