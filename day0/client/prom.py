@@ -16,6 +16,7 @@ import socket
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -184,8 +185,14 @@ def server_view(before: str | None, after: str, *, labels: dict[str, str] | None
 
 
 def pct_name(p: float) -> str:
-    """99 -> 'p99', 99.9 -> 'p99.9' (the names used in check ids use '_' for '.')."""
-    return f"p{p:g}"
+    """99 -> 'p99', 99.9 -> 'p99.9' (the names used in check ids use '_' for '.').
+
+    The digits are the float's shortest repr, written without an exponent (1e-05 -> 'p0.00001')
+    and without a trailing '.0': two distinct percentiles always get distinct names. ``{p:g}``
+    kept 6 significant digits, so 99.99999 and 99.99998 were both 'p100': one check id for two
+    limits, and a column named for a percentile no limit asked for."""
+    text = format(Decimal(repr(float(p))), "f")
+    return f"p{text[:-2] if text.endswith('.0') else text}"
 
 
 # What day0 reads whole from a server it does not time (/metrics, a model list): vLLM's answers are

@@ -322,6 +322,23 @@ class SlaSection(_Table):
                 raise ValueError(f"{key}: the percentile must lie strictly between 0 and 100")
         return value
 
+    @model_validator(mode="after")
+    def _one_key_a_percentile(self) -> "SlaSection":
+        """Two keys for one percentile of one metric (``ttft_p99_ms`` and ``ttft_p99.0_ms``, or
+        digits past a float's precision: ``ttft_p99_9000000000000001_ms`` is p99.9's float) would be
+        one check id with one of the limits silently dropped: refused, naming both."""
+        seen: dict[tuple[str, float], str] = {}
+        keys = [f"{m}_p99_ms" for m in LIMIT_METRICS if getattr(self, f"{m}_p99_ms") is not None]
+        for key in [*keys, *self.limits]:
+            m = LIMIT_KEY.match(key)
+            if m is None:
+                continue
+            at = (m.group(1), float(m.group(2).replace("_", ".")))
+            if at in seen:
+                raise ValueError(f"{seen[at]} and {key}: the same percentile of {at[0]} ({at[1]!r}); keep one")
+            seen[at] = key
+        return self
+
     @field_validator("goodput_slo_ms")
     @classmethod
     def _goodput_keys(cls, value: dict[str, float]) -> dict[str, float]:

@@ -182,3 +182,28 @@ def test_prefix_cache_window_is_the_counter_delta_summed_over_engines():
     with pytest.raises(PromError, match="went down"):
         prefix_cache_window(after, before)
     assert math.isnan(prefix_cache_window(before, before).share)
+
+
+@pytest.mark.parametrize("p, name, cid", [(50, "p50", "latency.ttft_p50"), (90, "p90", "latency.ttft_p90"),
+                                          (95, "p95", "latency.ttft_p95"), (99, "p99", "latency.ttft_p99"),
+                                          (99.0, "p99", "latency.ttft_p99"), (99.9, "p99.9", "latency.ttft_p99_9"),
+                                          (99.99, "p99.99", "latency.ttft_p99_99"), (12.5, "p12.5", "latency.ttft_p12_5")])
+def test_an_ordinary_percentile_keeps_its_name_and_check_id(p, name, cid):
+    """Names are in check ids, stats columns and recorded runs: an ordinary percentile's must not move."""
+    from day0.client.prom import pct_name
+    from day0.stages.latency.checks import _check_id
+
+    assert pct_name(p) == name and _check_id("ttft", p) == cid
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=0, max_value=100, exclude_min=True, exclude_max=True),
+       st.floats(min_value=0, max_value=100, exclude_min=True, exclude_max=True))
+def test_two_distinct_percentiles_never_share_a_name(a, b):
+    """``{p:g}`` kept 6 significant digits: 99.99999 and 99.99998 were both 'p100' (one check id
+    for two limits). The name is the float's shortest repr, so it parses back to the very float."""
+    from day0.client.prom import pct_name
+
+    assert pct_name(99.99999) == "p99.99999" != pct_name(99.99998) == "p99.99998"
+    assert pct_name(1e-05) == "p0.00001"  # no exponent: the name stays one the limit grammar can write
+    assert float(pct_name(a)[1:]) == a and (pct_name(a) == pct_name(b)) == (a == b)

@@ -247,6 +247,22 @@ def test_an_import_of_many_small_requests_holds_a_few_times_what_its_parse_holds
     assert peak < 3.0 * parsed, f"{peak / n:.0f} bytes per request, {parsed / n:.0f} in the parsed file"
 
 
+def test_limits_at_percentiles_alike_to_six_digits_get_their_own_checks(tmp_path, capsys):
+    """99.99999 and 99.99998 were both named 'p100' ({p:g}): one id, latency.itl_p100, recorded
+    twice, and a p100 column. Each limit is now its own check; two keys for one percentile are
+    refused in one line naming both (one of the two limits would silently be dropped)."""
+    out = tmp_path / "checks.json"
+    main(["import", str(VLLM), "--limit", "itl_p99_99999_ms=3.99", "--limit", "itl_p99_99998_ms=1",
+          "--json", str(out)])
+    ids = [c["id"] for c in json.loads(out.read_text())]
+    assert len(ids) == len(set(ids)) and {"latency.itl_p99_99999", "latency.itl_p99_99998"} <= set(ids)
+    assert "p100" not in out.read_text()
+    capsys.readouterr()
+    assert main(["import", str(VLLM), "--limit", "ttft_p99_9_ms=3", "--limit", "ttft_p99.90_ms=5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ttft_p99_9_ms and ttft_p99.90_ms: the same percentile" in err and "\n" not in err
+
+
 @pytest.mark.parametrize("path, named", [(VLLM, "ttfts: 12 requests"), (GUIDELLM, "benchmarks[0].requests: 8 requests")])
 def test_a_run_of_more_requests_than_an_import_holds_is_one_line(path, named, capsys, monkeypatch):
     """Memory follows the request count (about 0.8 KB each), not the file's bytes: 300,000 requests
