@@ -15,6 +15,7 @@ value has no name to go by.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -57,6 +58,8 @@ _QUOTE = f"(?:{_Q})?"  # a name or value in quotes, or in JSON-escaped quotes
 _GAP = r"(?:[ \t]|\\{0,3}\r?\n|\\{1,3}[nrt]|\\{1,2}(?=[ \t\r\n]))"
 # A YAML list's next item: a line break (or a JSON-escaped one), the indent, and its dash.
 _YAML_ITEM = r"(?:\r?\n|\\{1,3}n)[ \t]{0,64}+-[ \t]{1,16}+"
+# Blank or comment lines between a YAML list's items (at most 8 of them).
+_YAML_GAP = r"(?:\r?\n[ \t]{0,64}+(?:#[^\r\n]{0,1024}+)?(?=\r?\n)){0,8}+"
 # A name (of a flag, a key) ending in a secret word: the whole name is taken at once (possessive) and
 # its end looked at, so a long run of name characters is read once, not once per start. The lookbehinds
 # only find candidates; :func:`_text_names_secret` decides (a word, not a tokenizer word).
@@ -85,7 +88,7 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # prefix` the dash is a hyphen, not a flag.
     r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + _QUOTE
     + r"(?:=|(?P<yaml>" + _YAML_ITEM + ")|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
-    r"(?P<q>" + _Q + r")?(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",`\-\\][^\s'\",`]*+)"
+    r"(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",`\-\\][^\s'\",`]*+)"
     r"(?(yaml)(?:" + _YAML_ITEM + r"(?!-)[^\r\n]++){0,1024}+))",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
     r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
@@ -101,20 +104,14 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # it is a count (`token: 142`, `"token": [1, 2]`): see _redact_value.
     r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]"
     + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:\[[^\[\]]{0,4096}+\]|[^\[\]]){1,65536}+)"
-    + r"|[ \t]{0,16}+" + _YAML_ITEM + r"(?P<bitems>" + _FRESH + r"[^\r\n]++(?:" + _YAML_ITEM + r"[^\r\n]++){0,1024}+)"
-    + r"|\s{0,16}(?!\[)(?P<q>" + _Q + r")?(?P<value>" + _FRESH
+    + r"|[ \t]{0,16}+(?:#[^\r\n]{0,1024}+)?" + _YAML_GAP + _YAML_ITEM + r"(?P<bitems>" + _FRESH
+    + r"[^\r\n]++(?:" + _YAML_GAP + _YAML_ITEM + r"[^\r\n]++){0,1024}+)"
+    + r"|\s{0,16}(?!\[)(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH
     + r"(?(q)" + _QUOTED % MIN_SECRET_LEN + r"|(?P<bare>[^\s'\",}`\\]{%d,}+))))" % MIN_SECRET_LEN,
-    # curl's user and password: curl -u user:X, -uuser:X, --user=user:X, --proxy-user 'a b:X', and
-    # ['curl', '-u', 'user:X']; the user stays, or goes itself when the password is empty (a key
-    # sent as the user: `-u sk_live_X:`). Only on a line that names curl (_redact_value): pip's -U
-    # and docker's --user 1000:1000 are no credentials.
-    r"(?<![\w\-])(?P<uflag>-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|[ \t]{1,16}+|[ \t]{0,16}+,\s{0,16}+(?="
-    + _Q + r")|(?<=u|U)(?=[^\s\-'\"\\]))(?P<q>" + _Q + r")?(?P<user>(?(q)[^:\r\n'\"\\]{0,256}+"
-    r"|[^\s:'\"\\`]{0,256}+)):(?P<value>" + _FRESH + r"(?(q)[^\r\n'\"\\`]*+|[^\s'\"\\`]*+))",
-    # a netrc entry (~/.netrc, quoted in an error): `machine h login me password X` or `default ...`,
-    # its tokens in any order, on one line or several
-    r"\b(?:machine\s{1,64}+\S{1,256}+|default)(?:\s{1,64}+(?!password\b)\S{1,256}+){0,8}+\s{1,64}+password"
-    r"\s{1,64}+(?P<value>" + _FRESH + r"[^\s`'\"]++)",
+    # a netrc entry (~/.netrc, quoted in an error): `machine h login me password X`, `default login
+    # me password "X Y"`, on one line or several (its keywords and their values before the password)
+    r"\b(?:machine\s{1,64}+\S{1,256}+|default)(?:\s{1,64}+(?:login|account|macdef)\s{1,64}+\S{1,256}+){0,3}+"
+    r"\s{1,64}+password\s{1,64}+(?P<q>[\"'])?(?P<value>" + _FRESH + r"(?(q)[^\"'\r\n]++|[^\s`'\"]++))",
     # a token whose issuer's prefix says what it is, wherever it stands (a prompt, "my token: hf_..."):
     # Hugging Face, GitHub, GitLab, Slack, OpenAI/Anthropic. Case-sensitive prefixes and long bodies
     # of letters and digits only, so an identifier such as hf_hub_download is not one.
@@ -123,6 +120,22 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     r"|sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{32,}+)))",
 ))
 _USERINFO = _SHAPES[1]
+# A user's password on a command line: curl -u user:X, -uuser:X, --user=user:X, --proxy-user 'a b:X',
+# and ['curl', '-u', 'user:X']; the user stays, or goes itself when the password is empty (a key
+# sent as the user: `-u sk_live_X:`). Not a URL (pip install -U git+https://...), not uid:gid
+# (docker run --user 1000:1000) and not a container tool's (docker exec -u root:root): see
+# _UserFlags, which runs it with what it needs of the whole text.
+_USER_FLAG = re.compile(
+    r"(?<![\w\-])(?P<uflag>-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|[ \t]{1,16}+|[ \t]{0,16}+,\s{0,16}+(?="
+    + _Q + r")|(?<=u|U)(?=[^\s\-'\"\\]))(?P<q>" + _Q + r")?(?P<user>(?(q)[^:\r\n'\"\\]{0,256}+"
+    r"|[^\s:'\"\\`]{0,256}+)):(?P<value>" + _FRESH + r"(?(q)[^\r\n'\"\\`]*+|[^\s'\"\\`]*+))", re.IGNORECASE)
+# The commands whose -u/--user is a user (and group), no password, and curl, whose is one: the
+# nearest of them before a user flag on its line decides (docker exec c curl -u bob:X is curl's).
+_USER_TOOLS = re.compile(r"\b(?:docker|podman|nerdctl|curl)\b", re.IGNORECASE)
+_UID_GID = re.compile(r"\d+:\d+")
+# What follows a user's colon that is no password: a URL's // (pip install -U git+https://...), a
+# shell's $VAR or $(id -g) (the secret is elsewhere, not on the line)
+_NOT_PASSWORD = ("//", "$")
 _NOT_SECRET_NAME = re.compile(r"(?:^|[_\-.])" + _NOT_SECRET, re.IGNORECASE)  # `--eos-token X` is a tokenizer word
 # The secret word a name in text ends in: ``key`` only as a word after another (`MY_KEY`, `apiKey`,
 # not `monkey` nor a bare `key`, which names a figure in day0's own text); the others also glued on
@@ -249,35 +262,40 @@ class Redactor:
             text = self._wrapped.sub(REDACTED, text)
         for pattern in _SHAPES:
             text = pattern.sub(_redact_value, text)
-        return text
+        return _USER_FLAG.sub(_UserFlags(text), text) if "-" in text else text
 
     def argv(self, argv: Iterable[str]) -> list[str]:
         """A command line for a log: the value after a secret flag goes (every word up to the next
-        flag after ``--api-key``, which vLLM takes several of), as does any known value, and on
-        curl's command line the password of ``-u user:password``."""
-        words = list(argv)
-        user_flags = _USER_FLAGS if any(_CURL.search(w) for w in words[:8]) else frozenset()
+        flag after ``--api-key``, which vLLM takes several of), as does any known value, and the
+        password of a user flag's ``user:password`` (``curl -u bob:X``, ``-ubob:X``), but a
+        container tool's (``docker run -u 1000:1000``)."""
         out: list[str] = []
         hiding: str | None = None  # the flag whose value the next word is
         taken = 0  # of its values so far
-        for arg in words:
+        tools = False  # the last command named was a container tool's: its -u is a user, no password
+        for arg in argv:
+            if _USER_TOOLS.fullmatch(command := arg.rsplit("/", 1)[-1]):
+                tools = command.lower() != "curl"
             # a secret flag's first word is its value whatever it looks like; a user flag's, and
             # --api-key's further ones, only if no flag
-            if hiding is not None and (not arg.startswith("-") or (taken == 0 and hiding not in user_flags)):
+            if hiding is not None and (not arg.startswith("-") or (taken == 0 and hiding not in _USER_FLAGS)):
                 out.append(self.text(_hidden(hiding, arg)))
                 taken += 1
                 hiding = hiding if hiding in _MANY_VALUES else None
                 continue
             hiding, taken = None, 0
             flag, eq, value = arg.partition("=")
-            if flag.startswith("-") and (is_secret_key(flag.lstrip("-")) or flag in user_flags):
-                if eq:
-                    out.append(self.text(f"{flag}={_hidden(flag, value)}"))
-                else:
-                    out.append(arg)
-                    hiding = flag
-                continue
-            out.append(self.text(arg))
+            if flag in _USER_FLAGS and tools:
+                out.append(self.text(arg))
+            elif flag.startswith("-") and (is_secret_key(flag.lstrip("-")) or flag in _USER_FLAGS):
+                out.append(self.text(f"{flag}={_hidden(flag, value)}") if eq else arg)
+                hiding, taken = flag, 1 if eq else 0
+                if eq and flag not in _MANY_VALUES:
+                    hiding = None
+            elif arg[:2] in ("-u", "-U") and not arg.startswith("--") and ":" in arg and not tools:
+                out.append(self.text(arg[:2] + _hidden("-u", arg[2:])))  # -ubob:X, glued as curl takes it
+            else:
+                out.append(self.text(arg))
         return out
 
 
@@ -286,18 +304,49 @@ _MANY_VALUES = frozenset({"--api-key"})  # vLLM's: a list of keys (nargs="+")
 
 
 def _hidden(flag: str, value: str) -> str:
-    """A secret flag's value, gone; a user flag's keeps its user (``bob:<redacted>``)."""
+    """A secret flag's value, gone; a user flag's keeps its user (``bob:<redacted>``), or loses the
+    user when the password is empty (a key sent as the user); a URL or a uid:gid is no password."""
     if flag in _USER_FLAGS:
-        user, colon, _ = value.partition(":")
-        return f"{user}:{REDACTED}" if colon else value
+        user, colon, password = value.partition(":")
+        if not colon or password.startswith(_NOT_PASSWORD) or _UID_GID.fullmatch(value):
+            return value
+        return f"{user}:{REDACTED}" if password else f"{REDACTED}:"
     return REDACTED
+
+
+class _UserFlags:
+    """:data:`_USER_FLAG`'s replacement, for one text: the places of the commands that decide
+    (:data:`_USER_TOOLS`) and the line starts are found once (bisect per match), so a line of a
+    million ``-u a:`` costs one scan, not one scan back to its start per flag."""
+
+    def __init__(self, text: str) -> None:
+        found = [(m.start(), m.group().lower() != "curl") for m in _USER_TOOLS.finditer(text)]
+        self.tools = [at for at, _ in found]
+        self.container = [is_container for _, is_container in found]
+        self.lines = [i for i, c in enumerate(text) if c == "\n"] if found else []
+
+    def __call__(self, m: re.Match[str]) -> str:
+        user, value = m.group("user"), m.group("value")
+        if value.startswith(_NOT_PASSWORD) or _UID_GID.fullmatch(f"{user}:{value}") or self._after_tool(m.start()):
+            return m.group()
+        if not value:  # -u KEY: (an empty password): the user is the secret
+            return _replaced(m, "user") if len(user) >= MIN_SECRET_LEN else m.group()
+        return _replaced(m, "value")
+
+    def _after_tool(self, at: int) -> bool:
+        """Whether the nearest deciding command before ``at`` on its line is a container tool."""
+        i = bisect.bisect_left(self.tools, at) - 1
+        if i < 0 or not self.container[i]:
+            return False
+        line = bisect.bisect_left(self.lines, at) - 1
+        return self.tools[i] > (self.lines[line] if line >= 0 else -1)
 
 
 def _redact_value(m: re.Match[str]) -> str:
     """The match with its secret replaced (its ``value``, or a list's items): the flag, header name
     and quotes stay. The patterns find candidates; what only reads as a secret in context is decided
     here: a name that is no secret's, a bare value without a letter, a list none of whose items is a
-    secret, a user flag on a line that is not curl's."""
+    secret."""
     groups = m.groupdict()
     name = groups.get("name")
     if name is not None and (not _text_names_secret(name) or _prose(m)):
@@ -307,16 +356,10 @@ def _redact_value(m: re.Match[str]) -> str:
         return m.group()
     items = groups.get("litems") or groups.get("bitems")
     if items is not None:
-        pieces = items.split(",") if groups.get("litems") is not None else _YAML_NEXT.split(items)
+        pieces = _LIST_ITEM.findall(items) if groups.get("litems") is not None else _YAML_NEXT.split(items)
         if not any(_item_is_secret(piece, digits_ok) for piece in pieces):
             return m.group()
         return _replaced(m, "litems" if groups.get("litems") is not None else "bitems")
-    if groups.get("uflag") is not None:
-        line = m.string.rfind("\n", 0, m.start()) + 1
-        if not _CURL.search(m.string, max(line, m.start() - 512), m.start()):
-            return m.group()
-        if not groups["value"]:  # -u KEY: (an empty password): the user is the secret
-            return _replaced(m, "user") if len(groups["user"]) >= MIN_SECRET_LEN else m.group()
     return _replaced(m, "value")
 
 
@@ -325,23 +368,26 @@ def _replaced(m: re.Match[str], group: str) -> str:
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
 
 
-_CURL = re.compile(r"\bcurl\b", re.IGNORECASE)
-_YAML_NEXT = re.compile(_YAML_ITEM)
+_YAML_NEXT = re.compile(_YAML_GAP + _YAML_ITEM)
+# A list's items: quoted (a comma inside stays inside), or anything to the next comma
+_LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]++)")
 _ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
 
 
 def _item_is_secret(piece: str, digits_ok: bool) -> bool:
     """One item of a list under a secret's name, judged as a value standing alone would be: quoted,
-    MIN_SECRET_LEN characters; bare, also one word with a letter (or digits under a credential's
-    name), not ``true``/``null``. So ``"secret": [true, false]`` and ``"token": [1, 2]`` stay."""
+    MIN_SECRET_LEN characters; bare, its first word of MIN_SECRET_LEN with a letter (or digits
+    under a credential's name), not ``true``/``null``. So ``"secret": [true, false]``, ``"token":
+    [1, 2]`` and ``[r for r in batch if r.has_new_token]`` stay."""
     inner = _ITEM_EDGES.sub("", piece)
     if len(inner) < MIN_SECRET_LEN:
         return False
     if re.match(r"[\s\[]*\\{0,7}[\"']", piece):
         return True
-    return (not any(c.isspace() for c in inner) and inner.lower() not in _NOT_VALUES
-            and (digits_ok or bool(_LETTER.search(inner))))
+    word = inner.split(None, 1)[0]  # a bare item with blanks: its first word, as a bare value is read
+    return (len(word) >= MIN_SECRET_LEN and word.lower() not in _NOT_VALUES
+            and (digits_ok or bool(_LETTER.search(word))))
 
 
 # A bare "token" after a word and a space is prose, not a name: "KV bytes per token: config.json x TP",

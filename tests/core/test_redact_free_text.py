@@ -122,13 +122,21 @@ def test_a_quoted_value_longer_than_any_bound_goes_whole() -> None:
     json.dumps({"api_key": [["first-key-9"], SECRET]}), f"curl -ubob:{SECRET} https://x",
     f"curl --user 'bob smith:first-key-9 {SECRET}' x", f'curl -u "bob:first-key-9 {SECRET}" x',
     f"machine h password {SECRET} login bob", f"default login bob password {SECRET}",
+    # after a review of that: a continued curl line, curl named after its flag or far before it, a
+    # comma inside a quoted item, a bare item of two words, a quoted netrc password, a value in
+    # backticks, a YAML block with a comment or a blank line between its items
+    f"curl \\\n  -u bob:{SECRET}", f"-u bob:{SECRET} passed to curl", "curl -d '" + "x" * 600 + f"' -u bob:{SECRET}",
+    f'"api_key": ["k1", "Xy9,{SECRET}"]', f"api_key: [ab, {SECRET} battery]",
+    f'machine h login bob password "first-key-9 {SECRET}"', f"export HF_TOKEN=`{SECRET}`", f"--api-key `{SECRET}`",
+    f"api_key:\n  - ab\n  # comment\n  - {SECRET}", f"api_key:\n  - first-key-9\n\n  - {SECRET}",
+    f"api_key: # keys\n  - ab\n  - {SECRET}", f"docker exec c curl -u bob:{SECRET} x",
     str(subprocess.CalledProcessError(22, ["curl", "-sf", "-u", f"bob:{SECRET}", "https://x"])),
 ])
 def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) -> None:
     out = _gone(text)
     assert "first-key-9" not in out
     assert "`" not in text or out.count("`") == text.count("`")
-    assert "bob" in out or "--api-key" in out or "--hf-token" in out or "api_key" in out or "password" in out
+    assert any(w in out for w in ("bob", "--api-key", "--hf-token", "api_key", "password", "HF_TOKEN"))
 
 
 @pytest.mark.parametrize("text", [
@@ -148,6 +156,11 @@ def test_a_key_sent_as_curls_user_goes_and_a_markdown_quote_stays() -> None:
 
 def test_a_user_flags_password_goes_from_a_command_line_kept_as_a_list() -> None:
     r = Redactor()
+    for argv in (["sudo", "-E", "env", "A=1", "B=2", "timeout", "30", "nice", "curl", "-u", f"bob:{SECRET}"],
+                 ["curl", f"-ubob:{SECRET}"], ["vllm", "serve", "m", "--api-key=first-key-9", SECRET, "--port", "1"],
+                 ["docker", "exec", "c", "curl", "-u", f"bob:{SECRET}"]):
+        out = r.argv(argv)
+        assert SECRET not in str(out) and "first-key-9" not in str(out), out
     argv = ["curl", "-u", f"bob:{SECRET}", f"--user=al:{SECRET}", "python", "-u", "--api-key", SECRET, "-u", "x.py"]
     assert r.argv(argv) == ["curl", "-u", f"bob:{REDACTED}", f"--user=al:{REDACTED}", "python", "-u", "--api-key",
                             REDACTED, "-u", "x.py"]
@@ -246,6 +259,8 @@ ORDINARY = [
     "docker run --user 1000:1000 img", "docker exec -u root:root c bash", "login via password prompt",
     "account with password protection", '"secret": [true, false]', "token_ids = [1, 2, 3]",
     "requests_with_new_token = [r for r in batch if r.has_new_token]",
+    "by default the password is hashed", "docker run --user 1000:1000 img -- and curl later",
+    '--user "$(id -u):$(id -g)" -e HOME=/tmp', "curl -u bob:$PASSWORD https://x",
 ]
 
 
@@ -284,6 +299,8 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "netrc-words": fit("login a password "),
             "user-flags": fit("-u a:-u a:"),
             "curl-user-flags": fit("curl -ua:-u"),
+            "glued-user-flags": fit("-ua: "),
+            "docker-then-user-flags": "docker " + fit("-u a:b "),
             "nested-lists": fit("api_key: [[a],"),
             "yaml-block": fit("api_key:\\n - a"),
             "netrc-default": fit("default "),
