@@ -58,8 +58,11 @@ _QUOTE = f"(?:{_Q})?"  # a name or value in quotes, or in JSON-escaped quotes
 _GAP = r"(?:[ \t]|\\{0,3}\r?\n|\\{1,3}[nrt]|\\{1,2}(?=[ \t\r\n]))"
 # A YAML list's next item: a line break (or a JSON-escaped one), the indent, and its dash.
 _YAML_ITEM = r"(?:\r?\n|\\{1,3}n)[ \t]{0,64}+-[ \t]{1,16}+"
-# Blank or comment lines between a YAML list's items (at most 8 of them).
-_YAML_GAP = r"(?:\r?\n[ \t]{0,64}+(?:#[^\r\n]{0,1024}+)?(?=\r?\n)){0,8}+"
+_NETRC_TOKEN = r"(?:\"[^\"\r\n]{0,256}+\"|\S{1,256}+)"  # a netrc word, quoted (blanks and all) or not
+# Blank or comment lines between a YAML list's items (at most 64 of them).
+_YAML_GAP = r"(?:\r?\n[ \t]{0,64}+(?:#[^\r\n]{0,1024}+)?(?=\r?\n)){0,64}+"
+# A YAML block's next item, which may be empty (`-` alone on its line)
+_YAML_BLOCK_ITEM = r"(?:\r?\n|\\{1,3}n)[ \t]{0,64}+-(?:[ \t]{1,16}+|(?=\r?\n|\\n|$))"
 # A name (of a flag, a key) ending in a secret word: the whole name is taken at once (possessive) and
 # its end looked at, so a long run of name characters is read once, not once per start. The lookbehinds
 # only find candidates; :func:`_text_names_secret` decides (a word, not a tokenizer word).
@@ -104,13 +107,15 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # it is a count (`token: 142`, `"token": [1, 2]`): see _redact_value.
     r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]"
     + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:\[[^\[\]]{0,4096}+\]|[^\[\]]){1,65536}+)"
-    + r"|[ \t]{0,16}+(?:#[^\r\n]{0,1024}+)?" + _YAML_GAP + _YAML_ITEM + r"(?P<bitems>" + _FRESH
-    + r"[^\r\n]++(?:" + _YAML_GAP + _YAML_ITEM + r"[^\r\n]++){0,1024}+)"
+    + r"|[ \t]{0,16}+(?:#[^\r\n]{0,1024}+)?" + _YAML_GAP + _YAML_BLOCK_ITEM + r"(?P<bitems>" + _FRESH
+    + r"[^\r\n]*+(?:" + _YAML_GAP + _YAML_BLOCK_ITEM + r"[^\r\n]*+){0,1024}+)"
     + r"|\s{0,16}(?!\[)(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH
     + r"(?(q)" + _QUOTED % MIN_SECRET_LEN + r"|(?P<bare>[^\s'\",}`\\]{%d,}+))))" % MIN_SECRET_LEN,
-    # a netrc entry (~/.netrc, quoted in an error): `machine h login me password X`, `default login
-    # me password "X Y"`, on one line or several (its keywords and their values before the password)
-    r"\b(?:machine\s{1,64}+\S{1,256}+|default)(?:\s{1,64}+(?:login|account|macdef)\s{1,64}+\S{1,256}+){0,3}+"
+    # a netrc entry (~/.netrc, quoted in an error): `machine h login "a b" port 443 password X` (any
+    # tokens between, quoted or not), or `default login me password "X Y"` (its keywords only:
+    # "by default the password is" is prose), on one line or several
+    r"\b(?:machine\s{1,64}+" + _NETRC_TOKEN + r"(?:\s{1,64}+(?!password\b)" + _NETRC_TOKEN + r"){0,8}+"
+    r"|default(?:\s{1,64}+(?:login|account|macdef)\s{1,64}+" + _NETRC_TOKEN + r"){0,3}+)"
     r"\s{1,64}+password\s{1,64}+(?P<q>[\"'])?(?P<value>" + _FRESH + r"(?(q)[^\"'\r\n]++|[^\s`'\"]++))",
     # a token whose issuer's prefix says what it is, wherever it stands (a prompt, "my token: hf_..."):
     # Hugging Face, GitHub, GitLab, Slack, OpenAI/Anthropic. Case-sensitive prefixes and long bodies
@@ -126,16 +131,29 @@ _USERINFO = _SHAPES[1]
 # (docker run --user 1000:1000) and not a container tool's (docker exec -u root:root): see
 # _UserFlags, which runs it with what it needs of the whole text.
 _USER_FLAG = re.compile(
-    r"(?<![\w\-])(?P<uflag>-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|[ \t]{1,16}+|[ \t]{0,16}+,\s{0,16}+(?="
-    + _Q + r")|(?<=u|U)(?=[^\s\-'\"\\]))(?P<q>" + _Q + r")?(?P<user>(?(q)[^:\r\n'\"\\]{0,256}+"
-    r"|[^\s:'\"\\`]{0,256}+)):(?P<value>" + _FRESH + r"(?(q)[^\r\n'\"\\`]*+|[^\s'\"\\`]*+))", re.IGNORECASE)
-# The commands whose -u/--user is a user (and group), no password, and curl, whose is one: the
-# nearest of them before a user flag on its line decides (docker exec c curl -u bob:X is curl's).
-_USER_TOOLS = re.compile(r"\b(?:docker|podman|nerdctl|curl)\b", re.IGNORECASE)
+    r"(?<![\w\-])(?P<uflag>-[uU]|--user|--proxy-user)" + _QUOTE + r"(?:=|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,16}+(?="
+    + _Q + r")|(?<=u|U)(?=[^\s\-]))(?P<q>" + _Q + r")?(?P<user>(?(q)[^:\r\n'\"\\]{0,256}+"
+    r"|[^\s:'\"\\`]{0,256}+)):(?(q)|`?)(?P<value>" + _FRESH + r"(?(q)[^\r\n'\"\\`]*+|[^\s'\"\\`]*+))", re.IGNORECASE)
+# The commands whose -u/--user is a user (and group), no password (a container tool and its
+# subcommand), and curl, whose is one, each where a command stands (not in a URL, a path or a
+# word): the nearest of them before a user flag on its line decides (docker exec c curl -u bob:X
+# is curl's; curl https://registry.docker.io -u bob:X too).
+_CONTAINER_TOOLS = ("docker", "podman", "nerdctl")
+_CONTAINER_COMMANDS = ("run", "exec", "create", "container", "compose", "service", "start")
+_USER_TOOLS = re.compile(r"(?:(?<![\w./:@=\-])|(?<=\\[nrt]))(?:curl(?![\w./:@=\-])|(?:" + "|".join(_CONTAINER_TOOLS)
+                         + r")[\"']?,?[ \t]{1,16}+[\"']?(?:" + "|".join(_CONTAINER_COMMANDS) + r")\b)", re.IGNORECASE)
+_LINE_BREAK = re.compile(r"\n|\\n")  # a line's end, or a JSON-escaped one
 _UID_GID = re.compile(r"\d+:\d+")
-# What follows a user's colon that is no password: a URL's // (pip install -U git+https://...), a
-# shell's $VAR or $(id -g) (the secret is elsewhere, not on the line)
-_NOT_PASSWORD = ("//", "$")
+# A shell's variable or substitution ($PASSWORD, ${PW}, $(id -g)): the secret is elsewhere
+_SHELL_VALUE = re.compile(r"\$(?:[({]|[A-Z_][A-Z0-9_]*$)")
+
+
+def _not_a_password(user: str, password: str) -> bool:
+    """What follows a user flag's colon that is no password: a path or a URL's // (rsync -u
+    bob@host:/path, pip install -U git+https://...), a shell's variable, a uid:gid or a user:group
+    of one name (docker --user 1000:1000, gunicorn -u vllm:vllm), date's +%H:%M."""
+    return (password.startswith(("/", "~")) or bool(_SHELL_VALUE.match(password)) or password == user
+            or bool(_UID_GID.fullmatch(f"{user}:{password}")) or user.startswith(("+", "%")))
 _NOT_SECRET_NAME = re.compile(r"(?:^|[_\-.])" + _NOT_SECRET, re.IGNORECASE)  # `--eos-token X` is a tokenizer word
 # The secret word a name in text ends in: ``key`` only as a word after another (`MY_KEY`, `apiKey`,
 # not `monkey` nor a bare `key`, which names a figure in day0's own text); the others also glued on
@@ -272,10 +290,13 @@ class Redactor:
         out: list[str] = []
         hiding: str | None = None  # the flag whose value the next word is
         taken = 0  # of its values so far
+        words = list(argv)
         tools = False  # the last command named was a container tool's: its -u is a user, no password
-        for arg in argv:
-            if _USER_TOOLS.fullmatch(command := arg.rsplit("/", 1)[-1]):
-                tools = command.lower() != "curl"
+        for i, arg in enumerate(words):
+            command = arg.rsplit("/", 1)[-1].lower() if "://" not in arg else ""
+            if command == "curl" or (command in _CONTAINER_TOOLS and words[i + 1:i + 2] in (
+                    [c] for c in _CONTAINER_COMMANDS)):
+                tools = command != "curl"
             # a secret flag's first word is its value whatever it looks like; a user flag's, and
             # --api-key's further ones, only if no flag
             if hiding is not None and (not arg.startswith("-") or (taken == 0 and hiding not in _USER_FLAGS)):
@@ -308,7 +329,7 @@ def _hidden(flag: str, value: str) -> str:
     user when the password is empty (a key sent as the user); a URL or a uid:gid is no password."""
     if flag in _USER_FLAGS:
         user, colon, password = value.partition(":")
-        if not colon or password.startswith(_NOT_PASSWORD) or _UID_GID.fullmatch(value):
+        if not colon or _not_a_password(user, password):
             return value
         return f"{user}:{REDACTED}" if password else f"{REDACTED}:"
     return REDACTED
@@ -320,14 +341,14 @@ class _UserFlags:
     million ``-u a:`` costs one scan, not one scan back to its start per flag."""
 
     def __init__(self, text: str) -> None:
-        found = [(m.start(), m.group().lower() != "curl") for m in _USER_TOOLS.finditer(text)]
+        found = [(m.start(), not m.group().lower().startswith("curl")) for m in _USER_TOOLS.finditer(text)]
         self.tools = [at for at, _ in found]
         self.container = [is_container for _, is_container in found]
-        self.lines = [i for i, c in enumerate(text) if c == "\n"] if found else []
+        self.lines = [m.start() for m in _LINE_BREAK.finditer(text)] if found else []
 
     def __call__(self, m: re.Match[str]) -> str:
         user, value = m.group("user"), m.group("value")
-        if value.startswith(_NOT_PASSWORD) or _UID_GID.fullmatch(f"{user}:{value}") or self._after_tool(m.start()):
+        if _not_a_password(user, value) or self._after_tool(m.start()):
             return m.group()
         if not value:  # -u KEY: (an empty password): the user is the secret
             return _replaced(m, "user") if len(user) >= MIN_SECRET_LEN else m.group()
@@ -368,9 +389,9 @@ def _replaced(m: re.Match[str], group: str) -> str:
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
 
 
-_YAML_NEXT = re.compile(_YAML_GAP + _YAML_ITEM)
+_YAML_NEXT = re.compile(_YAML_GAP + _YAML_BLOCK_ITEM)
 # A list's items: quoted (a comma inside stays inside), or anything to the next comma
-_LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]++)")
+_LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]*+)")
 _ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
 

@@ -130,6 +130,17 @@ def test_a_quoted_value_longer_than_any_bound_goes_whole() -> None:
     f'machine h login bob password "first-key-9 {SECRET}"', f"export HF_TOKEN=`{SECRET}`", f"--api-key `{SECRET}`",
     f"api_key:\n  - ab\n  # comment\n  - {SECRET}", f"api_key:\n  - first-key-9\n\n  - {SECRET}",
     f"api_key: # keys\n  - ab\n  - {SECRET}", f"docker exec c curl -u bob:{SECRET} x",
+    # and of that: docker named inside a URL, a path or data on curl's line, curl after an escaped
+    # line break, a netrc login in quotes or an unknown token, curl's quoted and continued shapes, a
+    # password like a lower-case variable, a YAML block past 8 blank lines or with an empty item
+    f"curl -sSf https://registry.docker.io/v2/ -u bob:{SECRET}", f"curl --unix-socket /var/run/docker.sock -u bob:{SECRET} x",
+    f"""curl -d '{{"image": "docker"}}' -u bob:{SECRET} x""", f"docker pull x\\ncurl https://reg/v2 -u bob:{SECRET}",
+    json.dumps({"script": f"docker pull vllm/vllm-openai\ncurl https://reg/v2 \\\n  -u bob:{SECRET}"}),
+    f'machine h login "bob smith" password {SECRET}', f"machine h login bob port 443 password {SECRET}",
+    f'machine h login "bob smith" password "first-key-9 {SECRET}"', f'curl -u"bob:{SECRET}" x',
+    f"curl -u \\\n  bob:{SECRET}", f"curl --user bob:`{SECRET}`", f"curl -u bob:$ecret{SECRET}",
+    "api_key:\n  - a\n" + "\n" * 9 + f"  - {SECRET}\n", f"api_key:\n  -   \n  - {SECRET}\n",
+    f"api_key:\n  - ab\n  -\n  - {SECRET}\n",
     str(subprocess.CalledProcessError(22, ["curl", "-sf", "-u", f"bob:{SECRET}", "https://x"])),
 ])
 def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) -> None:
@@ -158,7 +169,9 @@ def test_a_user_flags_password_goes_from_a_command_line_kept_as_a_list() -> None
     r = Redactor()
     for argv in (["sudo", "-E", "env", "A=1", "B=2", "timeout", "30", "nice", "curl", "-u", f"bob:{SECRET}"],
                  ["curl", f"-ubob:{SECRET}"], ["vllm", "serve", "m", "--api-key=first-key-9", SECRET, "--port", "1"],
-                 ["docker", "exec", "c", "curl", "-u", f"bob:{SECRET}"]):
+                 ["docker", "exec", "c", "curl", "-u", f"bob:{SECRET}"],
+                 ["curl", "http://registry:5000/v2/library/docker", "-u", f"bob:{SECRET}"],
+                 ["curl", "-d", "docker", "-u", f"bob:{SECRET}"]):
         out = r.argv(argv)
         assert SECRET not in str(out) and "first-key-9" not in str(out), out
     argv = ["curl", "-u", f"bob:{SECRET}", f"--user=al:{SECRET}", "python", "-u", "--api-key", SECRET, "-u", "x.py"]
@@ -261,6 +274,7 @@ ORDINARY = [
     "requests_with_new_token = [r for r in batch if r.has_new_token]",
     "by default the password is hashed", "docker run --user 1000:1000 img -- and curl later",
     '--user "$(id -u):$(id -g)" -e HOME=/tmp', "curl -u bob:$PASSWORD https://x",
+    "date -u +%H:%M:%S", "rsync -u bob@host:/srv/models", "gunicorn -u vllm:vllm app", "crontab -u vllm:vllm f",
 ]
 
 
@@ -300,7 +314,9 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "user-flags": fit("-u a:-u a:"),
             "curl-user-flags": fit("curl -ua:-u"),
             "glued-user-flags": fit("-ua: "),
-            "docker-then-user-flags": "docker " + fit("-u a:b "),
+            "docker-then-user-flags": "docker run " + fit("-u a:b "),
+            "blank-list": "api_key: [" + fit(" "),
+            "escaped-breaks-and-flags": fit("docker run \\\\n-u a:b "),
             "nested-lists": fit("api_key: [[a],"),
             "yaml-block": fit("api_key:\\n - a"),
             "netrc-default": fit("default "),
