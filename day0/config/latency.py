@@ -32,6 +32,12 @@ Length = Union[Annotated[int, Field(ge=1)],
                Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=2, max_length=2)]]
 
 
+def limit_at(key: str) -> tuple[str, float] | None:
+    """(metric, percentile) of a limit key (``ttft_p99_9_ms`` -> ("ttft", 99.9)), or None."""
+    m = LIMIT_KEY.match(key)
+    return (m.group(1), float(m.group(2).replace("_", "."))) if m else None
+
+
 class _Table(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -313,12 +319,12 @@ class SlaSection(_Table):
     @classmethod
     def _limit_keys(cls, value: dict[str, float]) -> dict[str, float]:
         for key in value:
-            m = LIMIT_KEY.match(key)
-            if not m:
+            at = limit_at(key)
+            if at is None:
                 raise ValueError(f"{key}: not a '{LIMIT_FORM}' limit")
             # p0/p100: the sample's extremes, which no sample bounds; as the fraction the bounds use
             # (p0_000...1 with 322 zeros is 0 once divided by 100)
-            if not 0 < float(m.group(2).replace("_", ".")) / 100.0 < 1:
+            if not 0 < at[1] / 100.0 < 1:
                 raise ValueError(f"{key}: the percentile must lie strictly between 0 and 100")
         return value
 
@@ -328,12 +334,7 @@ class SlaSection(_Table):
         digits past a float's precision: ``ttft_p99_9000000000000001_ms`` is p99.9's float) would be
         one check id with one of the limits silently dropped: refused, naming both."""
         seen: dict[tuple[str, float], str] = {}
-        keys = [f"{m}_p99_ms" for m in LIMIT_METRICS if getattr(self, f"{m}_p99_ms") is not None]
-        for key in [*keys, *self.limits]:
-            m = LIMIT_KEY.match(key)
-            if m is None:
-                continue
-            at = (m.group(1), float(m.group(2).replace("_", ".")))
+        for key, at, _ in self._limits_set():
             if at in seen:
                 raise ValueError(f"{seen[at]} and {key}: the same percentile of {at[0]} ({at[1]!r}); keep one")
             seen[at] = key
@@ -349,14 +350,15 @@ class SlaSection(_Table):
 
     def latency_limits(self) -> list[tuple[str, float, float]]:
         """(metric, percentile, limit ms) for every latency limit set, in a stable order."""
-        out: dict[tuple[str, float], float] = {}
-        items = [(f"{m}_p99_ms", getattr(self, f"{m}_p99_ms")) for m in LIMIT_METRICS] + list(self.limits.items())
-        for key, val in items:
-            m = LIMIT_KEY.match(key)
-            if val is not None and m is not None:
-                out[(m.group(1), float(m.group(2).replace("_", ".")))] = float(val)
+        out = {at: float(val) for _, at, val in self._limits_set()}
         order = sorted(out.items(), key=lambda kv: (LIMIT_METRICS.index(kv[0][0]), kv[0][1]))
         return [(m, p, v) for (m, p), v in order]
+
+    def _limits_set(self) -> list[tuple[str, tuple[str, float], float]]:
+        """(key, (metric, percentile), limit) of every latency limit set: the ``*_p99_ms`` fields,
+        then ``limits``, in that order."""
+        items = [(f"{m}_p99_ms", getattr(self, f"{m}_p99_ms")) for m in LIMIT_METRICS] + list(self.limits.items())
+        return [(key, at, val) for key, val in items if val is not None and (at := limit_at(key)) is not None]
 
     def requests_to_bound(self) -> int:
         """The fewest requests whose sample can bound every limited percentile from above at
