@@ -13,6 +13,7 @@ does not depend on how the answer is delivered.
 from __future__ import annotations
 
 import json
+import reprlib
 import time
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
@@ -213,16 +214,16 @@ def read_worker(i: int, res: dict[str, Any]) -> tuple[int, int, dict[int, tuple[
     counts, tokens, said = res["counts"], res.get("tokens"), res.get("skipped") or []
     for key, value in (("counts", counts), ("tokens", tokens)):
         if not isinstance(value, dict):
-            raise ViewMissing(f"{where}: {key} is {_shown(value)}, not an object of layers")
+            raise ViewMissing(f"{where}: {key} is {reprlib.repr(value)}, not an object of layers")
     if not isinstance(said, list):
-        raise ViewMissing(f"{where}: skipped is {_shown(said)}, not a list")
+        raise ViewMissing(f"{where}: skipped is {reprlib.repr(said)}, not a list")
     dp, tp = (_count(res.get(k, 0), f"{where}: {k}") for k in ("dp_rank", "tp_rank"))
     layers: dict[int, tuple[list[int], int]] = {}
     for key, row in counts.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise ViewMissing(f"{where}: counts key {_shown(key)} is not a layer number")
+            raise ViewMissing(f"{where}: counts key {reprlib.repr(key)} is not a layer number")
         if not isinstance(row, list):
-            raise ViewMissing(f"{where}: counts[{key}] is {_shown(row)}, not a list of counts")
+            raise ViewMissing(f"{where}: counts[{key}] is {reprlib.repr(row)}, not a list of counts")
         layers[int(key)] = ([_count(c, f"{where}: counts[{key}][{e}]") for e, c in enumerate(row)],
                             _count(tokens.get(key), f"{where}: tokens[{key}]"))
     return dp, tp, layers, [str(s) for s in said]
@@ -231,13 +232,8 @@ def read_worker(i: int, res: dict[str, Any]) -> tuple[int, int, dict[int, tuple[
 def _count(value: Any, field_name: str) -> int:
     n = token_count(value)
     if n is None:
-        raise ViewMissing(f"{field_name} is {'missing' if value is None else _shown(value)}, not a count")
+        raise ViewMissing(f"{field_name} is {'missing' if value is None else reprlib.repr(value)}, not a count")
     return n
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:39] + "…"
 
 
 @dataclass
