@@ -252,13 +252,14 @@ def as_flag(exc: SettingsError) -> SettingsError:
     Only the settings key is split off: what follows it is the user's own text, kept verbatim (a
     limit's key ``ttft_p99.9_ms`` came out as ``ttft_p99 9_ms`` when the whole path was split on dots)."""
     key, sep, why = str(exc).partition(": ")
-    known = [k for k in key_flags() if key == k or key.startswith(k + ".")]
+    flags = key_flags()
+    known = [k for k in flags if key == k or key.startswith(k + ".")]
     if not known or not sep:
         return exc
     prefix = max(known, key=len)
     rest = key[len(prefix) + 1:]
     where = f" (item {int(rest) + 1})" if rest.isdigit() else f" {rest}" if rest else ""
-    return SettingsError(f"{key_flags()[prefix]}{where}: {why}")
+    return SettingsError(f"{flags[prefix]}{where}: {why}")
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[LatencySection, SlaSection]:
