@@ -280,7 +280,7 @@ class Redactor:
             text = self._wrapped.sub(REDACTED, text)
         for pattern in _SHAPES:
             text = pattern.sub(_redact_value, text)
-        return _USER_FLAG.sub(_UserFlags(text), text) if "-" in text else text
+        return _USER_FLAG.sub(_UserFlags(), text) if "-" in text else text
 
     def argv(self, argv: Iterable[str]) -> list[str]:
         """A command line for a log: the value after a secret flag goes (every word up to the next
@@ -337,25 +337,30 @@ def _hidden(flag: str, value: str) -> str:
 
 class _UserFlags:
     """:data:`_USER_FLAG`'s replacement, for one text: the places of the commands that decide
-    (:data:`_USER_TOOLS`) and the line starts are found once (bisect per match), so a line of a
-    million ``-u a:`` costs one scan, not one scan back to its start per flag."""
+    (:data:`_USER_TOOLS`) and the line starts are found once, at the text's first user flag, and
+    bisected per match, so a line of a million ``-u a:`` costs one scan, not one scan back to its
+    start per flag, and a text without a user flag (nearly every one) costs no scan at all."""
 
-    def __init__(self, text: str) -> None:
-        found = [(m.start(), not m.group().lower().startswith("curl")) for m in _USER_TOOLS.finditer(text)]
-        self.tools = [at for at, _ in found]
-        self.container = [is_container for _, is_container in found]
-        self.lines = [m.start() for m in _LINE_BREAK.finditer(text)] if found else []
+    def __init__(self) -> None:
+        self.tools: list[int] | None = None
+        self.container: list[bool] = []
+        self.lines: list[int] = []
 
     def __call__(self, m: re.Match[str]) -> str:
         user, value = m.group("user"), m.group("value")
-        if _not_a_password(user, value) or self._after_tool(m.start()):
+        if _not_a_password(user, value) or self._after_tool(m.string, m.start()):
             return m.group()
         if not value:  # -u KEY: (an empty password): the user is the secret
             return _replaced(m, "user") if len(user) >= MIN_SECRET_LEN else m.group()
         return _replaced(m, "value")
 
-    def _after_tool(self, at: int) -> bool:
+    def _after_tool(self, text: str, at: int) -> bool:
         """Whether the nearest deciding command before ``at`` on its line is a container tool."""
+        if self.tools is None:
+            found = [(t.start(), not t.group().lower().startswith("curl")) for t in _USER_TOOLS.finditer(text)]
+            self.tools = [pos for pos, _ in found]
+            self.container = [is_container for _, is_container in found]
+            self.lines = [b.start() for b in _LINE_BREAK.finditer(text)] if found else []
         i = bisect.bisect_left(self.tools, at) - 1
         if i < 0 or not self.container[i]:
             return False
