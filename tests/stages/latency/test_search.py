@@ -286,8 +286,10 @@ def test_each_search_point_and_sweep_step_draws_its_own_arrivals_and_a_seed_repe
     have), not the seed's one draw rescaled, which put one burst at the same request of every point
     so that it decided them all; and the seed and the point's number give the same schedule again."""
     settings = LatencySection(num_requests=4, warmup_requests=0, input_len=8, output_len=4, workers=1, seed=3,
-                              server_metrics=False, sweep_rates=[150.0, 200.0], sweep_requests=40,
-                              search=CapacitySearch(start_rate=100.0, requests=40, probe_requests=0, max_points=3,
+                              server_metrics=False, sweep_rates=[30.0, 40.0], sweep_requests=40,
+                              # rates whose arrival gaps (25-50 ms) a busy CI box's client lag stays under:
+                              # at 150 req/s (6.7 ms) a lagged step ended the sweep after one step, once
+                              search=CapacitySearch(start_rate=20.0, requests=40, probe_requests=0, max_points=3,
                                                     saturation_requests=0))
     with SSEServer(Script(ttft_ms=[1.0], gaps_ms=[1.0])) as srv:
         run = run_latency(srv.url, "scripted", 300, settings, SlaSection.from_table({"ttft_p90_ms": 5000.0}))
