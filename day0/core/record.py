@@ -151,15 +151,17 @@ def measured(
 ) -> Check:
     """A check whose status follows from comparing value with limit in the given direction.
 
-    NaN against a limit (a mean of nothing, in any direction), an infinity against an ``exact`` one (a
-    count is never infinite) or on the good side of an ordered one (a throughput divided by a zero
-    time) is ``error``: nothing was measured, so it can neither pass nor reject the deployment. An
-    infinity on the bad side of a min/max limit is a true miss and fails: a KL divergence where the
-    deployment gives zero probability to the reference's token, a cost per token at zero throughput."""
+    NaN (a mean of nothing, in any direction), an infinity in an ``exact`` direction (a count is never
+    infinite) or on the good side of an ordered one (a throughput divided by a zero time) is ``error``:
+    nothing was measured, so it can neither pass nor reject the deployment. That holds without a limit
+    too: a recorded figure that cannot be true is not a "pass: measured nan". An infinity on the bad
+    side of a min/max direction is a true figure, and against a limit a true miss that fails: a KL
+    divergence where the deployment gives zero probability to the reference's token, a cost per token
+    at zero throughput."""
     ok = judge(value, limit, direction)
     status: Status = "pass" if ok else "fail"
     bad_side = math.inf if direction == "lower_is_better" else -math.inf if direction == "higher_is_better" else None
-    if limit is not None and not_finite(value) and value != bad_side:
+    if not_finite(value) and value != bad_side:
         status = "error"
         message = f"not a finite measurement: {_default_message(value, limit, unit, direction, None)}" + (
             f"; {message}" if message else "")

@@ -60,7 +60,9 @@ def test_a_figure_that_is_not_a_finite_number_is_an_error_that_the_record_keeps(
     c = measured("latency.x", "x", value, 20.0, unit="tok/s", direction=direction)
     assert c.status == "error" and c.message.startswith("not a finite measurement: ") and "20 tok/s" in c.message
     assert measured("latency.y", "y", np.float32(value), 20.0, direction=direction).status == "error"
-    assert measured("latency.z", "z", value).status == "pass"  # no limit: a recorded figure, nothing judged
+    # no limit: a recorded figure, nothing to judge, but not one that cannot be true ("pass: measured nan")
+    free = measured("latency.z", "z", value, direction=direction)
+    assert free.status == "error" and free.message.startswith("not a finite measurement: measured ")
     log = EventLog(tmp_path / "events.jsonl")
     log.run_started("r1", {}, {}, ["latency"])
     log.check("latency", c)
@@ -76,6 +78,7 @@ def test_an_infinity_on_the_bad_side_of_its_limit_is_a_true_miss(tmp_path, value
     at zero throughput: infinite, and measured. A fail, which the record keeps (written as null)."""
     c = measured("risks.accuracy.mean_kl", "KL", value, 0.1, direction=direction)
     assert c.status == "fail" and "misses the limit" in c.message
+    assert measured("risks.accuracy.mean_kl", "KL", value, direction=direction).status == "pass"  # no limit: true
     log = EventLog(tmp_path / "events.jsonl")
     log.run_started("r1", {}, {}, ["risks"])
     log.check("risks", c)
