@@ -274,9 +274,9 @@ def first_screen(record: RunRecord, run_file: Path | None = None, history: Path 
     """The first screen's data, worked out once per record (the page and the terminal lines share it).
     With ``run_file``, earlier runs in the history (``history``, else the default beside it) give the
     headline figures their trends. A glob no check id could be is one line naming the file and key."""
-    past = trends.history_runs(record, run_file, root=history) if run_file else ()
+    past, unloaded = trends.history_runs(record, run_file, root=history) if run_file else ((), [])
     try:
-        return summary.summarize(record, past, trends.baseline_run_id(record))
+        return summary.summarize(record, past, trends.baseline_run_id(record), unloaded)
     except ValueError as exc:  # a figure's or a required glob past day0.core.globs.MAX_GLOB
         raise ReportError(f"{run_file or 'run record'}: {exc}") from None
 

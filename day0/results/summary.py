@@ -330,16 +330,18 @@ class Summary:
     trend_notes: list[str] = field(default_factory=list)  # history runs passed over for the trends, and why
 
 
-def summarize(record: RunRecord, history: Iterable[RunRecord] = (), baseline_run_id: str = "") -> Summary:
+def summarize(record: RunRecord, history: Iterable[RunRecord] = (), baseline_run_id: str = "",
+              unloaded: Sequence[str] = ()) -> Summary:
     """The first screen's data. ``history`` is earlier runs of the same profile and machine
-    (oldest first); each headline then carries its values over those runs and this one."""
+    (oldest first); each headline then carries its values over those runs and this one.
+    ``unloaded``: the history entries that did not load, named, noted before the trends' own."""
     index = CheckIndex(record.checks())
     heads = headlines(record, index)
     past = [r for r in history if r.run_id != record.run_id]
     notes = add_trends(heads, [*past, record], baseline_run_id, {h.key: h.value for h in heads}) if past else []
     return Summary(record.verdict, verdict_line(record), record.reason, adaptation(record), heads,
                    failed(record), unverified(record, index), required_checks(record.profile),
-                   len(past) + 1 - len(notes) if past else 0, baseline_run_id, notes)
+                   len(past) + 1 - len(notes) if past else 0, baseline_run_id, [*unloaded, *notes])
 
 
 def add_trends(heads: list[Headline], runs: Sequence[RunRecord], baseline_run_id: str = "",

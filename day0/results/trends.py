@@ -34,16 +34,20 @@ def baseline_run_id(record: RunRecord) -> str:
     return ""
 
 
-def history_runs(record: RunRecord, run_file: Path, n: int = TREND_RUNS, root: Path | None = None) -> list[RunRecord]:
+def history_runs(record: RunRecord, run_file: Path, n: int = TREND_RUNS,
+                 root: Path | None = None) -> tuple[list[RunRecord], list[str]]:
     """Earlier stored runs of this profile and machine, oldest first (this run excluded), from
     ``root`` (the local profile's history, which the run passes) or else the default beside the
-    run folders; never a folder the record names. None there means no trend."""
+    run folders; never a folder the record names. None there means no trend. Beside them, the
+    entries that did not load, named: a trend with a run missing says why, as the nightly does."""
+    skipped: list[str] = []
     try:
         root = root if root is not None else default_root(run_file)
-        return [r for _, r in recent(folder_for(root, record), n - 1, exclude_run_id=record.run_id,
-                                       before=record.started_at)]
+        found = recent(folder_for(root, record), n - 1, exclude_run_id=record.run_id, skipped=skipped,
+                       before=record.started_at)
     except (OSError, HistoryError):
-        return []
+        return [], skipped
+    return [r for _, r in found], skipped
 
 
 def sparkline(h: Headline) -> str:

@@ -253,4 +253,12 @@ def test_a_bad_history_entry_never_blocks_a_later_runs_report(tmp_path, capsys):
     new = _record("run-new")
     src = rf.write(new, out / new.run_id)
     assert report_cli(["report", str(src.parent)]) == 0
-    assert (src.parent / "report.html").is_file() and "day0 verdict" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert (src.parent / "report.html").is_file() and "day0 verdict" in out_text
+    # passed over, not silently: the terminal and the first screen name the entry and why (a trend
+    # drawn without it would otherwise read as the whole history)
+    entry = history.entry_name(1, old)
+    note = next(ln for ln in out_text.splitlines() if ln.startswith("note: history entry skipped: "))
+    assert entry in note and "check pattern" in note
+    html = (src.parent / "report.html").read_text()
+    assert 'class="muted trend-note">Trends: history entry skipped: ' in html and entry in html

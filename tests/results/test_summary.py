@@ -169,8 +169,8 @@ def test_trends_read_the_history_folder_beside_the_run(tmp_path) -> None:
         history.store(rf.write(rec, out / rec.run_id), history.folder_for(history.history_root(rec.profile, out), rec))
     now = full_record(run_id="run-now")
     src = rf.write(now, out / now.run_id)
-    assert [r.run_id for r in trends.history_runs(now, src)] == ["run-0", "run-1", "run-2"]
-    assert trends.history_runs(now, tmp_path / "elsewhere" / "x" / "run.json") == []
+    assert [r.run_id for r in trends.history_runs(now, src)[0]] == ["run-0", "run-1", "run-2"]
+    assert trends.history_runs(now, tmp_path / "elsewhere" / "x" / "run.json") == ([], [])
 
 
 @pytest.mark.parametrize("make", [rf.accepted, rf.rejected, rf.incomplete, rf.blocked_stages])
