@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from day0.model import archs  # noqa: E402
+from day0.model import arch_tensors  # noqa: E402
 from day0.model.safetensors_header import DTYPE_BITS  # noqa: E402
 from day0.stages.weights import audit  # noqa: E402
 
@@ -60,7 +60,7 @@ def moe_config(target_tensors: int) -> dict:
 def synthesize(root: Path, shards: int, tensors: int) -> tuple[Path, int]:
     """Write config.json, the index and ``shards`` valid safetensors files (sparse data)."""
     cfg = moe_config(tensors)
-    shapes = archs.expected_tensors(cfg)
+    shapes = arch_tensors.expected_tensors(cfg)
     names = list(shapes)
     bounds = [len(names) * k // shards for k in range(shards + 1)]  # even split, no empty shard
     weight_map: dict[str, str] = {}

@@ -133,7 +133,7 @@ def _cmd_record_rebuild(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0: fits, no lint error; 1: a finding (does not fit, lint error, no layout priced); 2: unusable input."""
-    from day0.model import archs
+    from day0.model import arch_tensors, archs
     from day0.model.config import ConfigInvalid
     from day0.model.plan import format_table, parse_what_if
     from day0.model.sizing import plan_arguments
@@ -150,7 +150,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 2
     try:
         config, source = model_config(profile)
-        archs.check_config(config)  # every key the plan needs: unusable input, not "no plan" (exit 1)
+        arch_tensors.check_config(config)  # every key the plan needs: unusable input, not "no plan" (exit 1)
         result = preflight(profile, what_if, stages=load().stages)
     except (ConfigUnavailable, ConfigInvalid) as exc:
         term.print(f"day0: {exc}", err=True)

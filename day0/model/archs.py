@@ -1,21 +1,15 @@
-"""Tensor shapes a Hugging Face checkpoint must hold, derived from its ``config.json`` alone.
+"""What a Hugging Face ``config.json`` says about the model vLLM builds from it, read strictly.
 
-Why: the weights stage needs to know what a *complete* checkpoint looks like before it opens a
-single shard, and the memory plan needs an exact parameter count for models far too large to
-instantiate (a 2.8T MoE). Both come from the same per-architecture tensor list, so the count
-and the shard check can never disagree.
-
-Shapes follow ``torch.nn.Linear`` (``[out_features, in_features]``) and the HF tensor names of
-the unquantized checkpoint. DeepSeek multi-token-prediction (MTP) layers
-(``num_nextn_predict_layers``) are *not* part of the model vLLM serves for plain decoding; they
-are left out of :func:`expected_tensors` and :func:`parameter_count` unless ``include_mtp=True``
-(DeepSeek-V3 is "671B" without its 14B MTP module, "685B" with it).
+Why: the plan, the lint and the weights and experts stages size a model from its config.json
+alone, before a weight is read; asking one module for its architecture, layers, heads, experts,
+KV bytes per token and context length means every one of them reads each key the same way. The
+tensor list those values imply (shard check, parameter count) is :mod:`day0.model.arch_tensors`.
 
 A key config.json leaves out takes the default vLLM ends up with for that architecture
 (:mod:`day0.model.arch_defaults`: transformers' config class, or vLLM's ``getattr``), never one
 of day0's own; an explicit ``null`` is read as "not set", as transformers keeps it ``None``.
 
-Every value is read strictly (:func:`check_types`, :func:`check_config`): config.json comes from
+Every value is read strictly (:func:`get`, :func:`check_types`): config.json comes from
 anywhere, and ``int("256")`` or ``bool("false")`` would quietly describe a model that is not the
 one vLLM loads. Counts are bounded, because a loop per layer or per expert over ``1e9`` of them
 would exhaust memory before it said anything.
@@ -27,11 +21,9 @@ import json
 import math
 import reprlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from day0.model import arch_defaults
-
-Shapes = dict[str, tuple[int, ...]]
 
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 MIXTRAL = ("MixtralForCausalLM",)
@@ -55,13 +47,12 @@ _MODEL_TYPES = {
 
 EXAMPLES_DIR = Path(__file__).parent / "archconfigs"
 
-# Bounds far beyond any served model (DeepSeek-V3: 61 layers, 256 experts, ~92k tensors; day0's
+# Bounds far beyond any served model (DeepSeek-V3: 61 layers, 256 experts; day0's
 # synthetic 2.8T: 112 layers, 512 experts) and far below what would exhaust memory or time.
 MAX_LAYERS = 100_000
 MAX_EXPERTS = 65_536
 MAX_DIM = 1 << 31  # hidden sizes, vocabularies, head counts
 MAX_LEN = 10**31  # positions (tokenizers write 1e30 for "no limit")
-MAX_TENSORS = 1_000_000  # tensors config.json may imply before day0 lists them one by one
 
 
 class ConfigError(ValueError):
@@ -111,7 +102,7 @@ def _architecture_names(config: Any) -> list[str]:
         archs = [archs]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ConfigError("architectures", f"expected a list of model class names, got {describe_value(archs)}")
-    _get(config, "model_type", None)
+    get(config, "model_type", None)
     return archs
 
 
@@ -125,88 +116,71 @@ def is_moe(config: dict[str, Any]) -> bool:
     if arch in MIXTRAL:
         return True
     if arch in QWEN_MOE:
-        return _get(config, "num_experts") > 0
+        return get(config, "num_experts") > 0
     if arch in DEEPSEEK:
-        return _get(config, "n_routed_experts", 0) > 0
+        return get(config, "n_routed_experts", 0) > 0
     return False
 
 
 def num_layers(config: dict[str, Any]) -> int:
-    return _get(config, "num_hidden_layers")
+    return get(config, "num_hidden_layers")
 
 
 def num_attention_heads(config: dict[str, Any]) -> int:
-    return _get(config, "num_attention_heads")
+    return get(config, "num_attention_heads")
 
 
 def num_kv_heads(config: dict[str, Any]) -> int:
     """KV heads as vLLM counts them (MLA: the latent is shared, but vLLM reports the attention heads)."""
-    value = _get(config, "num_key_value_heads", None)
+    value = get(config, "num_key_value_heads", None)
     return value if value is not None else num_attention_heads(config)
 
 
 def head_dim(config: dict[str, Any]) -> int:
-    value = _get(config, "head_dim", None)
+    value = get(config, "head_dim", None)
     if value:
         return value
-    return _get(config, "hidden_size") // num_attention_heads(config)
+    return get(config, "hidden_size") // num_attention_heads(config)
 
 
 def num_mtp_layers(config: dict[str, Any]) -> int:
-    return _get(config, "num_nextn_predict_layers", 0) if architecture(config) in DEEPSEEK else 0
+    return get(config, "num_nextn_predict_layers", 0) if architecture(config) in DEEPSEEK else 0
 
 
-# --------------------------------------------------------------------------- public API
+def routed_experts(config: dict[str, Any]) -> int:
+    """Routed experts per MoE layer (0 for dense models); shared experts are not routed."""
+    arch = architecture(config)
+    if arch in MIXTRAL:
+        return get(config, "num_local_experts")
+    if arch in QWEN_MOE:
+        return get(config, "num_experts", 0)
+    if arch in DEEPSEEK:
+        return get(config, "n_routed_experts", 0)
+    return 0
 
 
-def expected_tensors(config: dict[str, Any], *, include_mtp: bool = False) -> Shapes:
-    """Every tensor name of the unquantized HF checkpoint mapped to its shape.
+def shared_experts(config: dict[str, Any]) -> int:
+    """Shared experts per MoE layer (every token passes them; they are never routed nor EP-split).
 
-    ``include_mtp`` adds DeepSeek's multi-token-prediction layers (``model.layers.{L..}``), which
-    the published checkpoints ship but vLLM only loads for speculative decoding.
+    DeepSeek fuses ``n_shared_experts`` into one MLP of ``n x moe_intermediate_size``; Qwen MoE has
+    one ``shared_expert`` when ``shared_expert_intermediate_size`` > 0; Mixtral has none.
     """
-    arch = check_config(config)
-    builder = _BUILDERS[arch]
-    sparse = _sparse_rule(config, arch)
-    out: Shapes = {}
-    hidden = _get(config, "hidden_size")
-    vocab = _get(config, "vocab_size")
-    out["model.embed_tokens.weight"] = (vocab, hidden)
-    for i in range(num_layers(config)):
-        builder(config, f"model.layers.{i}.", out, sparse(i))
-    out["model.norm.weight"] = (hidden,)
-    if not _get(config, "tie_word_embeddings", False):
-        out["lm_head.weight"] = (vocab, hidden)
-    if include_mtp:
-        for j in range(num_mtp_layers(config)):
-            i = num_layers(config) + j
-            p = f"model.layers.{i}."
-            out[p + "embed_tokens.weight"] = (vocab, hidden)
-            out[p + "enorm.weight"] = (hidden,)
-            out[p + "hnorm.weight"] = (hidden,)
-            out[p + "eh_proj.weight"] = (hidden, 2 * hidden)
-            builder(config, p, out, sparse(i))
-            out[p + "shared_head.norm.weight"] = (hidden,)
-            out[p + "shared_head.head.weight"] = (vocab, hidden)
-    return out
+    arch = architecture(config)
+    if not routed_experts(config):
+        return 0
+    if arch in DEEPSEEK:
+        return get(config, "n_shared_experts", 0)
+    if arch in QWEN_MOE:
+        return 1 if get(config, "shared_expert_intermediate_size", 0) else 0
+    return 0
 
 
-def parameter_count(config: dict[str, Any], *, include_mtp: bool = False) -> int:
-    """Total parameters (all experts counted), MTP layers excluded unless asked for."""
-    return sum(math.prod(s) for s in expected_tensors(config, include_mtp=include_mtp).values())
+def experts_per_token(config: dict[str, Any]) -> int:
+    """Routed experts each token goes through (``num_experts_per_tok``, top-k); 0 for dense models."""
+    return get(config, "num_experts_per_tok", 0) if routed_experts(config) else 0
 
 
-def active_parameter_count(config: dict[str, Any]) -> int:
-    """Parameters touched per token: routed experts counted ``num_experts_per_tok`` times, not all."""
-    total = 0
-    routed = routed_experts(config)
-    per_tok = experts_per_token(config)
-    for name, shape in expected_tensors(config).items():
-        n = math.prod(shape)
-        if routed and ".experts." in name:
-            n = n * per_tok / routed
-        total += n
-    return int(round(total))
+# --------------------------------------------------------------------------- KV cache and context length
 
 
 def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float, tp: int = 1, pp: int = 1) -> int:
@@ -220,7 +194,7 @@ def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float, tp: int = 
         raise ValueError(f"kv_bytes_per_token: tp={tp} and pp={pp} must be >= 1")
     layers = math.ceil(num_layers(config) / pp)
     if is_mla(config):
-        width = _get(config, "kv_lora_rank") + _get(config, "qk_rope_head_dim")
+        width = get(config, "kv_lora_rank") + get(config, "qk_rope_head_dim")
         return int(layers * width * kv_dtype_bytes)
     heads = max(1, num_kv_heads(config) // tp)
     return int(2 * layers * heads * head_dim(config) * kv_dtype_bytes)
@@ -254,9 +228,9 @@ def derived_max_model_len(config: dict[str, Any]) -> tuple[int, str]:
     reads it; 2048 only where no key is set and day0 knows no class (vLLM's own fallback).
     """
     found = [(v, k if k in config else f"{k} (default)") for k in _MAX_LEN_KEYS
-             if (v := _get(config, k, None)) is not None]
+             if (v := get(config, k, None)) is not None]
     if config.get("model_max_length"):
-        length, key = _get(config, "model_max_length"), "model_max_length"
+        length, key = get(config, "model_max_length"), "model_max_length"
     elif found:
         length, key = min(found)
     else:
@@ -311,13 +285,14 @@ def describe_value(value: Any) -> str:
     return f"{reprlib.repr(value)} ({kind})"
 
 
-def _get(config: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+def get(config: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
     """``config[key]`` checked against its kind: integers are integers (not ``"256"``, ``256.0``
     or ``true``) within :data:`_INT_RANGES`, flags are booleans.
 
     An absent key is the architecture's default in :mod:`day0.model.arch_defaults` (what vLLM
     reads through transformers' config class), so every caller sees the same model vLLM builds;
-    ``default`` is what an explicit null (or a class default of None) means to the caller.
+    ``default`` is what an explicit null (or a class default of None) means to the caller. Public
+    so that the tensor list (:mod:`day0.model.arch_tensors`) reads every key exactly this way.
     """
     value = config.get(key)
     if value is None and key in arch_defaults.KEYS and key not in config:
@@ -355,12 +330,12 @@ def _known_architecture(config: dict[str, Any]) -> str | None:
 def check_types(config: Any) -> None:
     """Every key day0 reads that config.json sets has the right type and range (whatever the model).
 
-    Why apart from :func:`check_config`: the weights audit still checks dtypes of a model day0
-    has no tensor list for, but a wrong type there is a finding all the same.
+    Why apart from :func:`day0.model.arch_tensors.check_config`: the weights audit still checks
+    dtypes of a model day0 has no tensor list for, but a wrong type there is a finding all the same.
     """
     _architecture_names(config)
     for key in (*_INT_RANGES, *_BOOL_KEYS, *_STR_KEYS):
-        _get(config, key, None)
+        get(config, key, None)
     only = config.get("mlp_only_layers")
     if only is not None and (not isinstance(only, list) or len(only) > MAX_LAYERS
                              or not all(type(i) is int and 0 <= i < MAX_LAYERS for i in only)):
@@ -374,226 +349,3 @@ def check_types(config: Any) -> None:
     if quant is not None and not isinstance(quant, dict):
         raise ConfigError("quantization_config", f"expected an object, got {describe_value(quant)}")
     derived_max_model_len(config)
-
-
-def tensor_count_bound(config: dict[str, Any]) -> int:
-    """At most how many tensors config.json implies, computed without listing them.
-
-    Per layer: attention <= 10 (q, k, v, o with biases, q/k norms), MLP <= 6, a router with its bias,
-    a shared expert <= 4, 2 norms, 7 for an MTP layer; plus 3 per routed expert.
-    """
-    layers = num_layers(config) + (num_mtp_layers(config) if architecture(config) in DEEPSEEK else 0)
-    return 8 + layers * (32 + 3 * routed_experts(config))
-
-
-def check_config(config: Any) -> str:
-    """The architecture, once every key its tensor list needs is present, typed and in range.
-
-    Raises :class:`ConfigError` naming the key. A dry run builds one layer of each kind (dense and
-    MoE), so a missing key is found without listing every layer, and the implied tensor count is
-    bounded by :data:`MAX_TENSORS` before anything is listed.
-    """
-    check_types(config)
-    arch = architecture(config)
-    layers = num_layers(config)
-    bound = tensor_count_bound(config)
-    if bound > MAX_TENSORS:
-        experts = routed_experts(config)
-        raise ConfigError("num_hidden_layers", f"{layers} layers x {experts} routed experts imply up to {bound} tensors, "
-                                               f"more than day0 lists (at most {MAX_TENSORS})")
-    sparse = _sparse_rule(config, arch)
-    kinds: set[bool] = set()
-    for i in range(layers):  # at most MAX_LAYERS cheap tests; stops once both kinds were built
-        kind = sparse(i)
-        if kind not in kinds:
-            kinds.add(kind)
-            _BUILDERS[arch](config, f"model.layers.{i}.", {}, kind)
-            if len(kinds) == 2:
-                break
-    _get(config, "vocab_size")
-    head_dim(config)
-    num_kv_heads(config)
-    return arch
-
-
-# --------------------------------------------------------------------------- per-architecture layers
-
-
-def _linear(out: Shapes, name: str, out_f: int, in_f: int, bias: bool = False) -> None:
-    out[name + ".weight"] = (out_f, in_f)
-    if bias:
-        out[name + ".bias"] = (out_f,)
-
-
-def _gqa_attention(config: dict[str, Any], p: str, out: Shapes) -> None:
-    arch = architecture(config)
-    hidden = _get(config, "hidden_size")
-    hd = head_dim(config)
-    nh, nkv = num_attention_heads(config), num_kv_heads(config)
-    if arch == "Qwen2ForCausalLM":
-        qkv_bias, o_bias = True, False
-    elif arch == "Qwen2MoeForCausalLM":
-        qkv_bias, o_bias = _get(config, "qkv_bias", True), False
-    else:
-        qkv_bias = o_bias = _get(config, "attention_bias", False)
-    a = p + "self_attn."
-    _linear(out, a + "q_proj", nh * hd, hidden, qkv_bias)
-    _linear(out, a + "k_proj", nkv * hd, hidden, qkv_bias)
-    _linear(out, a + "v_proj", nkv * hd, hidden, qkv_bias)
-    _linear(out, a + "o_proj", hidden, nh * hd, o_bias)
-    if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
-        out[a + "q_norm.weight"] = (hd,)
-        out[a + "k_norm.weight"] = (hd,)
-
-
-def _gated_mlp(out: Shapes, p: str, hidden: int, inter: int, bias: bool = False) -> None:
-    _linear(out, p + "gate_proj", inter, hidden, bias)
-    _linear(out, p + "up_proj", inter, hidden, bias)
-    _linear(out, p + "down_proj", hidden, inter, bias)
-
-
-def _norms(config: dict[str, Any], p: str, out: Shapes) -> None:
-    hidden = _get(config, "hidden_size")
-    out[p + "input_layernorm.weight"] = (hidden,)
-    out[p + "post_attention_layernorm.weight"] = (hidden,)
-
-
-def _llama_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
-    _gqa_attention(config, p, out)
-    hidden = _get(config, "hidden_size")
-    _gated_mlp(out, p + "mlp.", hidden, _get(config, "intermediate_size"), _get(config, "mlp_bias", False))
-    _norms(config, p, out)
-
-
-def _mixtral_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
-    _gqa_attention(config, p, out)
-    hidden = _get(config, "hidden_size")
-    inter = _get(config, "intermediate_size")
-    experts = _get(config, "num_local_experts")
-    m = p + "block_sparse_moe."
-    _linear(out, m + "gate", experts, hidden)
-    for e in range(experts):
-        x = f"{m}experts.{e}."
-        _linear(out, x + "w1", inter, hidden)
-        _linear(out, x + "w2", hidden, inter)
-        _linear(out, x + "w3", inter, hidden)
-    _norms(config, p, out)
-
-
-def _sparse_rule(config: dict[str, Any], arch: str) -> Callable[[int], bool]:
-    """Which layers are MoE layers, as a test on the layer number, the config read once."""
-    if arch in QWEN_MOE:
-        experts = _get(config, "num_experts", 0)
-        step = _get(config, "decoder_sparse_step", 1)
-        dense = frozenset(config.get("mlp_only_layers") or ())
-        return lambda i: experts > 0 and i not in dense and (i + 1) % step == 0
-    if arch in DEEPSEEK:
-        routed = _get(config, "n_routed_experts", 0)
-        first = _get(config, "first_k_dense_replace", 0)
-        freq = _get(config, "moe_layer_freq", 1)
-        return lambda i: routed > 0 and i >= first and i % freq == 0
-    moe = arch in MIXTRAL
-    return lambda i: moe
-
-
-def _qwen_moe_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
-    _gqa_attention(config, p, out)
-    hidden = _get(config, "hidden_size")
-    m = p + "mlp."
-    if not sparse:
-        _gated_mlp(out, m, hidden, _get(config, "intermediate_size"))
-    else:
-        experts = _get(config, "num_experts")
-        inter = _get(config, "moe_intermediate_size")
-        _linear(out, m + "gate", experts, hidden)
-        for e in range(experts):
-            _gated_mlp(out, f"{m}experts.{e}.", hidden, inter)
-        shared = _get(config, "shared_expert_intermediate_size", 0)
-        if shared:
-            _gated_mlp(out, m + "shared_expert.", hidden, shared)
-            _linear(out, m + "shared_expert_gate", 1, hidden)
-    _norms(config, p, out)
-
-
-def _deepseek_layer(config: dict[str, Any], p: str, out: Shapes, sparse: bool) -> None:
-    hidden = _get(config, "hidden_size")
-    nh = num_attention_heads(config)
-    nope, rope = _get(config, "qk_nope_head_dim"), _get(config, "qk_rope_head_dim")
-    v_dim, kv_rank = _get(config, "v_head_dim"), _get(config, "kv_lora_rank")
-    bias = _get(config, "attention_bias", False)
-    a = p + "self_attn."
-    q_rank = _get(config, "q_lora_rank", None)
-    if q_rank is None:
-        _linear(out, a + "q_proj", nh * (nope + rope), hidden)
-    else:
-        _linear(out, a + "q_a_proj", q_rank, hidden, bias)
-        out[a + "q_a_layernorm.weight"] = (q_rank,)
-        _linear(out, a + "q_b_proj", nh * (nope + rope), q_rank)
-    _linear(out, a + "kv_a_proj_with_mqa", kv_rank + rope, hidden, bias)
-    out[a + "kv_a_layernorm.weight"] = (kv_rank,)
-    _linear(out, a + "kv_b_proj", nh * (nope + v_dim), kv_rank)
-    _linear(out, a + "o_proj", hidden, nh * v_dim, bias)
-    m = p + "mlp."
-    if not sparse:
-        _gated_mlp(out, m, hidden, _get(config, "intermediate_size"))
-    else:
-        experts = _get(config, "n_routed_experts")
-        inter = _get(config, "moe_intermediate_size")
-        _linear(out, m + "gate", experts, hidden)
-        if _get(config, "topk_method", None) == "noaux_tc":  # vLLM adds the bias only then
-            out[m + "gate.e_score_correction_bias"] = (experts,)
-        for e in range(experts):
-            _gated_mlp(out, f"{m}experts.{e}.", hidden, inter)
-        shared = _get(config, "n_shared_experts", 0)
-        if shared:
-            _gated_mlp(out, m + "shared_experts.", hidden, inter * shared)
-    _norms(config, p, out)
-
-
-def routed_experts(config: dict[str, Any]) -> int:
-    """Routed experts per MoE layer (0 for dense models); shared experts are not routed."""
-    arch = architecture(config)
-    if arch in MIXTRAL:
-        return _get(config, "num_local_experts")
-    if arch in QWEN_MOE:
-        return _get(config, "num_experts", 0)
-    if arch in DEEPSEEK:
-        return _get(config, "n_routed_experts", 0)
-    return 0
-
-
-def shared_experts(config: dict[str, Any]) -> int:
-    """Shared experts per MoE layer (every token passes them; they are never routed nor EP-split).
-
-    DeepSeek fuses ``n_shared_experts`` into one MLP of ``n x moe_intermediate_size``; Qwen MoE has
-    one ``shared_expert`` when ``shared_expert_intermediate_size`` > 0; Mixtral has none.
-    """
-    arch = architecture(config)
-    if not routed_experts(config):
-        return 0
-    if arch in DEEPSEEK:
-        return _get(config, "n_shared_experts", 0)
-    if arch in QWEN_MOE:
-        return 1 if _get(config, "shared_expert_intermediate_size", 0) else 0
-    return 0
-
-
-def experts_per_token(config: dict[str, Any]) -> int:
-    """Routed experts each token goes through (``num_experts_per_tok``, top-k); 0 for dense models."""
-    return _get(config, "num_experts_per_tok", 0) if routed_experts(config) else 0
-
-
-def moe_layer_count(config: dict[str, Any]) -> int:
-    """Decoder layers whose MLP is a routed MoE (the rest are dense), as the tensor list builds them."""
-    if not routed_experts(config):
-        return 0
-    sparse = _sparse_rule(config, architecture(config))
-    return sum(1 for i in range(num_layers(config)) if sparse(i))
-
-
-_BUILDERS: dict[str, Callable[[dict[str, Any], str, Shapes, bool], None]] = {
-    **{a: _llama_layer for a in LLAMA_LIKE},
-    **{a: _mixtral_layer for a in MIXTRAL},
-    **{a: _qwen_moe_layer for a in QWEN_MOE},
-    **{a: _deepseek_layer for a in DEEPSEEK},
-}

@@ -57,7 +57,7 @@ def model_config(profile: Profile) -> tuple[dict[str, Any], str]:
 def _read(path: Path) -> dict[str, Any]:
     """config.json, read strictly: a regular file, bounded, JSON without repeated keys, and every
     key day0 reads that it sets typed and in range (:func:`day0.model.archs.check_types`; whether
-    the keys a tensor list needs are all there is :func:`day0.model.archs.check_config`'s question)."""
+    the keys a tensor list needs are all there is :func:`day0.model.arch_tensors.check_config`'s question)."""
     if path_problem(path) == "does not exist":
         raise ConfigUnavailable(f"{path}: config.json not found")
     try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from day0.config.topology import MAX_DEVICE_MEMORY_GIB, MAX_DEVICES_PER_NODE, MAX_NODES
-from day0.model import archs
+from day0.model import arch_tensors, archs
 from day0.model.plan_model import MlaKvPlan, MoePlan, Plan, StagePlan
 from day0.model.plan_report import format_table
 from day0.model.quantization import UNQUANTIZED, WeightScheme, weight_scheme
@@ -103,7 +103,7 @@ def plan(
                             device_memory_gib, activation_headroom_gib)
     _check_sizes(max_model_len, block_size, target_context, kv_cache_memory_bytes)
     block_size = int(block_size or 16)
-    arch = archs.check_config(config)
+    arch = arch_tensors.check_config(config)
     layers = archs.num_layers(config)
     if pp > layers:
         raise ValueError(f"pipeline_parallel_size={pp} exceeds num_hidden_layers={layers} in config.json")
@@ -344,7 +344,7 @@ def _moe_plan(config: dict[str, Any], fp: Footprint, req: _Request, tp: int, pp:
     parts = pp_partition(archs.num_layers(config), pp)
     under_tp = max(fp.expert_bytes(tp, a, b) for a, b in parts)
     under_ep = max(fp.expert_bytes(tp, a, b, tp) for a, b in parts) if tp > 1 else under_tp
-    moe_layers = archs.moe_layer_count(config)
+    moe_layers = arch_tensors.moe_layer_count(config)
     routed_params = fp.routed_parameters
     return MoePlan(
         routed_experts=routed, shared_experts=archs.shared_experts(config),

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from day0.model import archs
+from day0.model import arch_tensors, archs
 from day0.model.plan_model import StagePlan
 from day0.model.quantization import WeightScheme, stays_unquantized
 
@@ -156,7 +156,7 @@ def footprint(config: dict[str, Any], scheme: WeightScheme, dtype_bytes: int) ->
     routed = fp.routed
     mla = archs.is_mla(config)
     active_share = archs.experts_per_token(config) / routed if routed else 1.0
-    for name, shape in archs.expected_tensors(config).items():
+    for name, shape in arch_tensors.expected_tensors(config).items():
         count = math.prod(shape)
         fp.parameters += count
         fp.active_parameters += count * active_share if routed and ".experts." in name else count

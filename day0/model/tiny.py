@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from day0.config.tiny import TinySpec
 from day0.core.outputs import cache_root, write_file
-from day0.model import archs
+from day0.model import arch_tensors
 from day0.model.tiny_archs import model_config, weights
 
 BUILDER_VERSION = 3  # 3: a chat template with tool and reasoning sections; <think> and </think> tokens
@@ -95,7 +95,7 @@ MAX_TINY_PARAMS = 1 << 28
 
 def build(spec: TinySpec, out_dir: Path) -> Path:
     """Write tokenizer, config and sharded weights into ``out_dir`` (created if missing)."""
-    params = archs.parameter_count(model_config(spec, vocab_size=spec.vocab_size, bos_token_id=0, eos_token_id=1))
+    params = arch_tensors.parameter_count(model_config(spec, vocab_size=spec.vocab_size, bos_token_id=0, eos_token_id=1))
     if params > MAX_TINY_PARAMS:
         raise ValueError(f"model.tiny: {params:,} parameters ({params * 4 / 2**30:.1f} GiB in float32), past the "
                          f"{MAX_TINY_PARAMS:,} of a model built in memory for a rehearsal on CPU")

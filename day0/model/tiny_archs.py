@@ -2,7 +2,7 @@
 
 One :class:`TinyArch` per architecture in :data:`TINY_ARCHS`. The dense Llama keeps its own weight
 list (its bytes, and so every cached dense model, predate the MoE targets). The MoE targets take
-their tensor list from :func:`day0.model.archs.expected_tensors`, the same list the weights stage
+their tensor list from :func:`day0.model.arch_tensors.expected_tensors`, the same list the weights stage
 audits a checkpoint against, so a builder and an auditor cannot disagree about a name or a shape.
 
 The configs write every key whose default differs between vLLM and transformers, so both serve
@@ -145,7 +145,7 @@ def _listed_weights(spec: TinySpec, config: dict[str, Any]) -> dict[str, Any]:
     the correction bias zero but for a planted one, the rest small normal."""
     import torch
 
-    from day0.model.archs import expected_tensors
+    from day0.model.arch_tensors import expected_tensors
 
     gen = torch.Generator().manual_seed(spec.seed)
     planted = {int(k): v for k, v in spec.router_bias.items()}

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from day0.model import archs
+from day0.model import arch_tensors, archs
 from day0.stages.experts.routed import moe_layers
 
 transformers = pytest.importorskip("transformers")
@@ -50,7 +50,7 @@ _QWEN_MOE = ("num_key_value_heads", "head_dim", "tie_word_embeddings", "num_expe
 _DEEPSEEK = ("num_key_value_heads", "tie_word_embeddings", "attention_bias", "n_routed_experts",
              "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank",
              "topk_method", "num_nextn_predict_layers", "max_position_embeddings")
-# The keys archs.py reads with a default, per architecture (the tensor builders and accessors).
+# The keys archs.py and arch_tensors.py read with a default, per architecture (accessors, tensor builders).
 READ: dict[str, tuple[str, ...]] = {
     "LlamaForCausalLM": _DENSE,
     "MistralForCausalLM": _DENSE,
@@ -73,11 +73,11 @@ NOT_COMPARED = {
 
 
 def _null_defaults() -> dict[str, Any]:
-    """Every key archs.py reads with ``_get(config, "key", default)``, with that default: what an
-    explicit null (or a class default of None) means to day0. One meaning per key."""
-    source = Path(archs.__file__).read_text(encoding="utf-8")
+    """Every key archs.py and arch_tensors.py read with ``get(config, "key", default)``, with that
+    default: what an explicit null (or a class default of None) means to day0. One meaning per key."""
+    source = "".join(Path(module.__file__).read_text(encoding="utf-8") for module in (archs, arch_tensors))
     found: dict[str, Any] = {"max_position_embeddings": None}  # read by derived_max_model_len
-    for key, default in re.findall(r'_get\(config, "(\w+)", ([^()]+?)\)', source):
+    for key, default in re.findall(r'\bget\(config, "(\w+)", ([^()]+?)\)', source):
         try:
             value = ast.literal_eval(default)
         except ValueError:  # a computed default: kept as its text, which no reference equals
@@ -119,7 +119,7 @@ def _day0(arch: str, key: str, inst: Any) -> Any:
         return archs.head_dim(config)
     if key == "max_position_embeddings":
         return archs.derived_max_model_len(config)[0]
-    return archs._get(config, key, NULL[key])
+    return archs.get(config, key, NULL[key])
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=["no-arguments", "other-heads"])
@@ -141,9 +141,9 @@ def _deepseek_v3_without(key: str) -> dict[str, Any]:
 def test_deepseek_v3_without_first_k_dense_replace_plans_layers_3_on_as_moe() -> None:
     """vLLM builds layers 0-2 dense (DeepseekV3Config.first_k_dense_replace = 3, deepseek_v2.py:1293-1296)."""
     config = _deepseek_v3_without("first_k_dense_replace")
-    tensors = archs.expected_tensors(config)
+    tensors = arch_tensors.expected_tensors(config)
     assert moe_layers(tensors) == [3, 4, 5]  # what the experts stage holds the router hook to
-    assert archs.moe_layer_count(config) == 3
+    assert arch_tensors.moe_layer_count(config) == 3
     for i in range(3):
         assert f"model.layers.{i}.mlp.gate_proj.weight" in tensors
         assert f"model.layers.{i}.mlp.gate.weight" not in tensors
@@ -155,9 +155,9 @@ def test_null_is_not_absent() -> None:
     only an absent key takes the class default (1536)."""
     config = archs.example_config("deepseek-v3")
     config.update(num_hidden_layers=4, n_routed_experts=4, num_experts_per_tok=2, q_lora_rank=None)
-    assert "model.layers.0.self_attn.q_proj.weight" in archs.expected_tensors(config)
+    assert "model.layers.0.self_attn.q_proj.weight" in arch_tensors.expected_tensors(config)
     del config["q_lora_rank"]
-    assert archs.expected_tensors(config)["model.layers.0.self_attn.q_a_proj.weight"] == (1536, 7168)
+    assert arch_tensors.expected_tensors(config)["model.layers.0.self_attn.q_a_proj.weight"] == (1536, 7168)
 
 
 def test_unknown_architecture_reads_no_table_default() -> None:

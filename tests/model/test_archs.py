@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.model import archs
+from day0.model import arch_tensors, archs
 
 # Published totals from the model cards (parameters, active parameters where the card gives one).
 PUBLISHED = [
@@ -68,17 +68,17 @@ def within(value: float, published: float, rel: float) -> bool:
 @pytest.mark.parametrize("name,total,active", PUBLISHED)
 def test_parameter_count_matches_model_card(name: str, total: float, active: float | None) -> None:
     config = archs.example_config(name)
-    count = archs.parameter_count(config)
+    count = arch_tensors.parameter_count(config)
     assert within(count, total, 0.01), f"{name}: {count / 1e9:.2f}B vs published {total / 1e9:.1f}B"
     if active:
-        assert within(archs.active_parameter_count(config), active, 0.05)
+        assert within(arch_tensors.active_parameter_count(config), active, 0.05)
 
 
 @pytest.mark.parametrize("config,total,active", OTHERS, ids=lambda x: x["architectures"][0] if isinstance(x, dict) else "")
 def test_other_families_match_model_cards(config: dict, total: float, active: float | None) -> None:
-    assert within(archs.parameter_count(config), total, 0.01)
+    assert within(arch_tensors.parameter_count(config), total, 0.01)
     if active:
-        assert within(archs.active_parameter_count(config), active, 0.05)
+        assert within(arch_tensors.active_parameter_count(config), active, 0.05)
 
 
 @pytest.mark.parametrize("name", sorted(KV_BF16))
@@ -97,7 +97,7 @@ def test_kv_bytes_split_and_replicated() -> None:
 
 
 def test_llama_tensor_names_and_shapes() -> None:
-    t = archs.expected_tensors(archs.example_config("llama-3.1-8b"))
+    t = arch_tensors.expected_tensors(archs.example_config("llama-3.1-8b"))
     assert t["model.embed_tokens.weight"] == (128256, 4096)
     assert t["model.layers.0.self_attn.q_proj.weight"] == (4096, 4096)
     assert t["model.layers.31.self_attn.k_proj.weight"] == (1024, 4096)
@@ -109,21 +109,21 @@ def test_llama_tensor_names_and_shapes() -> None:
 
 def test_tied_embeddings_drop_lm_head() -> None:
     tied = dict(archs.example_config("llama-3.1-8b"), tie_word_embeddings=True)
-    assert "lm_head.weight" not in archs.expected_tensors(tied)
+    assert "lm_head.weight" not in arch_tensors.expected_tensors(tied)
     untied = archs.example_config("llama-3.1-8b")
-    assert archs.parameter_count(untied) - archs.parameter_count(tied) == 128256 * 4096
+    assert arch_tensors.parameter_count(untied) - arch_tensors.parameter_count(tied) == 128256 * 4096
 
 
 def test_qwen2_has_qkv_bias_only() -> None:
-    t = archs.expected_tensors(QWEN2_7B)
+    t = arch_tensors.expected_tensors(QWEN2_7B)
     assert t["model.layers.0.self_attn.q_proj.bias"] == (3584,)
     assert t["model.layers.0.self_attn.k_proj.bias"] == (512,)
     assert "model.layers.0.self_attn.o_proj.bias" not in t
-    assert "lm_head.weight" in t and "lm_head.weight" not in archs.expected_tensors(QWEN25_05B)
+    assert "lm_head.weight" in t and "lm_head.weight" not in arch_tensors.expected_tensors(QWEN25_05B)
 
 
 def test_mixtral_experts_and_router() -> None:
-    t = archs.expected_tensors(archs.example_config("mixtral-8x7b"))
+    t = arch_tensors.expected_tensors(archs.example_config("mixtral-8x7b"))
     assert t["model.layers.0.block_sparse_moe.gate.weight"] == (8, 4096)
     assert t["model.layers.5.block_sparse_moe.experts.7.w1.weight"] == (14336, 4096)
     assert t["model.layers.5.block_sparse_moe.experts.7.w2.weight"] == (4096, 14336)
@@ -131,11 +131,11 @@ def test_mixtral_experts_and_router() -> None:
 
 
 def test_qwen_moe_shared_expert_and_qwen3_norms() -> None:
-    t = archs.expected_tensors(QWEN15_MOE)
+    t = arch_tensors.expected_tensors(QWEN15_MOE)
     assert t["model.layers.0.mlp.shared_expert.gate_proj.weight"] == (5632, 2048)
     assert t["model.layers.0.mlp.shared_expert_gate.weight"] == (1, 2048)
     assert t["model.layers.0.mlp.experts.59.down_proj.weight"] == (2048, 1408)
-    q3 = archs.expected_tensors(QWEN3_30B_A3B)
+    q3 = arch_tensors.expected_tensors(QWEN3_30B_A3B)
     assert q3["model.layers.0.self_attn.q_norm.weight"] == (128,)
     assert q3["model.layers.0.self_attn.q_proj.weight"] == (4096, 2048)  # head_dim x heads != hidden
     assert not any("shared_expert" in k for k in q3)
@@ -143,14 +143,14 @@ def test_qwen_moe_shared_expert_and_qwen3_norms() -> None:
 
 def test_qwen_moe_dense_layers_from_sparse_step() -> None:
     cfg = dict(QWEN15_MOE, decoder_sparse_step=2, mlp_only_layers=[3])
-    t = archs.expected_tensors(cfg)
+    t = arch_tensors.expected_tensors(cfg)
     assert "model.layers.0.mlp.gate_proj.weight" in t  # (0 + 1) % 2 != 0: dense
     assert "model.layers.1.mlp.gate.weight" in t  # sparse
     assert "model.layers.3.mlp.gate_proj.weight" in t  # listed in mlp_only_layers
 
 
 def test_deepseek_v3_mla_dense_and_moe_layers() -> None:
-    t = archs.expected_tensors(archs.example_config("deepseek-v3"))
+    t = arch_tensors.expected_tensors(archs.example_config("deepseek-v3"))
     a = "model.layers.0.self_attn."
     assert t[a + "q_a_proj.weight"] == (1536, 7168)
     assert t[a + "q_a_layernorm.weight"] == (1536,)
@@ -169,7 +169,7 @@ def test_deepseek_v3_mla_dense_and_moe_layers() -> None:
 
 
 def test_deepseek_v2_lite_uses_q_proj_without_q_lora() -> None:
-    t = archs.expected_tensors(DSV2_LITE)
+    t = arch_tensors.expected_tensors(DSV2_LITE)
     assert t["model.layers.0.self_attn.q_proj.weight"] == (16 * 192, 2048)
     assert "model.layers.0.self_attn.q_a_proj.weight" not in t
     assert "model.layers.1.mlp.gate.e_score_correction_bias" not in t  # greedy routing has no bias
@@ -178,17 +178,17 @@ def test_deepseek_v2_lite_uses_q_proj_without_q_lora() -> None:
 
 def test_mtp_layer_is_excluded_unless_asked() -> None:
     ds = archs.example_config("deepseek-v3")
-    with_mtp = archs.expected_tensors(ds, include_mtp=True)
+    with_mtp = arch_tensors.expected_tensors(ds, include_mtp=True)
     assert with_mtp["model.layers.61.eh_proj.weight"] == (7168, 2 * 7168)
     assert with_mtp["model.layers.61.shared_head.head.weight"] == (129280, 7168)
-    assert within(archs.parameter_count(ds, include_mtp=True), 685e9, 0.01)  # the "685B" on the model card
+    assert within(arch_tensors.parameter_count(ds, include_mtp=True), 685e9, 0.01)  # the "685B" on the model card
 
 
 def test_unknown_architecture_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"config.json: architectures: architecture GPT2LMHeadModel is not known to day0; known: .*LlamaForCausalLM"):
-        archs.expected_tensors({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})
+        arch_tensors.expected_tensors({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8})
     with pytest.raises(ValueError, match="config.json: intermediate_size: missing"):
-        archs.parameter_count({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "vocab_size": 8,
+        arch_tensors.parameter_count({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "vocab_size": 8,
                                "num_hidden_layers": 1, "num_attention_heads": 1})
 
 
@@ -239,7 +239,7 @@ def test_llama_count_closed_form(hidden_mult: int, heads: int, kv_div: int, laye
         attn = attn - heads * hd + h  # o_proj bias has hidden_size entries, not heads x head_dim
     per_layer = attn + 3 * h * inter + 2 * h
     expected = vocab * h * (1 if tied else 2) + layers * per_layer + h
-    assert archs.parameter_count(cfg) == expected
+    assert arch_tensors.parameter_count(cfg) == expected
     for tp in (1, 2, 4, 8, 16):
         for pp in (1, 2, 3):
             kvb = archs.kv_bytes_per_token(cfg, 2, tp=tp, pp=pp)
@@ -261,12 +261,12 @@ def test_config_values_are_read_strictly(key: str, value: object, problem: str) 
     """int("256") or bool("false") would describe a model vLLM does not load: refused, naming the key."""
     cfg = {**archs.example_config("llama-3.1-8b"), key: value}
     with pytest.raises(archs.ConfigError, match=problem) as err:
-        archs.check_config(cfg)
+        arch_tensors.check_config(cfg)
     assert err.value.key.split(".")[0] == key and str(err.value).startswith(f"config.json: {err.value.key}: ")
 
 
 def test_implied_tensor_count_is_bounded_before_listing() -> None:
     cfg = {**archs.example_config("mixtral-8x7b"), "num_hidden_layers": 50_000}
-    assert archs.tensor_count_bound(cfg) > archs.MAX_TENSORS
+    assert arch_tensors.tensor_count_bound(cfg) > arch_tensors.MAX_TENSORS
     with pytest.raises(archs.ConfigError, match="tensors"):
-        archs.expected_tensors(cfg)  # refused arithmetically, nothing listed
+        arch_tensors.expected_tensors(cfg)  # refused arithmetically, nothing listed

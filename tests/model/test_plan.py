@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from day0.model import archs
+from day0.model import arch_tensors, archs
 from day0.model import plan as P
 from day0.model.plan_report import plan_checks
 from day0.model.quantization import stays_unquantized, weight_scheme
@@ -27,7 +27,7 @@ def test_llama_8b_one_device_exact_numbers() -> None:
     c = cfg("llama-3.1-8b")
     p = P.plan(c, device_memory_gib=80, max_model_len=32768, gpu_memory_utilization=0.9,
                activation_headroom_gib=1.5, target_concurrency=2)
-    assert p.weight_bytes_total == archs.parameter_count(c) * 2  # bf16, nothing quantized
+    assert p.weight_bytes_total == arch_tensors.parameter_count(c) * 2  # bf16, nothing quantized
     assert p.weight_bytes_per_rank == p.weight_bytes_total  # vocab 128256 is a multiple of 64: no padding
     budget = int(80 * GIB * 0.9)
     pool = budget - p.weight_bytes_total - int(1.5 * GIB)
@@ -78,7 +78,7 @@ def test_max_model_len_minus_one_is_fitted_to_the_kv_pool_as_vllm_does() -> None
 def test_w4a16_group_scales_and_unquantized_tensors() -> None:
     c = cfg("llama-3.1-8b")
     p = P.plan(c, quantization="w4a16", device_memory_gib=80)
-    t = archs.expected_tensors(c)
+    t = arch_tensors.expected_tensors(c)
     quantized = sum(math.prod(s) for n, s in t.items() if not stays_unquantized(n, s))
     kept = sum(math.prod(s) for n, s in t.items() if stays_unquantized(n, s))
     # every linear input dim here is a multiple of 128: 4 bits + one bf16 scale per 128 weights
@@ -88,7 +88,7 @@ def test_w4a16_group_scales_and_unquantized_tensors() -> None:
 
 def test_moe_router_stays_unquantized_and_experts_quantize() -> None:
     c = cfg("mixtral-8x7b")
-    t = archs.expected_tensors(c)
+    t = arch_tensors.expected_tensors(c)
     assert stays_unquantized("model.layers.0.block_sparse_moe.gate.weight", t["model.layers.0.block_sparse_moe.gate.weight"])
     assert not stays_unquantized("model.layers.0.block_sparse_moe.experts.0.w1.weight", (14336, 4096))
     p16 = P.plan(c, device_memory_gib=80)

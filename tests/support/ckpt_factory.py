@@ -3,8 +3,8 @@
 Why a factory: every audit failure mode (missing shard, truncation, a tensor in the wrong shard,
 a wrong dtype...) must be reproduced on genuine files written by the ``safetensors`` library,
 so the audit is tested against the format as it exists, not against our idea of it. The tensor
-lists here are written out by hand, independently of ``day0.model.archs``, so the tests also catch an
-archs.py that disagrees with the Hugging Face layout.
+lists here are written out by hand, independently of ``day0.model.arch_tensors``, so the tests also
+catch an arch_tensors.py that disagrees with the Hugging Face layout.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from day0.config.experts import ExpertsSection
 from day0.config.profile import Profile
 from day0.core.record import Check
 from day0.engine import local_model_dir
-from day0.model import archs
+from day0.model import arch_tensors, archs
 from day0.model.config import ConfigUnavailable, model_config
 from day0.model.ranks import ep_size_of
 from day0.stages.experts.checks import agreement_check, agreement_skipped, load_checks, unmeasured
@@ -72,7 +72,7 @@ def target_of(profile: Profile) -> Target | None:
     except ConfigUnavailable:
         return None
     e = archs.routed_experts(config)
-    layers = tuple(moe_layers(archs.expected_tensors(config)))
+    layers = tuple(moe_layers(arch_tensors.expected_tensors(config)))
     placement, eplb = placement_of(profile.engine.args, e)
     return Target(e, archs.experts_per_token(config), layers or None, placement, eplb)
 

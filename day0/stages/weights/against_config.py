@@ -51,7 +51,7 @@ def check_against_config(a: AuditRun) -> None:
         for cat in _LATER:
             a.skip(cat, f"not checked: {CONFIG_NAME} unusable")
         return
-    from day0.model import archs  # lazy: the audit's file checks must work even if archs breaks
+    from day0.model import arch_tensors, archs  # lazy: the audit's file checks must work even if these break
 
     try:
         archs.check_types(config)
@@ -77,7 +77,7 @@ def check_against_config(a: AuditRun) -> None:
             for cat in _LATER:
                 a.skip(cat, msg)
             return
-    expected, optional = _expected_tensors(a, config, archs, arch, arch_error)
+    expected, optional = _expected_tensors(a, config, archs, arch_tensors, arch, arch_error)
     # every copy of every tensor: a duplicate is judged (and counted) like any other tensor
     actual: Located = [
         (shard, entry) for shard, header in a.headers.items() for entry in header.tensors.values()
@@ -91,7 +91,7 @@ def check_against_config(a: AuditRun) -> None:
     check_dtypes(a, config, actual, scales, fp8_block)
     if expected is not None:
         check_shapes(a, arch or "", expected, optional, actual, scales, fp8_block)
-        check_param_count(a, config, archs, optional, actual, scales)
+        check_param_count(a, config, arch_tensors, optional, actual, scales)
 
 
 def read_config(a: AuditRun) -> dict[str, Any] | None:
@@ -137,7 +137,7 @@ def _fp8_block(quant: dict[str, Any]) -> tuple[int, int] | None:
 TIED_HEAD = "lm_head.weight"
 
 
-def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str | None,
+def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch_tensors: Any, arch: str | None,
                       arch_error: str) -> tuple[Shapes | None, Shapes]:
     """(tensors the config implies or None, the optional ones: MTP tensors, a tied head's copy); skips
     what cannot be judged."""
@@ -145,14 +145,14 @@ def _expected_tensors(a: AuditRun, config: dict[str, Any], archs: Any, arch: str
     optional: Shapes = {}
     if arch is not None:
         try:
-            archs.check_config(config)
+            arch_tensors.check_config(config)
             if not _within_named(a, config, archs):
                 return None, {}
-            expected = archs.expected_tensors(config)
+            expected = arch_tensors.expected_tensors(config)
             if TIED_HEAD not in expected:  # tied: the head is the embedding, and vLLM skips a copy of it
                 optional[TIED_HEAD] = expected["model.embed_tokens.weight"]
             if archs.num_mtp_layers(config):
-                optional |= {k: v for k, v in archs.expected_tensors(config, include_mtp=True).items()
+                optional |= {k: v for k, v in arch_tensors.expected_tensors(config, include_mtp=True).items()
                              if k not in expected}
         except (ValueError, TypeError, KeyError) as exc:  # a key missing or of the wrong type
             msg = str(exc)
@@ -312,14 +312,14 @@ def _absent_tensors(a: AuditRun, arch: str, expected: Shapes) -> int:
     return unverifiable
 
 
-def check_param_count(a: AuditRun, config: dict[str, Any], archs: Any, optional: Shapes, actual: Located,
+def check_param_count(a: AuditRun, config: dict[str, Any], arch_tensors: Any, optional: Shapes, actual: Located,
                       scales: set[str]) -> None:
     cat = "weights.param_count"
     if a.missing or a.unreadable:
         a.skip(cat, f"not checked: {len(a.missing | a.unreadable)} shards missing or unreadable, the count would be partial")
         return
     with_mtp = any(n in a.located for n in optional if n != TIED_HEAD)
-    limit = int(archs.parameter_count(config, include_mtp=with_mtp))
+    limit = int(arch_tensors.parameter_count(config, include_mtp=with_mtp))
     skipped = {TIED_HEAD} if TIED_HEAD in optional else set()  # the tied head's copy: not a parameter vLLM holds
     value = sum(e.numel for _, e in actual
                 if e.name not in scales and e.name not in skipped and not e.name.endswith(IGNORED_TENSOR_SUFFIXES))

@@ -93,8 +93,8 @@ def test_moe_layers_from_tensor_names():
 
 def test_moe_layers_of_the_tiny_deepseek_v3_skip_its_dense_first_layer():
     from day0.config.profile import load_profile
-    from day0.model import archs
+    from day0.model import arch_tensors
     from day0.model.config import model_config
 
     config, _ = model_config(load_profile("cpu-deepseek-v3"))
-    assert moe_layers(archs.expected_tensors(config)) == [1, 2]  # first_k_dense_replace = 1 of 3 layers
+    assert moe_layers(arch_tensors.expected_tensors(config)) == [1, 2]  # first_k_dense_replace = 1 of 3 layers

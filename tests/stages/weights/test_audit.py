@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from day0.core.record import Check
-from day0.model import archs
+from day0.model import arch_tensors
 from day0.model.safetensors_header import DTYPE_BITS, HeaderError, read_header, validate_entries
 from day0.stages.weights import CATEGORIES, audit, write_manifest
 from day0.stages.weights.manifest import MANIFEST_NAME, sha256_file
@@ -72,9 +72,9 @@ def test_whole_llama_checkpoint_passes_every_category(ckpt: cf.Ckpt) -> None:
 
 def test_factory_layout_agrees_with_archs(ckpt: cf.Ckpt) -> None:
     """The hand-written Llama/Mixtral tensor lists and day0.model.archs describe the same checkpoint."""
-    assert archs.expected_tensors(ckpt.config) == cf.llama_tensors(ckpt.config)
+    assert arch_tensors.expected_tensors(ckpt.config) == cf.llama_tensors(ckpt.config)
     mix = cf.mixtral_config()
-    assert archs.expected_tensors(mix) == cf.llama_tensors(mix)
+    assert arch_tensors.expected_tensors(mix) == cf.llama_tensors(mix)
 
 
 def test_a_tied_checkpoint_that_ships_its_head_anyway_passes_and_a_wrong_head_does_not(tmp_path: Path) -> None:
@@ -121,18 +121,18 @@ def test_mixtral_checkpoint_passes_and_a_missing_expert_is_named(tmp_path: Path)
 
 def test_fp8_block_checkpoint_with_mtp_layer_passes(tmp_path: Path) -> None:
     cfg = cf.deepseek_fp8_config()
-    shapes = archs.expected_tensors(cfg, include_mtp=True)  # the published layout ships the MTP layer
+    shapes = arch_tensors.expected_tensors(cfg, include_mtp=True)  # the published layout ships the MTP layer
     ck = cf.make_fp8_checkpoint(tmp_path / "m", shapes, cfg)
     checks = audit(ck.dir)
     assert_clean_except(checks)
     grouped = by_id(checks)
     assert "FP8 block scales" in grouped["weights.shapes"][0].message
-    assert grouped["weights.param_count"][0].limit == archs.parameter_count(cfg, include_mtp=True)
+    assert grouped["weights.param_count"][0].limit == arch_tensors.parameter_count(cfg, include_mtp=True)
 
 
 def test_fp8_scale_of_wrong_shape_and_unscaled_fp8_weight_fail(tmp_path: Path) -> None:
     cfg = cf.deepseek_fp8_config()
-    ck = cf.make_fp8_checkpoint(tmp_path / "m", archs.expected_tensors(cfg), cfg)
+    ck = cf.make_fp8_checkpoint(tmp_path / "m", arch_tensors.expected_tensors(cfg), cfg)
     scale = "model.layers.0.self_attn.o_proj.weight_scale_inv"
     cf.reshape_tensor(ck, scale, (1, 1))
     weight = "model.layers.1.mlp.experts.2.down_proj.weight"
