@@ -11,7 +11,8 @@ A streamed message counts as carrying tokens by the best evidence the server giv
 ``usage.completion_tokens`` (vLLM ``continuous_usage_stats``), else one token per message whose
 choice carries a text/content field, even an empty one (as vLLM's bench counts them: a token that
 decodes to half a UTF-8 character arrives with empty text); a message carrying several tokens then
-counts as one, so the result says which source was used.
+counts as one, so the result says which source was used. The evidence may change from message to
+message; each token is counted once (``TokenAccountant``).
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ class TokenAccountant:
     totals. Error objects and bad shapes raise ``_Failed`` so the request is counted as failed,
     never averaged in.
 
+    A stream may mix the three, message by message (usage on some chunks only, or only on the closing
+    ``delta: {}`` as older llama.cpp servers send it), so a usage's growth is measured from
+    ``counted``, the tokens already given to messages by any evidence, never from the previous usage
+    alone: that counted every token a text or token-id message had carried a second time when the
+    next usage arrived.
+
     ``max_tokens`` (the request's own) bounds every count the server gives: a cumulative or final
     ``completion_tokens``, token ids adding up, or messages counted one token each, past it cannot be
     true, and is the request's malformed_event rather than a throughput 100 times too high (a final
@@ -185,10 +192,10 @@ class TokenAccountant:
     per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("cum", "ids", "texts", "weakest", "final_tokens", "prompt_tokens", "max_tokens")
+    __slots__ = ("counted", "ids", "texts", "weakest", "final_tokens", "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
-        self.cum = 0  # cumulative completion_tokens seen so far
+        self.counted = 0  # tokens given to messages so far, by any evidence: what a usage grows from
         self.ids = 0  # token ids seen so far
         self.texts = 0  # messages counted one token each (no token ids, no usage on them)
         self.weakest = 0  # index into TOKEN_SOURCES
@@ -223,7 +230,7 @@ class TokenAccountant:
                 n = len(tids)
                 self.ids = self._bounded(self.ids + n, "token ids")
             elif usage and usage.get("completion_tokens") is not None:
-                n = _count_of(usage, "completion_tokens") - self.cum
+                n = max(_count_of(usage, "completion_tokens") - self.counted, 0)
                 self.weakest = max(self.weakest, 1)
             else:
                 role_only = _role_only(choice)
@@ -234,10 +241,10 @@ class TokenAccountant:
                         self._bounded(self.texts, "messages counted as tokens")
                 if not role_only:
                     self.weakest = 2
+            self.counted += n
         if usage:
             if usage.get("completion_tokens") is not None:
                 ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens")
-                self.cum = max(self.cum, ct)
                 if not choices:
                     self.final_tokens = ct
             if usage.get("prompt_tokens") is not None:

@@ -190,6 +190,76 @@ def test_accounting_recovers_the_tokens_of_every_message(msgs, endpoint):
     assert (cont.weakest, ids.weakest, plain.weakest) == (1, 0, 2)
 
 
+def _delta(content: str | None, **extra) -> dict:
+    return {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None, **extra}]}
+
+
+# Streams whose messages carry their tokens by different evidence, each with the tokens every message
+# holds. Until 2026-12: a usage's growth was measured from the previous usage alone, so the tokens
+# text (or token-id) messages had carried since were counted again where the next usage came.
+MIXED = {
+    # llama.cpp (b6097, 2025-08): one-token deltas without usage, then the closing `delta: {}` with
+    # finish_reason and the usage, no `choices: []` chunk: the closing chunk was 3 tokens more
+    "llama_cpp_closing_usage": ([
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]},
+        _delta("a"), _delta("b"), _delta("c"),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+         "usage": {"completion_tokens": 3, "prompt_tokens": 5, "total_tokens": 8}},
+    ], [0, 1, 1, 1, 0]),
+    # the closing choice with empty content, finish_reason and usage (DeepSeek's API streams it so)
+    "closing_empty_content_with_usage": ([
+        _delta("a"), _delta("b"), {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}],
+                                   "usage": {"completion_tokens": 2, "prompt_tokens": 5}},
+    ], [1, 1, 0]),
+    # usage on every other chunk (a server that batches its usage reports)
+    "usage_every_other": ([
+        {"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}], "usage": {"completion_tokens": 2}},
+        {"choices": [{"text": "c"}]}, {"choices": [{"text": "d"}], "usage": {"completion_tokens": 4}},
+    ], [1, 1, 1, 1]),
+    # token ids on one message, usage on the next
+    "token_ids_then_usage": ([
+        {"choices": [{"text": "ab", "token_ids": [1, 2]}]}, {"choices": [{"text": "c"}], "usage": {"completion_tokens": 3}},
+    ], [2, 1]),
+    # a text message that held two tokens (held-back UTF-8 bytes): the next usage makes up the total
+    "usage_after_a_two_token_text": ([
+        {"choices": [{"text": "\u00e9"}]}, {"choices": [{"text": "x"}], "usage": {"completion_tokens": 3}},
+    ], [1, 2]),
+}
+
+
+@pytest.mark.parametrize("events, truth", MIXED.values(), ids=MIXED.keys())
+def test_a_token_is_counted_once_whatever_evidence_carries_it(events, truth):
+    a = TokenAccountant(max_tokens=8)
+    assert [a.tokens_in(json.dumps(e)) for e in events] == truth
+    a.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": sum(truth)}}))
+    assert a.final_tokens == sum(truth)
+
+
+@st.composite
+def mixed_messages(draw):
+    """(evidence, tokens) per message: token ids, cumulative usage (with or without token ids beside
+    it) or one token of text; a text message holds exactly one token, so every count is exact."""
+    n = draw(st.integers(1, 12))
+    kinds = draw(st.lists(st.sampled_from(["ids", "ids+usage", "usage", "text"]), min_size=n, max_size=n))
+    return [(kind, 1 if kind == "text" else draw(st.integers(1, 4))) for kind in kinds]
+
+
+@given(mixed_messages(), st.booleans())
+def test_any_mix_of_evidence_counts_each_messages_own_tokens(msgs, closing_usage):
+    a, cum, got = TokenAccountant(), 0, []
+    for kind, k in msgs:
+        cum += k
+        choice: dict = {"index": 0, "text": "t"}
+        if kind.startswith("ids"):
+            choice["token_ids"] = list(range(k))
+        event = {"choices": [choice], **({"usage": {"completion_tokens": cum}} if "usage" in kind else {})}
+        got.append(a.tokens_in(json.dumps(event)))
+    assert got == [k for _, k in msgs]
+    if closing_usage:  # a closing chunk holding no token, with the usage (older llama.cpp)
+        closing = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": cum}}
+        assert a.tokens_in(json.dumps(closing)) == 0
+
+
 @pytest.mark.parametrize("data, kind", [
     ('{"choices": [{"text": "x"', "malformed_event"),
     ('[1, 2]', "malformed_event"),

@@ -22,6 +22,7 @@ import pytest
 from day0.client.loadgen import ClientOptions, stream_one
 from day0.client.wire import StreamPool, Target, parse_target, request_head
 from day0.client.workload import Request
+from day0.stages.latency.metrics import per_token_itl, tpot_of
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 REQ = Request(index=0, prompt=[1, 2, 3], input_len=3, output_len=2)
@@ -229,6 +230,36 @@ def test_text_messages_above_usage_are_a_count_mismatch(messages, usage, mismatc
     assert res.ok, res.reason
     assert (res.token_source, res.output_tokens, len(res.msg_t)) == ("content", usage, messages)
     assert res.count_mismatch is mismatch
+
+
+def test_a_closing_usage_after_text_messages_counts_no_token_twice():
+    """Older llama.cpp chat streams: one-token deltas without usage, then the closing ``delta: {}``
+    with finish_reason and usage, no ``choices: []`` chunk. Before: that closing chunk counted every
+    token again (msg_n [1, 1, 2], output_tokens 4 of 2, E2E at the closing chunk, TPOT a third of
+    the gap), since a usage's growth was measured from the previous usage, not from what was counted."""
+    delta = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}
+    closing = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+    async def paced(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(OK_HEAD)
+        for event in (delta, delta, closing, "[DONE]"):
+            w.write(chunked(sse(event), 4096)[:-5])  # one chunk of the body, the terminating one withheld
+            await w.drain()
+            await asyncio.sleep(0.02)
+        w.write(b"0\r\n\r\n")
+        await r.read()
+
+    async def go():
+        async with Fake(paced) as f, StreamPool() as pool:
+            return await one(pool, f.url())
+
+    res = asyncio.run(go())
+    assert res.ok, res.reason
+    assert (res.msg_n, res.output_tokens, res.token_source) == ([1, 1], 2, "content")
+    assert tpot_of(res) == pytest.approx(res.msg_t[1] - res.msg_t[0])
+    assert len(per_token_itl(res.msg_t, res.msg_n)) == res.output_tokens - 1
 
 
 def test_a_prompt_count_of_400_digits_fails_the_request_not_the_phase():
