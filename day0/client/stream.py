@@ -183,23 +183,28 @@ class TokenAccountant:
     ``delta: {}`` as older llama.cpp servers send it), so a usage's growth is measured from
     ``counted``, the tokens already given to messages by any evidence, never from the previous usage
     alone: that counted every token a text or token-id message had carried a second time when the
-    next usage arrived.
+    next usage arrived. A usage below what was already counted is a disagreement the result flags
+    (``behind``, into ``count_mismatch``); without a usage-only chunk, the last usage a choice carried
+    is the stream's total (older llama.cpp servers put it on their closing ``delta: {}``).
 
     ``max_tokens`` (the request's own) bounds every count the server gives: a cumulative or final
-    ``completion_tokens``, token ids adding up, or messages counted one token each, past it cannot be
-    true, and is the request's malformed_event rather than a throughput 100 times too high (a final
+    ``completion_tokens``, token ids adding up, messages counted one token each, or all of them
+    together, past it cannot be true, and is the request's malformed_event rather than a throughput 100 times too high (a final
     usage of 400 after 4 streamed tokens, or 400 text messages where 2 tokens were asked for) or a
     per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("counted", "ids", "texts", "weakest", "final_tokens", "prompt_tokens", "max_tokens")
+    __slots__ = ("counted", "ids", "texts", "weakest", "final_tokens", "last_usage", "behind", "prompt_tokens",
+                 "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.counted = 0  # tokens given to messages so far, by any evidence: what a usage grows from
         self.ids = 0  # token ids seen so far
         self.texts = 0  # messages counted one token each (no token ids, no usage on them)
         self.weakest = 0  # index into TOKEN_SOURCES
-        self.final_tokens: int | None = None
+        self.final_tokens: int | None = None  # a usage-only chunk's completion_tokens
+        self.last_usage: int | None = None  # the last completion_tokens any chunk carried
+        self.behind = 0  # the most a usage fell short of the tokens already counted
         self.prompt_tokens: int | None = None
         self.max_tokens = max_tokens
 
@@ -230,7 +235,7 @@ class TokenAccountant:
                 n = len(tids)
                 self.ids = self._bounded(self.ids + n, "token ids")
             elif usage and usage.get("completion_tokens") is not None:
-                n = max(_count_of(usage, "completion_tokens") - self.counted, 0)
+                n = max(self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens") - self.counted, 0)
                 self.weakest = max(self.weakest, 1)
             else:
                 role_only = _role_only(choice)
@@ -242,9 +247,13 @@ class TokenAccountant:
                 if not role_only:
                     self.weakest = 2
             self.counted += n
+            if n and not _closing_empty(choice):
+                self._bounded(self.counted, "tokens counted (token ids, usage and messages together)")
         if usage:
             if usage.get("completion_tokens") is not None:
                 ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens")
+                self.last_usage = ct
+                self.behind = max(self.behind, self.counted - ct)
                 if not choices:
                     self.final_tokens = ct
             if usage.get("prompt_tokens") is not None:
@@ -360,10 +369,11 @@ async def stream_one(
     res.token_source = TOKEN_SOURCES[acct.weakest]
     res.prompt_tokens = acct.prompt_tokens
     msg_total = sum(res.msg_n)
-    if acct.final_tokens is not None:
-        res.output_tokens = acct.final_tokens
+    final = acct.final_tokens if acct.final_tokens is not None else acct.last_usage
+    if final is not None:
+        res.output_tokens = final
         res.output_tokens_source = "usage"
-        res.count_mismatch = _mismatch(acct.weakest, msg_total, res.output_tokens)
+        res.count_mismatch = acct.behind > 0 or _mismatch(acct.weakest, msg_total, res.output_tokens)
     else:
         res.output_tokens = msg_total
         res.output_tokens_source = "messages"

@@ -260,6 +260,28 @@ def test_any_mix_of_evidence_counts_each_messages_own_tokens(msgs, closing_usage
         assert a.tokens_in(json.dumps(closing)) == 0
 
 
+def test_a_usage_behind_what_was_counted_is_a_disagreement_and_all_evidence_together_is_bounded():
+    """A mixed stream's usage could fall short of the tokens its text messages had already been given
+    (five one-token messages, usage 3): the clamp kept the count right but nothing flagged that the
+    per-message figures were not usage's tokens. And each counter was bounded by max_tokens alone,
+    never their sum: four token ids then four text messages passed max_tokens 4 with 8 tokens."""
+    a = TokenAccountant(max_tokens=8)
+    for usage in (1, None, 1, None, 3):
+        a.tokens_in(json.dumps({"choices": [{"text": "t"}], **({"usage": {"completion_tokens": usage}} if usage else {})}))
+    assert (a.counted, a.last_usage, a.behind) == (3, 3, 1)  # the second usage of 1 came after 2 were counted
+    exact = TokenAccountant(max_tokens=8)
+    for cum in (1, 2, 3):
+        exact.tokens_in(json.dumps({"choices": [{"text": "t"}], "usage": {"completion_tokens": cum}}))
+    assert exact.behind == 0
+    mixed = TokenAccountant(max_tokens=4)
+    mixed.tokens_in(json.dumps({"choices": [{"text": "t", "token_ids": [1, 2, 3, 4]}]}))
+    with pytest.raises(_Failed) as exc:
+        for _ in range(4):
+            mixed.tokens_in(json.dumps({"choices": [{"text": "t"}]}))
+    assert exc.value.kind == "malformed_event" and exc.value.reason.startswith("tokens counted (token ids, usage and ")
+    assert exc.value.reason.endswith(" 5 is past the request's max_tokens 4")
+
+
 @pytest.mark.parametrize("data, kind", [
     ('{"choices": [{"text": "x"', "malformed_event"),
     ('[1, 2]', "malformed_event"),

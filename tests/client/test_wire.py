@@ -258,6 +258,8 @@ def test_a_closing_usage_after_text_messages_counts_no_token_twice():
     res = asyncio.run(go())
     assert res.ok, res.reason
     assert (res.msg_n, res.output_tokens, res.token_source) == ([1, 1], 2, "content")
+    # with no usage-only chunk, the closing chunk's usage is the total, and it agrees with the messages
+    assert (res.output_tokens_source, res.count_mismatch) == ("usage", False)
     assert tpot_of(res) == pytest.approx(res.msg_t[1] - res.msg_t[0])
     assert len(per_token_itl(res.msg_t, res.msg_n)) == res.output_tokens - 1
 
