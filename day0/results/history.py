@@ -208,8 +208,8 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
     for e in reversed(entries(folder)):
         if len(out) >= n:
             break
-        if verdict and e.verdict != verdict:
-            continue
+        if verdict and e.verdict != verdict or not _earlier(_iso(e.stamp), before):
+            continue  # by its name: a later run's file is never loaded, nor named when it does not load
         try:
             rec = e.load()
         except RecordError as exc:
@@ -219,6 +219,11 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
         if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict) and _earlier(rec.started_at, before):
             out.append((e, rec))
     return list(reversed(out))
+
+
+def _iso(stamp: str) -> str:
+    """An entry name's stamp (:func:`_stamp`, the start to the second) as the ISO time it was made from."""
+    return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}T{stamp[9:11]}:{stamp[11:13]}:{stamp[13:15]}+00:00"
 
 
 def _earlier(started_at: str, before: str) -> bool:

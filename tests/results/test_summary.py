@@ -160,6 +160,27 @@ def test_the_this_run_dot_is_drawn_only_on_this_runs_own_point() -> None:
     assert svg.startswith('<svg class="spark"') and f'fill="{trends.NOW}"' not in svg
 
 
+def test_unreadable_history_entries_are_named_a_few_at_a_time_and_only_those_before_the_run(tmp_path) -> None:
+    """Every entry that did not load was a note (500 corrupt files put the terminal's verdict line 505
+    lines down), and one stored after the run being reported was named as missing from its trend,
+    though the trend would never have held it."""
+    from day0.results import history
+
+    out = tmp_path / "reports"
+    now = full_record(run_id="run-now")  # started 2026-11-30T09:00
+    folder = history.folder_for(history.history_root(now.profile, out), now)
+    folder.mkdir(parents=True)
+    good = full_record(run_id="run-good")
+    good.started_at = "2026-11-29T09:00:00.000+00:00"
+    history.store(rf.write(good, out / good.run_id), folder)
+    for number, day in enumerate(["2026-11-28"] * 5 + ["2026-12-05"], start=2):
+        (folder / f"{number:04d}_{day.replace('-', '')}T080000Z_0123456789ab_accepted.json").write_text('{"trunc')
+    runs, notes = trends.history_runs(now, rf.write(now, out / now.run_id))
+    assert [r.run_id for r in runs] == ["run-good"]
+    assert len(notes) == 4 and notes[-1] == "and 2 more history entries that did not load", notes
+    assert not [n for n in notes if "20261205T" in n]  # stored after this run started: never a gap in its trend
+
+
 def test_trends_read_the_history_folder_beside_the_run(tmp_path) -> None:
     from day0.results import history
 
