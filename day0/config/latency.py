@@ -175,7 +175,8 @@ class LatencySection(_Table):
                                                    "see a rate search's flat-out run keep the batch full)")
     agreement_rel: float = Field(0.25, ge=0, description="client vs engine means may differ by rel x client mean "
                                                          "+ 3 standard errors")
-    sweep_rates: list[Annotated[float, Field(gt=0)]] = Field([], description="SLA sweep: ascending req/s")
+    sweep_rates: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        [], description="SLA sweep: ascending req/s, each finite (a step all at once has no schedule to keep)")
     sweep_requests: int = Field(0, ge=0, description="requests per sweep step (0 = as num_requests)")
     # Speculative decoding's gain (a profile with engine.args.speculative_config): vLLM cannot turn
     # speculation off per request, so the baseline is a second engine; only where one fits beside

@@ -200,6 +200,8 @@ def test_the_schema_describes_every_section(capsys):
     ("[latency]\ninput_len = [10, 2]\n", "latency.input_len: need 1 <= lo <= hi, got [10, 2]"),
     ("[latency]\ninput_len = 8\nprefix_len = 8\n", "latency.prefix_len: 8 must be below the shortest input_len (8)"),
     ("[latency]\nsweep_rates = [4, 2]\n", "latency.sweep_rates: must be ascending"),
+    # a step at inf has no arrival gap to keep: its client lag always passed it, an INCOMPLETE every run
+    ("[latency]\nsweep_rates = [1, inf]\n", "latency.sweep_rates.1: expected a finite number (not inf or nan)"),
     ("[sla]\nttft_ms = 3\n", "sla.ttft_ms: unknown key; did you mean 'ttft_p99_ms'?"),
     ("[sla]\nlimits = {ttft_p9x_ms = 3}\n", "sla.limits.ttft_p9x_ms: not a '<ttft|tpot|itl|e2e>_p<NN>_ms' limit"),
     ("[latency.search]\ntarget_rate = inf\n", "latency.search.target_rate: expected a finite number (not inf or nan)"),
