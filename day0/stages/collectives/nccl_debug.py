@@ -9,8 +9,8 @@ and ``init.cc``, of any version since 2.7.
 
 A job has several communicators (the world, vLLM's TP/PP/DP/EP groups), each numbering its ranks
 from 0, and a connection line names its communicator's ranks only: :mod:`nccl_comms` keeps each
-process's communicators from their init lines and places a connection's two ends by them
-(:meth:`NcclDebugLog.ends`), saying why where the log cannot tell.
+process's communicators from their init lines and :mod:`nccl_placement` places a connection's two ends
+by them (:meth:`NcclDebugLog.ends`), saying why where the log cannot tell.
 
 Logs come from every rank of a job, so they are big and are read without trusting them: a file
 is streamed under the caps of :mod:`inputs`, connections are kept once per (ranks, side,
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
 from day0.stages.collectives.inputs import UNREADABLE_LOG, InputError, iter_lines
-from day0.stages.collectives.nccl_comms import CommLineError, CommTable, Ends, init_facts
+from day0.stages.collectives.nccl_comms import CommLineError, CommTable, init_facts
+from day0.stages.collectives.nccl_placement import CommView, Ends
 
 # "host:pid:tid [dev] NCCL INFO message"; the prefix is optional (NCCL_DEBUG_FILE keeps it, a
 # grep'ed excerpt may not).
@@ -162,6 +163,7 @@ class NcclDebugLog:
     nccl_lines: int = 0  # lines NCCL printed (INFO/WARN/TRACE)
     _index: dict[tuple, Any] = field(default_factory=dict, repr=False)  # group key -> Connection/GraphPattern
     _version_at: str = field(default="", repr=False)  # where the first version was printed
+    _view: CommView | None = field(default=None, repr=False, compare=False)  # what ends() answers from
 
     def ends(self, conn: Connection, devices_per_node: int | None = None) -> Ends:
         """The hosts of a connection's two ends, each placed by the communicator of the line.
@@ -172,7 +174,10 @@ class NcclDebugLog:
         ``devices_per_node``), else None with ``why``. A log often holds one node's processes only
         (each node writes its own NCCL_DEBUG_FILE): the other nodes' ranks never print a line.
         """
-        return self.comms.ends(conn, self.connections, self.nnodes, devices_per_node)
+        stamp = (self.comms.version, len(self.connections))
+        if self._view is None or self._view.stamp != stamp:  # rebuilt only after new lines
+            self._view = CommView(self.comms, stamp, self.connections)
+        return self._view.ends(conn, self.nnodes, devices_per_node)
 
     def to_dict(self) -> dict[str, Any]:
         return {
