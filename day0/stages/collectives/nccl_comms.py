@@ -183,6 +183,7 @@ class CommTable:
     tree_ranks: dict[tuple[str, int], dict[int, None]] = field(default_factory=dict)  # process -> its ranks
     tree_count: int = 0
     version: int = 0
+    _groups: tuple[int, dict[tuple, list[Communicator]]] | None = field(default=None, repr=False, compare=False)
 
     def note(self, host: str, pid: int, tid: int, f: InitFacts) -> str | None:
         """Record an init line; the reason to refuse the log when a cap is passed, else None."""
@@ -261,12 +262,16 @@ class CommTable:
         return None
 
     def groups(self) -> dict[tuple, list[Communicator]]:
-        """Each communicator across processes (by its identity): its members, in the order they were printed."""
-        out: dict[tuple, list[Communicator]] = {}
-        identity = Identities(self.records).of
-        for rec in self.records:
-            out.setdefault(identity(rec), []).append(rec)
-        return out
+        """Each communicator across processes (by its identity): its members, in the order they were printed.
+        Kept until the next line: ``day0 collectives transport`` counts them in its header and lists them in
+        its evidence (:meth:`summary`), each time over every record."""
+        if self._groups is None or self._groups[0] != self.version:
+            out: dict[tuple, list[Communicator]] = {}
+            identity = Identities(self.records).of
+            for rec in self.records:
+                out.setdefault(identity(rec), []).append(rec)
+            self._groups = (self.version, out)
+        return self._groups[1]
 
     def summary(self, limit: int = 64) -> list[dict[str, object]]:
         """Each communicator (across processes): its identity, size, and the hosts its ranks printed from."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from day0.stages.collectives.nccl_debug import NcclLogError, parse_nccl_debug, read_nccl_debug
+from day0.stages.collectives.nccl_debug import NcclLogError, parse_nccl_debug, parse_nccl_debug_lines, read_nccl_debug
 from day0.stages.collectives.transport import TransportTopology, classify, log_checks
 
 TOPO = {"intra_node": "nvlink", "inter_node": "infiniband", "nodes": 2, "devices_per_node": 4}
@@ -360,3 +360,13 @@ def test_one_node_whole_and_the_other_s_excerpt_are_placed_by_the_world(style):
     inter = checks["collectives.transport.inter_node"]
     assert inter.status == "pass" and "not placed" not in inter.message, inter.message
     assert sum(c.count for c in classify(log, TransportTopology.coerce(TOPO))["inter_node"]) == 4
+
+
+def test_the_communicators_are_grouped_once_until_the_next_line():
+    """The transport command's header counts them and its evidence lists them: one grouping of every record."""
+    log = parse_nccl_debug(text_of(vllm_job(HOSTS[0])))
+    groups = log.comms.groups()
+    assert log.comms.groups() is groups and len(groups) == 14
+    parse_nccl_debug_lines([(1, "gpu-a:41000:41016 [0] NCCL INFO ncclCommInitRankConfig comm 0x7f00 rank 0 nranks 2 "
+                                "cudaDev 0 nvmlDev 0 busId 18000 commId 0xabc - Init COMPLETE")], log=log)
+    assert len(log.comms.groups()) == 15 and list(log.comms.groups())[-1] == ("id", "abc")
