@@ -4,22 +4,18 @@ The report reads only the run record (never re-measures): the page is a view of 
 and run.json itself is embedded so ``day0 verify`` can re-hash it. Templates are Jinja2 with
 autoescape on; a site overrides blocks by passing a template directory whose files shadow
 the built-in ones (a site's ``base.html.j2`` can wrap ours as ``day0/base.html.j2``).
-Everything the templates show is prepared here as plain view objects, so a site template
-needs no logic of its own.
+Everything the templates show is prepared as plain view objects (the stages and checks in
+day0.results.stageview, the page's frame here), so a site template needs no logic of its own.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import jinja2
 from jinja2.loaders import split_template_path
@@ -27,12 +23,9 @@ from markupsafe import Markup
 
 from day0.core.inputs import InputError, decode_utf8, read_regular, refusal, term_safe
 from day0.core.outputs import write_file
-from day0.core.record import EVENTS_FILE, Check, RunRecord, load_with_bytes, record_file
-from day0.core.stages import REGRESSION_STAGE, StageInfo
+from day0.core.record import EVENTS_FILE, RunRecord, load_with_bytes, record_file
 from day0.core.verdict import waiver_for, waivers_of
-from day0.results import charts, summary, trends
-from day0.results.anchors import Anchors
-from day0.results.compare import SUMMARY_ID
+from day0.results import summary, trends
 from day0.results.junit import write_junit
 from day0.results.sandbox import BoundedSandbox
 from day0.results.signoff import (
@@ -46,198 +39,19 @@ from day0.results.signoff import (
     signoff_block,
     verify_report,
 )
-from day0.results.textview import TableView, _summary, duration, flatten, fmt_value, lookup, table_view
+from day0.results.stageview import REPORT_FILE, regression_view, stage_views
+from day0.results.textview import _summary, duration, flatten, fmt_value, lookup
 
 __all__ = ["render", "write_junit", "summary_lines", "publish", "add_cli", "ReportError", "Signatory"]
 
 TEMPLATES = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "report.html.j2"
-REPORT_FILE = "report.html"
 JUNIT_FILE = "junit.xml"
-KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
-MAX_LOG_CHARS = 20_000
-MAX_JSON_CHARS = 16_000
 MAX_TEMPLATE_BYTES = 4 << 20  # a site template is a few KB; a file past this is not one
-DIRECTION_SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
-DRAW_ERRORS = (ValueError, ArithmeticError, TypeError)  # what odd evidence can raise while drawn
 
 
 class ReportError(InputError):
     """The report cannot be rendered as asked; the message names the file or template."""
-
-
-# --------------------------------------------------------------------------- formatting
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
-
-
-# --------------------------------------------------------------------------- view objects
-
-
-@dataclass
-class ChartView:
-    svg: Markup | None = None
-    problem: str | None = None
-
-
-@dataclass
-class CheckView:
-    check: Check
-    stage: str
-    anchor: str
-    value: str
-    limit: str
-    stats: list[tuple[str, str]] = field(default_factory=list)
-    charts: list[ChartView] = field(default_factory=list)
-    table: TableView | None = None
-    table_problem: str | None = None
-    log_excerpt: str | None = None
-    other_json: str | None = None
-    waiver: str | None = None  # the reason of the profile's waiver that covers this failure
-
-    @property
-    def has_details(self) -> bool:
-        return bool(self.stats or self.charts or self.table or self.table_problem or self.log_excerpt or self.other_json)
-
-
-@dataclass
-class StageView:
-    name: str
-    title: str
-    question: str
-    verdict: str
-    counts: dict[str, int]
-    checks: list[CheckView]
-    duration: str = ""  # its tests' wall time, "1.2 s" ("" when the record has none)
-    origin: str = ""  # the distribution that declared a site stage ("" for day0's own)
-
-
-def _limit_text(c: Check) -> str:
-    if c.limit is None:
-        return "—"
-    return f"{DIRECTION_SIGN.get(c.direction, '')} {fmt_value(c.limit)}".strip()
-
-
-def check_view(stage: str, c: Check, anchor: str) -> CheckView:
-    """The check as the page shows it; odd evidence becomes a visible note, never a crash."""
-    try:
-        return _check_view(stage, c, anchor)
-    except DRAW_ERRORS as exc:  # each part is caught on its own inside: this is the last resort
-        view = CheckView(c, stage, anchor, fmt_value(c.value), _limit_text(c))
-        view.charts.append(ChartView(problem=f"{c.id} evidence: could not be drawn ({type(exc).__name__}: {exc})"))
-        return view
-
-
-def _problem(where: str, exc: Exception) -> str:
-    """One line naming the evidence key: a ChartError already says what is wrong, anything else
-    (an overflow in a sum of samples near 1e308) names its kind."""
-    msg = str(exc) if isinstance(exc, charts.ChartError) else f"could not be drawn ({type(exc).__name__}: {exc})"
-    return msg if msg.startswith(where) else f"{where}: {msg}"
-
-
-def _check_view(stage: str, c: Check, anchor: str) -> CheckView:
-    view = CheckView(c, stage, anchor, fmt_value(c.value), _limit_text(c))
-    ev = c.evidence if isinstance(c.evidence, dict) else {"value": c.evidence}
-    limit = float(c.limit) if charts.is_number(c.limit) and c.direction != "exact" else None
-    shown: set[str] = set()  # conventional keys that could not be drawn: shown as recorded
-    if "samples" in ev:
-        try:
-            xs = sorted(charts.clean_samples(ev["samples"], f"{c.id} evidence.samples"))
-            st = charts.sample_stats(xs)
-            view.stats = [(k, fmt_value(int(v)) if k == "count" else fmt_value(v)) for k, v in st.items()]
-            if xs:
-                view.charts.append(ChartView(Markup(charts.cdf_chart(xs, c.unit, f"{c.title}: CDF", limit))))
-                view.charts.append(
-                    ChartView(Markup(charts.percentile_chart(xs, c.unit, f"{c.title}: percentiles", limit)))
-                )
-        except (charts.ChartError, *DRAW_ERRORS) as exc:  # named, and the list still shown (below) as recorded
-            view.charts.append(ChartView(problem=_problem(f"{c.id} evidence.samples", exc)))
-            shown.add("samples")
-    specs = ev.get("charts")
-    if specs is not None:
-        if not isinstance(specs, list):
-            view.charts.append(ChartView(problem=f"{c.id} evidence.charts: expected a list of chart specs"))
-            specs = []
-        for i, raw in enumerate(specs):
-            where = f"{c.id} evidence.charts[{i}]"
-            try:
-                view.charts.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
-            except (charts.ChartError, *DRAW_ERRORS) as exc:  # this chart only: the others, the table and log stay
-                view.charts.append(ChartView(problem=_problem(where, exc)))
-    if "table" in ev:
-        view.table, view.table_problem = table_view(ev["table"], f"{c.id} evidence.table")
-    excerpt = ev.get("log_excerpt")
-    if isinstance(excerpt, str) and excerpt.strip():
-        view.log_excerpt = excerpt if len(excerpt) <= MAX_LOG_CHARS else "…\n" + excerpt[-MAX_LOG_CHARS:]
-    other = {k: v for k, v in ev.items() if k not in KNOWN_EVIDENCE or k in shown}
-    if other:
-        text = json.dumps(other, indent=1, ensure_ascii=False, default=str)
-        if len(text) > MAX_JSON_CHARS:
-            text = text[:MAX_JSON_CHARS] + f"\n… ({len(text) - MAX_JSON_CHARS:,} more characters in run.json)"
-        view.other_json = text
-    return view
-
-
-def stage_views(record: RunRecord) -> list[StageView]:
-    infos = summary.stage_infos(record)
-    anchors = Anchors()
-    waivers = waivers_of(record.profile)
-    out = []
-    for s in record.stages:
-        views = []
-        for c in s.checks:
-            view = check_view(s.name, c, anchors.claim("check-" + _slug(c.id)))
-            waiver = waiver_for(c, waivers, record.started_at)
-            view.waiver = waiver.reason if waiver else None
-            views.append(view)
-        counts = {k: sum(c.status == k for c in s.checks) for k in ("pass", "fail", "error", "skip", "blocked")}
-        info = infos.get(s.name) or StageInfo(s.name)
-        origin = info.origin if info.origin not in ("", "day0") else ""
-        out.append(StageView(s.name, info.title or s.name, info.question, s.verdict, counts, views,
-                             f"{s.duration_s:.1f} s" if s.duration_s is not None else "", origin))
-    return out
-
-
-@dataclass
-class RegressionView:
-    """The comparison with the baseline, from the record's regression stage (day0.results.compare)."""
-
-    verdict: str
-    message: str
-    baseline: list[tuple[str, str]]
-    counts: list[tuple[str, int]]
-    table: TableView | None
-    charts: list[ChartView]
-    notes: list[str]
-    baseline_link: str = ""
-
-
-def regression_view(record: RunRecord) -> RegressionView | None:
-    """None when the run was not compared; changes first in the table, unchanged rows last."""
-    stage = next((s for s in record.stages if s.name == REGRESSION_STAGE.name), None)
-    found = next((c for c in stage.checks if c.id == SUMMARY_ID), None) if stage else None
-    if stage is None or found is None:
-        return None
-    ev = found.evidence  # an object (the record's shape is checked on load); its contents are not
-    base = ev.get("baseline") if isinstance(ev.get("baseline"), dict) else {}
-    facts = [(k, fmt_value(base.get(key))) for k, key in (("Baseline", "label"), ("Baseline file", "path")) if base.get(key)]
-    counts = ev.get("counts") if isinstance(ev.get("counts"), dict) else {}
-    table, _ = table_view(ev["table"], f"{SUMMARY_ID} evidence.table") if "table" in ev else (None, None)
-    charts_out: list[ChartView] = []
-    specs = ev.get("trend_charts")
-    for i, raw in enumerate(specs if isinstance(specs, list) else []):
-        where = f"{SUMMARY_ID} evidence.trend_charts[{i}]"
-        try:
-            charts_out.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
-        except (charts.ChartError, ValueError, ArithmeticError, TypeError) as exc:
-            charts_out.append(ChartView(problem=f"{where}: {exc}"))
-    notes = [fmt_value(n, 500) for n in ev.get("notes")] if isinstance(ev.get("notes"), list) else []
-    rid = trends.baseline_run_id(record)  # run folders sit side by side: ../<run id>/report.html
-    return RegressionView(stage.verdict, found.message, facts,
-                          [(str(k), v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)],
-                          table, charts_out, notes, f"../{quote(rid)}/{REPORT_FILE}" if rid else "")
 
 
 def resolve_signatories(record: RunRecord, signatories: Iterable[Any] | None) -> list[Signatory]:
