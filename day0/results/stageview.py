@@ -28,7 +28,6 @@ REPORT_FILE = "report.html"  # the page's name in every run folder: a baseline's
 KNOWN_EVIDENCE = ("samples", "charts", "table", "log_excerpt", "trend_charts")
 MAX_LOG_CHARS = 20_000
 MAX_JSON_CHARS = 16_000
-DIRECTION_SIGN = {"lower_is_better": "≤", "higher_is_better": "≥", "exact": "="}
 DRAW_ERRORS = (ValueError, ArithmeticError, TypeError)  # what odd evidence can raise while drawn
 
 
@@ -77,7 +76,7 @@ class StageView:
 def _limit_text(c: Check) -> str:
     if c.limit is None:
         return "—"
-    return f"{DIRECTION_SIGN.get(c.direction, '')} {fmt_value(c.limit)}".strip()
+    return f"{summary.SIGN.get(c.direction, '')} {fmt_value(c.limit)}".strip()
 
 
 def check_view(stage: str, c: Check, anchor: str) -> CheckView:
@@ -191,7 +190,7 @@ def regression_view(record: RunRecord) -> RegressionView | None:
         where = f"{SUMMARY_ID} evidence.trend_charts[{i}]"
         try:
             charts_out.append(ChartView(Markup(charts.render_spec(charts.parse_spec(raw, where)))))
-        except (charts.ChartError, ValueError, ArithmeticError, TypeError) as exc:
+        except (charts.ChartError, *DRAW_ERRORS) as exc:
             charts_out.append(ChartView(problem=f"{where}: {exc}"))
     notes = [fmt_value(n, 500) for n in ev.get("notes")] if isinstance(ev.get("notes"), list) else []
     rid = trends.baseline_run_id(record)  # run folders sit side by side: ../<run id>/report.html
