@@ -22,6 +22,7 @@ import re
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -277,18 +278,126 @@ def _float_sized_int(text: str) -> int | _NonFinite:
 
 
 class _Duplicate(ValueError):
-    pass
+    @classmethod
+    def of(cls, key: str) -> "_Duplicate":
+        shown = key if len(key) <= 80 else key[:77] + "..."
+        return cls(f"duplicate key {shown!r} (it appears twice in one object: readers disagree on which value counts)")
+
+
+class _TooLong(ValueError):
+    """A list at the document's top level longer than its reader holds (the message names its key path)."""
+
+
+class _Malformed(Exception):
+    """Not JSON where :class:`_Capped` reads the document's top level: :func:`json.loads` says why,
+    in its own words (they differ between Python versions)."""
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        shown = dup if len(dup) <= 80 else dup[:77] + "..."
-        raise _Duplicate(f"duplicate key {shown!r} (it appears twice in one object: readers disagree on "
-                         "which value counts)")
+        raise _Duplicate.of(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
     return out
+
+
+_HOOKS: dict[str, Any] = {"parse_constant": _NonFinite, "parse_float": _finite_float,
+                          "parse_int": _float_sized_int, "object_pairs_hook": _no_duplicates}
+_WS = json.decoder.WHITESPACE.match
+_NOT_SCALAR = re.compile(r'[\[{"]')  # where a list holds a list, an object or a string (which may hold a ']')
+
+
+@dataclass(frozen=True)
+class _Capped:
+    """A strict parse of ``text`` that counts each list at its top level (the document, or an
+    object's member) as it builds it, and refuses one past ``cap`` entries before reading the next:
+    what a parse builds per entry can be 20 times its bytes (``[]`` is 3 bytes and 64 in memory),
+    so a count checked after the parse comes after the memory it was meant to spare.
+
+    The values in those lists, and every other value, are the stdlib's C scanner's, with the same
+    hooks as :func:`json.loads`: the same document, the same numbers. A list of scalars only (its
+    first ``]`` ends it) is counted by its commas and scanned whole; other lists an entry at a time.
+    """
+
+    text: str
+    scan: Callable[[str, int], tuple[Any, int]]
+    cap: int
+    reason: str  # why the cap, after "more than N entries"
+
+    def document(self) -> Any:
+        i = _WS(self.text, 0).end()
+        if self.text.startswith("{", i):
+            doc, i = self.members(i)
+        elif self.text.startswith("[", i):
+            doc, i = self.entries(i, ())
+        else:
+            doc, i = self.value(i)
+        end = _WS(self.text, i).end()
+        if end != len(self.text):
+            raise json.JSONDecodeError("Extra data", self.text, end)  # JSONDecoder.decode's words
+        return doc
+
+    def value(self, i: int) -> tuple[Any, int]:
+        try:
+            return self.scan(self.text, i)
+        except StopIteration:
+            raise _Malformed from None
+
+    def members(self, i: int) -> tuple[dict[str, Any], int]:
+        """The object at ``i``; a key seen twice is refused as it is read, before its value is built."""
+        text = self.text
+        out: dict[str, Any] = {}
+        i = _WS(text, i + 1).end()
+        if text.startswith("}", i):
+            return out, i + 1
+        while text.startswith('"', i):
+            key, i = json.decoder.scanstring(text, i + 1, True)
+            if key in out:
+                raise _Duplicate.of(key)
+            i = _WS(text, i).end()
+            if not text.startswith(":", i):
+                break
+            i = _WS(text, i + 1).end()
+            out[key], i = self.entries(i, (key,)) if text.startswith("[", i) else self.value(i)
+            i = _WS(text, i).end()
+            if text.startswith("}", i):
+                return out, i + 1
+            if not text.startswith(",", i):
+                break
+            i = _WS(text, i + 1).end()
+        raise _Malformed
+
+    def entries(self, i: int, keys: tuple[Any, ...]) -> tuple[list[Any], int]:
+        """The list at ``i``, refused (naming ``keys``) before its entry ``cap + 1`` is built."""
+        text = self.text
+        out: list[Any] = []
+        end = text.find("]", i)
+        if end >= 0 and text.count(",", i, end) < self.cap and not _NOT_SCALAR.search(text, i + 1, end):
+            return self.value(i)
+        i = _WS(text, i + 1).end()
+        if text.startswith("]", i):
+            return out, i + 1
+        while True:
+            if len(out) == self.cap:
+                raise _TooLong(f"{key_path(keys)}: more than {self.cap:,} entries{self.reason and '; '}{self.reason}")
+            value, i = self.value(i)
+            out.append(value)
+            i = _WS(text, i).end()
+            if text.startswith("]", i):
+                return out, i + 1
+            if not text.startswith(",", i):
+                raise _Malformed
+            i = _WS(text, i + 1).end()
+
+
+def _loads(text: str, max_entries: int | None, reason: str) -> Any:
+    """``text`` parsed strictly; with ``max_entries``, by :class:`_Capped`."""
+    if max_entries is not None:
+        try:
+            return _Capped(text, json.JSONDecoder(**_HOOKS).scan_once, max_entries, reason).document()
+        except _Malformed:
+            pass  # out of the handler first, so what was built is let go: json.loads stops where it stopped
+    return json.loads(text, **_HOOKS)
 
 
 def key_path(path: tuple[Any, ...]) -> str:
@@ -311,20 +420,23 @@ def _json_errors(where: str, error: type[InputError], deep: str) -> Iterator[Non
         raise error(where, f"JSON nested too deeply ({deep})") from None
     except MemoryError:
         raise error(where, "too large to parse in the memory available") from None
-    except _Duplicate as exc:
+    except (_Duplicate, _TooLong) as exc:
         raise error(where, str(exc)) from None
     except ValueError as exc:  # an integer of more digits than int() converts
         raise error(where, f"not usable JSON ({str(exc).split(';')[0]})") from None
 
 
 def strict_json(data: bytes | str, where: str, error: type[InputError] = InputError, *,
-                max_depth: int = MAX_DEPTH) -> Any:
+                max_depth: int = MAX_DEPTH, max_entries: int | None = None, reason: str = "") -> Any:
     """Parse JSON as the record format defines it: UTF-8, no NaN/Infinity, no duplicate keys, at
-    most ``max_depth`` deep, no lone surrogates. ``where`` names the file (and line) in the error."""
+    most ``max_depth`` deep, no lone surrogates. ``where`` names the file (and line) in the error.
+
+    ``max_entries`` refuses a list at the top level (the document, or an object's member) of more
+    entries, naming its key (and ``reason``: why the cap), having built at most that many: for a
+    reader whose memory follows a count (one entry a request) rather than the file's bytes."""
     text = decode_utf8(data, where, error) if isinstance(data, bytes) else data
     with _json_errors(where, error, f"more than {max_depth} levels"):
-        obj = json.loads(text, parse_constant=_NonFinite, parse_float=_finite_float, parse_int=_float_sized_int,
-                         object_pairs_hook=_no_duplicates)
+        obj = _loads(text, max_entries, reason)
     _walk(obj, where, error, max_depth)
     return obj
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 
 from day0.client.loadgen import PhaseResult, RequestResult
 from day0.config.latency import LatencySection
-from day0.core.inputs import InputError, key_path
+from day0.core.inputs import InputError, key_path, strict_json
 from day0.core.record_shape import got
 
 NUMBER = "a number"
@@ -49,7 +49,8 @@ MAX_LEFT_OUT_SHOWN = 20
 # An imported request costs about 0.8 KB held (its RequestResult, its message times, its share of the
 # pooled samples: docs/metrics.md, "Memory and time"), whatever few bytes of the file it took: 300,000
 # requests of one gap each, 5 MB of file, held 310 MB. A file at the 256 MiB cap could claim 15
-# million (12 GB); the count is refused past a million (about 0.9 GB), before any is read.
+# million (12 GB); the count is refused past a million (about 0.9 GB), as the parse reaches it
+# (:func:`result_json`), before any request is read.
 MAX_REQUESTS = 1_000_000
 
 
@@ -196,12 +197,25 @@ class Doc:
         return v
 
 
+def over_the_cap() -> str:
+    """Why a run past :data:`MAX_REQUESTS` is refused, in every refusal of one."""
+    return f"an import holds at most {MAX_REQUESTS:,} requests (about 0.8 KB of memory each): import a shorter run"
+
+
+def result_json(text: str | bytes, where: str) -> Any:
+    """A result file's JSON (strictly, :func:`~day0.core.inputs.strict_json`), each list at its top
+    level (one entry a request in a vLLM result) refused past :data:`MAX_REQUESTS` entries as the
+    parse reaches it. A count checked after the parse came after its memory: 1,000,001 requests of
+    one gap each (41 MB) peaked at 536 MB to be refused, about 0.5 KB a request, so a file at the
+    size cap could take some 6 GB."""
+    return strict_json(text, where, max_entries=MAX_REQUESTS, reason=over_the_cap())
+
+
 def check_request_count(doc: Doc, keys: tuple[Any, ...], n: int) -> None:
     """Refuse (one line naming ``keys``, the count and the cap) a run of more than
     :data:`MAX_REQUESTS` requests: what an import holds grows with the count, not the file's bytes."""
     if n > MAX_REQUESTS:
-        raise doc.fail(keys, f"{n:,} requests, more than an import holds ({MAX_REQUESTS:,}: about 0.8 KB of "
-                             "memory each); import a shorter run")
+        raise doc.fail(keys, f"{n:,} requests; {over_the_cap()}")
 
 
 def check_tokens(doc: Doc, keys: tuple[Any, ...], claimed: int, at_least: int, messages: int) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from day0.config.latency import SlaSection
-from day0.core.inputs import InputError, decode_utf8, read_regular, strict_json
+from day0.core.inputs import InputError, decode_utf8, read_regular
 from day0.core.record import EVENTS_FILE, Check, EventLog, RunRecord, rebuild
 from day0.stages.latency.checks import (
     error_rate_check,
@@ -29,7 +29,7 @@ from day0.stages.latency.checks import (
 )
 from day0.stages.latency.from_guidellm import benchmark_labels, looks_like_guidellm, read_guidellm
 from day0.stages.latency.from_vllm import looks_like_vllm, read_vllm
-from day0.stages.latency.imported import ImportedRun
+from day0.stages.latency.imported import ImportedRun, result_json
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics, rounded, summarize
 
 MAX_RESULT_BYTES = 256 << 20  # as a run record: a detailed vLLM result of 100,000 x 64-token requests is ~150 MB
@@ -78,12 +78,12 @@ def _documents(path: Path, text: str | bytes) -> list[Any]:
     """The file's JSON document, or (``vllm bench serve --append-result``) one per line. The lines
     are looked at only when the whole is not one document: they are a second copy of the file."""
     try:
-        return [strict_json(text, str(path))]
+        return [result_json(text, str(path))]
     except InputError:
         raw = text.encode("utf-8") if isinstance(text, str) else text  # split as bytes: \n and \r only
         lines = [line for line in raw.splitlines() if line.strip()]
         if len(lines) > 1 and all(line.lstrip().startswith(b"{") for line in lines):
-            return [strict_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1)]
+            return [result_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1)]
         raise
 
 

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 from day0.config.latency import SlaSection
+from day0.core.inputs import InputError
 from day0.core.record import load
 from day0.stages.latency import main
 from day0.stages.latency.importing import import_checks, read_result
 from tests.support import DATA, hostile
-from tests.support.vllm_results import detailed_result
+from tests.support.vllm_results import detailed_result, tiny_result_text
 
 VLLM = DATA / "vllm-bench-detailed.json"
 VLLM_SUMMARY = DATA / "vllm-bench-summary.json"
@@ -263,14 +264,40 @@ def test_limits_at_percentiles_alike_to_six_digits_get_their_own_checks(tmp_path
     assert "ttft_p99_9_ms and ttft_p99.90_ms: the same percentile" in err and "\n" not in err
 
 
-@pytest.mark.parametrize("path, named", [(VLLM, "ttfts: 12 requests"), (GUIDELLM, "benchmarks[0].requests: 8 requests")])
+@pytest.mark.parametrize("path, named", [(VLLM, "input_lens: more than 5 entries"),
+                                         (GUIDELLM, "benchmarks[0].requests: 8 requests")])
 def test_a_run_of_more_requests_than_an_import_holds_is_one_line(path, named, capsys, monkeypatch):
     """Memory follows the request count (about 0.8 KB each), not the file's bytes: 300,000 requests
     of one gap, 5 MB, held 310 MB, and a file at the 256 MiB cap could claim 15 million. Past
-    MAX_REQUESTS the count is refused, naming it and the cap (here a cap of 5, the fixtures hold more)."""
+    MAX_REQUESTS the count is refused, naming it and the cap (here a cap of 5, the fixtures hold more):
+    in a vLLM result by the parse, at the first list of one entry a request (input_lens is vLLM's)."""
     from day0.stages.latency import imported
 
     monkeypatch.setattr(imported, "MAX_REQUESTS", 5, raising=False)
     assert main(["import", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert named in err and "more than an import holds (5:" in err and "\n" not in err
+    assert named in err and "an import holds at most 5 requests" in err and "\n" not in err
+
+
+def test_a_file_over_the_request_cap_is_refused_before_its_parse_builds_it(tmp_path, monkeypatch):
+    """The count was checked once the file was parsed: 1,000,001 requests of one gap (41 MB) peaked
+    at 536 MB resident to be refused, 4,000,000 (167 MB) at 1,988 MB. The parse now counts each list
+    at the top level as it builds it and stops at the cap: here a cap of 1,000 and 100,000 such
+    requests (4 MB), whose whole parse traced 11 times the file's bytes. Refused, the peak is what
+    reading the file takes (its bytes, then its text: 2 times), not what parsing it would."""
+    from day0.stages.latency import imported
+
+    monkeypatch.setattr(imported, "MAX_REQUESTS", 1_000)
+    path = tmp_path / "many.json"
+    path.write_text(tiny_result_text(100_000))
+    read_result(VLLM)  # what a first import loads is code, not the file's
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as refused:
+            read_result(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * path.stat().st_size, f"{peak / path.stat().st_size:.1f} bytes per byte of the file"
+    assert str(refused.value) == (f"{path}: input_lens: more than 1,000 entries; an import holds at most 1,000 "
+                                  "requests (about 0.8 KB of memory each): import a shorter run")
