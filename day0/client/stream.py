@@ -183,19 +183,21 @@ class TokenAccountant:
     ``delta: {}`` as older llama.cpp servers send it), so a usage's growth is measured from
     ``counted``, the tokens already given to messages by any evidence, never from the previous usage
     alone: that counted every token a text or token-id message had carried a second time when the
-    next usage arrived. A usage below what was already counted is a disagreement the result flags
-    (``behind``, into ``count_mismatch``); without a usage-only chunk, the last usage a choice carried
-    is the stream's total (older llama.cpp servers put it on their closing ``delta: {}``).
+    next usage arrived. In a stream of one choice, a usage below what was already counted is a
+    disagreement the result flags (``behind``, into ``count_mismatch``), and without a usage-only
+    chunk the last usage a choice carried is the stream's total (older llama.cpp servers put it on
+    their closing ``delta: {}``). With several choices (``n`` > 1) vLLM's usage on a choice's chunk is
+    that choice's own, so neither holds there (``several``).
 
     ``max_tokens`` (the request's own) bounds every count the server gives: a cumulative or final
-    ``completion_tokens``, token ids adding up, messages counted one token each, or all of them
-    together, past it cannot be true, and is the request's malformed_event rather than a throughput 100 times too high (a final
+    ``completion_tokens``, token ids adding up, or messages counted one token each, past it cannot be
+    true, and is the request's malformed_event rather than a throughput 100 times too high (a final
     usage of 400 after 4 streamed tokens, or 400 text messages where 2 tokens were asked for) or a
     per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("counted", "ids", "texts", "weakest", "final_tokens", "last_usage", "behind", "prompt_tokens",
-                 "max_tokens")
+    __slots__ = ("counted", "ids", "texts", "weakest", "final_tokens", "last_usage", "behind", "several",
+                 "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.counted = 0  # tokens given to messages so far, by any evidence: what a usage grows from
@@ -205,6 +207,7 @@ class TokenAccountant:
         self.final_tokens: int | None = None  # a usage-only chunk's completion_tokens
         self.last_usage: int | None = None  # the last completion_tokens any chunk carried
         self.behind = 0  # the most a usage fell short of the tokens already counted
+        self.several = False  # a chunk of a choice other than the first: usage on a choice is per choice
         self.prompt_tokens: int | None = None
         self.max_tokens = max_tokens
 
@@ -230,6 +233,7 @@ class TokenAccountant:
         n = 0
         if choices:
             choice = choices[0]
+            self.several = self.several or choice.get("index", 0) != 0
             tids = choice.get("token_ids")
             if tids is not None:
                 n = len(tids)
@@ -247,8 +251,6 @@ class TokenAccountant:
                 if not role_only:
                     self.weakest = 2
             self.counted += n
-            if n and not _closing_empty(choice):
-                self._bounded(self.counted, "tokens counted (token ids, usage and messages together)")
         if usage:
             if usage.get("completion_tokens") is not None:
                 ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens")
@@ -259,6 +261,14 @@ class TokenAccountant:
             if usage.get("prompt_tokens") is not None:
                 self.prompt_tokens = _count_of(usage, "prompt_tokens")
         return n
+
+    def total(self) -> int | None:
+        """The output tokens usage gives: a usage-only chunk's, else, with one choice, the last usage."""
+        return self.final_tokens if self.final_tokens is not None or self.several else self.last_usage
+
+    def usage_behind(self) -> bool:
+        """Whether, with one choice, a usage fell short of the tokens its earlier messages carried."""
+        return self.behind > 0 and not self.several
 
     def _bounded(self, count: int, what: str) -> int:
         if self.max_tokens is not None and count > self.max_tokens:
@@ -369,11 +379,11 @@ async def stream_one(
     res.token_source = TOKEN_SOURCES[acct.weakest]
     res.prompt_tokens = acct.prompt_tokens
     msg_total = sum(res.msg_n)
-    final = acct.final_tokens if acct.final_tokens is not None else acct.last_usage
+    final = acct.total()
     if final is not None:
         res.output_tokens = final
         res.output_tokens_source = "usage"
-        res.count_mismatch = acct.behind > 0 or _mismatch(acct.weakest, msg_total, res.output_tokens)
+        res.count_mismatch = acct.usage_behind() or _mismatch(acct.weakest, msg_total, res.output_tokens)
     else:
         res.output_tokens = msg_total
         res.output_tokens_source = "messages"

@@ -260,26 +260,39 @@ def test_any_mix_of_evidence_counts_each_messages_own_tokens(msgs, closing_usage
         assert a.tokens_in(json.dumps(closing)) == 0
 
 
-def test_a_usage_behind_what_was_counted_is_a_disagreement_and_all_evidence_together_is_bounded():
+def test_a_usage_behind_what_was_counted_is_a_disagreement_in_a_stream_of_one_choice():
     """A mixed stream's usage could fall short of the tokens its text messages had already been given
     (five one-token messages, usage 3): the clamp kept the count right but nothing flagged that the
-    per-message figures were not usage's tokens. And each counter was bounded by max_tokens alone,
-    never their sum: four token ids then four text messages passed max_tokens 4 with 8 tokens."""
+    per-message figures were not usage's tokens. With n > 1, vLLM's usage on a choice's chunk is that
+    choice's own: ids of two choices adding up past one choice's usage are no disagreement."""
     a = TokenAccountant(max_tokens=8)
     for usage in (1, None, 1, None, 3):
         a.tokens_in(json.dumps({"choices": [{"text": "t"}], **({"usage": {"completion_tokens": usage}} if usage else {})}))
-    assert (a.counted, a.last_usage, a.behind) == (3, 3, 1)  # the second usage of 1 came after 2 were counted
+    assert (a.counted, a.total(), a.usage_behind()) == (3, 3, True)  # the second usage of 1 came after 2 were counted
     exact = TokenAccountant(max_tokens=8)
     for cum in (1, 2, 3):
         exact.tokens_in(json.dumps({"choices": [{"text": "t"}], "usage": {"completion_tokens": cum}}))
-    assert exact.behind == 0
-    mixed = TokenAccountant(max_tokens=4)
-    mixed.tokens_in(json.dumps({"choices": [{"text": "t", "token_ids": [1, 2, 3, 4]}]}))
-    with pytest.raises(_Failed) as exc:
-        for _ in range(4):
-            mixed.tokens_in(json.dumps({"choices": [{"text": "t"}]}))
-    assert exc.value.kind == "malformed_event" and exc.value.reason.startswith("tokens counted (token ids, usage and ")
-    assert exc.value.reason.endswith(" 5 is past the request's max_tokens 4")
+    assert (exact.total(), exact.usage_behind()) == (3, False)
+    two = TokenAccountant(max_tokens=8)
+    for own in (1, 2):
+        for index in (0, 1):
+            two.tokens_in(json.dumps({"choices": [{"index": index, "text": "t", "token_ids": [7]}],
+                                      "usage": {"completion_tokens": own}}))
+    assert (two.counted, two.total(), two.usage_behind()) == (4, None, False)  # no usage-only chunk: messages
+    two.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}))
+    assert two.total() == 4
+
+
+def test_an_echoed_prompt_before_token_ids_is_not_past_max_tokens():
+    """vLLM's chat echo (extra_body echo) sends the last message as content without token ids, then
+    max_tokens ids: each kind of evidence is bounded on its own, so the echo is no malformed event
+    (a bound on their sum refused it), and the count's disagreement is flagged by the final usage."""
+    a = TokenAccountant(max_tokens=4)
+    a.tokens_in(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "the prompt"}}]}))
+    assert [a.tokens_in(json.dumps({"choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [7]}]}))
+            for _ in range(4)] == [1, 1, 1, 1]
+    a.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}))
+    assert a.total() == 4
 
 
 @pytest.mark.parametrize("data, kind", [
