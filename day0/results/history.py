@@ -196,28 +196,37 @@ def store(run_json: Path, folder: Path, attempts: int = 100) -> Entry:
     return Entry(target, int(m["number"]), m["stamp"], m["commit"], m["verdict"])
 
 
+# Unreadable entries named one by one; past it, a count: 500 must not push a verdict off the screen.
+NAMED_SKIPS = 3
+
+
 def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
            skipped: list[str] | None = None, before: str = "") -> list[tuple[Entry, RunRecord]]:
     """The last ``n`` stored runs (oldest first), never the run ``exclude_run_id`` itself, only
     those with ``verdict`` when one is given (``latest-accepted``), and only those started before
     ``before`` (the judged run's start, or at it: an older run's report or comparison is against what came
     before it, never after). An entry that does not load is skipped (one bad file must not stop
-    every later nightly) and named in ``skipped``. The nightly judges a run against these, and the
-    trend charts draw them."""
+    every later nightly) and named in ``skipped``, the first :data:`NAMED_SKIPS` of them and a
+    count of the rest, unless its name says it was stored after ``before`` (it would never have been
+    one of these). The nightly judges a run against these, and the trend charts draw them."""
     out: list[tuple[Entry, RunRecord]] = []
+    bad: list[str] = []
     for e in reversed(entries(folder)):
         if len(out) >= n:
             break
-        if verdict and e.verdict != verdict or not _earlier(_iso(e.stamp), before):
-            continue  # by its name: a later run's file is never loaded, nor named when it does not load
+        if verdict and e.verdict != verdict:
+            continue
         try:
             rec = e.load()
         except RecordError as exc:
-            if skipped is not None:
-                skipped.append(f"history entry skipped: {exc}")
+            if _earlier(_iso(e.stamp), before):  # a name, not a start: only ever used to leave a note out
+                bad.append(f"history entry skipped: {exc}")
             continue
         if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict) and _earlier(rec.started_at, before):
             out.append((e, rec))
+    if skipped is not None:
+        more = len(bad) - NAMED_SKIPS
+        skipped += bad[:NAMED_SKIPS] + ([f"and {more} more history entries that did not load"] if more > 0 else [])
     return list(reversed(out))
 
 

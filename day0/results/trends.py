@@ -46,16 +46,8 @@ def history_runs(record: RunRecord, run_file: Path, n: int = TREND_RUNS,
         found = recent(folder_for(root, record), n - 1, exclude_run_id=record.run_id, skipped=skipped,
                        before=record.started_at)
     except (OSError, HistoryError):
-        return [], _few(skipped)
-    return [r for _, r in found], _few(skipped)
-
-
-def _few(notes: list[str], shown: int = 3) -> list[str]:
-    """The first ``shown`` notes and a count of the rest: 500 unreadable entries must not push the
-    verdict off the first screen (nor the terminal's verdict line 500 lines down)."""
-    if len(notes) <= shown:
-        return notes
-    return [*notes[:shown], f"and {len(notes) - shown} more history entries that did not load"]
+        return [], skipped
+    return [r for _, r in found], skipped
 
 
 def sparkline(h: Headline) -> str:

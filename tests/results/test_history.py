@@ -172,6 +172,25 @@ def test_an_older_run_is_judged_and_charted_against_the_runs_before_it_never_aft
     assert len(history.recent(folder, 5, exclude_run_id="run-2")) == 4  # no start given: as before
 
 
+def test_a_start_without_a_zone_stays_a_baseline_and_only_the_first_unreadable_entries_are_named(tmp_path):
+    """9146b0f passed over entries by their file name's stamp, which writes a start without a zone
+    as UTC: an imported run started at 10:30 (no zone, so maybe 08:30Z) left `day0 compare`'s
+    baseline, which the loaded record's start had always kept. And `day0 compare` named every one
+    of ten truncated entries."""
+    folder = tmp_path / "h"
+    history.store(_write(_record("run-a", started="2026-11-30T08:00:00.000+00:00"), tmp_path), folder)
+    history.store(_write(_record("run-b", started="2026-11-30T10:30:00"), tmp_path), folder)
+    got = history.recent(folder, 5, exclude_run_id="run-now", before="2026-11-30T09:00:00.000+00:00")
+    assert [r.run_id for _, r in got] == ["run-a", "run-b"]
+    for number in range(3, 13):
+        (folder / f"{number:04d}_20261129T080000Z_0123456789ab_accepted.json").write_text('{"trunc')
+    (folder / "0013_20261205T080000Z_0123456789ab_accepted.json").write_text('{"trunc')  # after the run began
+    skipped: list[str] = []
+    history.recent(folder, 5, exclude_run_id="run-now", skipped=skipped, before="2026-11-30T09:00:00.000+00:00")
+    assert len(skipped) == history.NAMED_SKIPS + 1 and skipped[-1] == "and 7 more history entries that did not load"
+    assert not [n for n in skipped if "20261205T" in n], skipped
+
+
 def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
     out = tmp_path / "reports"
     rec = _record("run-kept")
