@@ -14,7 +14,8 @@ specs in one registry, :data:`OPS` (:mod:`day0.core.collective_ops`); adding an 
 Modules: ``settings`` (the ``[collectives]`` table), ``result`` (what rank 0 writes),
 ``exact`` (the exact data), ``routing`` (the expert routing behind the uneven all-to-all), ``sweep``, ``rank`` and ``rank_env`` (the rank side), ``launcher`` and ``faults``
 (local ranks, watchdog, diagnosis), ``multinode`` (torchrun on every node of a cluster),
-``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport, the engine's TP traffic across nodes), ``checks``, ``busbw`` (formulas), ``nccl_debug`` and
+``links`` (node-to-node bandwidth), ``sockets`` (gloo's inter-node transport, the engine's TP traffic across nodes), ``checks``, ``busbw`` (formulas), ``nccl_debug``,
+``nccl_comms`` (its communicator table), ``nccl_placement`` (where a connection's ends run) and
 ``transport`` (NCCL_DEBUG logs), ``nccl_tests`` with ``nccl_format``, ``nccl_text`` and
 ``nccl_json`` (importing nccl-tests output), ``inputs`` (reading a file handed in without trusting
 it), ``tp_equivalence`` (vLLM's TP path), ``cli``.

@@ -183,7 +183,8 @@ class CommTable:
     tree_ranks: dict[tuple[str, int], dict[int, None]] = field(default_factory=dict)  # process -> its ranks
     tree_count: int = 0
     version: int = 0
-    _groups: tuple[int, dict[tuple, list[Communicator]]] | None = field(default=None, repr=False, compare=False)
+    _groups: tuple[int, dict[tuple, list[Communicator]]] | None = field(default=None, init=False, repr=False,
+                                                                         compare=False)
 
     def note(self, host: str, pid: int, tid: int, f: InitFacts) -> str | None:
         """Record an init line; the reason to refuse the log when a cap is passed, else None."""
@@ -264,7 +265,8 @@ class CommTable:
     def groups(self) -> dict[tuple, list[Communicator]]:
         """Each communicator across processes (by its identity): its members, in the order they were printed.
         Kept until the next line: ``day0 collectives transport`` counts them in its header and lists them in
-        its evidence (:meth:`summary`), each time over every record."""
+        its evidence (:meth:`summary`), each time over every record. Shared, so read it, never change it
+        (a copy of the table starts without it: ``init=False``)."""
         if self._groups is None or self._groups[0] != self.version:
             out: dict[tuple, list[Communicator]] = {}
             identity = Identities(self.records).of

@@ -9,6 +9,7 @@ one process's lines in the order it prints them, processes one after the other p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 
@@ -370,3 +371,6 @@ def test_the_communicators_are_grouped_once_until_the_next_line():
     parse_nccl_debug_lines([(1, "gpu-a:41000:41016 [0] NCCL INFO ncclCommInitRankConfig comm 0x7f00 rank 0 nranks 2 "
                                 "cudaDev 0 nvmlDev 0 busId 18000 commId 0xabc - Init COMPLETE")], log=log)
     assert len(log.comms.groups()) == 15 and list(log.comms.groups())[-1] == ("id", "abc")
+    # a copy of the table is grouped anew (replace() of a table holding 14 groups, to one record's)
+    first = dataclasses.replace(log.comms, records=log.comms.records[:1])
+    assert len(first.groups()) == 1
