@@ -49,7 +49,7 @@ MAX_LEFT_OUT_SHOWN = 20
 # An imported request costs about 0.8 KB held (its RequestResult, its message times, its share of the
 # pooled samples: docs/metrics.md, "Memory and time"), whatever few bytes of the file it took: 300,000
 # requests of one gap each, 5 MB of file, held 310 MB. A file at the 256 MiB cap could claim 15
-# million (12 GB); the count is refused past a million (about 0.9 GB), as the parse reaches it
+# million (12 GB); the count is refused past a million (about 0.9 GB), by its per-request lists of numbers
 # (:func:`result_json`), before any request is read.
 MAX_REQUESTS = 1_000_000
 
@@ -203,11 +203,11 @@ def over_the_cap() -> str:
 
 
 def result_json(text: str | bytes, where: str) -> Any:
-    """A result file's JSON (strictly, :func:`~day0.core.inputs.strict_json`), each list at its top
-    level (one entry a request in a vLLM result) refused past :data:`MAX_REQUESTS` entries as the
-    parse reaches it. A count checked after the parse came after its memory: 1,000,001 requests of
-    one gap each (41 MB) peaked at 536 MB to be refused, about 0.5 KB a request, so a file at the
-    size cap could take some 6 GB."""
+    """A result file's JSON (strictly, :func:`~day0.core.inputs.strict_json`), each list of numbers
+    at its top level (one entry a request in a vLLM result) refused past :data:`MAX_REQUESTS` entries
+    before it is built. A count checked after the parse came after its memory: 1,000,001 requests of
+    one gap each (41 MB) peaked at 549 MB to be refused (135 MB now), about 0.5 KB a request, so a
+    file at the size cap could take some 6 GB."""
     return strict_json(text, where, max_entries=MAX_REQUESTS, reason=over_the_cap())
 
 

@@ -79,12 +79,14 @@ def _documents(path: Path, text: str | bytes) -> list[Any]:
     are looked at only when the whole is not one document: they are a second copy of the file."""
     try:
         return [result_json(text, str(path))]
-    except InputError:
-        raw = text.encode("utf-8") if isinstance(text, str) else text  # split as bytes: \n and \r only
-        lines = [line for line in raw.splitlines() if line.strip()]
-        if len(lines) > 1 and all(line.lstrip().startswith(b"{") for line in lines):
-            return [result_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1)]
-        raise
+    except InputError as exc:  # kept without its traceback and chain, which held the first document's values
+        whole = exc.with_traceback(None)
+        whole.__context__ = whole.__cause__ = None
+    raw = text.encode("utf-8") if isinstance(text, str) else text  # split as bytes: \n and \r only
+    lines = [line for line in raw.splitlines() if line.strip()]
+    if len(lines) > 1 and all(line.lstrip().startswith(b"{") for line in lines):
+        return [result_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1)]
+    raise whole
 
 
 def _pick(path: Path, benchmark: int | None, labels: list[str], what: str) -> int:
