@@ -181,13 +181,14 @@ class TokenAccountant:
 
     A stream may mix the three, message by message (usage on some chunks only, or only on the closing
     ``delta: {}`` as older llama.cpp servers send it), so a usage's growth is measured from
-    ``counted``, the tokens already given to messages by any evidence, never from the previous usage
-    alone: that counted every token a text or token-id message had carried a second time when the
-    next usage arrived. In a stream of one choice, a usage below what was already counted is a
-    disagreement the result flags (``behind``, into ``count_mismatch``), and without a usage-only
-    chunk the last usage a choice carried is the stream's total (older llama.cpp servers put it on
-    their closing ``delta: {}``). With several choices (``n`` > 1) vLLM's usage on a choice's chunk is
-    that choice's own, so neither holds there (``several``).
+    ``own``, the tokens already given to that choice's messages by any evidence, never from the
+    previous usage alone: that counted every token a text or token-id message had carried a second
+    time when the next usage arrived. Per choice, because with ``n`` > 1 vLLM's usage on a choice's
+    chunk is that choice's own count: measured from all choices' tokens, every chunk of the second
+    choice was no token. A usage below what its choice was already given is a disagreement the
+    result flags (``behind``, into ``count_mismatch``); without a usage-only chunk, in a stream of one
+    choice, the last usage a choice carried is the stream's total (older llama.cpp servers put it on
+    their closing ``delta: {}``).
 
     ``max_tokens`` (the request's own) bounds every count the server gives: a cumulative or final
     ``completion_tokens``, token ids adding up, or messages counted one token each, past it cannot be
@@ -196,18 +197,18 @@ class TokenAccountant:
     per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("counted", "ids", "texts", "weakest", "final_tokens", "last_usage", "behind", "several",
+    __slots__ = ("own", "ids", "texts", "weakest", "final_tokens", "last_usage", "behind", "several",
                  "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
-        self.counted = 0  # tokens given to messages so far, by any evidence: what a usage grows from
+        self.own: dict[Any, int] = {}  # per choice index, tokens given to its messages: what its usage grows from
         self.ids = 0  # token ids seen so far
         self.texts = 0  # messages counted one token each (no token ids, no usage on them)
         self.weakest = 0  # index into TOKEN_SOURCES
         self.final_tokens: int | None = None  # a usage-only chunk's completion_tokens
         self.last_usage: int | None = None  # the last completion_tokens any chunk carried
         self.behind = 0  # the most a usage fell short of the tokens already counted
-        self.several = False  # a chunk of a choice other than the first: usage on a choice is per choice
+        self.several = False  # a chunk of a choice other than the first: its last usage is no total
         self.prompt_tokens: int | None = None
         self.max_tokens = max_tokens
 
@@ -230,16 +231,18 @@ class TokenAccountant:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
             raise _Failed("server_error", f"error event: {str(msg)[:160]}")
-        n = 0
+        n, index = 0, 0
         if choices:
             choice = choices[0]
-            self.several = self.several or choice.get("index", 0) != 0
+            index = choice.get("index", 0)
+            self.several = self.several or index != 0
+            before = self.own.get(index, 0)
             tids = choice.get("token_ids")
             if tids is not None:
                 n = len(tids)
                 self.ids = self._bounded(self.ids + n, "token ids")
             elif usage and usage.get("completion_tokens") is not None:
-                n = max(self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens") - self.counted, 0)
+                n = max(self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens") - before, 0)
                 self.weakest = max(self.weakest, 1)
             else:
                 role_only = _role_only(choice)
@@ -250,13 +253,14 @@ class TokenAccountant:
                         self._bounded(self.texts, "messages counted as tokens")
                 if not role_only:
                     self.weakest = 2
-            self.counted += n
+            self.own[index] = before + n
         if usage:
             if usage.get("completion_tokens") is not None:
                 ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens")
                 self.last_usage = ct
-                self.behind = max(self.behind, self.counted - ct)
-                if not choices:
+                if choices:
+                    self.behind = max(self.behind, self.own[index] - ct)
+                else:
                     self.final_tokens = ct
             if usage.get("prompt_tokens") is not None:
                 self.prompt_tokens = _count_of(usage, "prompt_tokens")
@@ -266,9 +270,14 @@ class TokenAccountant:
         """The output tokens usage gives: a usage-only chunk's, else, with one choice, the last usage."""
         return self.final_tokens if self.final_tokens is not None or self.several else self.last_usage
 
+    @property
+    def counted(self) -> int:
+        """Tokens given to messages so far, every choice's."""
+        return sum(self.own.values())
+
     def usage_behind(self) -> bool:
-        """Whether, with one choice, a usage fell short of the tokens its earlier messages carried."""
-        return self.behind > 0 and not self.several
+        """Whether a usage fell short of the tokens its choice's earlier messages carried."""
+        return self.behind > 0
 
     def _bounded(self, count: int, what: str) -> int:
         if self.max_tokens is not None and count > self.max_tokens:

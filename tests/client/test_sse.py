@@ -283,6 +283,17 @@ def test_a_usage_behind_what_was_counted_is_a_disagreement_in_a_stream_of_one_ch
     assert two.total() == 4
 
 
+def test_with_several_choices_each_chunks_usage_is_its_own_choices():
+    """vLLM's continuous usage with n = 2: each choice's chunks carry that choice's own count. Growth
+    was measured from every choice's tokens together, so each chunk of the second choice carried
+    none: 2 of 4 tokens, and every such request flagged count_mismatch."""
+    a = TokenAccountant(max_tokens=8)
+    got = [a.tokens_in(json.dumps({"choices": [{"index": index, "text": "t"}], "usage": {"completion_tokens": own}}))
+           for own in (1, 2) for index in (0, 1)]
+    a.tokens_in(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}))
+    assert (got, a.counted, a.total(), a.usage_behind()) == ([1, 1, 1, 1], 4, 4, False)
+
+
 def test_an_echoed_prompt_before_token_ids_is_not_past_max_tokens():
     """vLLM's chat echo (extra_body echo) sends the last message as content without token ids, then
     max_tokens ids: each kind of evidence is bounded on its own, so the echo is no malformed event
