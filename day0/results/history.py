@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,7 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
         try:
             rec = e.load()
         except RecordError as exc:
-            if _earlier(_iso(e.stamp), before):  # a name, not a start: only ever used to leave a note out
+            if _named(e.stamp, before):
                 bad.append(f"history entry skipped: {exc}")
             continue
         if rec.run_id != exclude_run_id and (not verdict or rec.verdict == verdict) and _earlier(rec.started_at, before):
@@ -230,9 +230,15 @@ def recent(folder: Path, n: int, exclude_run_id: str = "", verdict: str = "",
     return list(reversed(out))
 
 
-def _iso(stamp: str) -> str:
-    """An entry name's stamp (:func:`_stamp`, the start to the second) as the ISO time it was made from."""
-    return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}T{stamp[9:11]}:{stamp[11:13]}:{stamp[13:15]}+00:00"
+def _named(stamp: str, before: str) -> bool:
+    """Whether an entry that did not load could have been a run before ``before``, by its name's stamp
+    (:func:`_stamp`: the start to the second, in UTC, or a start without a zone read as UTC, so up to
+    14 hours off the true time): one stored later is no gap in that run's history."""
+    try:
+        start = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        return not before or start - timedelta(hours=14) <= datetime.fromisoformat(before)
+    except (TypeError, ValueError):  # a time that does not compare: named
+        return True
 
 
 def _earlier(started_at: str, before: str) -> bool:

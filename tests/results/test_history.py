@@ -189,6 +189,15 @@ def test_a_start_without_a_zone_stays_a_baseline_and_only_the_first_unreadable_e
     history.recent(folder, 5, exclude_run_id="run-now", skipped=skipped, before="2026-11-30T09:00:00.000+00:00")
     assert len(skipped) == history.NAMED_SKIPS + 1 and skipped[-1] == "and 7 more history entries that did not load"
     assert not [n for n in skipped if "20261205T" in n], skipped
+    # a start without a zone is written in the name as if it were UTC: an entry named 10:30 may be
+    # 08:30Z, before a run at 09:00Z, so it is named when it does not load (14 hours, the widest offset)
+    skipped = []
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "0001_20261130T223000Z_0123456789ab_accepted.json").write_text('{"trunc')
+    (late / "0002_20261130T231000Z_0123456789ab_accepted.json").write_text('{"trunc')
+    history.recent(late, 5, skipped=skipped, before="2026-11-30T09:00:00.000+00:00")
+    assert len(skipped) == 1 and "0001_20261130T223000Z" in skipped[0], skipped
 
 
 def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
