@@ -183,8 +183,8 @@ class CommTable:
     tree_ranks: dict[tuple[str, int], dict[int, None]] = field(default_factory=dict)  # process -> its ranks
     tree_count: int = 0
     version: int = 0
-    _groups: tuple[int, dict[tuple, list[Communicator]]] | None = field(default=None, init=False, repr=False,
-                                                                         compare=False)
+    _groups: tuple[tuple[int, int, int], dict[tuple, list[Communicator]]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def note(self, host: str, pid: int, tid: int, f: InitFacts) -> str | None:
         """Record an init line; the reason to refuse the log when a cap is passed, else None."""
@@ -265,14 +265,15 @@ class CommTable:
     def groups(self) -> dict[tuple, list[Communicator]]:
         """Each communicator across processes (by its identity): its members, in the order they were printed.
         Kept until the next line: ``day0 collectives transport`` counts them in its header and lists them in
-        its evidence (:meth:`summary`), each time over every record. Shared, so read it, never change it
-        (a copy of the table starts without it: ``init=False``)."""
-        if self._groups is None or self._groups[0] != self.version:
+        its evidence (:meth:`summary`), each time over every record. Shared, so read it, never change it.
+        Kept by the table's version and its records list (which a copy may share, or replace)."""
+        key = (self.version, id(self.records), len(self.records))
+        if self._groups is None or self._groups[0] != key:
             out: dict[tuple, list[Communicator]] = {}
             identity = Identities(self.records).of
             for rec in self.records:
                 out.setdefault(identity(rec), []).append(rec)
-            self._groups = (self.version, out)
+            self._groups = (key, out)
         return self._groups[1]
 
     def summary(self, limit: int = 64) -> list[dict[str, object]]:

@@ -374,3 +374,8 @@ def test_the_communicators_are_grouped_once_until_the_next_line():
     # a copy of the table is grouped anew (replace() of a table holding 14 groups, to one record's)
     first = dataclasses.replace(log.comms, records=log.comms.records[:1])
     assert len(first.groups()) == 1
+    # a copy shares the records list (replace(), copy.copy): a record it adds there, which bumps only
+    # the copy's version, is not missed by the original's kept grouping
+    kept = log.comms.groups()
+    log.comms.records.append(log.comms.records[0])
+    assert log.comms.groups() is not kept
