@@ -197,12 +197,13 @@ class TokenAccountant:
     per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("own", "ids", "texts", "weakest", "final_tokens", "last_usage", "behind", "several",
+    __slots__ = ("own", "ids", "grown", "texts", "weakest", "final_tokens", "last_usage", "behind", "several",
                  "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.own: dict[Any, int] = {}  # per choice index, tokens given to its messages: what its usage grows from
         self.ids = 0  # token ids seen so far
+        self.grown = 0  # tokens the growth of usage gave, every choice's
         self.texts = 0  # messages counted one token each (no token ids, no usage on them)
         self.weakest = 0  # index into TOKEN_SOURCES
         self.final_tokens: int | None = None  # a usage-only chunk's completion_tokens
@@ -234,7 +235,7 @@ class TokenAccountant:
         n, index = 0, 0
         if choices:
             choice = choices[0]
-            index = choice.get("index", 0)
+            index = _choice_index(choice)
             self.several = self.several or index != 0
             before = self.own.get(index, 0)
             tids = choice.get("token_ids")
@@ -243,7 +244,9 @@ class TokenAccountant:
                 self.ids = self._bounded(self.ids + n, "token ids")
             elif usage and usage.get("completion_tokens") is not None:
                 n = max(self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens") - before, 0)
-                self.weakest = max(self.weakest, 1)
+                self.grown = self._bounded(self.grown + n, "usage.completion_tokens of all choices")
+                if n:  # a role chunk's usage of 0 tokens is no evidence the count used
+                    self.weakest = max(self.weakest, 1)
             else:
                 role_only = _role_only(choice)
                 n = 1 if _carries_output(choice) and not role_only else 0
@@ -283,6 +286,22 @@ class TokenAccountant:
         if self.max_tokens is not None and count > self.max_tokens:
             raise _Failed("malformed_event", f"{what} {count} is past the request's max_tokens {self.max_tokens}")
         return count
+
+
+# Choices a stream may hold (``n``): an index past it is no choice of the request. It bounds the
+# per-choice counts a server sending a new index on every chunk would otherwise grow.
+MAX_CHOICES = 1024
+
+
+def _choice_index(choice: dict[str, Any]) -> int:
+    """The choice's ``index`` (0 when absent or null), a whole number below :data:`MAX_CHOICES`; else
+    the request's malformed_event: ``0`` and ``"0"`` would count as two choices, ``true`` as the second."""
+    index = choice.get("index")
+    if index is None:
+        return 0
+    if type(index) is not int or not 0 <= index < MAX_CHOICES:
+        raise _Failed("malformed_event", f"choice index {str(index)[:40]!r} is not a choice of the request")
+    return index
 
 
 def _count_of(usage: dict[str, Any], key: str) -> int:

@@ -294,6 +294,37 @@ def test_with_several_choices_each_chunks_usage_is_its_own_choices():
     assert (got, a.counted, a.total(), a.usage_behind()) == ([1, 1, 1, 1], 4, 4, False)
 
 
+def test_a_choice_index_is_a_choice_of_the_request_and_usage_of_all_choices_is_bounded():
+    """Counted per choice index, a server sending a new index on every chunk, each with usage 64,
+    added 64 tokens a chunk: 128,000 for max_tokens 64 (and a per-token ITL list as long), the
+    request still ok. Usage's growth over all choices is bounded as each evidence is; an index that
+    is not a whole number below MAX_CHOICES is the request's malformed event, not another choice."""
+    from day0.client.stream import MAX_CHOICES
+
+    a = TokenAccountant(max_tokens=64)
+    with pytest.raises(_Failed, match="usage.completion_tokens of all choices 128 is past"):
+        for i in range(2000):
+            a.tokens_in(json.dumps({"choices": [{"index": i, "text": "a"}], "usage": {"completion_tokens": 64}}))
+    for bad in ("0", True, 0.0, -1, MAX_CHOICES, [0]):
+        with pytest.raises(_Failed, match="is not a choice of the request"):
+            TokenAccountant().tokens_in(json.dumps({"choices": [{"index": bad, "text": "a"}]}))
+    same = TokenAccountant()
+    assert [same.tokens_in(json.dumps({"choices": [{"index": i, "text": "a"}], "usage": {"completion_tokens": k}}))
+            for k, i in enumerate((0, None, 0, None), start=1)] == [1, 1, 1, 1]  # null is the first choice
+
+
+def test_a_role_chunk_with_usage_of_no_token_leaves_the_source_to_the_token_ids():
+    """Chat with return_token_ids and continuous usage: the role chunk's usage of 0 went down the usage
+    path and the source read continuous_usage, where completions said token_ids."""
+    a = TokenAccountant()
+    a.tokens_in(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                            "usage": {"completion_tokens": 0}}))
+    for k in (1, 2):
+        a.tokens_in(json.dumps({"choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [7]}],
+                                "usage": {"completion_tokens": k}}))
+    assert a.weakest == 0
+
+
 def test_an_echoed_prompt_before_token_ids_is_not_past_max_tokens():
     """vLLM's chat echo (extra_body echo) sends the last message as content without token ids, then
     max_tokens ids: each kind of evidence is bounded on its own, so the echo is no malformed event
