@@ -237,7 +237,7 @@ def _named(stamp: str, before: str) -> bool:
     try:
         start = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
         return not before or start - timedelta(hours=14) <= datetime.fromisoformat(before)
-    except (TypeError, ValueError):  # a time that does not compare: named
+    except (TypeError, ValueError, OverflowError):  # a time that does not compare (or a year-1 stamp): named
         return True
 
 

@@ -198,6 +198,10 @@ def test_a_start_without_a_zone_stays_a_baseline_and_only_the_first_unreadable_e
     (late / "0002_20261130T231000Z_0123456789ab_accepted.json").write_text('{"trunc')
     history.recent(late, 5, skipped=skipped, before="2026-11-30T09:00:00.000+00:00")
     assert len(skipped) == 1 and "0001_20261130T223000Z" in skipped[0], skipped
+    (late / "0003_00010101T050000Z_0123456789ab_accepted.json").write_text('{"trunc')  # 14 h before year 1
+    skipped = []
+    history.recent(late, 5, skipped=skipped, before="2026-11-30T09:00:00.000+00:00")
+    assert any("00010101T050000Z" in n for n in skipped), skipped
 
 
 def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
