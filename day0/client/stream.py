@@ -201,7 +201,7 @@ class TokenAccountant:
                  "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
-        self.own: dict[Any, int] = {}  # per choice index, tokens given to its messages: what its usage grows from
+        self.own: dict[int, int] = {}  # per choice index, tokens given to its messages: what its usage grows from
         self.ids = 0  # token ids seen so far
         self.grown = 0  # tokens the growth of usage gave, every choice's
         self.texts = 0  # messages counted one token each (no token ids, no usage on them)
