@@ -197,14 +197,15 @@ class TokenAccountant:
     per-token list of 10**9 values (a usage jumping to 10**9).
     """
 
-    __slots__ = ("own", "ids", "grown", "texts", "weakest", "final_tokens", "last_usage", "behind", "several",
-                 "prompt_tokens", "max_tokens")
+    __slots__ = ("own", "ids", "grown", "texts", "closed", "weakest", "final_tokens", "last_usage", "behind",
+                 "several", "prompt_tokens", "max_tokens")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.own: dict[int, int] = {}  # per choice index, tokens given to its messages: what its usage grows from
         self.ids = 0  # token ids seen so far
         self.grown = 0  # tokens the growth of usage gave, every choice's
         self.texts = 0  # messages counted one token each (no token ids, no usage on them)
+        self.closed: set[int] = set()  # choices whose closing empty message was let past the bound
         self.weakest = 0  # index into TOKEN_SOURCES
         self.final_tokens: int | None = None  # a usage-only chunk's completion_tokens
         self.last_usage: int | None = None  # the last completion_tokens any chunk carried
@@ -252,8 +253,10 @@ class TokenAccountant:
                 n = 1 if _carries_output(choice) and not role_only else 0
                 if n:
                     self.texts += n
-                    if not _closing_empty(choice):  # a closing empty message may hold no token: never past the bound
-                        self._bounded(self.texts, "messages counted as tokens")
+                    if not _closing_empty(choice) or index in self.closed:  # one closing empty message a
+                        self._bounded(self.texts, "messages counted as tokens")  # choice may hold no token
+                    if _closing_empty(choice):
+                        self.closed.add(index)
                 if not role_only:
                     self.weakest = 2
             self.own[index] = before + n
@@ -288,9 +291,9 @@ class TokenAccountant:
         return count
 
 
-# Choices a stream may hold (``n``): an index past it is no choice of the request. It bounds the
-# per-choice counts a server sending a new index on every chunk would otherwise grow.
-MAX_CHOICES = 1024
+# Choices a stream may hold (``n``; vLLM's VLLM_MAX_N_SEQUENCES default): an index past it is no choice
+# of any request. It bounds the per-choice counts a server sending a new index every chunk would grow.
+MAX_CHOICES = 16384
 
 
 def _choice_index(choice: dict[str, Any]) -> int:

@@ -305,12 +305,24 @@ def test_a_choice_index_is_a_choice_of_the_request_and_usage_of_all_choices_is_b
     with pytest.raises(_Failed, match="usage.completion_tokens of all choices 128 is past"):
         for i in range(2000):
             a.tokens_in(json.dumps({"choices": [{"index": i, "text": "a"}], "usage": {"completion_tokens": 64}}))
-    for bad in ("0", True, 0.0, -1, MAX_CHOICES, [0]):
+    for bad in ("0", True, 0.0, -1, MAX_CHOICES, [0]):  # MAX_CHOICES: vLLM's own n cap, 16,384
         with pytest.raises(_Failed, match="is not a choice of the request"):
             TokenAccountant().tokens_in(json.dumps({"choices": [{"index": bad, "text": "a"}]}))
     same = TokenAccountant()
     assert [same.tokens_in(json.dumps({"choices": [{"index": i, "text": "a"}], "usage": {"completion_tokens": k}}))
             for k, i in enumerate((0, None, 0, None), start=1)] == [1, 1, 1, 1]  # null is the first choice
+
+
+def test_one_closing_empty_message_a_choice_is_let_past_the_bound_not_five_thousand():
+    """The closing empty message's exemption (a server without usage that streams max_tokens tokens,
+    then an empty closing message) had no count: 5,000 of them were 5,000 tokens for max_tokens 64."""
+    closing = json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+    a = TokenAccountant(max_tokens=2)
+    for _ in range(2):
+        a.tokens_in(json.dumps({"choices": [{"index": 0, "text": "x"}]}))
+    a.tokens_in(closing)  # the first: let past (it may hold no token)
+    with pytest.raises(_Failed, match="messages counted as tokens 4 is past"):
+        a.tokens_in(closing)
 
 
 def test_a_role_chunk_with_usage_of_no_token_leaves_the_source_to_the_token_ids():
