@@ -72,8 +72,9 @@ def slug(text: str, limit: int = 80) -> str:
     """A history folder's name for ``text``: grouped without case or ASCII punctuation ("My Site"
     and "my-site" share a folder, as they always have), made a file name by the one sanitiser
     (:func:`day0.core.names.file_name`: one component, never ``..``, bounded; a name cut for
-    length or holding non-ASCII text keeps a hash of itself, so two such names stay apart)."""
-    return file_name(_SLUG.sub("-", str(text).lower()), limit)
+    length or holding non-ASCII text keeps a hash of itself, so two such names stay apart). Lowered
+    again after: a letter with no lower case ('𝙰', mathematical monospace) decomposes to 'A'."""
+    return file_name(_SLUG.sub("-", str(text).lower()), limit).lower()
 
 
 def machine_id(record: RunRecord, override: str = "") -> str:
@@ -160,7 +161,11 @@ def _stamp(iso: str | None) -> str:
         t = datetime.now(timezone.utc)
     if t.tzinfo is None:
         t = t.replace(tzinfo=timezone.utc)
-    return t.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        t = t.astimezone(timezone.utc)
+    except OverflowError:  # year 1 east of UTC, year 9999 west of it: the time as written
+        pass
+    return f"{t.year:04d}{t.month:02d}{t.day:02d}T{t.hour:02d}{t.minute:02d}{t.second:02d}Z"  # strftime: "1", not "0001"
 
 
 def _commit(record: RunRecord) -> str:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from day0.core.record import RecordError, RunRecord, load
@@ -122,6 +122,7 @@ def test_entry_names_round_trip(number, seconds, commit, dirty, verdict):
 @given(st.lists(st.fixed_dictionaries({"kind": st.sampled_from(["cpu", "cuda"]), "name": st.text(max_size=40),
                                         "cores": st.one_of(st.none(), st.integers(1, 512))}), max_size=10),
        st.text(max_size=30))
+@example([{"kind": "cpu", "name": "\U0001d670", "cores": None}], "")  # '𝙰' lowered is itself; NFKD makes it 'A'
 def test_machine_id_is_a_safe_folder_name_without_the_host(devices, host):
     rec = _record("r")
     rec.environment = {"host": host, "devices": devices}
@@ -202,6 +203,10 @@ def test_a_start_without_a_zone_stays_a_baseline_and_only_the_first_unreadable_e
     skipped = []
     history.recent(late, 5, skipped=skipped, before="2026-11-30T09:00:00.000+00:00")
     assert any("00010101T050000Z" in n for n in skipped), skipped
+    # and a start whose UTC time is out of datetime's range is named as written, never an OverflowError
+    # (history.keep "never raises": it did, for a run stored with this start)
+    assert history.entry_name(1, _record("y1", started="0001-01-01T00:00:00+05:00")).startswith("0001_00010101T000000Z_")
+    assert "_99991231T230000Z_" in history.entry_name(2, _record("y9999", started="9999-12-31T23:00:00-05:00"))
 
 
 def test_keep_stores_the_finished_run_unless_the_profile_says_not_to(tmp_path):
