@@ -128,6 +128,12 @@ def build_payload(req: Request, model: str, opts: ClientOptions) -> dict[str, An
     return payload
 
 
+def requested_choices(payload: dict[str, Any]) -> int:
+    """The choices a request asks for (``n``, which ``extra_body`` may set; 1 otherwise)."""
+    n = payload.get("n")
+    return min(n, MAX_CHOICES) if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
 def max_output_tokens(payload: dict[str, Any]) -> int | None:
     """The most completion tokens a server may count for a request with this body: its
     ``max_tokens`` or ``max_completion_tokens`` (the larger where ``extra_body`` set both), times
@@ -136,8 +142,7 @@ def max_output_tokens(payload: dict[str, Any]) -> int | None:
             if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
     if not caps:
         return None
-    n = payload.get("n")
-    return max(caps) * (n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1)
+    return max(caps) * requested_choices(payload)
 
 
 def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
@@ -198,7 +203,7 @@ class TokenAccountant:
     """
 
     __slots__ = ("own", "ids", "grown", "texts", "closed", "weakest", "final_tokens", "last_usage", "behind",
-                 "several", "prompt_tokens", "max_tokens")
+                 "several", "prompt_tokens", "max_tokens", "choices")
 
     def __init__(self, max_tokens: int | None = None) -> None:
         self.own: dict[int, int] = {}  # per choice index, tokens given to its messages: what its usage grows from
@@ -213,6 +218,7 @@ class TokenAccountant:
         self.several = False  # a chunk of a choice other than the first: its last usage is no total
         self.prompt_tokens: int | None = None
         self.max_tokens = max_tokens
+        self.choices = MAX_CHOICES  # the request's n, where the caller knows it: an index past it is no choice
 
     def tokens_in(self, data: str) -> int:
         try:
@@ -236,7 +242,7 @@ class TokenAccountant:
         n, index = 0, 0
         if choices:
             choice = choices[0]
-            index = _choice_index(choice)
+            index = _choice_index(choice, self.choices)
             self.several = self.several or index != 0
             before = self.own.get(index, 0)
             tids = choice.get("token_ids")
@@ -253,10 +259,10 @@ class TokenAccountant:
                 n = 1 if _carries_output(choice) and not role_only else 0
                 if n:
                     self.texts += n
-                    if not _closing_empty(choice) or index in self.closed:  # one closing empty message a
-                        self._bounded(self.texts, "messages counted as tokens")  # choice may hold no token
-                    if _closing_empty(choice):
-                        self.closed.add(index)
+                    if _closing_empty(choice) and index not in self.closed:  # one a choice may hold no token:
+                        self.closed.add(index)  # it costs no budget, so later tokens of other choices still fit
+                    else:
+                        self._bounded(self.texts - len(self.closed), "messages counted as tokens")
                 if not role_only:
                     self.weakest = 2
             self.own[index] = before + n
@@ -296,13 +302,14 @@ class TokenAccountant:
 MAX_CHOICES = 16384
 
 
-def _choice_index(choice: dict[str, Any]) -> int:
-    """The choice's ``index`` (0 when absent or null), a whole number below :data:`MAX_CHOICES`; else
-    the request's malformed_event: ``0`` and ``"0"`` would count as two choices, ``true`` as the second."""
+def _choice_index(choice: dict[str, Any], choices: int) -> int:
+    """The choice's ``index`` (0 when absent or null), a whole number below the request's ``choices``;
+    else the request's malformed_event: ``0`` and ``"0"`` would count as two choices, ``true`` as the
+    second, and a new index on every chunk as that many choices."""
     index = choice.get("index")
     if index is None:
         return 0
-    if type(index) is not int or not 0 <= index < MAX_CHOICES:
+    if type(index) is not int or not 0 <= index < choices:
         raise _Failed("malformed_event", f"choice index {str(index)[:40]!r} is not a choice of the request")
     return index
 
@@ -389,6 +396,7 @@ async def stream_one(
         target = streams.target(url)
         payload = build_payload(req, model, opts)
         timer.acct.max_tokens = max_output_tokens(payload)
+        timer.acct.choices = requested_choices(payload)
         body = json.dumps(payload).encode()
         head = request_head(target, {"X-Request-Id": request_id, **opts.headers}, len(body))
         async with asyncio.timeout(opts.request_timeout_s):

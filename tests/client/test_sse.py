@@ -320,9 +320,19 @@ def test_one_closing_empty_message_a_choice_is_let_past_the_bound_not_five_thous
     a = TokenAccountant(max_tokens=2)
     for _ in range(2):
         a.tokens_in(json.dumps({"choices": [{"index": 0, "text": "x"}]}))
-    a.tokens_in(closing)  # the first: let past (it may hold no token)
-    with pytest.raises(_Failed, match="messages counted as tokens 4 is past"):
+    a.tokens_in(closing)  # the first: let past (it may hold no token), at no cost to the budget
+    with pytest.raises(_Failed, match="messages counted as tokens 3 is past"):
         a.tokens_in(closing)
+    # n = 2, each choice closed right after its own last token: choice 0's closing message cost choice
+    # 1's last token its place (refused, "5 is past the request's max_tokens 4", before)
+    two = TokenAccountant(max_tokens=4)
+    two.choices = 2
+    for index, text, finish in ((0, "a", None), (1, "a", None), (0, "b", None), (0, "", "length"), (1, "b", None),
+                                (1, "", "length")):
+        two.tokens_in(json.dumps({"choices": [{"index": index, "delta": {"content": text}, "finish_reason": finish}]}))
+    assert two.closed == {0, 1}
+    with pytest.raises(_Failed, match="choice index '2' is not a choice of the request"):
+        two.tokens_in(closing.replace('"index": 0', '"index": 2'))  # an index past n: no third exemption
 
 
 def test_a_role_chunk_with_usage_of_no_token_leaves_the_source_to_the_token_ids():
