@@ -239,6 +239,8 @@ class TokenAccountant:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
             raise _Failed("server_error", f"error event: {str(msg)[:160]}")
+        has_ct = bool(usage) and usage.get("completion_tokens") is not None
+        ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens") if has_ct else 0
         n, index = 0, 0
         if choices:
             choice = choices[0]
@@ -249,8 +251,8 @@ class TokenAccountant:
             if tids is not None:
                 n = len(tids)
                 self.ids = self._bounded(self.ids + n, "token ids")
-            elif usage and usage.get("completion_tokens") is not None:
-                n = max(self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens") - before, 0)
+            elif has_ct:
+                n = max(ct - before, 0)
                 self.grown = self._bounded(self.grown + n, "usage.completion_tokens of all choices")
                 if n:  # a role chunk's usage of 0 tokens is no evidence the count used
                     self.weakest = max(self.weakest, 1)
@@ -267,8 +269,7 @@ class TokenAccountant:
                     self.weakest = 2
             self.own[index] = before + n
         if usage:
-            if usage.get("completion_tokens") is not None:
-                ct = self._bounded(_count_of(usage, "completion_tokens"), "usage.completion_tokens")
+            if has_ct:
                 self.last_usage = ct
                 if choices:
                     self.behind = max(self.behind, self.own[index] - ct)
