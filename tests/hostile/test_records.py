@@ -674,6 +674,19 @@ def test_history_with_junk_in_it_lists_and_compares_what_is_real(tmp_path: Path)
     assert "note: history entry skipped: " in out.stdout and "0005_" in out.stdout and "not JSON" in out.stdout
 
 
+def test_a_history_of_nothing_but_junk_is_refused_naming_the_entries(tmp_path: Path) -> None:
+    """Not "store a run first": the runs were stored, and the refusal says why none could be read."""
+    root = tmp_path / "history"
+    out = hostile.day0("history", "add", _baseline(tmp_path), "--history", root)
+    assert out.code == 0, out.explain()
+    (entry,) = next(root.glob("*/*")).glob("0001_*.json")
+    entry.write_bytes(b"\x00garbage")
+    this = rf.accepted()
+    this.run_id = "run-now"
+    out = hostile.day0("compare", rf.write(this, tmp_path / "now"), "--baseline", "latest", "--history", root)
+    hostile.refused(out, "history entry skipped", entry.name, problem="not JSON")
+
+
 def test_history_list_of_a_file_is_refused(tmp_path: Path) -> None:
     root = _empty(tmp_path / "history")
     hostile.refused(hostile.day0("history", "list", "--history", root), root, problem="no history folder")
