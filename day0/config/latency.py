@@ -220,6 +220,17 @@ class LatencySection(_Table):
             raise ValueError(f"need 1 <= lo <= hi, got {value!r}")
         return value
 
+    @field_validator("extra_body")
+    @classmethod
+    def _whole_choices(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """``n`` is how many choices the client counts tokens for (``requested_choices``): a ``"2"``
+        or ``2.0`` that a server might take as 2 would be counted as 1, and its second choice's
+        tokens refused as malformed."""
+        n = value.get("n")
+        if "n" in value and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"n: expected a whole number of choices >= 1, got {n!r}")
+        return value
+
     @field_validator("sweep_rates")
     @classmethod
     def _ascending(cls, value: list[float]) -> list[float]:

@@ -202,6 +202,9 @@ def test_the_schema_describes_every_section(capsys):
     ("[latency]\nsweep_rates = [4, 2]\n", "latency.sweep_rates: must be ascending"),
     # a step at inf has no arrival gap to keep: its client lag always passed it, an INCOMPLETE every run
     ("[latency]\nsweep_rates = [1, inf]\n", "latency.sweep_rates.1: expected a finite number (not inf or nan)"),
+    # the client counts tokens for n choices only where n is a whole number: "2" would count as 1
+    ('[latency.extra_body]\nn = "2"\n', "latency.extra_body.n: expected a whole number of choices >= 1, got '2'"),
+    ("[latency.extra_body]\nn = 2.0\n", "latency.extra_body.n: expected a whole number of choices >= 1, got 2.0"),
     ("[sla]\nttft_ms = 3\n", "sla.ttft_ms: unknown key; did you mean 'ttft_p99_ms'?"),
     ("[sla]\nlimits = {ttft_p9x_ms = 3}\n", "sla.limits.ttft_p9x_ms: not a '<ttft|tpot|itl|e2e>_p<NN>_ms' limit"),
     ("[latency.search]\ntarget_rate = inf\n", "latency.search.target_rate: expected a finite number (not inf or nan)"),
