@@ -126,6 +126,19 @@ class CapacitySearch(_Table):
         return self
 
 
+# The request-body keys the client sets itself (day0/client/stream.py, build_payload): where each
+# comes from, as a refusal of it in ``extra_body`` says.
+_FROM = "set by day0 from {}; set that instead"
+OWNED_BODY_KEYS = {
+    "model": _FROM.format("model.served_model_name"), "stream": "set by day0, which always streams",
+    "stream_options": _FROM.format("latency.continuous_usage"),
+    "prompt": _FROM.format("the workload (latency.input_len, length_mix or dataset)"),
+    "messages": _FROM.format("the workload (latency.input_len, length_mix or dataset)"),
+    "max_tokens": _FROM.format("latency.output_len"), "max_completion_tokens": _FROM.format("latency.output_len"),
+    "ignore_eos": _FROM.format("latency.ignore_eos"), "return_token_ids": _FROM.format("latency.return_token_ids"),
+}
+
+
 class LatencySection(_Table):
     """``[latency]``: the load stage 3 offers, its workload, the client's options and the sweep."""
 
@@ -222,10 +235,15 @@ class LatencySection(_Table):
 
     @field_validator("extra_body")
     @classmethod
-    def _whole_choices(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """``n`` is how many choices the client counts tokens for (``requested_choices``): a ``"2"``
-        or ``2.0`` that a server might take as 2 would be counted as 1, and its second choice's
-        tokens refused as malformed."""
+    def _extra_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """``extra_body`` is merged last: a key day0 sets from a setting of its own would override
+        it unseen, and the record would describe a workload that never ran (64 output tokens
+        recorded, 8 asked for). ``n`` is how many choices the client counts tokens for
+        (``requested_choices``): a ``"2"`` or ``2.0`` that a server might take as 2 would be counted
+        as 1, and its second choice's tokens refused as malformed."""
+        for key, why in OWNED_BODY_KEYS.items():
+            if key in value:
+                raise ValueError(f"{key}: {why}")
         n = value.get("n")
         if "n" in value and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n: expected a whole number of choices >= 1, got {n!r}")

@@ -205,6 +205,10 @@ def test_the_schema_describes_every_section(capsys):
     # the client counts tokens for n choices only where n is a whole number: "2" would count as 1
     ('[latency.extra_body]\nn = "2"\n', "latency.extra_body.n: expected a whole number of choices >= 1, got '2'"),
     ("[latency.extra_body]\nn = 2.0\n", "latency.extra_body.n: expected a whole number of choices >= 1, got 2.0"),
+    # merged last, a key day0 sets would override its setting unseen: the record would say 64 tokens
+    ("[latency.extra_body]\nmax_tokens = 8\n",
+     "latency.extra_body.max_tokens: set by day0 from latency.output_len; set that instead"),
+    ('[latency.extra_body]\nstream = false\n', "latency.extra_body.stream: set by day0, which always streams"),
     ("[sla]\nttft_ms = 3\n", "sla.ttft_ms: unknown key; did you mean 'ttft_p99_ms'?"),
     ("[sla]\nlimits = {ttft_p9x_ms = 3}\n", "sla.limits.ttft_p9x_ms: not a '<ttft|tpot|itl|e2e>_p<NN>_ms' limit"),
     ("[latency.search]\ntarget_rate = inf\n", "latency.search.target_rate: expected a finite number (not inf or nan)"),
