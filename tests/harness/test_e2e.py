@@ -94,20 +94,6 @@ def test_default_profile_runs_against_a_live_server(tmp_path):
     assert f"report: {latest.resolve() / 'report.html'}" in out
 
 
-def test_inprocess_engine_gives_the_scheduler_view(tmp_path):
-    proc = day0_run(tmp_path, *WIDE_SLA, "--day0-set", 'engine.mode="inprocess"', marker="day0 and (weights or latency)")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rec = load(tmp_path / "reports" / "latest" / "run.json")
-    live = [c for c in rec.stage("weights").checks if c.id.startswith("weights.smoke")]
-    assert {c.source for c in live} == {"scheduler"} and all(c.status == "pass" for c in live)
-    assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
-    # stage 3 drove vLLM's engine directly and cross-checked with vLLM's own per-request TTFT
-    latency = {c.id: c for c in rec.stage("latency").checks}
-    assert latency["latency.ttft_p99"].status == "pass" and latency["latency.ttft_p99"].source == "scheduler"
-    assert latency["latency.engine_agreement"].status == "pass"
-    assert "engine.http" not in rec.notes  # no server was started beside it
-
-
 def test_engine_start_failure_is_one_root_cause_line(tmp_path):
     t0 = time.monotonic()
     proc = day0_run(tmp_path, "--day0-set", "engine.args.block_size=16", "--day0-set", "engine.startup_timeout_s=240",
@@ -142,17 +128,31 @@ def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
 
 
 
-def test_golden_tokens_pass_then_catch_different_weights(tmp_path):
-    """`day0 weights golden` records a trusted run; the stage compares against it, and the same
-    golden file rejects an engine serving other weights (a tiny model with another seed)."""
+def test_inprocess_engine_gives_the_scheduler_view_and_golden_tokens_catch_different_weights(tmp_path):
+    """`day0 weights golden` records a trusted run; the stage compares against it, on an engine
+    driven in process (the scheduler's view, no server beside it), and the same golden file
+    rejects an engine serving other weights (a tiny model with another seed). One test for both:
+    each in-process engine start is ~25 s of the suite's engine worker."""
     prof = tmp_path / "inproc.toml"
     prof.write_text('extends = "cpu-tiny"\n[engine]\nmode = "inprocess"\n')
     golden = tmp_path / "golden.json"
     made = subprocess.run([sys.executable, "-m", "day0.cli", "weights", "golden", "--profile", str(prof),
                            "-o", str(golden)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    same = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"')
+    same = day0_run(tmp_path, *WIDE_SLA, "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"',
+                    marker="day0 and (weights or latency)")
     assert same.returncode == 0, same.stdout + same.stderr
+    rec = load(tmp_path / "reports" / "latest" / "run.json")
+    checks = {c.id: c for c in rec.checks()}
+    assert checks["weights.golden_tokens"].status == "pass", checks["weights.golden_tokens"].message
+    live = [c for c in rec.stage("weights").checks if c.id.startswith("weights.smoke")]
+    assert {c.source for c in live} == {"scheduler"} and all(c.status == "pass" for c in live)
+    assert rec.notes["engine.scheduler"]["mode"] == "inprocess"
+    # stage 3 drove vLLM's engine directly and cross-checked with vLLM's own per-request TTFT
+    assert checks["latency.ttft_p99"].status == "pass" and checks["latency.ttft_p99"].source == "scheduler"
+    assert checks["latency.engine_agreement"].status == "pass"
+    assert "engine.http" not in rec.notes  # no server was started beside it
+
     other = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"',
                      "--day0-set", "model.tiny.seed=7")
     assert other.returncode == 1, other.stdout + other.stderr
