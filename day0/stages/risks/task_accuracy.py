@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable
@@ -117,10 +118,16 @@ def check_tasks(endpoint: Endpoint, profile: Any, run_dir: Path) -> Check:
               f"tokenized_requests=False,max_retries=1,num_concurrent=1")
     ref = f"pretrained={model_dir},dtype=float32"
     timeout = float(settings.task_timeout_s)
+    # Both sides at once: the deployed side mostly waits on the server and the reference runs on the
+    # host's CPU, and each first spends ~10 s importing lm-eval and torch (one after the other, the
+    # check took 33 s on 2 cores). Each is its own process with its own timeout.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        deployed_side = pool.submit(run_lm_eval, "local-completions", served, settings.tasks, include,
+                                    work / "deployed", timeout, api_key=endpoint.key, scrub=profile.redactor().text)
+        reference_side = pool.submit(run_lm_eval, "hf", ref, settings.tasks, include, work / "reference", timeout)
     try:
-        deployed, deployed_s = run_lm_eval("local-completions", served, settings.tasks, include, work / "deployed",
-                                           timeout, api_key=endpoint.key, scrub=profile.redactor().text)
-        reference, reference_s = run_lm_eval("hf", ref, settings.tasks, include, work / "reference", timeout)
+        deployed, deployed_s = deployed_side.result()
+        reference, reference_s = reference_side.result()
     except TaskError as exc:
         return Check(id=CHECK_ID, title=TITLE, status="error", message=str(exc), source="http",
                      evidence={"log_dir": str(work)})
