@@ -95,7 +95,7 @@ def workload(profile: Profile, section: ExpertsSection) -> tuple[list[Request], 
                                 f"{profile.model.path!r} is not a local directory with one")
     spec = WorkloadSpec(lat.input_len, lat.output_len, lat.prefix_len, lat.num_prefixes, lat.seed)
     reqs = build_requests(spec, read_vocab(model_dir), section.num_requests)
-    extra = {k: v for k, v in lat.extra_body.items() if k not in ("stream", "stream_options")}
+    extra = dict(lat.extra_body)  # never stream or stream_options: the config refuses day0's own keys there
     extra.setdefault("temperature", 0.0)  # greedy unless the profile samples: the same tokens, run after run
     extra["cache_salt"] = secrets.token_hex(8)
     return reqs, extra, section.concurrency or lat.concurrency or section.num_requests
