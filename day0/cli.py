@@ -116,7 +116,8 @@ def _cmd_tiny_build(args: argparse.Namespace) -> int:
 def _cmd_record_rebuild(args: argparse.Namespace) -> int:
     """Exit 2 with one line when nothing can be rebuilt; a log with unreadable lines is rebuilt
     from the rest, with one warning line naming them (the record names each in its notes)."""
-    from day0.core.record import RUN_FILE, SKIPPED_NOTE, Skipped, rebuild
+    from day0.core.events import rebuild
+    from day0.core.record import RUN_FILE, SKIPPED_NOTE, Skipped
 
     skipped, term = Skipped(), Terminal()
     try:

@@ -19,18 +19,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from day0.config.profile import Profile
 from day0.core import environment
+from day0.core.events import EventLog, rebuild
 from day0.core.names import MAX_COMPONENT, file_name
-from day0.core.record import (
-    COLLECT_ENV_NOTE,
-    MAX_SKIPPED_SHOWN,
-    RUN_FILE,
-    STAGE_SECONDS_NOTE,
-    Check,
-    EventLog,
-    RunRecord,
-    rebuild,
-    utcnow,
-)
+from day0.core.record import COLLECT_ENV_NOTE, MAX_SKIPPED_SHOWN, RUN_FILE, STAGE_SECONDS_NOTE, Check, RunRecord, utcnow
 from day0.core.terminal import Terminal
 from day0.core.verdict import DESELECTED_NOTE, Waiver, waiver_for
 from day0.engine import EngineInfo, Engines

@@ -171,7 +171,7 @@ def bad_patterns(profile: Any) -> list[tuple[str, str]]:
     """(key path, why) for each check pattern in a record's ``[report] required`` or ``waivers`` that
     no check id could match (``day0.core.globs``: over MAX_GLOB characters). A profile day0 loads has
     none; a record is data. Readers pass them over (:func:`required_checks`, :func:`waivers_of`): a
-    waiver passed over waives nothing, and a required one makes the run incomplete (record.rebuild)."""
+    waiver passed over waives nothing, and a required one makes the run incomplete (events.rebuild)."""
     out = [(f"profile.report.required[{i}]", why) for i, g in enumerate(_report_list(profile, "required"))
            if isinstance(g, str) and (why := _bad_glob(g))]
     return out + [(f"profile.report.waivers[{i}].check", why) for i, w in enumerate(_report_list(profile, "waivers"))

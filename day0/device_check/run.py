@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from day0.core.record import EVENTS_FILE
+from day0.core.events import EVENTS_FILE
 from day0.device_check.runner import DeviceRun, HardStop, Options
 from day0.device_check.steps import model_steps, token_steps
 from day0.device_check.sweep import sweep_steps

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
+from day0.core.events import EVENTS_FILE, EventLog, rebuild
 from day0.core.outputs import open_output, write_file
-from day0.core.record import EVENTS_FILE, RUN_FILE, Check, EventLog, jsonable, rebuild
+from day0.core.record import RUN_FILE, Check, jsonable
 
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
 STAGES = ("device", "collectives")

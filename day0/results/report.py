@@ -21,9 +21,10 @@ import jinja2
 from jinja2.loaders import split_template_path
 from markupsafe import Markup
 
+from day0.core.events import EVENTS_FILE
 from day0.core.inputs import InputError, decode_utf8, read_regular, refusal, term_safe
 from day0.core.outputs import write_file
-from day0.core.record import EVENTS_FILE, RunRecord, load_with_bytes, record_file
+from day0.core.record import RunRecord, load_with_bytes, record_file
 from day0.core.verdict import waiver_for, waivers_of
 from day0.results import summary, trends
 from day0.results.junit import write_junit

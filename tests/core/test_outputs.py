@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from day0.core import outputs
+from day0.core.events import EventLog
 from day0.core.inputs import InputError
 from day0.core.outputs import open_output, replacing, write_file, write_new
-from day0.core.record import EventLog
 from tests.support import REPO, hostile
 
 PROMPT_S = 10.0  # "returned promptly": a refusal takes microseconds; a blocked open never returns

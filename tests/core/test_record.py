@@ -6,21 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from day0.core.events import EVENT_DEPTH, EventLog, build, read_events, rebuild
 from day0.core.record import (
-    EVENT_DEPTH,
     SCHEMA_VERSION,
     SKIPPED_NOTE,
     STATUSES,
     Check,
-    EventLog,
     RecordError,
-    build,
     judge,
     load,
     measured,
     parse_record,
-    read_events,
-    rebuild,
     stage_verdict,
 )
 
@@ -315,9 +311,9 @@ def test_a_second_start_and_repeated_stage_names_still_make_a_record_that_loads(
 
 def test_an_event_log_of_more_lines_than_a_run_writes_is_refused_in_bounded_time(tmp_path, monkeypatch):
     """256 MiB of one-byte lines would fold for ~27 minutes; a run writes a few hundred lines."""
-    import day0.core.record as record_module
+    import day0.core.events as events_module
 
-    monkeypatch.setattr(record_module, "MAX_EVENT_LINES", 50)
+    monkeypatch.setattr(events_module, "MAX_EVENT_LINES", 50)
     _log(tmp_path)
     with (tmp_path / "events.jsonl").open("a") as fh:
         fh.write("x\n" * 60)

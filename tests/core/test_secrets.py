@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from day0.core.record import EventLog, load, rebuild
+from day0.core.events import EventLog, rebuild
+from day0.core.record import load
 from day0.core.redact import REDACTED, Redactor, is_secret_key
 from day0.core.sockets import free_port
 from day0.engine.process import die_with_parent, stop_process_group

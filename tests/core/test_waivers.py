@@ -8,7 +8,8 @@ import json
 import pytest
 
 from day0.config.profile import ProfileError, load_profile
-from day0.core.record import Check, EventLog, load, rebuild
+from day0.core.events import EventLog, rebuild
+from day0.core.record import Check, load
 from day0.core.verdict import Waiver, stage_verdict, waiver_for
 from day0.results.report import render, summary_lines
 

@@ -21,8 +21,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from day0.core.events import EventLog
 from day0.core.inputs import MAX_DEPTH, lines, term_safe
-from day0.core.record import SKIPPED_NOTE, Check, EventLog, load
+from day0.core.record import SKIPPED_NOTE, Check, load
 from day0.results.report import render
 from day0.results.signoff import Signatory, keygen, parse_report, sign_report
 from tests.support import hostile

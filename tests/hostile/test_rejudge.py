@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from day0.core import record_shape
-from day0.core.record import Check, EventLog, load, run_verdict, stage_verdict, waivers_of
+from day0.core.events import EventLog
+from day0.core.record import Check, load, run_verdict, stage_verdict, waivers_of
 from day0.results.report import render
 from day0.results.signoff import Signatory, keygen, parse_report, sign_report
 from tests.support import hostile

@@ -221,7 +221,7 @@ def test_report_junit_through_a_link_is_refused(tmp_path: Path, victim: Path) ->
 def test_record_rebuild_refuses_what_is_planted_at_run_json(tmp_path: Path, victim: Path,
                                                             bound: list[socket.socket], plant: str) -> None:
     run = rf.write(rf.accepted(), tmp_path / "run")
-    from day0.core.record import EventLog  # a real event log to rebuild from
+    from day0.core.events import EventLog  # a real event log to rebuild from
 
     log = EventLog(run.parent / "events.jsonl")
     log.run_started("run-x", {"host": "h"}, {"name": "p"}, ["weights"])

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from day0.core.record import Check, EventLog, rebuild
+from day0.core.events import EventLog, rebuild
+from day0.core.record import Check
 from day0.results.repeats import STABILITY_ID, series, stability_check
 
 SUITE = """

@@ -234,7 +234,7 @@ def test_figures_that_do_not_apply_are_left_out_and_missing_ones_still_show_abse
     """Expert load on a dense model (the stage is not applicable) and speculative acceptance with
     speculation not in force (its checks say so) are not headline rows; a latency figure the run
     did not measure is still 'absent'."""
-    from day0.core.record import EventLog, rebuild
+    from day0.core.events import EventLog, rebuild
     from day0.core.verdict import NOT_APPLICABLE
 
     log = EventLog(tmp_path / "events.jsonl")

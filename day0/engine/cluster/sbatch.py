@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from day0.core.commands import run_command
-from day0.core.record import EVENTS_FILE, RUN_FILE, SCHEDULER_NOTE, EventLog, rebuild
+from day0.core.events import EVENTS_FILE, EventLog, rebuild
+from day0.core.record import RUN_FILE, SCHEDULER_NOTE
 from day0.core.terminal import Terminal
 
 EXIT_BLOCKED = 3

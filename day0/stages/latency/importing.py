@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from day0.config.latency import SlaSection
+from day0.core.events import EVENTS_FILE, EventLog, rebuild
 from day0.core.inputs import InputError, decode_utf8, read_regular
-from day0.core.record import EVENTS_FILE, Check, EventLog, RunRecord, rebuild
+from day0.core.record import Check, RunRecord
 from day0.stages.latency.checks import (
     error_rate_check,
     goodput_check,

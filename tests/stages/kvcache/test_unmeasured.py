@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from day0.config.kvcache import KvCacheSection
-from day0.core.record import Check, EventLog, rebuild
+from day0.core.events import EventLog, rebuild
+from day0.core.record import Check
 from day0.stages import kvcache as kv
 from tests.support.sse_server import SSEServer
 
