@@ -19,6 +19,11 @@ CHILD_PYTEST_OPTS = ("-p", "no:hypothesispytest")  # for the pytest processes th
 # vLLM's collect_env takes seconds per run, and the harness's tests start dozens of short runs;
 # tests/core/test_environment.py runs it on purpose.
 os.environ.setdefault("DAY0_COLLECT_ENV", "0")
+# Two workers hold vLLM engines at once (the engine and netns groups), each engine's OpenMP threads
+# on both cores, and libgomp's threads spin while they wait for work: two whole default runs side by
+# side took 231-247 s each, and 102-110 s with passive waiting (wall, 4 runs each, docs/engine.md). The
+# suite's engines inherit it; a run of day0 itself keeps the deployment's own setting.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 settings.register_profile(
     "day0", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60
