@@ -1,0 +1,35 @@
+"""benchmarks/side_by_side_runs.py: its arms and its timing of two runs started together (no engine:
+the runs here are `sleep`s)."""
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+spec = importlib.util.spec_from_file_location("side_by_side_runs", REPO / "benchmarks" / "side_by_side_runs.py")
+side = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = side
+spec.loader.exec_module(side)
+
+
+def test_an_arm_is_a_name_and_its_environment():
+    assert side.parse_arm("spin=") == side.Arm("spin", {})
+    assert side.parse_arm("passive=OMP_WAIT_POLICY=PASSIVE,X=1") == side.Arm("passive", {"OMP_WAIT_POLICY": "PASSIVE",
+                                                                                         "X": "1"})
+    for bad in ("=X=1", "a=X", "a==1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="VAR=VALUE|NAME="):
+            side.parse_arm(bad)
+
+
+def test_each_run_of_a_pair_is_timed_to_its_own_end(tmp_path, monkeypatch):
+    """The first-started run ends last here: waiting on them in order would time the second run to the
+    first's end."""
+    lengths = iter([1.2, 0.1])
+    monkeypatch.setattr(side, "start", lambda arm, out: subprocess.Popen(["sleep", str(next(lengths))]))
+    slow, fast = side.pair(side.Arm("a", {}), tmp_path, "round 1 a")
+    assert slow.passed and fast.passed
+    assert fast.wall_s < slow.wall_s, (fast, slow)  # in order, the fast one would be timed to the slow one's end
