@@ -15,11 +15,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from day0.config.risks import AccuracySettings
 from day0.core.outputs import write_file
@@ -51,36 +52,92 @@ def include_dir(settings: AccuracySettings, work: Path) -> Path:
     return work
 
 
-def run_lm_eval(model: str, model_args: str, tasks: list[str], include: list[Path], out: Path,
-                timeout: float, *, api_key: str | None = None,
-                scrub: Callable[[str], str] = lambda text: text) -> tuple[dict[str, float], float]:
-    """One ``python -m lm_eval`` run; (task -> exact_match, seconds). Offline: the hub is never asked.
+@dataclass
+class LmEval:
+    """One side's ``python -m lm_eval`` run. Offline: the hub is never asked.
 
     A keyed deployment's key reaches lm-eval's completions model the only way it reads one, its
     ``OPENAI_API_KEY`` variable (never ``model_args``, which lm-eval writes into its results);
-    the log kept in the run folder passes ``scrub`` (the run's redactor)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    if api_key:
-        env["OPENAI_API_KEY"] = api_key
-    cmd = [sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--tasks", ",".join(tasks),
-           "--output_path", str(out), "--batch_size", "1", "--device", "cpu"]
-    for path in include:
-        cmd += ["--include_path", str(path)]
-    t0 = time.perf_counter()
+    the log kept in the run folder passes ``scrub`` (the run's redactor). Its output goes to an
+    unnamed temporary file until then: a pipe would stall one side while the other is read, and
+    the run folder gets only the scrubbed log."""
+
+    model: str
+    model_args: str
+    out: Path
+    api_key: str | None = None
+    scrub: Callable[[str], str] = field(default=lambda text: text)
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    output: IO[bytes] | None = field(default=None, init=False)
+    started: float = field(default=0.0, init=False)
+
+    def command(self, tasks: list[str], include: list[Path]) -> list[str]:
+        cmd = [sys.executable, "-m", "lm_eval", "--model", self.model, "--model_args", self.model_args,
+               "--tasks", ",".join(tasks), "--output_path", str(self.out), "--batch_size", "1", "--device", "cpu"]
+        for path in include:
+            cmd += ["--include_path", str(path)]
+        return cmd
+
+    def start(self, tasks: list[str], include: list[Path]) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        if self.api_key:
+            env["OPENAI_API_KEY"] = self.api_key
+        cmd = self.command(tasks, include)
+        self.output = tempfile.TemporaryFile()
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self.output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env)
+
+    def result(self, tasks: list[str]) -> tuple[dict[str, float], float]:
+        """(task -> exact_match, seconds) of a run that has ended; its log written, scrubbed."""
+        assert self.proc is not None and self.output is not None and self.proc.returncode is not None
+        seconds = time.perf_counter() - self.started
+        self.output.seek(0)
+        text = self.scrub(self.output.read().decode("utf-8", errors="replace"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_file(self.out / f"lm-eval-{self.model}.log", text)
+        results = sorted(self.out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
+        if self.proc.returncode != 0 or not results:
+            tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
+            raise TaskError(f"lm-eval ({self.model}) exited {self.proc.returncode}: {tail[0][:300]}")
+        doc = json.loads(results[-1].read_text(encoding="utf-8"))
+        return {t: task_score(doc, t, self.model) for t in tasks}, seconds
+
+    def stop(self) -> None:
+        """Kill a run still going (another side failed, the time ran out, the session is stopping)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.output is not None:
+            self.output.close()
+
+
+def run_sides(sides: list[LmEval], tasks: list[str], include: list[Path],
+              timeout: float) -> list[tuple[dict[str, float], float]]:
+    """Every side at once, each (task -> exact_match, seconds). The deployed side mostly waits on the
+    server while the reference computes on the host, and each first spends ~10 s importing lm-eval
+    and torch (one after the other, the check took 33 s on 2 cores). The first side to fail stops
+    the others, and so does anything that stops the check (a runner's SIGTERM arrives as
+    KeyboardInterrupt): no lm-eval outlives it."""
+    deadline = time.monotonic() + timeout
+    done: dict[int, tuple[dict[str, float], float]] = {}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise TaskError(f"lm-eval ({model}) ran past {timeout:g} s") from None
-    seconds = time.perf_counter() - t0
-    (out / f"lm-eval-{model}.log").parent.mkdir(parents=True, exist_ok=True)
-    write_file(out / f"lm-eval-{model}.log", scrub(proc.stdout + proc.stderr))
-    results = sorted(out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
-    if proc.returncode != 0 or not results:
-        tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
-        raise TaskError(f"lm-eval ({model}) exited {proc.returncode}: {scrub(tail[0])[:300]}")
-    doc = json.loads(results[-1].read_text(encoding="utf-8"))
-    return {t: task_score(doc, t, model) for t in tasks}, seconds
+        for side in sides:
+            side.start(tasks, include)
+        while len(done) < len(sides):
+            for i, side in enumerate(sides):
+                if i not in done and side.proc is not None and side.proc.poll() is not None:
+                    done[i] = side.result(tasks)
+            if len(done) < len(sides):
+                if time.monotonic() > deadline:
+                    late = next(side for i, side in enumerate(sides) if i not in done)
+                    raise TaskError(f"lm-eval ({late.model}) ran past {timeout:g} s")
+                time.sleep(0.2)
+    finally:
+        for side in sides:
+            side.stop()
+    return [done[i] for i in range(len(sides))]
 
 
 def task_score(doc: dict[str, Any], task: str, model: str) -> float:
@@ -117,17 +174,11 @@ def check_tasks(endpoint: Endpoint, profile: Any, run_dir: Path) -> Check:
     served = (f"model={endpoint.model},base_url={endpoint.base_url}/v1/completions,tokenizer={tok},"
               f"tokenized_requests=False,max_retries=1,num_concurrent=1")
     ref = f"pretrained={model_dir},dtype=float32"
-    timeout = float(settings.task_timeout_s)
-    # Both sides at once: the deployed side mostly waits on the server and the reference runs on the
-    # host's CPU, and each first spends ~10 s importing lm-eval and torch (one after the other, the
-    # check took 33 s on 2 cores). Each is its own process with its own timeout.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        deployed_side = pool.submit(run_lm_eval, "local-completions", served, settings.tasks, include,
-                                    work / "deployed", timeout, api_key=endpoint.key, scrub=profile.redactor().text)
-        reference_side = pool.submit(run_lm_eval, "hf", ref, settings.tasks, include, work / "reference", timeout)
+    sides = [LmEval("local-completions", served, work / "deployed", endpoint.key, profile.redactor().text),
+             LmEval("hf", ref, work / "reference")]
     try:
-        deployed, deployed_s = deployed_side.result()
-        reference, reference_s = reference_side.result()
+        (deployed, deployed_s), (reference, reference_s) = run_sides(sides, settings.tasks, include,
+                                                                     float(settings.task_timeout_s))
     except TaskError as exc:
         return Check(id=CHECK_ID, title=TITLE, status="error", message=str(exc), source="http",
                      evidence={"log_dir": str(work)})

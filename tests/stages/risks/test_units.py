@@ -3,6 +3,8 @@
 
 import math
 import random
+import sys
+import time
 
 import pytest
 from hypothesis import assume, given
@@ -573,3 +575,57 @@ def test_a_probe_answered_by_a_line_without_end_is_that_probes_error(monkeypatch
         listener.close()
     assert result.error == f"{url}/v1/completions: SSEError: a line of the event stream goes on past 65536 bytes " \
                            "without an end", result.error
+
+
+def _side(script: str, out, **kw):
+    """An lm-eval side whose process is ``script`` (a labelled fake: day0's own run of the real lm-eval
+    is tests/core/test_secrets.py's keyed run)."""
+    from day0.stages.risks.task_accuracy import LmEval
+
+    class Scripted(LmEval):
+        def command(self, tasks, include):
+            return [sys.executable, "-c", script, str(self.out)]
+
+    return Scripted("fake", "", out, **kw)
+
+
+SCORES = ("import json, os, sys, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir(parents=True, exist_ok=True); "
+          "print('key', os.environ.get('OPENAI_API_KEY')); "
+          "(p / 'results_1.json').write_text(json.dumps({'results': {'t': {'exact_match,none': 0.5}}}))")
+
+
+def test_both_sides_run_at_once_and_each_log_is_scrubbed(tmp_path):
+    from day0.stages.risks.task_accuracy import run_sides
+
+    slow = "import time; time.sleep(1.0); " + SCORES
+    deployed = _side(slow, tmp_path / "d", api_key="sk-topsecret", scrub=lambda t: t.replace("sk-topsecret", "<redacted>"))
+    reference = _side(slow, tmp_path / "r")
+    t0 = time.monotonic()
+    (d, d_s), (r, r_s) = run_sides([deployed, reference], ["t"], [], timeout=60)
+    both = time.monotonic() - t0
+    assert d == r == {"t": 0.5}
+    assert both < d_s + r_s, (both, d_s, r_s)  # at once, not one after the other
+    assert "key <redacted>" in (tmp_path / "d" / "lm-eval-fake.log").read_text()
+    assert "key None" in (tmp_path / "r" / "lm-eval-fake.log").read_text()  # the key goes to the deployed side only
+
+
+def test_the_first_side_to_fail_stops_the_other(tmp_path):
+    """A deployed side that fails at once (HTTP 401, a server gone) no longer waits for the reference's
+    whole run, and no lm-eval outlives the check."""
+    from day0.stages.risks.task_accuracy import TaskError, run_sides
+
+    failing = _side("import sys; print('boom: HTTP 401'); sys.exit(3)", tmp_path / "d")
+    endless = _side("import time; time.sleep(600)", tmp_path / "r")
+    with pytest.raises(TaskError, match=r"lm-eval \(fake\) exited 3: boom: HTTP 401"):
+        run_sides([failing, endless], ["t"], [], timeout=600)
+    assert endless.proc.returncode is not None and endless.proc.returncode < 0  # killed, not left running
+
+
+def test_a_side_past_the_timeout_is_named_and_killed(tmp_path):
+    from day0.stages.risks.task_accuracy import TaskError, run_sides
+
+    quick = _side(SCORES, tmp_path / "d")
+    endless = _side("import time; time.sleep(600)", tmp_path / "r")
+    with pytest.raises(TaskError, match=r"lm-eval \(fake\) ran past 2 s"):
+        run_sides([quick, endless], ["t"], [], timeout=2)
+    assert endless.proc.returncode is not None and endless.proc.returncode < 0
