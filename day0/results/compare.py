@@ -64,8 +64,8 @@ class Baselines:
 def resolve_baselines(specs: Sequence[str], run: RunRecord, folder: Path, n: int) -> Baselines:
     """``latest`` (the last ``n`` runs in ``folder``), ``latest-accepted`` (the last ``n``
     accepted ones) or run files/folders (a history of that many runs). No ``runs`` when the history
-    has no such run yet; its ``skipped`` still names the entries that did not load, which is then
-    the reason (a history of corrupt files does not start afresh)."""
+    has no such run yet, or none that loads: its ``skipped`` names those that did not, and a history
+    of corrupt files is then said to be one, not taken for an empty one."""
     specs = [str(s) for s in specs]
     if not specs:
         raise CompareError("no baseline given")
@@ -224,8 +224,11 @@ def nightly_checks(
         folder = history.folder_for(history.history_root(profile, Path(out_dir)), record,
                                     str(history.compare_section(profile).get("machine") or ""))
         found = resolve_baselines(specs, record, folder, settings.history_runs)
+        if not found.runs and found.skipped:  # stored runs that cannot be read: the job asked for a comparison
+            return [_error_check(f"baseline {specs[0]}: no run in {folder} could be read: {'; '.join(found.skipped)}",
+                                 {"skipped": found.skipped})], None
         if not found.runs:
-            msg = f"no {specs[0]} run in {folder} yet; nothing compared ({_why_none(found)})"
+            msg = f"no {specs[0]} run in {folder} yet; nothing compared (this run starts the history)"
             log(f"regression: {msg}")
             return [], msg
         result = judge_history(found.runs, record, settings, found.label)
@@ -243,11 +246,6 @@ def nightly_checks(
     except Exception as exc:  # a comparison bug must not cost the run record
         return [_error_check(f"comparison failed: {type(exc).__name__}: {exc} (a day0 bug; the measurements stand)",
                              {"traceback": traceback.format_exc()[-8000:]})], None
-
-
-def _why_none(found: Baselines) -> str:
-    """Why a history gave no baseline: empty, or its entries did not load (named, as any reader names them)."""
-    return "; ".join(found.skipped) if found.skipped else "this run starts the history"
 
 
 def regressed(record: RunRecord | None) -> bool:
@@ -275,9 +273,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         root = Path(args.history) if args.history else history.default_root(run_path)  # never the record's
         folder = history.folder_for(root, run, args.machine or "")
     found = resolve_baselines(args.baseline, run, folder, settings.history_runs)
+    if not found.runs and found.skipped:
+        raise CompareError(f"no {args.baseline[0]} run in {folder} could be read ({'; '.join(found.skipped)}); "
+                           "repair or remove those entries, or give --baseline PATH")
     if not found.runs:
-        raise CompareError(f"no {args.baseline[0]} run in {folder} ({_why_none(found)}); give --baseline PATH, "
-                           "or store a run first")
+        raise CompareError(f"no {args.baseline[0]} run in {folder}; give --baseline PATH, or store a run first")
     result = judge_history(found.runs, run, settings, found.label)
     result.notes += found.skipped
     term = Terminal()  # records may come from anywhere (an older day0, another site): redacted again

@@ -685,7 +685,8 @@ def test_a_history_of_nothing_but_junk_is_refused_naming_the_entries(tmp_path: P
     this = rf.accepted()
     this.run_id = "run-now"
     out = hostile.day0("compare", rf.write(this, tmp_path / "now"), "--baseline", "latest", "--history", root)
-    hostile.refused(out, "history entry skipped", entry.name, problem="not JSON")
+    line = hostile.refused(out, "history entry skipped", entry.name, problem="not JSON")
+    assert "could be read" in line and "repair or remove" in line and "store a run first" not in line, line
 
 
 def test_history_list_of_a_file_is_refused(tmp_path: Path) -> None:

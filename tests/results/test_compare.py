@@ -589,17 +589,20 @@ def test_a_baseline_that_cannot_be_used_is_an_error_check_not_a_crash(tmp_path):
     assert compare.regressed(s.record) and s.record.verdict != "accepted" and (s.run_dir / "report.html").exists()
 
 
-def test_a_history_whose_entries_all_fail_to_load_names_them_rather_than_starting_afresh(tmp_path):
-    """With every entry unreadable the nightly said "this run starts the history" and `day0 compare`
-    "store a run first", dropping the notes that name the entries (the command: tests/hostile/test_records.py)."""
+def test_a_history_whose_entries_all_fail_to_load_is_an_error_naming_them(tmp_path):
+    """With every entry unreadable the nightly said "this run starts the history" and passed, dropping
+    the notes that name the entries (`day0 compare`: tests/hostile/test_records.py)."""
     out = tmp_path / "reports"
     rec = system_run("now", random.Random(1))
     folder = history.folder_for(history.history_root({}, out), rec)
     folder.mkdir(parents=True)
     (folder / "0001_20000101T000000Z_0123456789ab_accepted.json").write_text('{"trunc')
     checks, note = compare.nightly_checks(rec, out, "latest", lambda m: None)
-    assert checks == [] and note is not None and "nothing compared" in note
-    assert "history entry skipped" in note and "0001_" in note and "starts the history" not in note, note
+    # the job asked for a comparison and the history cannot give one: an error, as an unusable
+    # explicit baseline is (next night this run, stored, is the baseline)
+    [c] = checks
+    assert c.status == "error" and note is None, (c, note)
+    assert "history entry skipped" in c.message and "0001_" in c.message and "could be read" in c.message, c.message
 
 
 def test_nightly_checks_return_checks_and_never_touch_the_run(tmp_path):
