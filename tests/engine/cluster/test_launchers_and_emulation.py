@@ -311,6 +311,18 @@ time.sleep(600)
 """
 
 
+def _pids_in(namespaces: list[str], within_s: float = 30.0) -> list[int]:
+    """The processes in each namespace, once every one has some: a launch enters its namespace
+    (`ip netns exec`) after spawn has returned, and a busy CI read one namespace still empty."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = {ns: [int(p) for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                                      text=True).stdout.split()] for ns in namespaces}
+        if all(found.values()) or time.monotonic() > deadline:
+            return [p for pids in found.values() for p in pids]
+        time.sleep(0.1)
+
+
 @pytest.mark.host("root")
 def test_sigkill_of_the_harness_leaves_no_namespace_veth_or_process(tmp_path):
     proc = subprocess.Popen([PY, "-c", HARNESS, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO,
@@ -319,8 +331,7 @@ def test_sigkill_of_the_harness_leaves_no_namespace_veth_or_process(tmp_path):
         assert proc.stdout.readline().strip() == "ready"
         namespaces = _ours(proc.pid)
         assert len(namespaces) == 2
-        pids = [int(p) for ns in namespaces for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                                                                   text=True).stdout.split()]
+        pids = _pids_in(namespaces)
         assert len(pids) >= 2
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
