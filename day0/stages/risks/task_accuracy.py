@@ -26,6 +26,7 @@ from day0.config.risks import AccuracySettings
 from day0.core.outputs import write_file
 from day0.core.record import Check, measured
 from day0.engine import Endpoint
+from day0.engine.process import die_with_parent, signal_group
 from day0.model.locate import local_model_dir
 from day0.model.reference import host_reference_unavailable
 
@@ -79,24 +80,25 @@ class LmEval:
         return cmd
 
     def start(self, tasks: list[str], include: list[Path]) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
+        """In a process group of its own that dies with day0 (PR_SET_PDEATHSIG): a SIGKILLed
+        harness leaves no lm-eval behind. ``OPENAI_API_KEY`` is this side's key or none: one set in
+        day0's own environment would reach the reference, or an unkeyed endpoint under test."""
+        env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+        env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "TOKENIZERS_PARALLELISM": "false"})
         if self.api_key:
             env["OPENAI_API_KEY"] = self.api_key
         cmd = self.command(tasks, include)
         self.output = tempfile.TemporaryFile()
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env)
+                                     env=env, preexec_fn=die_with_parent)
 
     def result(self, tasks: list[str]) -> tuple[dict[str, float], float]:
         """(task -> exact_match, seconds) of a run that has ended; its log written, scrubbed."""
-        assert self.proc is not None and self.output is not None and self.proc.returncode is not None
+        assert self.proc is not None and self.proc.returncode is not None
         seconds = time.perf_counter() - self.started
-        self.output.seek(0)
-        text = self.scrub(self.output.read().decode("utf-8", errors="replace"))
-        self.out.mkdir(parents=True, exist_ok=True)
-        write_file(self.out / f"lm-eval-{self.model}.log", text)
+        text = self.keep_log()
         results = sorted(self.out.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
         if self.proc.returncode != 0 or not results:
             tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
@@ -104,13 +106,31 @@ class LmEval:
         doc = json.loads(results[-1].read_text(encoding="utf-8"))
         return {t: task_score(doc, t, self.model) for t in tasks}, seconds
 
-    def stop(self) -> None:
-        """Kill a run still going (another side failed, the time ran out, the session is stopping)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        if self.output is not None:
-            self.output.close()
+    def keep_log(self, ending: str = "") -> str:
+        """The run's output so far, scrubbed, into the run folder (once; ``ending`` says why it
+        stopped where it did); the text written."""
+        if self.output is None or self.output.closed:
+            return ""
+        self.output.seek(0)
+        text = self.scrub(self.output.read().decode("utf-8", errors="replace")) + ending
+        self.output.close()
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_file(self.out / f"lm-eval-{self.model}.log", text)
+        return text
+
+
+def _stop(sides: list[LmEval]) -> None:
+    """Kill every side still running, whole groups first and then reap them (a second SIGTERM
+    during one side's reaping must not leave the next running), and keep what each had written."""
+    running = {id(side) for side in sides if side.proc is not None and side.proc.poll() is None}
+    for side in sides:
+        if side.proc is not None and id(side) in running:
+            signal_group(side.proc.pid)
+    for side in sides:
+        if side.proc is not None:
+            side.proc.wait()
+        stopped = f"\n[day0: stopped after {time.perf_counter() - side.started:.0f} s]\n"
+        side.keep_log(stopped if id(side) in running else "")
 
 
 def run_sides(sides: list[LmEval], tasks: list[str], include: list[Path],
@@ -135,8 +155,7 @@ def run_sides(sides: list[LmEval], tasks: list[str], include: list[Path],
                     raise TaskError(f"lm-eval ({late.model}) ran past {timeout:g} s")
                 time.sleep(0.2)
     finally:
-        for side in sides:
-            side.stop()
+        _stop(sides)
     return [done[i] for i in range(len(sides))]
 
 
@@ -174,8 +193,9 @@ def check_tasks(endpoint: Endpoint, profile: Any, run_dir: Path) -> Check:
     served = (f"model={endpoint.model},base_url={endpoint.base_url}/v1/completions,tokenizer={tok},"
               f"tokenized_requests=False,max_retries=1,num_concurrent=1")
     ref = f"pretrained={model_dir},dtype=float32"
-    sides = [LmEval("local-completions", served, work / "deployed", endpoint.key, profile.redactor().text),
-             LmEval("hf", ref, work / "reference")]
+    scrub = profile.redactor().text
+    sides = [LmEval("local-completions", served, work / "deployed", endpoint.key, scrub),
+             LmEval("hf", ref, work / "reference", scrub=scrub)]
     try:
         (deployed, deployed_s), (reference, reference_s) = run_sides(sides, settings.tasks, include,
                                                                      float(settings.task_timeout_s))

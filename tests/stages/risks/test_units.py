@@ -594,12 +594,14 @@ SCORES = ("import json, os, sys, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir
           "(p / 'results_1.json').write_text(json.dumps({'results': {'t': {'exact_match,none': 0.5}}}))")
 
 
-def test_both_sides_run_at_once_and_each_log_is_scrubbed(tmp_path):
+def test_both_sides_run_at_once_and_each_log_is_scrubbed(tmp_path, monkeypatch):
     from day0.stages.risks.task_accuracy import run_sides
 
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-ambient")  # day0's own environment's: never passed on
     slow = "import time; time.sleep(1.0); " + SCORES
-    deployed = _side(slow, tmp_path / "d", api_key="sk-topsecret", scrub=lambda t: t.replace("sk-topsecret", "<redacted>"))
-    reference = _side(slow, tmp_path / "r")
+    scrub = lambda t: t.replace("sk-topsecret", "<redacted>")  # noqa: E731
+    deployed = _side(slow, tmp_path / "d", api_key="sk-topsecret", scrub=scrub)
+    reference = _side(slow, tmp_path / "r", scrub=scrub)
     t0 = time.monotonic()
     (d, d_s), (r, r_s) = run_sides([deployed, reference], ["t"], [], timeout=60)
     both = time.monotonic() - t0
@@ -609,23 +611,29 @@ def test_both_sides_run_at_once_and_each_log_is_scrubbed(tmp_path):
     assert "key None" in (tmp_path / "r" / "lm-eval-fake.log").read_text()  # the key goes to the deployed side only
 
 
-def test_the_first_side_to_fail_stops_the_other(tmp_path):
-    """A deployed side that fails at once (HTTP 401, a server gone) no longer waits for the reference's
-    whole run, and no lm-eval outlives the check."""
+@pytest.mark.parametrize("order", ["endless first", "failing first"])
+def test_the_first_side_to_fail_stops_the_other_and_its_log_is_kept(tmp_path, order):
+    """A side that fails at once (HTTP 401, a server gone) no longer waits for the other's whole run,
+    whichever side it is, and no lm-eval outlives the check; the stopped side's output so far is
+    kept, saying so."""
     from day0.stages.risks.task_accuracy import TaskError, run_sides
 
-    failing = _side("import sys; print('boom: HTTP 401'); sys.exit(3)", tmp_path / "d")
-    endless = _side("import time; time.sleep(600)", tmp_path / "r")
+    failing = _side("import sys; print('boom: HTTP 401'); sys.exit(3)", tmp_path / "f")
+    endless = _side("import time; print('loading', flush=True); time.sleep(600)", tmp_path / "e")
+    sides = [endless, failing] if order == "endless first" else [failing, endless]
+    # waited on in turn, the endless side would have been "ran past 60 s" first
     with pytest.raises(TaskError, match=r"lm-eval \(fake\) exited 3: boom: HTTP 401"):
-        run_sides([failing, endless], ["t"], [], timeout=600)
+        run_sides(sides, ["t"], [], timeout=60)
     assert endless.proc.returncode is not None and endless.proc.returncode < 0  # killed, not left running
+    kept = (tmp_path / "e" / "lm-eval-fake.log").read_text()
+    assert "loading" in kept and "[day0: stopped after" in kept
 
 
 def test_a_side_past_the_timeout_is_named_and_killed(tmp_path):
     from day0.stages.risks.task_accuracy import TaskError, run_sides
 
-    quick = _side(SCORES, tmp_path / "d")
     endless = _side("import time; time.sleep(600)", tmp_path / "r")
+    quick = _side(SCORES, tmp_path / "d")
     with pytest.raises(TaskError, match=r"lm-eval \(fake\) ran past 2 s"):
-        run_sides([quick, endless], ["t"], [], timeout=2)
+        run_sides([endless, quick], ["t"], [], timeout=2)
     assert endless.proc.returncode is not None and endless.proc.returncode < 0
