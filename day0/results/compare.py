@@ -225,7 +225,8 @@ def nightly_checks(
                                     str(history.compare_section(profile).get("machine") or ""))
         found = resolve_baselines(specs, record, folder, settings.history_runs)
         if not found.runs and found.skipped:  # stored runs that cannot be read: the job asked for a comparison
-            return [_error_check(f"baseline {specs[0]}: no run in {folder} could be read: {'; '.join(found.skipped)}",
+            return [_error_check(f"baseline {specs[0]}: no run in {folder} could be read "
+                                 f"({'; '.join(found.skipped)}); repair or remove those entries",
                                  {"skipped": found.skipped})], None
         if not found.runs:
             msg = f"no {specs[0]} run in {folder} yet; nothing compared (this run starts the history)"
