@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,13 +79,24 @@ def start(arm: Arm, out: Path) -> subprocess.Popen[bytes]:
 def pair(arm: Arm, work: Path, label: str) -> list[Run]:
     """Two runs of ``arm`` started together; each one's wall from its start to its own end."""
     t0 = time.monotonic()
-    procs = [start(arm, work / f"{label.replace(' ', '-')}-{k}") for k in "ab"]
+    procs: list[subprocess.Popen[bytes]] = []
     ended: dict[int, Run] = {}
-    while len(ended) < len(procs):  # each run's own end, whichever ends first
-        for i, p in enumerate(procs):
-            if i not in ended and p.poll() is not None:
-                ended[i] = Run(arm.name, time.monotonic() - t0, p.returncode == 0)
-        time.sleep(0.2)
+    try:
+        procs += [start(arm, work / f"{label.replace(' ', '-')}-{k}") for k in "ab"]
+        while len(ended) < len(procs):  # each run's own end, whichever ends first
+            for i, p in enumerate(procs):
+                if i not in ended and p.poll() is not None:
+                    ended[i] = Run(arm.name, time.monotonic() - t0, p.returncode == 0)
+            time.sleep(0.2)
+    finally:  # stopped early (Ctrl-C, an error): SIGTERM is a Day0 run's own stop, which takes its engines down
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
     runs = [ended[i] for i in range(len(procs))]
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     for r in runs:
@@ -103,16 +115,21 @@ def main() -> int:
     if len(arms) != 2 or a.rounds < 1:
         ap.error("two arms and at least one round")
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="day0-side-by-side-") as tmp:
-        for r in range(a.rounds):
-            for arm in arms if r % 2 == 0 else arms[::-1]:
-                runs += pair(arm, Path(tmp), f"round {r + 1} {arm.name}")
-    medians = {arm.name: statistics.median(x.wall_s for x in runs if x.arm == arm.name) for arm in arms}
-    for arm in arms:
-        walls = sorted(x.wall_s for x in runs if x.arm == arm.name)
-        print(f"{arm.name}: median {medians[arm.name]:.1f} s over {len(walls)} runs ({walls[0]:.0f}-{walls[-1]:.0f} s)")
+    tmp = Path(tempfile.mkdtemp(prefix="day0-side-by-side-"))
+    for r in range(a.rounds):
+        for arm in arms if r % 2 == 0 else arms[::-1]:
+            runs += pair(arm, tmp, f"round {r + 1} {arm.name}")
+    if all(x.passed for x in runs):
+        shutil.rmtree(tmp)
+    else:  # a failed run's time is no figure of its arm; its log and run folder are what to read
+        print(f"kept {tmp}: a run failed (its .log beside its run folder)")
+    walls = {arm.name: sorted(x.wall_s for x in runs if x.arm == arm.name and x.passed) for arm in arms}
+    for name, w in walls.items():
+        print(f"{name}: median {statistics.median(w):.1f} s over {len(w)} runs ({w[0]:.0f}-{w[-1]:.0f} s)" if w
+              else f"{name}: no run passed")
     first, second = (arm.name for arm in arms)
-    print(f"ratio {first} / {second}: {medians[first] / medians[second]:.2f}")
+    if walls[first] and walls[second]:
+        print(f"ratio {first} / {second}: {statistics.median(walls[first]) / statistics.median(walls[second]):.2f}")
     return 0 if all(x.passed for x in runs) else 1
 
 

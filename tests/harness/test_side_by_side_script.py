@@ -33,3 +33,13 @@ def test_each_run_of_a_pair_is_timed_to_its_own_end(tmp_path, monkeypatch):
     slow, fast = side.pair(side.Arm("a", {}), tmp_path, "round 1 a")
     assert slow.passed and fast.passed
     assert fast.wall_s < slow.wall_s, (fast, slow)  # in order, the fast one would be timed to the slow one's end
+
+
+def test_an_arm_gets_only_its_own_wait_policy(tmp_path, monkeypatch):
+    """tests/conftest.py sets OMP_WAIT_POLICY=PASSIVE for the suite: the spinning arm must not inherit it."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    seen = []
+    monkeypatch.setattr(side.subprocess, "Popen", lambda cmd, **kw: seen.append(kw["env"]))
+    side.start(side.Arm("spin", {}), tmp_path / "spin-a")
+    side.start(side.Arm("passive", {"OMP_WAIT_POLICY": "PASSIVE"}), tmp_path / "passive-a")
+    assert "OMP_WAIT_POLICY" not in seen[0] and seen[1]["OMP_WAIT_POLICY"] == "PASSIVE"
