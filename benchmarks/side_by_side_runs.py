@@ -12,7 +12,8 @@ take the engine lock on a shared box.
     flock /tmp/day0-engine.lock .venv/bin/python benchmarks/side_by_side_runs.py [--rounds 2] \\
         [--arm spin=] [--arm passive=OMP_WAIT_POLICY=PASSIVE]
 
-2026-12-07 (AMD EPYC, 2 cores, 2 rounds): spin 231-247 s a run, passive 102-110 s; ratio 2.2
+2026-12-07 (AMD EPYC, 2 cores): spin 212-247 s a run, passive 98-110 s, over 3 rounds; the
+script's own round (--rounds 1): medians 213.2 and 99.2 s, ratio 2.15
 (docs/engine.md: the bullet "Spinning OpenMP threads ...").
 """
 

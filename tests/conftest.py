@@ -19,10 +19,11 @@ CHILD_PYTEST_OPTS = ("-p", "no:hypothesispytest")  # for the pytest processes th
 # vLLM's collect_env takes seconds per run, and the harness's tests start dozens of short runs;
 # tests/core/test_environment.py runs it on purpose.
 os.environ.setdefault("DAY0_COLLECT_ENV", "0")
-# Two workers hold vLLM engines at once (the engine and netns groups), each engine's OpenMP threads
-# on both cores, and libgomp's threads spin while they wait for work: two whole default runs side by
-# side took 231-247 s each, and 102-110 s with passive waiting (wall, 4 runs each, docs/engine.md). The
-# suite's engines inherit it; a run of day0 itself keeps the deployment's own setting.
+# Two workers hold vLLM engines at once (the engine and netns groups), and where torch runs several
+# OpenMP threads (day0's own process, an engine worker on both cores) a thread out of work spins
+# before it sleeps: two whole default runs side by side took 212-247 s each, 98-110 s with passive
+# waiting (wall, 3 rounds of 2 runs; docs/engine.md, benchmarks/side_by_side_runs.py). The suite's
+# engines inherit it; a run of day0 itself keeps the deployment's own setting.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 settings.register_profile(
