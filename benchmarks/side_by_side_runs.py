@@ -83,7 +83,8 @@ def pair(arm: Arm, work: Path, label: str) -> list[Run]:
     procs: list[subprocess.Popen[bytes]] = []
     ended: dict[int, Run] = {}
     try:
-        procs += [start(arm, work / f"{label.replace(' ', '-')}-{k}") for k in "ab"]
+        for k in "ab":  # one by one: a second start that fails must not leave the first unstopped
+            procs.append(start(arm, work / f"{label.replace(' ', '-')}-{k}"))
         while len(ended) < len(procs):  # each run's own end, whichever ends first
             for i, p in enumerate(procs):
                 if i not in ended and p.poll() is not None:
@@ -98,6 +99,7 @@ def pair(arm: Arm, work: Path, label: str) -> list[Run]:
                 p.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
     runs = [ended[i] for i in range(len(procs))]
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     for r in runs:
@@ -117,9 +119,13 @@ def main() -> int:
         ap.error("two arms and at least one round")
     runs: list[Run] = []
     tmp = Path(tempfile.mkdtemp(prefix="day0-side-by-side-"))
-    for r in range(a.rounds):
-        for arm in arms if r % 2 == 0 else arms[::-1]:
-            runs += pair(arm, tmp, f"round {r + 1} {arm.name}")
+    try:
+        for r in range(a.rounds):
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                runs += pair(arm, tmp, f"round {r + 1} {arm.name}")
+    except BaseException:
+        print(f"kept {tmp}: stopped before the last round ended", file=sys.stderr)
+        raise
     if all(x.passed for x in runs):
         shutil.rmtree(tmp)
     else:  # a failed run's time is no figure of its arm; its log and run folder are what to read

@@ -43,3 +43,35 @@ def test_an_arm_gets_only_its_own_wait_policy(tmp_path, monkeypatch):
     side.start(side.Arm("spin", {}), tmp_path / "spin-a")
     side.start(side.Arm("passive", {"OMP_WAIT_POLICY": "PASSIVE"}), tmp_path / "passive-a")
     assert "OMP_WAIT_POLICY" not in seen[0] and seen[1]["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_a_pair_stopped_early_stops_both_runs(tmp_path, monkeypatch):
+    """Ctrl-C (or a failing second start) in the middle: no Day0 run, and so no engine, is left running."""
+    started = []
+
+    def start(arm, out):
+        started.append(subprocess.Popen(["sleep", "600"]))
+        return started[-1]
+
+    monkeypatch.setattr(side, "start", start)
+    real_sleep, interrupts = side.time.sleep, [KeyboardInterrupt()]
+
+    def sleep(seconds):  # the poll's first sleep is interrupted; subprocess's own waits sleep as usual
+        if interrupts:
+            raise interrupts.pop()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(side.time, "sleep", sleep)
+    with pytest.raises(KeyboardInterrupt):
+        side.pair(side.Arm("a", {}), tmp_path, "round 1 a")
+    assert len(started) == 2 and all(p.returncode is not None for p in started)
+
+    def second_fails(arm, out):
+        if started[2:]:
+            raise OSError("no room for the log")
+        return start(arm, out)
+
+    monkeypatch.setattr(side, "start", second_fails)
+    with pytest.raises(OSError):
+        side.pair(side.Arm("a", {}), tmp_path, "round 2 a")
+    assert len(started) == 3 and started[2].returncode is not None

@@ -11,6 +11,7 @@ on the default target; a profile may add its own task folders.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -130,7 +131,8 @@ def _stop(sides: list[LmEval]) -> None:
         if side.proc is not None:
             side.proc.wait()
         stopped = f"\n[day0: stopped after {time.perf_counter() - side.started:.0f} s]\n"
-        side.keep_log(stopped if id(side) in running else "")
+        with contextlib.suppress(OSError, ValueError):  # a log that cannot be kept never hides why the check stopped
+            side.keep_log(stopped if id(side) in running else "")
 
 
 def run_sides(sides: list[LmEval], tasks: list[str], include: list[Path],

@@ -618,8 +618,11 @@ def test_the_first_side_to_fail_stops_the_other_and_its_log_is_kept(tmp_path, or
     kept, saying so."""
     from day0.stages.risks.task_accuracy import TaskError, run_sides
 
-    failing = _side("import sys; print('boom: HTTP 401'); sys.exit(3)", tmp_path / "f")
-    endless = _side("import time; print('loading', flush=True); time.sleep(600)", tmp_path / "e")
+    ready = tmp_path / "e" / "ready"  # the endless side has written something before the other fails
+    failing = _side(f"import sys, time, pathlib\nwhile not pathlib.Path({str(ready)!r}).exists(): time.sleep(0.05)\n"
+                    "print('boom: HTTP 401'); sys.exit(3)", tmp_path / "f")
+    endless = _side("import time, sys, pathlib; print('loading', flush=True); p = pathlib.Path(sys.argv[1]); "
+                    "p.mkdir(parents=True, exist_ok=True); (p / 'ready').touch(); time.sleep(600)", tmp_path / "e")
     sides = [endless, failing] if order == "endless first" else [failing, endless]
     # waited on in turn, the endless side would have been "ran past 60 s" first
     with pytest.raises(TaskError, match=r"lm-eval \(fake\) exited 3: boom: HTTP 401"):
