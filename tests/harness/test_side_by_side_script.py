@@ -5,6 +5,8 @@ import argparse
 import importlib.util
 import subprocess
 import sys
+import time as real_time
+import types
 
 import pytest
 
@@ -54,14 +56,15 @@ def test_a_pair_stopped_early_stops_both_runs(tmp_path, monkeypatch):
         return started[-1]
 
     monkeypatch.setattr(side, "start", start)
-    real_sleep, interrupts = side.time.sleep, [KeyboardInterrupt()]
+    real_sleep, interrupts = real_time.sleep, [KeyboardInterrupt()]
 
     def sleep(seconds):  # the poll's first sleep is interrupted; subprocess's own waits sleep as usual
         if interrupts:
             raise interrupts.pop()
         real_sleep(seconds)
 
-    monkeypatch.setattr(side.time, "sleep", sleep)
+    # the script's own `time` only: another thread's sleep elsewhere in the worker is left alone
+    monkeypatch.setattr(side, "time", types.SimpleNamespace(monotonic=real_time.monotonic, sleep=sleep))
     with pytest.raises(KeyboardInterrupt):
         side.pair(side.Arm("a", {}), tmp_path, "round 1 a")
     assert len(started) == 2 and all(p.returncode is not None for p in started)

@@ -115,8 +115,9 @@ class LmEval:
         self.output.seek(0)
         text = self.scrub(self.output.read().decode("utf-8", errors="replace")) + ending
         self.output.close()
-        self.out.mkdir(parents=True, exist_ok=True)
-        write_file(self.out / f"lm-eval-{self.model}.log", text)
+        with contextlib.suppress(OSError, ValueError):  # a log that cannot be kept never hides the run's outcome
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_file(self.out / f"lm-eval-{self.model}.log", text)
         return text
 
 
@@ -131,8 +132,7 @@ def _stop(sides: list[LmEval]) -> None:
         if side.proc is not None:
             side.proc.wait()
         stopped = f"\n[day0: stopped after {time.perf_counter() - side.started:.0f} s]\n"
-        with contextlib.suppress(OSError, ValueError):  # a log that cannot be kept never hides why the check stopped
-            side.keep_log(stopped if id(side) in running else "")
+        side.keep_log(stopped if id(side) in running else "")
 
 
 def run_sides(sides: list[LmEval], tasks: list[str], include: list[Path],

@@ -640,3 +640,12 @@ def test_a_side_past_the_timeout_is_named_and_killed(tmp_path):
     with pytest.raises(TaskError, match=r"lm-eval \(fake\) ran past 2 s"):
         run_sides([endless, quick], ["t"], [], timeout=2)
     assert endless.proc.returncode is not None and endless.proc.returncode < 0
+
+
+def test_a_log_that_cannot_be_kept_never_hides_the_sides_outcome(tmp_path):
+    """The run folder's lm-eval folder is a file here: the side's own failure is still the error."""
+    from day0.stages.risks.task_accuracy import TaskError, run_sides
+
+    (tmp_path / "f").write_text("not a folder")
+    with pytest.raises(TaskError, match=r"exited 3: boom"):
+        run_sides([_side("import sys; print('boom'); sys.exit(3)", tmp_path / "f")], ["t"], [], timeout=60)
