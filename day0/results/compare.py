@@ -225,8 +225,7 @@ def nightly_checks(
                                     str(history.compare_section(profile).get("machine") or ""))
         found = resolve_baselines(specs, record, folder, settings.history_runs)
         if not found.runs and found.skipped:  # stored runs that cannot be read: the job asked for a comparison
-            return [_error_check(f"baseline {specs[0]}: no run in {folder} could be read "
-                                 f"({'; '.join(found.skipped)}); repair or remove those entries",
+            return [_error_check(f"baseline {specs[0]}: {_unreadable(specs[0], folder, found)}",
                                  {"skipped": found.skipped})], None
         if not found.runs:
             msg = f"no {specs[0]} run in {folder} yet; nothing compared (this run starts the history)"
@@ -247,6 +246,12 @@ def nightly_checks(
     except Exception as exc:  # a comparison bug must not cost the run record
         return [_error_check(f"comparison failed: {type(exc).__name__}: {exc} (a day0 bug; the measurements stand)",
                              {"traceback": traceback.format_exc()[-8000:]})], None
+
+
+def _unreadable(spec: str, folder: Path, found: Baselines) -> str:
+    """Why a history of stored runs gave no baseline, for the nightly and ``day0 compare`` alike: none
+    of them loads (each named, as every reader of the history names them)."""
+    return f"no {spec} run in {folder} could be read ({'; '.join(found.skipped)}); repair or remove those entries"
 
 
 def regressed(record: RunRecord | None) -> bool:
@@ -275,8 +280,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         folder = history.folder_for(root, run, args.machine or "")
     found = resolve_baselines(args.baseline, run, folder, settings.history_runs)
     if not found.runs and found.skipped:
-        raise CompareError(f"no {args.baseline[0]} run in {folder} could be read ({'; '.join(found.skipped)}); "
-                           "repair or remove those entries, or give --baseline PATH")
+        raise CompareError(f"{_unreadable(args.baseline[0], folder, found)}, or give --baseline PATH")
     if not found.runs:
         raise CompareError(f"no {args.baseline[0]} run in {folder}; give --baseline PATH, or store a run first")
     result = judge_history(found.runs, run, settings, found.label)
