@@ -71,6 +71,9 @@ _ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
 # A value in quotes, to its closing quote (the same one, JSON-escaped or not; a backslash escapes the
 # next character) or the end of the line: `password="correct horse battery staple"` goes whole.
 _QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,}+"
+# A list's quoted item, whole (quotes bare or JSON-escaped): a bracket inside it is the secret's
+# character, not the list's end (`"api_key": ["Xy]Z..."]` lost only `Xy` before).
+_QUOTED_ITEM = r"\\{0,7}\"(?:[^\"\\\r\n]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\\r\n]|\\.){0,512}+\\{0,7}'"
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
     r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
@@ -106,7 +109,7 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # only under a credential's name (`password=12345678`, `"api_key": 12345678`); under a token's,
     # it is a count (`token: 142`, `"token": [1, 2]`): see _redact_value.
     r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]"
-    + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:\[[^\[\]]{0,4096}+\]|[^\[\]]){1,65536}+)"
+    + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:" + _QUOTED_ITEM + r"|\[[^\[\]]{0,4096}+\]|[^\[\]]){1,65536}+)"
     + r"|[ \t]{0,16}+(?:#[^\r\n]{0,1024}+)?" + _YAML_GAP + _YAML_BLOCK_ITEM + r"(?P<bitems>" + _FRESH
     + r"[^\r\n]*+(?:" + _YAML_GAP + _YAML_BLOCK_ITEM + r"[^\r\n]*+){0,1024}+)"
     + r"|\s{0,16}(?!\[)(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH
@@ -396,7 +399,7 @@ def _replaced(m: re.Match[str], group: str) -> str:
 
 _YAML_NEXT = re.compile(_YAML_GAP + _YAML_BLOCK_ITEM)
 # A list's items: quoted (a comma inside stays inside), or anything to the next comma
-_LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]*+)")
+_LIST_ITEM = re.compile(r"\s*+(?:" + _QUOTED_ITEM + r"|[^,]*+)")
 _ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
 

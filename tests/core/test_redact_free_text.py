@@ -142,6 +142,9 @@ def test_a_quoted_value_longer_than_any_bound_goes_whole() -> None:
     "api_key:\n  - a\n" + "\n" * 9 + f"  - {SECRET}\n", f"api_key:\n  -   \n  - {SECRET}\n",
     f"api_key:\n  - ab\n  -\n  - {SECRET}\n",
     str(subprocess.CalledProcessError(22, ["curl", "-sf", "-u", f"bob:{SECRET}", "https://x"])),
+    # a bracket inside a quoted item ended the list there: the rest of the item and every later one stayed
+    f'"api_key": ["first-key-9]x", "{SECRET}"]', f"{{'api_key': ['ab]c', '{SECRET}']}}",
+    f'api_key = ["k1", "first-key-9[{SECRET}"]', json.dumps(json.dumps({"api_key": ["first-key-9]", SECRET]})),
 ])
 def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) -> None:
     out = _gone(text)
