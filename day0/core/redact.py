@@ -71,9 +71,24 @@ _ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
 # A value in quotes, to its closing quote (the same one, JSON-escaped or not; a backslash escapes the
 # next character) or the end of the line: `password="correct horse battery staple"` goes whole.
 _QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,}+"
-# A list's quoted item, whole (quotes bare or JSON-escaped): a bracket inside it is the secret's
-# character, not the list's end (`"api_key": ["Xy]Z..."]` lost only `Xy` before).
-_QUOTED_ITEM = r"\\{0,7}\"(?:[^\"\\\r\n]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\\r\n]|\\.){0,512}+\\{0,7}'"
+
+
+def _quoted_item(depth: int, quote: str) -> str:
+    """A list's item in quotes escaped ``depth`` backslashes deep, to the quote escaped as its
+    opening one and then the item's end (a comma, the list's ``]``, a line break). A quote escaped
+    deeper is the item's own character; in JSON-escaped text ``\\.`` would read the closing ``\\"``
+    as one and run on past the list, over whatever came next (a secret in a later field)."""
+    if depth == 0:
+        body = r"[^%s\\\r\n]|\\[^\r\n]" % quote
+    else:
+        body = r"[^%s\\\r\n]|\\{%d,}+%s|\\++(?!%s)" % (quote, depth + 1, quote, quote)
+    return r"\\{%d}%s(?:%s){0,512}+\\{%d}%s(?=\s*+(?:[,\]]|\\{1,7}[nrt]))" % (depth, quote, body, depth, quote)
+
+
+# A list's quoted item, whole, where an item starts: a bracket inside it is the secret's character,
+# not the list's end (`"api_key": ["Xy]Z..."]` lost only `Xy` before). Not a match (an unclosed or
+# odd quote): the list is read character by character, to its first bracket, as before.
+_QUOTED_ITEM = r"(?<![^\s\[,])(?:" + "|".join(_quoted_item(d, q) for d in (7, 3, 1, 0) for q in "\"'") + ")"
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
     r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
@@ -399,7 +414,7 @@ def _replaced(m: re.Match[str], group: str) -> str:
 
 _YAML_NEXT = re.compile(_YAML_GAP + _YAML_BLOCK_ITEM)
 # A list's items: quoted (a comma inside stays inside), or anything to the next comma
-_LIST_ITEM = re.compile(r"\s*+(?:" + _QUOTED_ITEM + r"|[^,]*+)")
+_LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]*+)")
 _ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
 

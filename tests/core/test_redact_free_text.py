@@ -153,6 +153,28 @@ def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) ->
     assert any(w in out for w in ("bob", "--api-key", "--hf-token", "api_key", "password", "HF_TOKEN"))
 
 
+# After a review of the bracket case above: a quoted item ends only at a quote escaped as its opening
+# one, where an item ends. Read with ``\\.``, JSON-escaped text's closing ``\\"`` was one more character
+# of the item, and the list ran on past its ``]``: over a secret in a later field (the rule never
+# read it again), or over the rest of the text, which was lost.
+@pytest.mark.parametrize("text, expected", [
+    (json.dumps(json.dumps({"eos_token": ["</s>"], "api_key": SECRET})),
+     json.dumps(json.dumps({"eos_token": ["</s>"], "api_key": REDACTED}))),
+    (json.dumps(json.dumps(json.dumps({"eos_token": ["</s>"], "api_key": SECRET}))),
+     json.dumps(json.dumps(json.dumps({"eos_token": ["</s>"], "api_key": REDACTED})))),
+    (json.dumps({"body": json.dumps({"stop_token": ["x"]}), "note": f"password={SECRET}"}),
+     json.dumps({"body": json.dumps({"stop_token": ["x"]}), "note": f"password={REDACTED}"})),
+    (f'eos_token: ["</s>] and password="{SECRET}"', f'eos_token: ["</s>] and password="{REDACTED}"'),
+    (f"stop_token: [it's] and password='{SECRET}'", f"stop_token: [it's] and password='{REDACTED}'"),
+    (json.dumps(json.dumps({"api_key": [SECRET], "model": "llama", "max_tokens": 5})),
+     json.dumps(json.dumps({"api_key": ["X"], "model": "llama", "max_tokens": 5})).replace('\\"X\\"', REDACTED)),
+    (json.dumps(json.dumps({"api_key": ["first-key-9]", SECRET]})), json.dumps(json.dumps({"api_key": [0]})).replace("0", REDACTED)),
+    (f'api_key: ["ab, cd\nefgh {SECRET}"]', f"api_key: [{REDACTED}]"),  # an item across a line break is one item
+])
+def test_a_quoted_list_item_ends_at_its_own_quote_and_the_text_after_the_list_is_read(text: str, expected: str) -> None:
+    assert Redactor().text(text) == expected
+
+
 @pytest.mark.parametrize("text", [
     "password=12345678", 'DB_PASSWORD = "98765432"', json.dumps({"password": 12345678}),
     json.dumps({"api_key": 12345678}), "client_secret: 987654321", json.dumps({"api_key": [12345678]}),
@@ -312,6 +334,8 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "listed-flags": fit("'--api-key', "),
             "camel-names": fit("aKey:aKey:aKey:"),
             "list-never-closed": fit('"api_key": [ "a", '),
+            "escaped-quotes-in-a-list": fit('"api_key": [' + '\\\\"' * 512 + '\\n'),
+            "escaped-items-in-a-list": fit('"api_key": [' + ',\\\\"' * 340 + '\\n'),
             "yaml-items": fit("--api-key\\n - "),
             "netrc-words": fit("login a password "),
             "user-flags": fit("-u a:-u a:"),
