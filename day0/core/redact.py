@@ -415,6 +415,9 @@ def _replaced(m: re.Match[str], group: str) -> str:
 _YAML_NEXT = re.compile(_YAML_GAP + _YAML_BLOCK_ITEM)
 # A list's items: quoted (a comma inside stays inside), or anything to the next comma
 _LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]*+)")
+# A blank, or a line break or tab JSON-escaped up to three deep: what stands around a pretty-printed item
+_BLANK = re.compile(r"\s|\\{1,7}[nrt]")
+_BLANKS = re.compile(r"(?:\s|\\{1,7}[nrt])*+")
 _ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
 
@@ -423,13 +426,15 @@ def _item_is_secret(piece: str, digits_ok: bool) -> bool:
     """One item of a list under a secret's name, judged as a value standing alone would be: quoted,
     MIN_SECRET_LEN characters; bare, its first word of MIN_SECRET_LEN with a letter (or digits
     under a credential's name), not ``true``/``null``. So ``"secret": [true, false]``, ``"token":
-    [1, 2]`` and ``[r for r in batch if r.has_new_token]`` stay."""
+    [1, 2]`` and ``[r for r in batch if r.has_new_token]`` stay. Line breaks and indents around it
+    go first, JSON-escaped ones too (a pretty-printed list quoted in a string: ``[\\n    \\"X\\"``)."""
+    piece = piece[_BLANKS.match(piece).end():]
     inner = _ITEM_EDGES.sub("", piece)
     if len(inner) < MIN_SECRET_LEN:
         return False
     if re.match(r"[\s\[]*\\{0,7}[\"']", piece):
         return True
-    word = inner.split(None, 1)[0]  # a bare item with blanks: its first word, as a bare value is read
+    word = _BLANK.split(inner, 1)[0]  # a bare item with blanks: its first word, as a bare value is read
     return (len(word) >= MIN_SECRET_LEN and word.lower() not in _NOT_VALUES
             and (digits_ok or bool(_LETTER.search(word))))
 

@@ -170,6 +170,10 @@ def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) ->
      json.dumps(json.dumps({"api_key": ["X"], "model": "llama", "max_tokens": 5})).replace('\\"X\\"', REDACTED)),
     (json.dumps(json.dumps({"api_key": ["first-key-9]", SECRET]})), json.dumps(json.dumps({"api_key": [0]})).replace("0", REDACTED)),
     (f'api_key: ["ab, cd\nefgh {SECRET}"]', f"api_key: [{REDACTED}]"),  # an item across a line break is one item
+    # and before it: a pretty-printed list quoted in a string, each item after an escaped line break,
+    # was judged by its first word, "n"
+    (json.dumps(json.dumps({"api_key": ["ab", SECRET]}, indent=2)),
+     json.dumps(json.dumps({"api_key": [0]}, indent=2)).replace("[\\n    0\\n  ]", f"[{REDACTED}]")),
 ])
 def test_a_quoted_list_item_ends_at_its_own_quote_and_the_text_after_the_list_is_read(text: str, expected: str) -> None:
     assert Redactor().text(text) == expected
@@ -296,6 +300,9 @@ ORDINARY = [
     "pip install -U git+https://github.com/vllm-project/vllm.git", "uv pip install -U https://wheels.vllm.ai/x.whl",
     "docker run --user 1000:1000 img", "docker exec -u root:root c bash", "login via password prompt",
     "account with password protection", '"secret": [true, false]', "token_ids = [1, 2, 3]",
+    # the same lists pretty-printed and quoted in a string: their escaped line breaks are no item's word
+    json.dumps(json.dumps({"secret": [True, False]}, indent=2)), json.dumps(json.dumps({"token": [1, 2]}, indent=2)),
+    json.dumps(json.dumps({"eos_token": ["</s>", "<|eot_id|>"]}, indent=2)),
     "requests_with_new_token = [r for r in batch if r.has_new_token]",
     "by default the password is hashed", "docker run --user 1000:1000 img -- and curl later",
     '--user "$(id -u):$(id -g)" -e HOME=/tmp', "curl -u bob:$PASSWORD https://x",
