@@ -128,11 +128,12 @@ def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
 
 
 
-def test_inprocess_engine_gives_the_scheduler_view_and_golden_tokens_catch_different_weights(tmp_path):
-    """`day0 weights golden` records a trusted run; the stage compares against it, on an engine
-    driven in process (the scheduler's view, no server beside it), and the same golden file
-    rejects an engine serving other weights (a tiny model with another seed). One test for both:
-    each in-process engine start is ~25 s of the suite's engine worker."""
+def test_inprocess_engine_gives_the_scheduler_view_and_meets_its_recorded_golden_tokens(tmp_path):
+    """`day0 weights golden` records a trusted run on an engine driven in process (the scheduler's
+    view, no server beside it), and the stage compares against it. That a golden file rejects other
+    weights is tests/model/test_reference.py's live test (a corrupted copy, named at its first
+    divergent position): a third in-process engine here (another seed) cost ~20 s of the suite's
+    engine worker for what that test and every rejected whole run already show."""
     prof = tmp_path / "inproc.toml"
     prof.write_text('extends = "cpu-tiny"\n[engine]\nmode = "inprocess"\n')
     golden = tmp_path / "golden.json"
@@ -152,10 +153,3 @@ def test_inprocess_engine_gives_the_scheduler_view_and_golden_tokens_catch_diffe
     assert checks["latency.ttft_p99"].status == "pass" and checks["latency.ttft_p99"].source == "scheduler"
     assert checks["latency.engine_agreement"].status == "pass"
     assert "engine.http" not in rec.notes  # no server was started beside it
-
-    other = day0_run(tmp_path, "-k", "golden", "--day0-profile", str(prof), "--day0-set", f'weights.golden="{golden}"',
-                     "--day0-set", "model.tiny.seed=7")
-    assert other.returncode == 1, other.stdout + other.stderr
-    rec = load(tmp_path / "reports" / "latest" / "run.json")
-    (check,) = [c for c in rec.stage("weights").checks if c.id == "weights.golden_tokens"]
-    assert check.status == "fail" and "greedy tokens differ from" in check.message
