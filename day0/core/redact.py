@@ -77,18 +77,22 @@ def _quoted_item(depth: int, quote: str) -> str:
     """A list's item in quotes escaped ``depth`` backslashes deep, to the quote escaped as its
     opening one and then the item's end (a comma, the list's ``]``, a line break). A quote escaped
     deeper is the item's own character; in JSON-escaped text ``\\.`` would read the closing ``\\"``
-    as one and run on past the list, over whatever came next (a secret in a later field)."""
+    as one and run on past the list, over whatever came next (a secret in a later field). At depth
+    d the item's own quote stands after 2d+1 backslashes and its own backslash is 2d+2 of them, so
+    an item ending in a backslash still closes where it does."""
     if depth == 0:
         body = r"[^%s\\\r\n]|\\[^\r\n]" % quote
     else:
-        body = r"[^%s\\\r\n]|\\{%d,}+%s|\\++(?!%s)" % (quote, depth + 1, quote, quote)
+        unit = 2 * depth + 2  # an escaped backslash of the item's own text, at this depth
+        body = (r"[^%s\\\r\n]|(?:\\{%d})*+\\{%d}%s|(?:\\{%d})++(?=\\{%d}%s)|\\++(?!%s)"
+                % (quote, unit, 2 * depth + 1, quote, unit, depth, quote, quote))
     return r"\\{%d}%s(?:%s){0,512}+\\{%d}%s(?=\s*+(?:[,\]]|\\{1,7}[nrt]))" % (depth, quote, body, depth, quote)
 
 
 # A list's quoted item, whole, where an item starts: a bracket inside it is the secret's character,
 # not the list's end (`"api_key": ["Xy]Z..."]` lost only `Xy` before). Not a match (an unclosed or
 # odd quote): the list is read character by character, to its first bracket, as before.
-_QUOTED_ITEM = r"(?<![^\s\[,])(?:" + "|".join(_quoted_item(d, q) for d in (7, 3, 1, 0) for q in "\"'") + ")"
+_QUOTED_ITEM = r"(?:(?<![^\s\[,])|(?<=\\[nrt]))(?:" + "|".join(_quoted_item(d, q) for d in (7, 3, 1, 0) for q in "\"'") + ")"
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
     r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
@@ -416,9 +420,12 @@ _YAML_NEXT = re.compile(_YAML_GAP + _YAML_BLOCK_ITEM)
 # A list's items: quoted (a comma inside stays inside), or anything to the next comma
 _LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]*+)")
 # A blank, or a line break or tab JSON-escaped up to three deep: what stands around a pretty-printed item
-_BLANK = re.compile(r"\s|\\{1,7}[nrt]")
+_BLANK = re.compile(r"\s|\\{1,7}[nrt](?![A-Za-z0-9])")  # not a backslash inside a secret: Pa\tss9word
 _BLANKS = re.compile(r"(?:\s|\\{1,7}[nrt])*+")
-_ITEM_EDGES = re.compile(r"^[\s\[\]\\\"']+|[\s\[\]\\\"']+$")
+# An item's edges: blanks, brackets, quotes, backslashes and JSON-escaped breaks, from the front, and
+# (on the reversed item) from the back; one possessive pass each, so a long run inside costs nothing.
+_ITEM_LEAD = re.compile(r"[\s\[\]\\\"']*+")
+_ITEM_TAIL = re.compile(r"(?:[\s\[\]\"']|[nrt]\\{1,7}|\\)*+")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
 
 
@@ -429,7 +436,8 @@ def _item_is_secret(piece: str, digits_ok: bool) -> bool:
     [1, 2]`` and ``[r for r in batch if r.has_new_token]`` stay. Line breaks and indents around it
     go first, JSON-escaped ones too (a pretty-printed list quoted in a string: ``[\\n    \\"X\\"``)."""
     piece = piece[_BLANKS.match(piece).end():]
-    inner = _ITEM_EDGES.sub("", piece)
+    start, end = _ITEM_LEAD.match(piece).end(), len(piece) - _ITEM_TAIL.match(piece[::-1]).end()
+    inner = piece[start:max(start, end)]
     if len(inner) < MIN_SECRET_LEN:
         return False
     if re.match(r"[\s\[]*\\{0,7}[\"']", piece):

@@ -174,6 +174,16 @@ def test_a_secret_in_a_list_a_netrc_or_a_user_flag_loses_its_value(text: str) ->
     # was judged by its first word, "n"
     (json.dumps(json.dumps({"api_key": ["ab", SECRET]}, indent=2)),
      json.dumps(json.dumps({"api_key": [0]}, indent=2)).replace("[\\n    0\\n  ]", f"[{REDACTED}]")),
+    # and of those (the second review): an item ending in a backslash closes where it does at depth 1
+    # (its own backslash is 4 of them), an item after an escaped tab is read whole, and a bare secret
+    # holding a literal \t is one word
+    (json.dumps(json.dumps([{"stop_token": ["\\"]}, f"\nlogin ok; password = {SECRET}"])),
+     json.dumps(json.dumps([{"stop_token": ["\\"]}, f"\nlogin ok; password = {REDACTED}"]))),
+    (json.dumps(json.dumps({"secret": ["b]t:", "bc[\\"], "zz": f"hellomarker password = {SECRET}"})),
+     json.dumps(json.dumps({"secret": ["b]t:", "bc[\\"], "zz": f"hellomarker password = {REDACTED}"}))),
+    (json.dumps(json.dumps({"api_key": [f"Xy]{SECRET}"]}, indent="\t")),
+     json.dumps(json.dumps({"api_key": [0]}, indent="\t")).replace("[\\n\\t\\t0\\n\\t]", f"[{REDACTED}]")),
+    (f"password: [Pa\\tss9word{SECRET}]", f"password: [{REDACTED}]"),
 ])
 def test_a_quoted_list_item_ends_at_its_own_quote_and_the_text_after_the_list_is_read(text: str, expected: str) -> None:
     assert Redactor().text(text) == expected
@@ -303,6 +313,8 @@ ORDINARY = [
     # the same lists pretty-printed and quoted in a string: their escaped line breaks are no item's word
     json.dumps(json.dumps({"secret": [True, False]}, indent=2)), json.dumps(json.dumps({"token": [1, 2]}, indent=2)),
     json.dumps(json.dumps({"eos_token": ["</s>", "<|eot_id|>"]}, indent=2)),
+    json.dumps(json.dumps({"token": ["hello", "world"]}, indent=2)), json.dumps(json.dumps({"secret": ["yes", "no"]}, indent=2)),
+    json.dumps(json.dumps(json.dumps({"password": ["2"]}, indent=2))),
     "requests_with_new_token = [r for r in batch if r.has_new_token]",
     "by default the password is hashed", "docker run --user 1000:1000 img -- and curl later",
     '--user "$(id -u):$(id -g)" -e HOME=/tmp', "curl -u bob:$PASSWORD https://x",
@@ -343,6 +355,8 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "list-never-closed": fit('"api_key": [ "a", '),
             "escaped-quotes-in-a-list": fit('"api_key": [' + '\\\\"' * 512 + '\\n'),
             "escaped-items-in-a-list": fit('"api_key": [' + ',\\\\"' * 340 + '\\n'),
+            "blanks-inside-an-item": fit("api_key: [x" + " " * 16000 + "x] "),
+            "blanks-inside-a-yaml-item": fit("api_key:\\n- x" + " " * 16000 + "x\\n"),
             "yaml-items": fit("--api-key\\n - "),
             "netrc-words": fit("login a password "),
             "user-flags": fit("-u a:-u a:"),
