@@ -130,10 +130,12 @@ def test_engine_start_timeout_is_bounded_and_cleans_up(tmp_path):
 
 def test_inprocess_engine_gives_the_scheduler_view_and_meets_its_recorded_golden_tokens(tmp_path):
     """`day0 weights golden` records a trusted run on an engine driven in process (the scheduler's
-    view, no server beside it), and the stage compares against it. That a golden file rejects other
-    weights is tests/model/test_reference.py's live test (a corrupted copy, named at its first
-    divergent position): a third in-process engine here (another seed) cost ~20 s of the suite's
-    engine worker for what that test and every rejected whole run already show."""
+    view, no server beside it), and the stage compares against it. A third in-process engine here
+    (another seed, ~20 s of the suite's engine worker) showed that file rejecting other weights in a
+    whole run; the parts stay tested apart: the check on a tokens-only file with other tokens
+    (tests/stages/weights/test_stage.py, a fake engine), a live engine serving a corrupted copy
+    rejected at its position (tests/model/test_reference.py, a transformers-written file), and a
+    failed check ending a whole run in exit 1 (test_engine_start_failure_is_one_root_cause_line)."""
     prof = tmp_path / "inproc.toml"
     prof.write_text('extends = "cpu-tiny"\n[engine]\nmode = "inprocess"\n')
     golden = tmp_path / "golden.json"
