@@ -200,12 +200,8 @@ class EmulatedCluster:
     # ------------------------------------------------------------------ looking and removing
 
     def pids(self) -> dict[str, list[int]]:
-        """The processes living in each node's namespace (``ip netns pids``)."""
-        out: dict[str, list[int]] = {}
-        for nd in self.nodes:
-            proc = _ip("ip", "netns", "pids", nd.netns, check=False)
-            out[nd.name] = [int(p) for p in proc.stdout.split() if p.isdigit()] if proc.returncode == 0 else []
-        return out
+        """The processes living in each node's namespace."""
+        return {nd.name: netns_pids(nd.netns) for nd in self.nodes}
 
     def status(self) -> dict[str, object]:
         """What a person rehearsing by hand wants to see: nodes, addresses, shaping, processes."""
@@ -263,12 +259,17 @@ def teardown(cid: str, namespaces: Sequence[str], links: Sequence[str]) -> None:
     shutil.rmtree(cluster_folder(cid), ignore_errors=True)
 
 
+def netns_pids(ns: str) -> list[int]:
+    """The processes living in a namespace (``ip netns pids``); none once it is gone."""
+    proc = _ip("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in proc.stdout.split() if p.isdigit()] if proc.returncode == 0 else []
+
+
 def kill_netns_processes(ns: str, timeout_s: float = 5.0) -> None:
     """SIGKILL whatever runs in a namespace and wait (bounded) until none is left."""
     deadline = time.monotonic() + timeout_s
     while True:
-        proc = _ip("ip", "netns", "pids", ns, check=False)
-        pids = [int(p) for p in proc.stdout.split() if p.isdigit()] if proc.returncode == 0 else []
+        pids = netns_pids(ns)
         if not pids or time.monotonic() > deadline:
             return
         for pid in pids:

@@ -34,7 +34,7 @@ from day0.engine.cluster.launchers import (
     launcher_for,
     spawn,
 )
-from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, sweep_stale
+from day0.engine.cluster.netns import EmulatedCluster, day0_leftovers, netns_pids, sweep_stale
 from day0.engine.cluster.nodes import ClusterError, open_cluster
 from day0.engine.multinode import node0_ports, node_commands, node_env
 from day0.engine.process import pid_alive, signal_group, stop_process_group
@@ -316,8 +316,7 @@ def _pids_in(namespaces: list[str], within_s: float = 30.0) -> list[int]:
     (`ip netns exec`) after spawn has returned, and a busy CI read one namespace still empty."""
     deadline = time.monotonic() + within_s
     while True:
-        found = {ns: [int(p) for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                                                      text=True).stdout.split()] for ns in namespaces}
+        found = {ns: netns_pids(ns) for ns in namespaces}
         if all(found.values()) or time.monotonic() > deadline:
             return [p for pids in found.values() for p in pids]
         time.sleep(0.1)

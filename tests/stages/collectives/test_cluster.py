@@ -19,6 +19,7 @@ import pytest
 
 from day0.config.profile import load_profile
 from day0.core.sockets import own_tcp_connections, parse_proc_tcp
+from day0.engine.cluster.netns import netns_pids
 from day0.stages.collectives import (
     CollectivesResult,
     CollectivesSection,
@@ -55,13 +56,9 @@ def emulated(nodes: int, degrade: dict[str, str] | None = None) -> Iterator:
     assert ours == [], f"namespaces left behind: {ours}"
 
 
-def _netns_pids(cluster) -> list[str]:
+def _netns_pids(cluster) -> list[int]:
     """Processes still running in the cluster's namespaces (nothing may outlive run_cluster)."""
-    pids = []
-    for nd in cluster.nodes:
-        out = subprocess.run(["ip", "netns", "pids", nd.netns], capture_output=True, text=True).stdout
-        pids.extend(out.split())
-    return pids
+    return [pid for nd in cluster.nodes for pid in netns_pids(nd.netns)]
 
 
 # --------------------------------------------------------------------------- real runs on emulated nodes
