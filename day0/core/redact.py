@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
 
+from day0.core.secret_lists import LIST_ITEMS, YAML_BLOCK_ITEM, YAML_GAP, YAML_ITEM, has_secret_item
+
 REDACTED = "<redacted>"
 
 # A key that names a secret, matched on the whole key (or its last ``_``/``-`` separated words), so
@@ -56,13 +58,7 @@ _QUOTE = f"(?:{_Q})?"  # a name or value in quotes, or in JSON-escaped quotes
 # Between a flag or header and its value: blanks, a line break (continued with \ or not), the same
 # break JSON- or repr-escaped (``\n``, ``\\\n``), so a value on the next line still goes.
 _GAP = r"(?:[ \t]|\\{0,3}\r?\n|\\{1,3}[nrt]|\\{1,2}(?=[ \t\r\n]))"
-# A YAML list's next item: a line break (or a JSON-escaped one), the indent, and its dash.
-_YAML_ITEM = r"(?:\r?\n|\\{1,3}n)[ \t]{0,64}+-[ \t]{1,16}+"
 _NETRC_TOKEN = r"(?:\"[^\"\r\n]{0,256}+\"|\S{1,256}+)"  # a netrc word, quoted (blanks and all) or not
-# Blank or comment lines between a YAML list's items (at most 64 of them).
-_YAML_GAP = r"(?:\r?\n[ \t]{0,64}+(?:#[^\r\n]{0,1024}+)?(?=\r?\n)){0,64}+"
-# A YAML block's next item, which may be empty (`-` alone on its line)
-_YAML_BLOCK_ITEM = r"(?:\r?\n|\\{1,3}n)[ \t]{0,64}+-(?:[ \t]{1,16}+|(?=\r?\n|\\n|$))"
 # A name (of a flag, a key) ending in a secret word: the whole name is taken at once (possessive) and
 # its end looked at, so a long run of name characters is read once, not once per start. The lookbehinds
 # only find candidates; :func:`_text_names_secret` decides (a word, not a tokenizer word).
@@ -73,26 +69,6 @@ _ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
 _QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,}+"
 
 
-def _quoted_item(depth: int, quote: str) -> str:
-    """A list's item in quotes escaped ``depth`` backslashes deep, to the quote escaped as its
-    opening one and then the item's end (a comma, the list's ``]``, a line break). A quote escaped
-    deeper is the item's own character; in JSON-escaped text ``\\.`` would read the closing ``\\"``
-    as one and run on past the list, over whatever came next (a secret in a later field). At depth
-    d the item's own quote stands after 2d+1 backslashes and its own backslash is 2d+2 of them, so
-    an item ending in a backslash still closes where it does."""
-    if depth == 0:
-        body = r"[^%s\\\r\n]|\\[^\r\n]" % quote
-    else:
-        unit = 2 * depth + 2  # an escaped backslash of the item's own text, at this depth
-        body = (r"[^%s\\\r\n]|(?:\\{%d})*+\\{%d}%s|(?:\\{%d})++(?=\\{%d}%s)|\\++(?!%s)"
-                % (quote, unit, 2 * depth + 1, quote, unit, depth, quote, quote))
-    return r"\\{%d}%s(?:%s){0,512}+\\{%d}%s(?=\s*+(?:[,\]]|\\{1,7}[nrt]))" % (depth, quote, body, depth, quote)
-
-
-# A list's quoted item, whole, where an item starts: a bracket inside it is the secret's character,
-# not the list's end (`"api_key": ["Xy]Z..."]` lost only `Xy` before). Not a match (an unclosed or
-# odd quote): the list is read character by character, to its first bracket, as before.
-_QUOTED_ITEM = r"(?:(?<![^\s\[,])|(?<=\\[nrt]))(?:" + "|".join(_quoted_item(d, q) for d in (7, 3, 1, 0) for q in "\"'") + ")"
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a private key block, which spans lines: -----BEGIN RSA PRIVATE KEY-----<redacted>-----END ...
     r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----(?P<value>(?:[^-]|-(?!-)){1,1048576}+)",
@@ -112,9 +88,9 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # the next flag goes, vLLM's --api-key takes several). A flag starts a word: in `a 4096-token
     # prefix` the dash is a hyphen, not a flag.
     r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + _QUOTE
-    + r"(?:=|(?P<yaml>" + _YAML_ITEM + ")|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
+    + r"(?:=|(?P<yaml>" + YAML_ITEM + ")|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
     r"(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",`\-\\][^\s'\",`]*+)"
-    r"(?(yaml)(?:" + _YAML_ITEM + r"(?!-)[^\r\n]++){0,1024}+))",
+    r"(?(yaml)(?:" + YAML_ITEM + r"(?!-)[^\r\n]++){0,1024}+))",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
     r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
     # a query parameter named like a secret: ?key=X, &X-Amz-Signature=X, &sig=X, &access_token=X
@@ -128,9 +104,9 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # only under a credential's name (`password=12345678`, `"api_key": 12345678`); under a token's,
     # it is a count (`token: 142`, `"token": [1, 2]`): see _redact_value.
     r"(?<![\w\-/])(?P<name>[\w\-]{1,128}+)" + _ENDS_SECRET + _QUOTE + r"\s{0,16}[:=]"
-    + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:" + _QUOTED_ITEM + r"|\[[^\[\]]{0,4096}+\]|[^\[\]]){1,65536}+)"
-    + r"|[ \t]{0,16}+(?:#[^\r\n]{0,1024}+)?" + _YAML_GAP + _YAML_BLOCK_ITEM + r"(?P<bitems>" + _FRESH
-    + r"[^\r\n]*+(?:" + _YAML_GAP + _YAML_BLOCK_ITEM + r"[^\r\n]*+){0,1024}+)"
+    + r"(?:[ \t]{0,16}+\[(?P<litems>" + _FRESH + r"(?:" + LIST_ITEMS + r"){1,65536}+)"
+    + r"|[ \t]{0,16}+(?:#[^\r\n]{0,1024}+)?" + YAML_GAP + YAML_BLOCK_ITEM + r"(?P<bitems>" + _FRESH
+    + r"[^\r\n]*+(?:" + YAML_GAP + YAML_BLOCK_ITEM + r"[^\r\n]*+){0,1024}+)"
     + r"|\s{0,16}(?!\[)(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH
     + r"(?(q)" + _QUOTED % MIN_SECRET_LEN + r"|(?P<bare>[^\s'\",}`\\]{%d,}+))))" % MIN_SECRET_LEN,
     # a netrc entry (~/.netrc, quoted in an error): `machine h login "a b" port 443 password X` (any
@@ -402,49 +378,17 @@ def _redact_value(m: re.Match[str]) -> str:
     digits_ok = bool(_DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")))
     if groups.get("bare") is not None and not _LETTER.search(groups["bare"]) and not digits_ok:
         return m.group()
-    items = groups.get("litems") or groups.get("bitems")
-    if items is not None:
-        pieces = _LIST_ITEM.findall(items) if groups.get("litems") is not None else _YAML_NEXT.split(items)
-        if not any(_item_is_secret(piece, digits_ok) for piece in pieces):
-            return m.group()
-        return _replaced(m, "litems" if groups.get("litems") is not None else "bitems")
+    for group in ("litems", "bitems"):
+        if groups.get(group) is not None:
+            if not has_secret_item(groups[group], yaml=group == "bitems", digits_ok=digits_ok, min_len=MIN_SECRET_LEN):
+                return m.group()
+            return _replaced(m, group)
     return _replaced(m, "value")
 
 
 def _replaced(m: re.Match[str], group: str) -> str:
     start, end = m.span(group)
     return f"{m.string[m.start():start]}{REDACTED}{m.string[end:m.end()]}"
-
-
-_YAML_NEXT = re.compile(_YAML_GAP + _YAML_BLOCK_ITEM)
-# A list's items: quoted (a comma inside stays inside), or anything to the next comma
-_LIST_ITEM = re.compile(r"\s*+(?:\\{0,7}\"(?:[^\"\\]|\\.){0,512}+\\{0,7}\"|\\{0,7}'(?:[^'\\]|\\.){0,512}+\\{0,7}'|[^,]*+)")
-# A blank, or a line break or tab JSON-escaped up to three deep: what stands around a pretty-printed item
-_BLANK = re.compile(r"\s|\\{1,7}[nrt](?![A-Za-z0-9])")  # not a backslash inside a secret: Pa\tss9word
-_BLANKS = re.compile(r"(?:\s|\\{1,7}[nrt])*+")
-# An item's edges: blanks, brackets, quotes, backslashes and JSON-escaped breaks, from the front, and
-# (on the reversed item) from the back; one possessive pass each, so a long run inside costs nothing.
-_ITEM_LEAD = re.compile(r"[\s\[\]\\\"']*+")
-_ITEM_TAIL = re.compile(r"(?:[\s\[\]\"']|[nrt]\\{1,7}|\\)*+")
-_NOT_VALUES = frozenset({"true", "false", "null", "none"})
-
-
-def _item_is_secret(piece: str, digits_ok: bool) -> bool:
-    """One item of a list under a secret's name, judged as a value standing alone would be: quoted,
-    MIN_SECRET_LEN characters; bare, its first word of MIN_SECRET_LEN with a letter (or digits
-    under a credential's name), not ``true``/``null``. So ``"secret": [true, false]``, ``"token":
-    [1, 2]`` and ``[r for r in batch if r.has_new_token]`` stay. Line breaks and indents around it
-    go first, JSON-escaped ones too (a pretty-printed list quoted in a string: ``[\\n    \\"X\\"``)."""
-    piece = piece[_BLANKS.match(piece).end():]
-    start, end = _ITEM_LEAD.match(piece).end(), len(piece) - _ITEM_TAIL.match(piece[::-1]).end()
-    inner = piece[start:max(start, end)]
-    if len(inner) < MIN_SECRET_LEN:
-        return False
-    if re.match(r"[\s\[]*\\{0,7}[\"']", piece):
-        return True
-    word = _BLANK.split(inner, 1)[0]  # a bare item with blanks: its first word, as a bare value is read
-    return (len(word) >= MIN_SECRET_LEN and word.lower() not in _NOT_VALUES
-            and (digits_ok or bool(_LETTER.search(word))))
 
 
 # A bare "token" after a word and a space is prose, not a name: "KV bytes per token: config.json x TP",
