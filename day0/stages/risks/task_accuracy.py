@@ -26,6 +26,7 @@ from typing import IO, Any, Callable
 from day0.config.risks import AccuracySettings
 from day0.core.outputs import write_file
 from day0.core.record import Check, measured
+from day0.core.redact import is_secret_env_name
 from day0.engine import Endpoint
 from day0.engine.process import die_with_parent, signal_group
 from day0.model.locate import local_model_dir
@@ -83,8 +84,10 @@ class LmEval:
     def start(self, tasks: list[str], include: list[Path]) -> None:
         """In a process group of its own that dies with day0 (PR_SET_PDEATHSIG): a SIGKILLed
         harness leaves no lm-eval behind. ``OPENAI_API_KEY`` is this side's key or none: one set in
-        day0's own environment would reach the reference, or an unkeyed endpoint under test."""
-        env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+        day0's own environment would reach the reference, or an unkeyed endpoint under test. No
+        other variable named like a secret goes either (``VLLM_API_KEY``, ``HF_TOKEN``): lm-eval
+        reads none of them offline, and a third-party process holds no key it does not use."""
+        env = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "TOKENIZERS_PARALLELISM": "false"})
         if self.api_key:

@@ -590,7 +590,7 @@ def _side(script: str, out, **kw):
 
 
 SCORES = ("import json, os, sys, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir(parents=True, exist_ok=True); "
-          "print('key', os.environ.get('OPENAI_API_KEY')); "
+          "print('key', os.environ.get('OPENAI_API_KEY'), 'vllm', os.environ.get('VLLM_API_KEY')); "
           "(p / 'results_1.json').write_text(json.dumps({'results': {'t': {'exact_match,none': 0.5}}}))")
 
 
@@ -598,6 +598,7 @@ def test_both_sides_run_at_once_and_each_log_is_scrubbed(tmp_path, monkeypatch):
     from day0.stages.risks.task_accuracy import run_sides
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-ambient")  # day0's own environment's: never passed on
+    monkeypatch.setenv("VLLM_API_KEY", "sk-server")  # the engine's, which lm-eval never reads
     slow = "import time; time.sleep(1.0); " + SCORES
     scrub = lambda t: t.replace("sk-topsecret", "<redacted>")  # noqa: E731
     deployed = _side(slow, tmp_path / "d", api_key="sk-topsecret", scrub=scrub)
@@ -607,8 +608,8 @@ def test_both_sides_run_at_once_and_each_log_is_scrubbed(tmp_path, monkeypatch):
     both = time.monotonic() - t0
     assert d == r == {"t": 0.5}
     assert both < d_s + r_s, (both, d_s, r_s)  # at once, not one after the other
-    assert "key <redacted>" in (tmp_path / "d" / "lm-eval-fake.log").read_text()
-    assert "key None" in (tmp_path / "r" / "lm-eval-fake.log").read_text()  # the key goes to the deployed side only
+    assert "key <redacted> vllm None" in (tmp_path / "d" / "lm-eval-fake.log").read_text()
+    assert "key None vllm None" in (tmp_path / "r" / "lm-eval-fake.log").read_text()  # the key goes to the deployed side only
 
 
 @pytest.mark.parametrize("order", ["endless first", "failing first"])
@@ -632,14 +633,19 @@ def test_the_first_side_to_fail_stops_the_other_and_its_log_is_kept(tmp_path, or
     assert "loading" in kept and "[day0: stopped after" in kept
 
 
-def test_a_side_past_the_timeout_is_named_and_killed(tmp_path):
+def test_a_side_past_the_timeout_is_named_and_killed_with_its_children(tmp_path):
+    """lm-eval runs its work in child processes too: the side's whole group goes, not its leader only
+    (a leader killed alone leaves its child holding the endpoint and the cores)."""
+    from day0.engine.process import group_alive
     from day0.stages.risks.task_accuracy import TaskError, run_sides
 
-    endless = _side("import time; time.sleep(600)", tmp_path / "r")
+    endless = _side("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+                    "time.sleep(600)']); time.sleep(600)", tmp_path / "r")
     quick = _side(SCORES, tmp_path / "d")
     with pytest.raises(TaskError, match=r"lm-eval \(fake\) ran past 2 s"):
         run_sides([endless, quick], ["t"], [], timeout=2)
     assert endless.proc.returncode is not None and endless.proc.returncode < 0
+    assert not group_alive(endless.proc.pid)
 
 
 def test_a_log_that_cannot_be_kept_never_hides_the_sides_outcome(tmp_path):
