@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
 
-from day0.core.secret_lists import LIST_ITEMS, YAML_BLOCK_ITEM, YAML_GAP, YAML_ITEM, has_secret_item
+from day0.core.secret_lists import FLAG_LIST_ITEMS, LIST_ITEMS, YAML_BLOCK_ITEM, YAML_GAP, YAML_ITEM, has_secret_item
 
 REDACTED = "<redacted>"
 
@@ -67,6 +67,35 @@ _ENDS_SECRET_FLAG = _ENDS_SECRET[:-1] + "|(?<=credential)|(?<=credentials))"
 # A value in quotes, to its closing quote (the same one, JSON-escaped or not; a backslash escapes the
 # next character) or the end of the line: `password="correct horse battery staple"` goes whole.
 _QUOTED = r"(?:(?!(?P=q))(?:\\[^\r\n]|[^\r\n])){%d,}+"
+# The comma between a command's words printed as a list (`['--api-key', 'X']`, `[--api-key, X]`),
+# one item a line too (pretty-printed, JSON-escaped or not)
+_LISTED = r"[ \t]{0,16}+,(?:\s|\\{1,7}[nrt]){0,64}+"
+# A command continued on the next line (its backslash and line break, raw or JSON-escaped once or
+# twice) and the next line's indent: between a flag's values, and never one of them.
+_CONTINUED = r"(?:\\\r?\n|\\{3}n|\\{7}n)[ \t]{0,64}+"
+# A flag's bare value, not a shell operator (`| --api-key | Key |`, a Markdown table's cell): to a
+# blank, a quote, a backtick or a continued line's backslash; a comma only
+# inside it (`--api-key K1,K2` is one key to vLLM; `,--hf-token` is the next flag); after `=` it may
+# start with a dash (`--api-key=-Xy3k`), after a blank that is the next flag.
+_BARE_VALUE = r"(?:(?<==)-|[^\s'\",`\-\\\[|;&<>()])(?:[^\s'\",`\\]|,(?=[^\s'\",`\-])|\\(?!\r?\n|\\\\n|\\{6}n))*+"
+# The words after the first value of a flag that takes several (vLLM's --api-key): each after blanks,
+# a continued line, a list's comma or a YAML list's dash; already gone (a known value), quoted (not
+# a flag's) or bare, to a blank, quote, bracket, backslash or shell operator (`K2>/tmp/log`: K2
+# goes), and not a redirect's descriptor (`2>&1`) nor a comment (`# ...`).
+_WORD_SEP = r"(?:[ \t]{1,16}+(?:" + _CONTINUED + r")?|" + _CONTINUED + "|" + _LISTED + "|" + YAML_ITEM + ")"
+_BARE_WORD = r"(?!\d++[<>])[^\s'\",`;|&<>(){}\[\]\\\-#](?:[^\s'\",`;|&<>(){}\[\]\\]|,(?=[^\s'\",`\-]))*+"
+_MORE_WORDS = ("(?:" + _WORD_SEP + r"(?:<redacted>|(?:\\{0,7}\"(?![-\s,])[^\"'\r\n\\]++\\{0,7}\"|\\{0,7}'(?![-\s,])[^\"'\r\n\\]++\\{0,7}')(?![ \t]*+:)|"
+               + _BARE_WORD + ")){1,64}+")
+# One of those words, to replace (``a``: a quoted one's inside, ``c``: a bare one), or what stays:
+# a continued line's break, a YAML item's dash, an escaped break, a word already gone.
+_WORD = re.compile(r"(?P<sep>" + _CONTINUED + "|" + YAML_ITEM + r"|\\{1,7}[nrt]|<redacted>)"
+                   r"|\\{0,7}(?P<q>[\"'])(?P<a>[^\"'\r\n\\]++)\\{0,7}(?P=q)|(?P<c>[^\s'\",`;|&<>(){}\[\]\\]++)")
+# A YAML list's further items after a secret flag's value: each item's quoted inside, or the rest of
+# its line, goes; its dash and quotes stay.
+_YAML_VALUE = re.compile("(?P<sep>" + YAML_GAP + YAML_ITEM + r")(?:\\{0,7}(?P<q>[\"'])(?P<a>[^\"'\r\n\\]*+)\\{0,7}(?P=q)"
+                         r"|(?P<c>(?:[^\r\n \t]|[ \t]++(?!#|[ \t]))++))")
+# A YAML line's comment after its item (`- K1  # first key`)
+_COMMENT = r"(?:[ \t]++#[^\r\n]*+)"
 
 
 _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p in (
@@ -86,11 +115,21 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # a command line printed as a list (['vllm', '--api-key', 'X'], a CalledProcessError's message)
     # or as a YAML list (`- --api-key` then `- X`, a Kubernetes manifest's args: every item up to
     # the next flag goes, vLLM's --api-key takes several). A flag starts a word: in `a 4096-token
-    # prefix` the dash is a hyphen, not a flag.
-    r"(?<![\w\-])(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + _QUOTE
-    + r"(?:=|(?P<yaml>" + YAML_ITEM + ")|" + _GAP + r"{1,64}+|[ \t]{0,16}+,\s{0,64}+(?=" + _Q + "))"
-    r"(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|[^\s'\",`\-\\][^\s'\",`]*+)"
-    r"(?(yaml)(?:" + YAML_ITEM + r"(?!-)[^\r\n]++){0,1024}+))",
+    # prefix` the dash is a hyphen, not a flag. A value in brackets is a list (`--api-key ["X"]`), whose
+    # items go when any would, as a named list's do.
+    r"(?<![\w\-])(?:(?<=\[)(?P<inlist>))?(?P<name>--?[\w\-]{1,64}+)" + _ENDS_SECRET_FLAG + _QUOTE
+    + r"(?:=|(?P<yaml>" + YAML_ITEM + ")|" + _GAP + r"{1,64}+|" + _LISTED + "(?=" + _Q + ")|(?(inlist)" + _LISTED + "|(?!)))"
+    r"(?P<q>" + _Q + r")?(?(q)|`?)(?P<value>" + _FRESH + r"(?(q)" + _QUOTED % 1 + r"|(?:\[(?P<litems>" + _FRESH
+    + r"(?:" + FLAG_LIST_ITEMS + r"){1,65536}+)|" + _BARE_VALUE + ")))"
+    r"(?(yaml)(?:(?(q)(?P=q))" + _COMMENT + "?(?P<ymore>(?:" + YAML_GAP + YAML_ITEM + r"(?!-|" + _Q + r"-)[^\r\n]++){1,1024}+))?)",
+    # vLLM's --api-key takes several keys (nargs="+"), so after its first value (gone by the shape
+    # above) every further word of the command goes, up to the next flag, a shell operator, a quote
+    # that ends the command or the line's end: `--api-key K1 K2 --port 8000`, `['--api-key', 'K1',
+    # 'K2']`. A sentence that goes on after a literal key loses its words too (`pass --api-key K to
+    # the server`): no rule tells its words from keys, and a key left in a log is the worse error.
+    r"(?<![\w\-])--api[\-_]key" + _QUOTE + r"(?:=|" + YAML_ITEM + "|" + _GAP + r"{1,64}+|" + _LISTED + ")"
+    r"(?P<q>" + _Q + r")?<redacted>(?(q)(?P=q)|(?:(?<==<redacted>)" + _Q + "(?=" + _LISTED + _Q + "|" + YAML_ITEM
+    + "|[ \t]{1,16}+" + _Q + "))?)(?P<words>" + _MORE_WORDS + ")",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
     r"\bbearer" + _GAP + r"{1,16}+(?P<value>" + _FRESH + r"[^\s'\",\\]++)",
     # a query parameter named like a secret: ?key=X, &X-Amz-Signature=X, &sig=X, &access_token=X
@@ -319,7 +358,7 @@ class Redactor:
 
 
 _USER_FLAGS = frozenset({"-u", "-U", "--user", "--proxy-user"})  # curl's: user:password
-_MANY_VALUES = frozenset({"--api-key"})  # vLLM's: a list of keys (nargs="+")
+_MANY_VALUES = frozenset({"--api-key", "--api_key"})  # vLLM's: a list of keys (nargs="+")
 
 
 def _hidden(flag: str, value: str) -> str:
@@ -372,6 +411,8 @@ def _redact_value(m: re.Match[str]) -> str:
     here: a name that is no secret's, a bare value without a letter, a list none of whose items is a
     secret."""
     groups = m.groupdict()
+    if groups.get("words") is not None:
+        return _each_word_hidden(m)
     name = groups.get("name")
     if name is not None and (not _text_names_secret(name) or _prose(m)):
         return m.group()
@@ -380,10 +421,30 @@ def _redact_value(m: re.Match[str]) -> str:
         return m.group()
     for group in ("litems", "bitems"):
         if groups.get(group) is not None:
-            if not has_secret_item(groups[group], yaml=group == "bitems", digits_ok=digits_ok, min_len=MIN_SECRET_LEN):
+            flag = name is not None and name.startswith("-")  # a flag's value goes whatever it looks like
+            if not flag and not has_secret_item(groups[group], yaml=group == "bitems", digits_ok=digits_ok,
+                                                min_len=MIN_SECRET_LEN):
                 return m.group()
             return _replaced(m, group)
+    if groups.get("ymore") is not None:  # a YAML list of args: the flag's next items go, item by item
+        (start, end), (more, last) = m.span("value"), m.span("ymore")
+        return (f"{m.string[m.start():start]}{REDACTED}{m.string[end:more]}"
+                f"{_YAML_VALUE.sub(_hidden_word, m.string[more:last])}{m.string[last:m.end()]}")
     return _replaced(m, "value")
+
+
+def _each_word_hidden(m: re.Match[str]) -> str:
+    """``--api-key``'s further values, each replaced where it stands (quotes and blanks kept); one
+    already gone stays as it is, so a second pass changes nothing."""
+    start, end = m.span("words")
+    return m.string[m.start():start] + _WORD.sub(_hidden_word, m.string[start:end]) + m.string[end:m.end()]
+
+
+def _hidden_word(w: re.Match[str]) -> str:
+    """One word of :data:`_WORD` or item of :data:`_YAML_VALUE`: its quoted inside or its bare text
+    replaced, its separator kept."""
+    group = "a" if w.group("a") else "c" if w.group("c") else ""
+    return w.group() if not group or w.group(group) == REDACTED else _replaced(w, group)
 
 
 def _replaced(m: re.Match[str], group: str) -> str:

@@ -42,6 +42,9 @@ def _quoted_item(depth: int, quote: str) -> str:
 QUOTED_ITEM = r"(?:(?<![^\s\[,])|(?<=\\[nrt]))(?:" + "|".join(_quoted_item(d, q) for d in (7, 3, 1, 0) for q in "\"'") + ")"
 # A bracketed list's items, after its `[`: quoted items whole, a nested list, anything but a bracket
 LIST_ITEMS = QUOTED_ITEM + r"|\[[^\[\]]{0,4096}+\]|[^\[\]]"
+# A flag's list (`--api-key ["X"]`): the same on one line, to its `]` or the line's end: a `[` that
+# never closes is no list of keys that a log would print across lines
+FLAG_LIST_ITEMS = QUOTED_ITEM + r"|\[[^\[\]\r\n]{0,4096}+\]|[^\[\]\r\n]"
 
 _YAML_NEXT = re.compile(YAML_GAP + YAML_BLOCK_ITEM)
 # A list's items: quoted (a comma inside stays inside), or anything to the next comma

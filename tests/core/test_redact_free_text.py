@@ -9,6 +9,7 @@ leaked key. Each miss below was seen on the rules before (a review, 2026-12-07).
 from __future__ import annotations
 
 import json
+import pprint
 import subprocess
 import sys
 import textwrap
@@ -225,6 +226,103 @@ def test_a_user_flags_password_goes_from_a_command_line_kept_as_a_list() -> None
     assert r({"cmd": ["curl", "-u", f"bob:{SECRET}"]}) == {"cmd": ["curl", "-u", f"bob:{REDACTED}"]}
 
 
+FIRST = "first-key-9"  # vLLM's --api-key takes several keys: SECRET is the second
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f"vllm serve m --api-key {FIRST} {SECRET} --port 8000", f"vllm serve m --api-key {REDACTED} {REDACTED} --port 8000"),
+    (f"vllm serve m --api-key {FIRST} {SECRET}", f"vllm serve m --api-key {REDACTED} {REDACTED}"),
+    (f"vllm serve m --api-key={FIRST} {SECRET} --port 1", f"vllm serve m --api-key={REDACTED} {REDACTED} --port 1"),
+    (f"vllm serve --api_key {FIRST} {SECRET};echo up", f"vllm serve --api_key {REDACTED} {REDACTED};echo up"),
+    (f"vllm serve m --api-key '{FIRST}' \"{SECRET}\" | tee log", f"vllm serve m --api-key '{REDACTED}' \"{REDACTED}\" | tee log"),
+    (f"vllm serve m --api-key {FIRST} \\\n    {SECRET} \\\n    --port 1",
+     f"vllm serve m --api-key {REDACTED} \\\n    {REDACTED} \\\n    --port 1"),
+    (str(["vllm", "--api-key", FIRST, SECRET, "--port", "1"]), str(["vllm", "--api-key", REDACTED, REDACTED, "--port", "1"])),
+    (json.dumps(json.dumps(["--api-key", FIRST, SECRET, "-p"])), json.dumps(json.dumps(["--api-key", REDACTED, REDACTED, "-p"]))),
+    (json.dumps({"cmd": f"vllm --api-key {FIRST} {SECRET}", "port": "8000 1"}),
+     json.dumps({"cmd": f"vllm --api-key {REDACTED} {REDACTED}", "port": "8000 1"})),
+    (f"vllm serve m --api-key={FIRST} token: 142", f"vllm serve m --api-key={REDACTED} {REDACTED} {REDACTED}"),
+    # the review's: one item a line (pprint, indented JSON, JSON-escaped), a continued line escaped or
+    # glued to the key, a long quoted key, a first key that starts with a dash, a YAML list quoted
+    # or in flow style, two keys in one word (one key to vLLM)
+    (pprint.pformat(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--api-key", FIRST, SECRET, "--port", "1"]),
+     pprint.pformat(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--api-key", REDACTED, REDACTED, "--port", "1"])),
+    (json.dumps(["--api-key", FIRST, SECRET], indent=2), json.dumps(["--api-key", REDACTED, REDACTED], indent=2)),
+    (json.dumps(json.dumps(["--api-key", FIRST, SECRET, "-p"], indent=2)),
+     json.dumps(json.dumps(["--api-key", REDACTED, REDACTED, "-p"], indent=2))),
+    (json.dumps(f"vllm serve m --api-key {FIRST} \\\n  {SECRET}"), json.dumps(f"vllm serve m --api-key {REDACTED} \\\n  {REDACTED}")),
+    (f"vllm serve m --api-key {FIRST}\\\n  {SECRET} --port 1", f"vllm serve m --api-key {REDACTED}\\\n  {REDACTED} --port 1"),
+    (str(["--api-key", FIRST, "eyJ" + SECRET * 20]), str(["--api-key", REDACTED, REDACTED])),
+    (f"vllm serve --api-key=-Xy3kLm9Qp {SECRET} --port 1", f"vllm serve --api-key={REDACTED} {REDACTED} --port 1"),
+    (f'args:\n- "--api-key"\n- "{FIRST}"\n- "{SECRET}"\n- "--port"',
+     f'args:\n- "--api-key"\n- "{REDACTED}"\n- "{REDACTED}"\n- "--port"'),
+    (f"args: [--api-key, {FIRST}, {SECRET}, --port, 1]", f"args: [--api-key, {REDACTED}, {REDACTED}, --port, 1]"),
+    (f"--api-key {FIRST},{SECRET} --port 1", f"--api-key {REDACTED} --port 1"),
+    # a list as the flag's value: only its `[` went, and every item stayed; a flag's value goes
+    # whatever it looks like, in brackets as without
+    (f'vllm serve m --api-key ["{SECRET}"]', f"vllm serve m --api-key [{REDACTED}]"),
+    (f'vllm serve m --api-key=["{FIRST}", "{SECRET}"] --port 1', f"vllm serve m --api-key=[{REDACTED}] --port 1"),
+    ("--api-key [abc] --hf-token [12345678]", f"--api-key [{REDACTED}] --hf-token [{REDACTED}]"),
+    # the second review's: a key glued to a redirect, a second flag glued with a comma, mixed quotes
+    (f"vllm serve m --api-key {FIRST} {SECRET}>/tmp/log", f"vllm serve m --api-key {REDACTED} {REDACTED}>/tmp/log"),
+    (f"--aws-secret-access-key {FIRST},--hf-token {SECRET}", f"--aws-secret-access-key {REDACTED},--hf-token {REDACTED}"),
+    (f"- \"--api-key\"\n- \"{FIRST}\"\n- '{SECRET}'\n- \"--port\"", f"- \"--api-key\"\n- \"{REDACTED}\"\n- '{REDACTED}'\n- \"--port\""),
+    # the third review's: `--api-key=K1` as a quoted item (a list, YAML, shlex.join), comments and
+    # blank lines among a YAML list's items
+    (str(["vllm", "serve", f"--api-key={FIRST}", SECRET, "--port", "1"]),
+     str(["vllm", "serve", f"--api-key={REDACTED}", REDACTED, "--port", "1"])),
+    (f'args:\n  - "--api-key={FIRST}"\n  - "{SECRET}"', f'args:\n  - "--api-key={REDACTED}"\n  - "{REDACTED}"'),
+    (f"vllm serve '--api-key={FIRST}!' '{SECRET}!' --port 1", f"vllm serve '--api-key={REDACTED}' '{REDACTED}' --port 1"),
+    (f"args:\n  - --api-key\n  - {FIRST}  # first key\n\n  # the second:\n  - {SECRET} # second\n  - --port",
+     f"args:\n  - --api-key\n  - {REDACTED}  # first key\n\n  # the second:\n  - {REDACTED} # second\n  - --port"),
+    # a shell's variable is the flag's value like any word (`${X:-default}` holds a literal)
+    (f"export OPENAI_API_KEY=${{OPENAI_API_KEY:-{SECRET}}}", f"export OPENAI_API_KEY={REDACTED}}}"),
+    (f'vllm serve m --api-key "$VLLM_API_KEY" {SECRET} --port 1', f'vllm serve m --api-key "{REDACTED}" {REDACTED} --port 1'),
+])
+def test_every_value_of_vllms_api_key_goes_from_free_text(text: str, expected: str) -> None:
+    """Only the first word after the flag went, so a second key stayed in the text (a command
+    line an ssh launcher joined into one string, a CalledProcessError's message). Each further
+    word goes, up to the next flag, a shell operator, the quote that ends the command or the line."""
+    assert _gone(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    # vLLM's own usage line, in the engine log after any argparse error: its metavar goes, as before,
+    # and not every flag after it
+    ("usage: vllm serve [-h] [--api-key API_KEY [API_KEY ...]] [--port PORT]",
+     f"usage: vllm serve [-h] [--api-key {REDACTED} [API_KEY ...]] [--port PORT]"),
+    (f"vllm serve m --api-key {FIRST} 2>&1 | tee log", f"vllm serve m --api-key {REDACTED} 2>&1 | tee log"),
+    # a comma after a flag in prose is no list's (the second review), and an unclosed bracket no value
+    ("Use --api-key, not --api-key-env, for a literal key", "Use --api-key, not --api-key-env, for a literal key"),
+    ("the --hf-token, which vLLM reads", "the --hf-token, which vLLM reads"),
+    ('note: --api-key [\n  File "x.py", line 3', 'note: --api-key [\n  File "x.py", line 3'),
+    # prose that lists flags, a JSON string that ends after the key, a Markdown table's row
+    ("Pass --model, --api-key, and --port to vllm serve.", "Pass --model, --api-key, and --port to vllm serve."),
+    ("Secret flags (--hf-token, --api-key, etc.) stay out of the log.", "Secret flags (--hf-token, --api-key, etc.) stay out of the log."),
+    (f'{{"cmd": "vllm --api-key={FIRST}", "x": "y z"}}', f'{{"cmd": "vllm --api-key={REDACTED}", "x": "y z"}}'),
+    (f'"cmd": "vllm --api-key {FIRST} ", "x": "y z"', f'"cmd": "vllm --api-key {REDACTED} ", "x": "y z"'),
+    ("| --api-key | Key the server requires | none |", "| --api-key | Key the server requires | none |"),
+    # a YAML comment after the keys stays
+    (f'- "--api-key"\n- "{FIRST}"\n- "{SECRET}"  # second\n- "--port"',
+     f'- "--api-key"\n- "{REDACTED}"\n- "{REDACTED}"  # second\n- "--port"'),
+])
+def test_the_words_after_api_key_stop_where_no_key_can_be(text: str, expected: str) -> None:
+    out = Redactor().text(text)
+    assert out == expected and Redactor().text(out) == out
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f"--api-key {FIRST} {SECRET} --port 1", f"--api-key {REDACTED} {REDACTED} --port 1"),
+    (f"--api-key K0first {FIRST} {SECRET} --port 1", f"--api-key {REDACTED} {REDACTED} {REDACTED} --port 1"),
+    (f"args:\n  - --api-key\n  - {FIRST}\n  - {SECRET}\n  - --port\n", f"args:\n  - --api-key\n  - {REDACTED}\n  - {REDACTED}\n  - --port\n"),
+    (f"args: [--api-key, {FIRST}, {SECRET}, --port]", f"args: [--api-key, {REDACTED}, {REDACTED}, --port]"),
+])
+def test_a_known_key_does_not_shield_the_next(text: str, expected: str) -> None:
+    """The known value goes first, so the shapes that follow meet `<redacted>` where a key stood: the
+    words after it (a YAML list's items too) go on."""
+    assert Redactor(frozenset({FIRST})).text(text) == expected
+
+
 @pytest.mark.parametrize("token", [
     "hf_" + "aB3" * 12, "ghp_" + "aB3" * 12, "github_pat_" + "aB3_" * 12, "glpat-" + "aB3" * 8,
     "xoxb-1234-5678-" + "aB3" * 4, "sk-proj-" + "aB3-" * 10, "sk-ant-" + "aB3" * 12,
@@ -317,6 +415,8 @@ ORDINARY = [
     json.dumps(json.dumps(json.dumps({"password": ["2"]}, indent=2))),
     "requests_with_new_token = [r for r in batch if r.has_new_token]",
     "by default the password is hashed", "docker run --user 1000:1000 img -- and curl later",
+    # a flag that names the key's variable
+    "day0 latency --api-key-env VLLM_API_KEY --url http://x more words",
     '--user "$(id -u):$(id -g)" -e HOME=/tmp', "curl -u bob:$PASSWORD https://x",
     "date -u +%H:%M:%S", "rsync -u bob@host:/srv/models", "gunicorn -u vllm:vllm app", "crontab -u vllm:vllm f",
 ]
@@ -358,6 +458,20 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
             "blanks-inside-an-item": fit("api_key: [x" + " " * 16000 + "x] "),
             "blanks-inside-a-yaml-item": fit("api_key:\\n- x" + " " * 16000 + "x\\n"),
             "yaml-items": fit("--api-key\\n - "),
+            "api-key-values": fit("--api-key <redacted> a b 'c' "),
+            "api-key-list-values": fit("--api-key <redacted>, 'a', "),
+            "api-key-list-value": fit("--api-key [ 'a', "),
+            "api-key-continued": fit("--api-key <redacted> \\\\\\n "),
+            "api-key-dashes": fit("--api-key=-"),
+            "api-key-commas": fit("--api-key a,"),
+            "api-key-flow-list": fit("[--api-key, <redacted>, a, "),
+            "api-key-quoted-yaml": fit('- "--api-key"\\n- "a"\\n'),
+            "api-key-unclosed-lists": fit("--api-key [x "),
+            "api-key-lists-closed-inside": fit('--api-key ["]", '),
+            "api-key-lists-closed-inside-quoted": fit(" '--api-key [ x', ']',"),
+            "api-key-yaml-known": fit("- --api-key\\n- <redacted>\\n- a # b\\n"),
+            "flag-in-a-list": fit("[--api-key, "),
+            "flag-comma-flags": fit("--hf-token a,--hf-token "),
             "netrc-words": fit("login a password "),
             "user-flags": fit("-u a:-u a:"),
             "curl-user-flags": fit("curl -ua:-u"),

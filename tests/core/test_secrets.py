@@ -61,7 +61,7 @@ def test_redactor_covers_keys_values_and_text_shapes():
     assert r.values == {HF, KEY, ARG}
     out = r({"api-key": "x" * 3, "token": 142, "eos_token": "</s>", "msg": f"curl -H 'Authorization: Bearer {KEY}'",
              "argv": ["--hf-token", "abcdefgh"], "nested": [{"note": f"saw {HF} in env"}],
-             "flags": "--max-num-batched-tokens 8192 --api-key=zzzzzzzz token: 142"})
+             "flags": "token: 142 --max-num-batched-tokens 8192 --api-key=zzzzzzzz"})
     assert out["api-key"] == REDACTED and out["token"] == 142 and out["eos_token"] == "</s>"
     assert KEY not in json.dumps(out) and HF not in json.dumps(out) and "zzzzzzzz" not in json.dumps(out)
     assert "--max-num-batched-tokens 8192" in out["flags"] and "token: 142" in out["flags"]
