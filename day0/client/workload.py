@@ -10,15 +10,18 @@ vocabulary and special ids (BOS/EOS/pad) change what the model does.
 from __future__ import annotations
 
 import bisect
-import json
 import math
+import os
 import random
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
 
+from day0.core.inputs import InputError, loose_json, read_regular
+
 LengthSpec = Union[int, Sequence[int]]  # an exact length, or [lo, hi] drawn uniformly (inclusive)
+TOKENIZER_CAP = 256 << 20  # bytes: a tokenizer.json runs to tens of MiB (Gemma's ~33), a config.json to kilobytes
 
 _WORDS = (
     "time year people way day man thing woman life child world school state family student group "
@@ -104,21 +107,16 @@ def read_vocab(model_dir: Path) -> Vocab:
 
 def _json_object(path: Path, *, missing: str | None) -> dict | None:
     """A JSON file holding an object; None for a file that is not there when ``missing`` is None
-    (optional), else WorkloadError ``f"{path}: {missing}"``. Any other problem: WorkloadError naming it."""
+    (optional), else WorkloadError ``f"{path}: {missing}"``. Any other problem (a FIFO, a file past
+    the cap, bad JSON, an integer of 5,000 digits): WorkloadError naming the file, in bounded time
+    and memory."""
+    if missing is None and not os.path.lexists(path):
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        if missing is None:
-            return None
-        raise WorkloadError(f"{path}: {missing}") from None
-    except UnicodeDecodeError as exc:
-        raise WorkloadError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise WorkloadError(f"{path}: not JSON this can read (nested too deep)") from None
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        data = loose_json(read_regular(path, None, TOKENIZER_CAP), str(path))
+    except InputError as exc:
+        problem = f"{path}: {missing}" if missing is not None and not os.path.lexists(path) else str(exc)
+        raise WorkloadError(problem) from None
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

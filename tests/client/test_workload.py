@@ -223,12 +223,13 @@ def test_read_vocab_errors_name_the_file(tmp_path):
      "tokenizer.json: model.vocab['a']: expected a token id (a whole number >= 0), got '7'"),
     (b'{"model": {"vocab": 5}}', None, "tokenizer.json: model.vocab: expected an object or a list, got int"),
     (b'{"model": []}', None, "tokenizer.json: model: expected an object, got list"),
-    (b'{"model": {"vocab": {"\xff": 0}}}', None, "tokenizer.json: not UTF-8 (byte 22)"),
-    (b"[" * 100_000, None, "tokenizer.json: not JSON this can read (nested too deep)"),
+    (b'{"model": {"vocab": {"\xff": 0}}}', None, "tokenizer.json: not UTF-8 text (byte 0xff at offset 22)"),
+    (b"[" * 100_000, None, "tokenizer.json: JSON nested too deeply"),
+    (b'{"model": {"vocab": {"a": ' + b"9" * 5000 + b'}}}', None, "tokenizer.json: not usable JSON (Exceeds the limit"),
     (b'{"model": {"vocab": {"a": 0, "b": 1}}}', b"[]", "config.json: expected a JSON object, got list"),
     (b'{"model": {"vocab": {"a": 0, "b": 1}}}', b'{"text_config": 3}', "config.json: text_config: expected an object"),
 ], ids=["list", "no_id", "id_not_a_number", "entry_not_object", "added_not_list", "vocab_id_string", "vocab_int",
-        "model_list", "not_utf8", "nested", "config_list", "text_config_int"])
+        "model_list", "not_utf8", "nested", "digits", "config_list", "text_config_int"])
 def test_a_tokenizer_folder_of_the_wrong_shape_is_one_error_naming_file_and_key(tmp_path, tokenizer, config, message):
     (tmp_path / "tokenizer.json").write_bytes(tokenizer)
     if config is not None:
@@ -236,6 +237,24 @@ def test_a_tokenizer_folder_of_the_wrong_shape_is_one_error_naming_file_and_key(
     with pytest.raises(WorkloadError) as exc:
         read_vocab(tmp_path)
     assert str(exc.value).startswith(f"{tmp_path}/{message}"), exc.value
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json"])
+def test_a_tokenizer_folder_holding_a_fifo_or_a_huge_file_is_refused_at_once(tmp_path, name):
+    """Read before the server is tried: a FIFO hung the command, and a file of any size was read
+    whole (300 MB held 667 MB); now each is one line naming the file, as every other reader's."""
+    import os
+
+    (tmp_path / "tokenizer.json").write_bytes(b'{"model": {"vocab": {"a": 0}}}')
+    (tmp_path / name).unlink(missing_ok=True)
+    os.mkfifo(tmp_path / name)
+    with pytest.raises(WorkloadError, match=f"{name}: is a FIFO"):
+        read_vocab(tmp_path)
+    (tmp_path / name).unlink()
+    with (tmp_path / name).open("wb") as fh:
+        fh.truncate(300 << 20)  # sparse: claims 300 MiB, costs nothing
+    with pytest.raises(WorkloadError, match=f"{name}: 300 MiB, over the 256 MiB"):
+        read_vocab(tmp_path)
 
 
 def test_chat_text_keeps_indices_and_lengths():
