@@ -26,7 +26,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -360,7 +360,7 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     passphrase = os.environ.get(PASSPHRASE_ENV)
     try:
         key = serialization.load_pem_private_key(data, password=passphrase.encode() if passphrase else None)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # a curve or algorithm cryptography lacks
         raise SignoffError(f"{path}: not a usable PEM private key ({_short(exc)})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SignoffError(f"{path}: not an Ed25519 private key ({type(key).__name__})")
@@ -372,7 +372,7 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     data = read_regular(path, "public key", MAX_KEY_BYTES, SignoffError)
     try:
         key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise SignoffError(f"{path}: not a PEM public key ({_short(exc)})") from None
     if not isinstance(key, Ed25519PublicKey):
         raise SignoffError(f"{path}: not an Ed25519 public key ({type(key).__name__})")

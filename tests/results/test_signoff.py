@@ -25,6 +25,7 @@ from day0.results.signoff import (
     encode_run,
     keygen,
     load_private_key,
+    load_public_key,
     parse_report,
     sign_report,
     verify_report,
@@ -75,6 +76,25 @@ def test_private_key_readable_by_others_is_refused(tmp_path: Path) -> None:
     os.chmod(priv, 0o644)
     with pytest.raises(SignoffError, match=r"readable by others \(mode 0644\)"):
         load_private_key(priv)
+
+
+# A valid PEM pair on a curve the cryptography package does not support (secp112r1, made by openssl)
+UNSUPPORTED_PRIVATE = (b"-----BEGIN PRIVATE KEY-----\nME4CAQAwEAYHKoZIzj0CAQYFK4EEAAYENzA1AgEBBA44+b37YHRo2jeABzFglqEg\n"
+                       b"Ax4ABK7a5/MOpe5e1DzSWpnFQSErvvD8gKpUzCu5lJ4=\n-----END PRIVATE KEY-----\n")
+UNSUPPORTED_PUBLIC = (b"-----BEGIN PUBLIC KEY-----\nMDIwEAYHKoZIzj0CAQYFK4EEAAYDHgAERUodIQrlXUJ1bkknRjYf02B4Gii2Supw\n"
+                      b"LVqFwg==\n-----END PUBLIC KEY-----\n")
+
+
+def test_a_key_on_an_unsupported_curve_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """cryptography raises UnsupportedAlgorithm (not a ValueError) for it: a traceback and exit 1 before."""
+    priv, pub = tmp_path / "k.pem", tmp_path / "k.pub.pem"
+    priv.write_bytes(UNSUPPORTED_PRIVATE)
+    priv.chmod(0o600)
+    pub.write_bytes(UNSUPPORTED_PUBLIC)
+    with pytest.raises(SignoffError, match=f"{priv}: not a usable PEM private key"):
+        load_private_key(priv)
+    with pytest.raises(SignoffError, match=f"{pub}: not a PEM public key"):
+        load_public_key(pub)
 
 
 def test_cli_keygen(tmp_path: Path, capsys) -> None:
