@@ -329,15 +329,22 @@ def _read_file(path: Path) -> dict[str, Any]:
         text = decode_utf8(read_regular(path, "profile", MAX_PROFILE_BYTES), str(path))
     except InputError as exc:
         raise ProfileError(str(exc)) from None
+    return toml_table(text, str(path))
+
+
+def toml_table(text: str, where: str) -> dict[str, Any]:
+    """TOML text (a profile, a stage's settings file) as a table, or a ProfileError naming ``where``:
+    invalid TOML, nesting past :data:`MAX_NESTING` (deep enough to exhaust the parser's recursion
+    first), an integer of more digits than Python converts."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+        raise ProfileError(f"{where}: not valid TOML ({exc})") from None
     except RecursionError:
-        raise ProfileError(f"{path}: arrays or tables nested deeper than {MAX_NESTING} levels") from None
+        raise ProfileError(f"{where}: arrays or tables nested deeper than {MAX_NESTING} levels") from None
     except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise ProfileError(f"{path}: not usable TOML ({str(exc).split(';')[0]})") from None
-    _check_nesting(data, str(path))
+        raise ProfileError(f"{where}: not usable TOML ({str(exc).split(';')[0]})") from None
+    _check_nesting(data, where)
     return data
 
 

@@ -339,6 +339,25 @@ def test_a_settings_fifo_does_not_hang(tmp_path):
     hostile.refused(import_(p, "--settings", fifo), fifo, problem="FIFO")
 
 
+@pytest.mark.parametrize("settings", [
+    "[collectives]\nexpected_busbw = " + "[" * 900 + "]" * 900 + "\n",  # past the TOML parser's recursion
+    "[collectives]\nexpected_busbw = " + "{a = " * 400 + "1" + "}" * 400 + "\n",
+    "[collectives]\nmin_bytes = " + "9" * 5000 + "\n",  # more digits than int() converts
+], ids=["arrays", "inline-tables", "digits"])
+def test_a_settings_file_nested_or_numbered_past_the_parser_is_one_line(tmp_path, settings):
+    """A RecursionError traceback (exit 1) before, as the profile reader had long refused it."""
+    p = write(tmp_path, "all_reduce_perf.log", nccl_tests())
+    site = tmp_path / "site.toml"
+    site.write_text(settings)
+    hostile.refused(import_(p, "--settings", site), site, problem="TOML")
+
+
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, "9" * 5000], ids=["nested", "digits"])
+def test_a_set_value_past_the_parser_is_one_line_naming_the_set(tmp_path, value):
+    p = write(tmp_path, "all_reduce_perf.log", nccl_tests())
+    hostile.refused(import_(p, "--set", f"x={value}"), "--set 'x=", problem="not usable TOML")
+
+
 # --------------------------------------------------------------------------- the table's shape
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from day0.config.profile import ProfileError, parse_override, toml_table
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.numbers import whole_number
 from day0.core.outputs import write_file
@@ -63,12 +64,7 @@ def _load_settings_file(path: Path) -> dict[str, Any]:
     if Path(path).suffix == ".json":
         data = loose_json(text, str(path))
     else:
-        import tomllib
-
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise InputError(path, f"not valid TOML ({exc})") from None
+        data = toml_table(text, str(path))
     if isinstance(data, dict) and isinstance(data.get("collectives"), dict):
         data = data["collectives"]  # a whole profile: take its [collectives] table
     if not isinstance(data, dict):
@@ -77,21 +73,15 @@ def _load_settings_file(path: Path) -> dict[str, Any]:
 
 
 def _parse_set(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as a table; a dotted key (``expert_routing.skew=2``) sets one key of a sub-table."""
-    import tomllib
-
+    """``KEY=VALUE`` pairs as a table, read as ``day0 run --day0-set`` reads its own: a dotted key
+    (``expert_routing.skew=2``) sets one key of a sub-table, a bare word is a string, and a value
+    nested or numbered past what TOML's parser takes is one line naming it."""
     out: dict[str, Any] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SettingsError(f"--set {item!r}: expected KEY=VALUE")
         try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw  # a bare word: keep it as a string
-        for name in reversed(key.strip().split(".")):
-            value = {name: value}
-        _merge(out, value)
+            _merge(out, parse_override(item))
+        except ProfileError as exc:
+            raise SettingsError("--set " + str(exc).removeprefix("override ")) from None
     return out
 
 
