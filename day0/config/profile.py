@@ -100,6 +100,16 @@ class EngineSection(Section):
                                  "not starting with a digit)")
         return value
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_variable_name(cls, value: Optional[str]) -> Optional[str]:
+        """A variable's name: a pasted key here would be printed by `profile show` and kept in the
+        run record as a setting. The refusal does not repeat the value, which may be that key."""
+        if value is not None and not ENV_NAME.fullmatch(value):
+            raise ValueError("not an environment variable name (letters, digits and _, not starting with a digit): "
+                             "it names the variable that holds the key, never the key itself")
+        return value
+
     @field_validator("args")
     @classmethod
     def _finite_args(cls, value: dict[str, Any]) -> dict[str, Any]:

@@ -242,6 +242,16 @@ def test_names_that_reach_a_remote_shell_or_ssh_are_refused_in_one_line(tmp_path
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_key_pasted_as_engine_api_key_env_is_refused_without_repeating_it(tmp_path):
+    """`profile show` printed it and the run record kept it as a setting."""
+    p = tmp_path / "k.toml"
+    p.write_text('extends = "cpu-tiny"\n[engine]\napi_key_env = "sk-Pasted-Canary-0453"\n')
+    with pytest.raises(ProfileError) as exc:
+        load_profile(p)
+    assert "engine.api_key_env" in str(exc.value) and "not an environment variable name" in str(exc.value)
+    assert "sk-Pasted-Canary-0453" not in str(exc.value)
+
+
 def test_one_key_setting_a_latency_api_key_env_points_to_the_engines(tmp_path):
     """The key every request carries is engine.api_key_env; a profile still setting it under
     [latency] is refused in one line saying where it belongs."""

@@ -171,6 +171,13 @@ def test_an_unset_api_key_variable_is_refused(server):
                     "--api-key-env", "DAY0_NO_SUCH_VARIABLE", problem="not set")
 
 
+def test_a_key_pasted_where_its_variable_goes_is_refused_without_repeating_it(server):
+    """--api-key-env takes a variable's name; a key given there came back in the refusal before."""
+    out = hostile.day0(*BASE, "--url", server.url, "--api-key-env", "sk-Pasted-Canary-0452")
+    hostile.refused(out, "--api-key-env", problem="not an environment variable name")
+    assert "sk-Pasted-Canary-0452" not in out.stdout + out.stderr
+
+
 def test_the_api_key_is_sent_and_never_printed(server, tmp_path):
     """--api-key-env: the key goes out as a bearer header (the scripted server logs the header it
     saw) and appears in neither the output nor the JSON checks."""
