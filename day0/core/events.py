@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from day0.core import record_shape as shape
-from day0.core.inputs import MAX_DEPTH, lines, open_regular, strict_json
+from day0.core.inputs import MAX_DEPTH, InputError, lines, open_regular, strict_json
 from day0.core.outputs import open_output
 from day0.core.record import (
     COLLECT_ENV_NOTE,
@@ -268,6 +268,19 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
     return RunRecord(run_id=started["run_id"], started_at=started["at"], finished_at=fold.finished_at,
                      verdict=verdict, reason=reason, environment=environment,
                      profile=started.get("profile", {}), stages=stages, notes=notes)
+
+
+def export_path(path: Path | str, flag: str) -> Path:
+    """``path`` for what a command writes on request (``--json``, ``--out``), checked before the
+    command does its work: never a run's own record or event log, which the export would replace
+    with something else (a comparison, a list of checks) and lose what the run measured. An
+    InputError naming the file otherwise. (Writes replace the name atomically, so a link to a
+    record under another name is replaced, not the record.)"""
+    p = Path(path)
+    for name, what in ((RUN_FILE, "a run record"), (EVENTS_FILE, "a run's event log")):
+        if p.name == name and p.is_file() and not p.is_symlink():  # a link, a FIFO: the writer refuses those itself
+            raise InputError(p, f"is {what}, which {flag} would replace; name another")
+    return p
 
 
 def build(events: Iterable[dict[str, Any]], skipped: Skipped | None = None) -> RunRecord:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from day0.core.events import export_path
 from day0.core.inputs import InputError, refusal, term_safe
 from day0.core.numbers import whole_number
 from day0.core.outputs import write_file
@@ -278,6 +279,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if any(b in history.BASELINE_KEYWORDS for b in args.baseline):
         root = Path(args.history) if args.history else history.default_root(run_path)  # never the record's
         folder = history.folder_for(root, run, args.machine or "")
+    if args.json:
+        export_path(args.json, "--json")
     found = resolve_baselines(args.baseline, run, folder, settings.history_runs)
     if not found.runs and found.skipped:
         raise CompareError(f"{_unreadable(args.baseline[0], folder, found)}, or give --baseline PATH")

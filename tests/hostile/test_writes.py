@@ -200,6 +200,32 @@ def test_json_export_to_a_regular_file_still_works(tmp_path: Path, command: str)
     assert json.loads(dest.read_text())
 
 
+@pytest.mark.parametrize("name", ["run.json", "events.jsonl"])
+@pytest.mark.parametrize("command", list(EXPORTS))
+def test_json_export_never_replaces_a_runs_record(tmp_path: Path, command: str, name: str) -> None:
+    """`--json RUN/run.json` replaced the record with a list of checks (or a comparison), exit 0;
+    `compare --json BASELINE/run.json` destroyed the baseline it had just read. Refused before the
+    command's work, naming the file, which keeps its bytes."""
+    run = rf.write(rf.accepted(), tmp_path / "victim-run")
+    dest = run.parent / name
+    if not dest.exists():
+        dest.write_text('{"event": "run_started"}\n')
+    before = dest.read_bytes()
+    refused(EXPORTS[command](tmp_path, dest), dest, "which --json would replace")
+    assert dest.read_bytes() == before
+
+
+def test_an_import_out_never_replaces_a_runs_record(tmp_path: Path) -> None:
+    run = rf.write(rf.accepted(), tmp_path / "victim-run")
+    before = run.read_bytes()
+    refused(hostile.day0("latency", "import", DATA / "vllm-bench-detailed.json", "--out", run.parent,
+                         timeout_s=BOUND_S), run, "which --out would replace")
+    src = tmp_path / "all_reduce.txt"
+    src.write_text(nccl_tests())
+    refused(hostile.day0("collectives", "import", src, "--out", run, timeout_s=BOUND_S), run, "which --out would replace")
+    assert run.read_bytes() == before
+
+
 # --------------------------------------------------------------------------- the run folder's files
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from day0.config.profile import ProfileError, parse_override, toml_table
+from day0.core.events import export_path
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.numbers import whole_number
 from day0.core.outputs import write_file
@@ -180,6 +181,9 @@ def _worker(settings: CollectivesSection, rank_env: RankEnv, out_dir: Path) -> i
 
 def _cmd_import(args: argparse.Namespace) -> int:
     try:
+        for flag, path in (("--out", args.out), ("--json", args.json)):
+            if path:
+                export_path(path, flag)
         result = import_nccl_tests(Path(args.path), op=args.op)
         settings = _settings_from_args(args) if (args.settings or args.set) else None
     except (SettingsError, OSError, ValueError) as exc:  # InputError is a ValueError

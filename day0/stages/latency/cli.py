@@ -23,10 +23,11 @@ from day0.client.workload import Vocab, read_vocab
 from day0.config.errors import SettingsError
 from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, SLA_PRESETS, LatencySection, SlaSection
 from day0.config.profile import ENV_NAME, Profile
+from day0.core.events import EVENTS_FILE, export_path
 from day0.core.inputs import refusal, term_safe
 from day0.core.numbers import whole_number
 from day0.core.outputs import write_file
-from day0.core.record import Check
+from day0.core.record import RUN_FILE, Check
 from day0.core.redact import Redactor
 from day0.core.stats import percentile
 from day0.core.terminal import Terminal
@@ -425,6 +426,8 @@ def cli_main(args: argparse.Namespace) -> int:
     try:
         if not args.url:
             raise ValueError("--url: required to measure (or 'day0 latency import FILE' to judge a result)")
+        if args.json:
+            export_path(args.json, "--json")  # before the load, which a refusal after it would lose
         settings, sla = settings_from_args(args)
         endpoint = endpoint_from_args(args)
         if args.vocab_size is not None:
@@ -465,6 +468,10 @@ def import_main(args: argparse.Namespace) -> int:
     """``day0 latency import FILE``: the file's run through the stage's checks; --json, --out as asked."""
     term = Terminal()  # the file is another tool's: its labels, paths and notes are printed redacted, escaped
     try:
+        outs = [("--json", args.json)] + [("--out", Path(args.out) / name) for name in (RUN_FILE, EVENTS_FILE) if args.out]
+        for flag, path in outs:
+            if path:
+                export_path(path, flag)
         sla = sla_from_args(args)
         try:
             pcts = report_percentiles(LatencySection.from_table(
