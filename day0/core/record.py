@@ -29,6 +29,7 @@ from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's c
     RecordError,
     Skipped,
 )
+from day0.core.redact import Redactor
 from day0.core.stages import StageInfo
 from day0.core.verdict import (  # noqa: F401
     DESELECTED_NOTE,
@@ -304,11 +305,35 @@ def record_file(path: Path) -> Path:
 
 
 def load_with_bytes(path: Path) -> tuple[RunRecord, bytes]:
-    """The record and the exact bytes it was parsed from (what a report embeds and a signature
-    covers): one read, so the two cannot differ."""
+    """The record and the bytes it stands for (what a report embeds, a signature covers, the history
+    stores): one read, so the two cannot differ. A record read from a file may come from anywhere (an
+    older day0, another site, a hand edit), so it is redacted again as its events were
+    (:func:`redacted`); where that changes anything, the bytes are the redacted record's, and no
+    page, junit.xml, comparison or terminal line shows what the file held. A record day0 wrote
+    comes back byte for byte."""
     path = record_file(path)
     data = read_regular(path, "run record", MAX_RECORD_BYTES, RecordError)
-    return parse_record(data, str(path)), data
+    record = parse_record(data, str(path))
+    plain = record.to_dict()
+    clean = redacted(plain, Redactor.from_sources())
+    if clean == plain:
+        return record, data
+    text = json.dumps(clean, indent=2) + "\n"
+    return parse_record(text, str(path)), text.encode("utf-8")
+
+
+def redacted(obj: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """A record's JSON form redacted part by part as the event log redacts the events it is folded
+    from (:class:`day0.core.events.EventLog`): the environment, the profile, the notes and each
+    check by key and by shape; day0's own stage declarations and the record's own fields (run id,
+    verdict, reason) by shape only, since a figure's ``key`` is its name."""
+    out = {k: redactor.strings(v) for k, v in obj.items() if k not in ("environment", "profile", "stages", "notes")}
+    out.update({k: redactor(obj[k]) for k in ("environment", "profile") if k in obj})
+    if "notes" in obj:
+        out["notes"] = redactor(obj["notes"])  # day0 names no note like a secret; a foreign record might
+    out["stages"] = [{**{k: redactor.strings(v) for k, v in s.items() if k != "checks"},
+                      "checks": [redactor(c) for c in s.get("checks", [])]} for s in obj.get("stages", [])]
+    return {k: out[k] for k in obj}  # the record's own order
 
 
 def parse_record(data: bytes | str, where: str) -> RunRecord:

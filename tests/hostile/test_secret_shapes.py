@@ -350,3 +350,55 @@ def test_slurm_submit_prints_no_shape_sbatch_says(tmp_path: Path) -> None:
     out = hostile.day0("slurm", "submit", "job.sbatch", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"})
     assert out.code == 2 and "Bearer <redacted>" in out.stderr, out.explain()
     _clean(out.stdout + out.stderr, shape, "day0 slurm submit")
+
+
+# --------------------------------------------------------------------------- a record from elsewhere
+
+FOREIGN = ("Cnry1EnvTok", "Cnry2ProfTok", "Cnry3ArgKey", "Cnry4UrlPw", "Cnry5NotePw", "Cnry6EvKey",
+           "Cnry7Bearer", "Cnry8Flag")
+
+
+def _foreign_record(folder: Path) -> Path:
+    """A record day0's own event log never wrote (an older day0, another site, a hand edit), holding
+    a secret in each place a record can: the environment, the profile, a note, a check's evidence
+    and message."""
+    record = rf.accepted()
+    record.environment["HF_TOKEN"] = FOREIGN[0]
+    record.profile["engine"] = {"env": {"HF_TOKEN": FOREIGN[1]}, "args": {"api_key": FOREIGN[2]},
+                                "url": f"http://u:{FOREIGN[3]}@h:1"}
+    record.notes["password"] = FOREIGN[4]
+    check = record.stages[0].checks[0]
+    check.evidence["api_key"] = FOREIGN[5]
+    check.evidence["cmd"] = f"vllm serve m --api-key {FOREIGN[7]}"
+    check.message += f" Authorization: Bearer {FOREIGN[6]}"
+    return rf.write(record, folder)
+
+
+def _held(folder: Path, *outs: hostile.Outcome) -> list[str]:
+    texts = [p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file() and p.name != "run.json"]
+    texts += [o.stdout + o.stderr for o in outs]
+    return [c for c in FOREIGN if any(c in t for t in texts)]
+
+
+def test_a_record_from_elsewhere_reaches_no_page_export_or_terminal_line(tmp_path: Path) -> None:
+    """`report` and `compare` wrote a foreign record's secrets into report.html (page and embedded
+    record), junit.xml, the terminal and --json, and `history add` copied them: a record is redacted
+    again where it is read (day0.core.record.load_with_bytes), as its events were."""
+    run = _foreign_record(tmp_path / "run")
+    base = rf.accepted()
+    base.run_id = "run-baseline"
+    rf.write(base, tmp_path / "base")
+    outs = [hostile.day0("report", run.parent),
+            hostile.day0("compare", run.parent, "--baseline", tmp_path / "base", "--json", tmp_path / "cmp.json"),
+            hostile.day0("history", "add", run.parent, "--history", tmp_path / "hist")]
+    assert all(o.code in (0, 1) for o in outs), [o.explain() for o in outs]
+    assert (run.parent / "report.html").exists() and (tmp_path / "cmp.json").exists()
+    assert not _held(tmp_path, *outs)
+    assert "redacted" in (run.parent / "report.html").read_text()  # where each was, still shown (escaped)
+
+
+def test_a_record_day0_wrote_comes_back_byte_for_byte(tmp_path: Path) -> None:
+    from day0.core.record import load_with_bytes
+
+    run = rf.write(rf.accepted(), tmp_path / "run")
+    assert load_with_bytes(run)[1] == run.read_bytes()
