@@ -7,6 +7,11 @@ from pydantic import Field, model_validator
 
 from day0.config.section import Section
 
+# Tokens the stage's workload may hold (each request's token ids are built in the harness's memory,
+# ~36 bytes a token as Python ints): 64 Mi tokens is ~2.4 GB, 35 times a million-token target's
+# default workload. A profile past it is refused at load time, before the engine starts.
+MAX_WORKLOAD_TOKENS = 1 << 26
+
 
 class KvCacheSection(Section):
     """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
@@ -42,4 +47,19 @@ class KvCacheSection(Section):
             raise ValueError(f"short_lengths: expected [lo, hi] with output_tokens ({self.output_tokens}) < lo <= hi")
         if self.prefix_check_output_tokens >= self.prefix_check_tokens:
             raise ValueError("prefix_check_output_tokens: must be below prefix_check_tokens")
+        self._bounded_workload()
         return self
+
+    def _bounded_workload(self) -> None:
+        """The workload's tokens, at most (the default lengths before those no longer than the
+        output are dropped), against :data:`MAX_WORKLOAD_TOKENS`, naming the keys that make it."""
+        long = sum(self.context_lengths) if self.context_lengths else sum(self.target_context // d for d in (1, 2, 4, 8))
+        parts = {"context_lengths" if self.context_lengths else "target_context (its default lengths)": long,
+                 "short_requests x short_lengths[1]": self.short_requests * self.short_lengths[1],
+                 "shared_prefix_requests x shared_prefix_tokens": self.shared_prefix_requests * self.shared_prefix_tokens,
+                 "prefix_check_tokens": self.prefix_check_tokens}
+        total = sum(parts.values())
+        if total > MAX_WORKLOAD_TOKENS:
+            biggest = max(parts, key=lambda k: parts[k])
+            raise ValueError(f"the workload would hold {total:,} tokens, over the {MAX_WORKLOAD_TOKENS:,} day0 builds "
+                             f"in memory; most from {biggest} ({parts[biggest]:,})")

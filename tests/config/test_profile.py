@@ -242,6 +242,22 @@ def test_names_that_reach_a_remote_shell_or_ssh_are_refused_in_one_line(tmp_path
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("table", [
+    "short_requests = 100000000",
+    "short_lengths = [200, 4611686018427387904]\nshort_requests = 1",
+    "context_lengths = [4611686018427387904]",
+    "context_lengths = []\ntarget_context = 1099511627776",
+    "shared_prefix_tokens = 70000000",
+], ids=["many-short", "long-short", "long-context", "target", "prefix"])
+def test_a_kvcache_workload_past_what_day0_builds_is_refused_at_load(tmp_path, table):
+    """Accepted before and then built in the kvcache stage, after the engine was up: 1.5 GB and
+    still going at 60 s, or a MemoryError. One line at load time, naming the key that makes it."""
+    p = tmp_path / "k.toml"
+    p.write_text(f'extends = "cpu-tiny"\n[kvcache]\n{table}\n')
+    with pytest.raises(ProfileError, match=r"kvcache: the workload would hold [\d,]+ tokens, over the 67,108,864"):
+        load_profile(p)
+
+
 def test_a_key_pasted_as_engine_api_key_env_is_refused_without_repeating_it(tmp_path):
     """`profile show` printed it and the run record kept it as a setting."""
     p = tmp_path / "k.toml"
