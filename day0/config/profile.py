@@ -359,9 +359,11 @@ def toml_table(text: str, where: str) -> dict[str, Any]:
 
 
 def _check_nesting(data: dict[str, Any], where: str) -> None:
-    """Refuse tables and arrays nested deeper than :data:`MAX_NESTING`, naming the key path.
+    """Refuse tables and arrays nested deeper than :data:`MAX_NESTING`, and a key or string holding
+    a NUL byte (TOML's ``\\u0000``), naming the key path.
 
-    Why: merging, validating and redacting a profile all walk it recursively.
+    Why: merging, validating and redacting a profile all walk it recursively; and no path, name or
+    argument can hold a NUL, which the OS refuses later as "embedded null byte", naming nothing.
     """
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:
@@ -369,6 +371,8 @@ def _check_nesting(data: dict[str, Any], where: str) -> None:
         if depth > MAX_NESTING:
             raise ProfileError(f"{where}: {key or 'top level'}: arrays or tables nested deeper than "
                                f"{MAX_NESTING} levels")
+        if "\0" in key or (isinstance(value, str) and "\0" in value):
+            raise ProfileError(f"{where}: {key}: holds a NUL byte, which no path, name or argument can")
         if isinstance(value, dict):
             stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
         elif isinstance(value, list):

@@ -258,6 +258,17 @@ def test_a_kvcache_workload_past_what_day0_builds_is_refused_at_load(tmp_path, t
         load_profile(p)
 
 
+@pytest.mark.parametrize("table", ['[model]\nconfig = "/tmp/a\\u0000b.json"', '[engine.args]\n"a\\u0000b" = 1'],
+                         ids=["value", "key"])
+def test_a_nul_byte_in_a_profile_is_refused_naming_its_key(tmp_path, table):
+    """The OS refused it later as "embedded null byte", naming neither the file nor the key."""
+    p = tmp_path / "nul.toml"
+    p.write_text(f'extends = "h200x8"\n{table}\n')
+    with pytest.raises(ProfileError, match="holds a NUL byte") as exc:
+        load_profile(p)
+    assert str(p) in str(exc.value) and ("model.config" in str(exc.value) or "engine.args" in str(exc.value))
+
+
 def test_a_key_pasted_as_engine_api_key_env_is_refused_without_repeating_it(tmp_path):
     """`profile show` printed it and the run record kept it as a setting."""
     p = tmp_path / "k.toml"

@@ -341,6 +341,20 @@ def test_manifest_fifo_is_a_finding(ckpt: Path) -> None:
     found(out, "weights.manifest", "day0-manifest.json", problem="FIFO")
 
 
+@pytest.mark.parametrize("name", ["a\u0000b", "../outside.bin", "./x.safetensors", "sub/../x"])
+def test_a_manifest_name_outside_the_folder_is_a_finding_naming_it(ckpt: Path, name: str) -> None:
+    """The manifest read its names by a rule of its own: a NUL byte stopped the whole audit
+    ("audit stopped by ValueError: embedded null byte"); now the index's rule, one FAIL line."""
+    from day0.stages.weights.manifest import write
+
+    manifest = write(ckpt, [SHARD1])
+    doc = json.loads(manifest.read_text())
+    doc["files"][name] = {"size": 1, "sha256": "0" * 64}
+    manifest.write_text(json.dumps(doc))
+    found(hostile.day0("weights", "audit", ckpt), "weights.manifest", "day0-manifest.json",
+          problem="not a path inside the model folder")
+
+
 # --------------------------------------------------------------------------- `day0 weights audit DIR` refusals
 
 

@@ -22,6 +22,7 @@ from day0.config.errors import InputError, path_problem
 from day0.model.jsonfile import MAX_INDEX_BYTES, read_json
 from day0.model.safetensors_header import short_name
 from day0.stages.weights.findings import INDEX_NAME, AuditRun, human
+from day0.stages.weights.manifest import inside_folder
 
 
 def shard_names(model_dir: Path) -> tuple[list[str], dict[str, str] | None]:
@@ -37,23 +38,6 @@ def shard_names(model_dir: Path) -> tuple[list[str], dict[str, str] | None]:
         except InputError:
             pass
     return sorted(p.name for p in model_dir.glob("*.safetensors")), None
-
-
-def inside_folder(name: str, folder: Path) -> bool:
-    """A shard name the index may use: relative, inside the model folder, a usable path, and reached
-    without leaving the folder through a directory symlink (``sub -> /etc``). The shard file itself may
-    be a symlink: a Hugging Face cache links every snapshot file to its blob outside the folder."""
-    if not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
-        return False
-    if Path(name).as_posix() != name:  # "x.safetensors/" (a file vLLM cannot open), "./x", "a//x": another name
-        return False
-    parent = (folder / name).parent
-    if parent == folder:
-        return True
-    try:
-        return parent.resolve().is_relative_to(folder.resolve())
-    except (OSError, RuntimeError):  # a symlink loop on the way
-        return False
 
 
 # --------------------------------------------------------------------------- the index

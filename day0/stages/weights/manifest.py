@@ -183,9 +183,26 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
             or len(entry["sha256"]) != 64
         ):
             raise ManifestError(f"{path.name}: files.{name} needs an integer \"size\" and a 64-hex \"sha256\"")
-        if Path(name).is_absolute() or ".." in Path(name).parts:
+        if not inside_folder(name, path.parent):  # the index's own rule: relative, no `..`, no NUL
             raise ManifestError(f"{path.name}: files.{name} is not a path inside the model folder")
     return files
+
+
+def inside_folder(name: str, folder: Path) -> bool:
+    """A file name the index or the manifest may use: relative, inside the model folder, a usable path, reached
+    without leaving the folder through a directory symlink (``sub -> /etc``). The shard file itself may
+    be a symlink: a Hugging Face cache links every snapshot file to its blob outside the folder."""
+    if not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return False
+    if Path(name).as_posix() != name:  # "x.safetensors/" (a file vLLM cannot open), "./x", "a//x": another name
+        return False
+    parent = (folder / name).parent
+    if parent == folder:
+        return True
+    try:
+        return parent.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a symlink loop on the way
+        return False
 
 
 @dataclass
