@@ -319,6 +319,8 @@ def key_id(public_key: Ed25519PublicKey) -> str:
 
 def keygen(directory: Path, name: str = "day0_ed25519") -> tuple[Path, Path]:
     """Write ``name.pem`` (private, PKCS#8, mode 0600, created that way) and ``name.pub.pem``."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name:  # `../k` was checked at one place, written at another
+        raise SignoffError(f"key name {name!r}: a file name, not a path (the keys go into {directory})")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     priv_path, pub_path = directory / f"{name}.pem", directory / f"{name}.pub.pem"

@@ -97,6 +97,13 @@ def test_a_key_on_an_unsupported_curve_is_one_line_naming_the_file(tmp_path: Pat
         load_public_key(pub)
 
 
+@pytest.mark.parametrize("name", ["../escaped", "sub/k", "", ".."])
+def test_keygen_takes_a_file_name_not_a_path(tmp_path: Path, name: str) -> None:
+    with pytest.raises(SignoffError, match="a file name, not a path"):
+        keygen(tmp_path / "keys", name)
+    assert not list(tmp_path.rglob("*.pem"))
+
+
 def test_cli_keygen(tmp_path: Path, capsys) -> None:
     assert _cli(["keygen", str(tmp_path / "k"), "--name", "me"]) == 0
     assert (tmp_path / "k" / "me.pem").exists() and (tmp_path / "k" / "me.pub.pem").exists()
