@@ -203,9 +203,11 @@ def _cmd_weights_manifest(args: argparse.Namespace) -> int:
 
 
 def _cmd_weights_golden(args: argparse.Namespace) -> int:
+    from day0.core.events import export_path
     from day0.engine import Engines, local_model_dir, served_name
     from day0.engine.loaded import write_golden, write_reference_golden
 
+    export_path(args.out, "--out")  # before the engine starts, which a refusal after it would waste
     profile = profiles.load_profile(args.profile)
     term = Terminal(profile.redactor())
     if args.reference == "transformers":  # no engine: an independent implementation reads the same shards

@@ -46,6 +46,26 @@ from day0.core.redact import Redactor
 PRESETS_DIR = Path(__file__).with_name("presets")
 # A name a POSIX shell can export: [engine.env] names reach every node's `export NAME=...` (ssh).
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def key_variable_problem(name: str | None) -> str:
+    """Why ``name`` cannot be what ``engine.api_key_env`` (``--api-key-env``) names, never repeating it
+    (it may be the key itself, pasted there); "" when it can. A key shaped like one (``hf_...``,
+    ``ghp_...``, ``sk-...``) is refused even where it is a valid name; a hex key that is one cannot
+    be told from a variable, so no message names a variable that is not in capitals."""
+    if name is None:
+        return ""
+    if not ENV_NAME.fullmatch(name):
+        return ("not an environment variable name (letters, digits and _, not starting with a digit): it names "
+                "the variable that holds the key, never the key itself")
+    if Redactor().text(name) != name:
+        return "shaped like a key, not like a variable's name: it names the variable that holds the key, never the key"
+    return ""
+
+
+def shown_variable(name: str) -> str:
+    """``name`` as a message may show it: in capitals, as variables are named; else not at all."""
+    return name if name.isupper() else "(a name not in capitals, not shown: a key pasted there?)"
 DEFAULT_PROFILE = "cpu-tiny"
 # Bounds on what a profile file may be. A real profile is a few KB, extends one or two others and
 # nests tables four deep; far past that it is a generated or corrupted file, refused in one line
@@ -105,9 +125,9 @@ class EngineSection(Section):
     def _key_variable_name(cls, value: Optional[str]) -> Optional[str]:
         """A variable's name: a pasted key here would be printed by `profile show` and kept in the
         run record as a setting. The refusal does not repeat the value, which may be that key."""
-        if value is not None and not ENV_NAME.fullmatch(value):
-            raise ValueError("not an environment variable name (letters, digits and _, not starting with a digit): "
-                             "it names the variable that holds the key, never the key itself")
+        problem = key_variable_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("args")
@@ -247,7 +267,7 @@ def load_profile(ref: str | Path | None = None, *, overrides: dict[str, Any] | N
     path = _locate(ref, base=Path.cwd())
     data = _read_chain(path)
     if overrides:
-        _check_nesting(overrides, "--day0-set")
+        check_nesting(overrides, "--day0-set")
         if "extends" in overrides:  # applied after the chain is read: it would change the record, not the profile
             raise ProfileError("--day0-set: extends: a profile's parent cannot be overridden; name the profile "
                                "to run with --day0-profile")
@@ -354,11 +374,11 @@ def toml_table(text: str, where: str) -> dict[str, Any]:
         raise ProfileError(f"{where}: arrays or tables nested deeper than {MAX_NESTING} levels") from None
     except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise ProfileError(f"{where}: not usable TOML ({str(exc).split(';')[0]})") from None
-    _check_nesting(data, where)
+    check_nesting(data, where)
     return data
 
 
-def _check_nesting(data: dict[str, Any], where: str) -> None:
+def check_nesting(data: dict[str, Any], where: str) -> None:
     """Refuse tables and arrays nested deeper than :data:`MAX_NESTING`, and a key or string holding
     a NUL byte (TOML's ``\\u0000``), naming the key path.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -29,6 +30,7 @@ from day0.core.record import (
     StageRecord,
     _seconds,
     jsonable,
+    scrubbed,
     utcnow,
 )
 from day0.core.record_shape import MAX_SKIPPED_SHOWN, SCHEMA_VERSION, RecordError, Skipped
@@ -272,15 +274,29 @@ def _fold(events: Iterable[tuple[str, dict[str, Any]]], source: str, skipped: Sk
 
 def export_path(path: Path | str, flag: str) -> Path:
     """``path`` for what a command writes on request (``--json``, ``--out``), checked before the
-    command does its work: never a run's own record or event log, which the export would replace
-    with something else (a comparison, a list of checks) and lose what the run measured. An
-    InputError naming the file otherwise. (Writes replace the name atomically, so a link to a
-    record under another name is replaced, not the record.)"""
+    command does its work: never a run's record or event log, by name (``run.json``,
+    ``events.jsonl``) or by what it holds (a history entry, a record kept as ``base.json``), which
+    the export would replace with something else (a comparison, a list of checks) and lose what the
+    run measured. An InputError naming the file otherwise. A link is replaced, not followed, by
+    every write, and a FIFO or folder is refused by the writer itself."""
     p = Path(path)
-    for name, what in ((RUN_FILE, "a run record"), (EVENTS_FILE, "a run's event log")):
-        if p.name == name and p.is_file() and not p.is_symlink():  # a link, a FIFO: the writer refuses those itself
+    if p.is_symlink() or not p.is_file():
+        return p
+    try:
+        fh, _ = open_regular(p)
+        with fh:
+            head = fh.read(_HEAD_BYTES)
+    except (InputError, OSError):
+        return p  # unreadable here: the writer says why when it gets there
+    for name, head_of, what in ((RUN_FILE, _RECORD_HEAD, "a run record"), (EVENTS_FILE, _EVENTS_HEAD, "a run's event log")):
+        if p.name == name or head_of.match(head):
             raise InputError(p, f"is {what}, which {flag} would replace; name another")
     return p
+
+
+_HEAD_BYTES = 4096
+_RECORD_HEAD = re.compile(rb'\A\s*+\{\s*+"schema_version"\s*+:')  # as RunRecord.to_dict orders it
+_EVENTS_HEAD = re.compile(rb'\A\{[^\n]{0,512}?"type":\s*+"run_started"')  # the log's first event
 
 
 def build(events: Iterable[dict[str, Any]], skipped: Skipped | None = None) -> RunRecord:
@@ -297,6 +313,8 @@ def rebuild(run_dir: Path, skipped: Skipped | None = None) -> RunRecord:
     skipped = skipped if skipped is not None else Skipped()
     events = run_dir / EVENTS_FILE
     record = _fold(_numbered_events(events, skipped), str(events), skipped)
+    again = scrubbed(record, str(events))  # an event log from elsewhere (an older day0, a hand edit)
+    record = record if again is None else again[0]
     try:
         record.write(run_dir / RUN_FILE)
     except OSError as exc:

@@ -314,12 +314,20 @@ def load_with_bytes(path: Path) -> tuple[RunRecord, bytes]:
     path = record_file(path)
     data = read_regular(path, "run record", MAX_RECORD_BYTES, RecordError)
     record = parse_record(data, str(path))
+    again = scrubbed(record, str(path))
+    return (record, data) if again is None else (again[0], again[1].encode("utf-8"))
+
+
+def scrubbed(record: RunRecord, where: str) -> tuple[RunRecord, str] | None:
+    """``record`` redacted again (:func:`redacted`, with this environment's secrets known by value)
+    and its JSON text as :meth:`RunRecord.write` writes it; None when that changes nothing, as for
+    every record day0's own event log made."""
     plain = record.to_dict()
     clean = redacted(plain, Redactor.from_sources())
     if clean == plain:
-        return record, data
+        return None
     text = json.dumps(clean, indent=2) + "\n"
-    return parse_record(text, str(path)), text.encode("utf-8")
+    return parse_record(text, where), text
 
 
 def redacted(obj: dict[str, Any], redactor: Redactor) -> dict[str, Any]:

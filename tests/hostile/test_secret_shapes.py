@@ -397,6 +397,28 @@ def test_a_record_from_elsewhere_reaches_no_page_export_or_terminal_line(tmp_pat
     assert "redacted" in (run.parent / "report.html").read_text()  # where each was, still shown (escaped)
 
 
+def test_a_record_rebuilt_from_an_event_log_from_elsewhere_holds_no_secret(tmp_path: Path) -> None:
+    """`record rebuild` folds events.jsonl, which can come from anywhere as a record can, and wrote
+    what it held (the review): the folded record is redacted as a read one is."""
+    from day0.core.events import EventLog
+    from day0.core.record import Check
+
+    folder = tmp_path / "run"
+    log = EventLog(folder / "events.jsonl")
+    log.run_started("run-x", {"host": "h"}, {"name": "p"}, ["weights"])
+    log.check("weights", Check(id="weights.x", title="x", status="pass"))
+    log.run_finished(0)
+    lines = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    lines[0]["environment"]["HF_TOKEN"] = FOREIGN[0]  # what a log from elsewhere may hold
+    lines[0]["profile"]["engine"] = {"args": {"api_key": FOREIGN[2]}}
+    next(e for e in lines if e["type"] == "check")["check"]["evidence"] = {"api_key": FOREIGN[5]}
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    out = hostile.day0("record", "rebuild", folder)
+    assert out.code in (0, 1), out.explain()
+    held = (folder / "run.json").read_text()
+    assert not [c for c in FOREIGN if c in held] and "weights.x" in held
+
+
 def test_a_record_day0_wrote_comes_back_byte_for_byte(tmp_path: Path) -> None:
     from day0.core.record import load_with_bytes
 

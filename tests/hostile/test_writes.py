@@ -215,6 +215,24 @@ def test_json_export_never_replaces_a_runs_record(tmp_path: Path, command: str, 
     assert dest.read_bytes() == before
 
 
+def test_an_export_never_replaces_a_record_under_another_name(tmp_path: Path) -> None:
+    """The name was the whole rule: `compare --json B --baseline B` still replaced a stored history
+    entry or a record kept as base.json, the baseline it had just read (the review). What the file
+    holds decides too; and `collectives transport --json` had no guard at all."""
+    base = rf.accepted()
+    base.run_id = "run-baseline"
+    kept = rf.write(base, tmp_path / "b").rename(tmp_path / "base.json")
+    run = rf.write(rf.accepted(), tmp_path / "run")
+    before = kept.read_bytes()
+    refused(hostile.day0("compare", run, "--baseline", kept, "--json", kept, timeout_s=BOUND_S), kept,
+            "which --json would replace")
+    log = tmp_path / "nccl.log"
+    log.write_text("host1:123:456 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+    refused(hostile.day0("collectives", "transport", log, "--json", kept, timeout_s=BOUND_S), kept,
+            "which --json would replace")
+    assert kept.read_bytes() == before
+
+
 def test_an_import_out_never_replaces_a_runs_record(tmp_path: Path) -> None:
     run = rf.write(rf.accepted(), tmp_path / "victim-run")
     before = run.read_bytes()

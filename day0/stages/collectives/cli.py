@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from day0.config.profile import ProfileError, parse_override, toml_table
+from day0.config.profile import ProfileError, check_nesting, parse_override, toml_table
 from day0.core.events import export_path
 from day0.core.inputs import InputError, loose_json, read_text, term_safe
 from day0.core.numbers import whole_number
@@ -99,6 +99,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _settings_from_args(args: argparse.Namespace) -> CollectivesSection:
     data: dict[str, Any] = _load_settings_file(Path(args.settings)) if args.settings else {}
     _merge(data, _parse_set(args.set or []))
+    check_nesting(data, args.settings or "--set")  # a JSON file or a --set value: as a profile's TOML is checked
     try:
         return CollectivesSection.from_mapping(data)
     except SettingsError as exc:
@@ -202,6 +203,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _cmd_transport(args: argparse.Namespace) -> int:
     try:
+        if args.json:
+            export_path(args.json, "--json")
         topology = TransportTopology(args.intra_node, args.inter_node, args.nodes, args.devices_per_node)
         log = read_nccl_debug(args.logs)
     except ValueError as exc:  # InputError too
