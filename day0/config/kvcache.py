@@ -56,7 +56,8 @@ class KvCacheSection(Section):
         long = sum(self.context_lengths) if self.context_lengths else sum(self.target_context // d for d in (1, 2, 4, 8))
         parts = {"context_lengths" if self.context_lengths else "target_context (its default lengths)": long,
                  "short_requests x short_lengths[1]": self.short_requests * self.short_lengths[1],
-                 "shared_prefix_requests x shared_prefix_tokens": self.shared_prefix_requests * self.shared_prefix_tokens,
+                 "shared_prefix_requests x (shared_prefix_tokens + short_lengths[1])":  # each: the prefix, then a short suffix
+                     self.shared_prefix_requests * (self.shared_prefix_tokens + self.short_lengths[1]) if self.shared_prefix_tokens else 0,
                  "prefix_check_tokens": self.prefix_check_tokens}
         total = sum(parts.values())
         if total > MAX_WORKLOAD_TOKENS:

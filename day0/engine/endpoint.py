@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from day0.client.stream import ClientOptions, make_session
-from day0.config.profile import Profile
+from day0.config.profile import Profile, shown_variable
 from day0.engine.handle import Completion, EngineError
 from day0.engine.http_api import http_greedy, http_json
 
@@ -31,7 +31,7 @@ def api_key(profile: Profile) -> str | None:
     if name:
         key = os.environ.get(name)
         if not key:
-            raise EngineError(f"engine.api_key_env: environment variable {name} is not set "
+            raise EngineError(f"engine.api_key_env: environment variable {shown_variable(name)} is not set "
                               f"(export it, or remove engine.api_key_env for an open deployment)")
         return key
     key = profile.engine.args.get("api_key")

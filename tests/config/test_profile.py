@@ -248,7 +248,8 @@ def test_names_that_reach_a_remote_shell_or_ssh_are_refused_in_one_line(tmp_path
     "context_lengths = [4611686018427387904]",
     "context_lengths = []\ntarget_context = 1099511627776",
     "shared_prefix_tokens = 70000000",
-], ids=["many-short", "long-short", "long-context", "target", "prefix"])
+    "shared_prefix_tokens = 1\nshared_prefix_requests = 200000",  # each request's short suffix counts (the review)
+], ids=["many-short", "long-short", "long-context", "target", "prefix", "prefix-suffixes"])
 def test_a_kvcache_workload_past_what_day0_builds_is_refused_at_load(tmp_path, table):
     """Accepted before and then built in the kvcache stage, after the engine was up: 1.5 GB and
     still going at 60 s, or a MemoryError. One line at load time, naming the key that makes it."""
@@ -269,14 +270,17 @@ def test_a_nul_byte_in_a_profile_is_refused_naming_its_key(tmp_path, table):
     assert str(p) in str(exc.value) and ("model.config" in str(exc.value) or "engine.args" in str(exc.value))
 
 
-def test_a_key_pasted_as_engine_api_key_env_is_refused_without_repeating_it(tmp_path):
-    """`profile show` printed it and the run record kept it as a setting."""
+@pytest.mark.parametrize("key, problem", [("sk-Pasted-Canary-0453", "not an environment variable name"),
+                                          ("hf_" + "Pasted0Canary" * 3, "shaped like a key")])
+def test_a_key_pasted_as_engine_api_key_env_is_refused_without_repeating_it(tmp_path, key, problem):
+    """`profile show` printed it and the run record kept it as a setting; a token with its issuer's
+    prefix is a valid variable name, so its shape decides (the review)."""
     p = tmp_path / "k.toml"
-    p.write_text('extends = "cpu-tiny"\n[engine]\napi_key_env = "sk-Pasted-Canary-0453"\n')
+    p.write_text(f'extends = "cpu-tiny"\n[engine]\napi_key_env = "{key}"\n')
     with pytest.raises(ProfileError) as exc:
         load_profile(p)
-    assert "engine.api_key_env" in str(exc.value) and "not an environment variable name" in str(exc.value)
-    assert "sk-Pasted-Canary-0453" not in str(exc.value)
+    assert "engine.api_key_env" in str(exc.value) and problem in str(exc.value)
+    assert key not in str(exc.value)
 
 
 def test_one_key_setting_a_latency_api_key_env_points_to_the_engines(tmp_path):

@@ -176,6 +176,11 @@ def test_a_key_pasted_where_its_variable_goes_is_refused_without_repeating_it(se
     out = hostile.day0(*BASE, "--url", server.url, "--api-key-env", "sk-Pasted-Canary-0452")
     hostile.refused(out, "--api-key-env", problem="not an environment variable name")
     assert "sk-Pasted-Canary-0452" not in out.stdout + out.stderr
+    # a hex key is a valid name: refused as not set, and not named, since it is not in capitals
+    hexkey = "e3b0c44298fc1c149afbf4c8996fb924"
+    out = hostile.day0(*BASE, "--url", server.url, "--api-key-env", hexkey)
+    hostile.refused(out, "--api-key-env", problem="not set")
+    assert hexkey not in out.stdout + out.stderr
 
 
 def test_the_api_key_is_sent_and_never_printed(server, tmp_path):

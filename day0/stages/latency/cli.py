@@ -22,7 +22,7 @@ from day0.client.workers import AUTO_MESSAGES_PER_WORKER, usable_cores
 from day0.client.workload import Vocab, read_vocab
 from day0.config.errors import SettingsError
 from day0.config.latency import GOODPUT_METRICS, LIMIT_FORM, SLA_PRESETS, LatencySection, SlaSection
-from day0.config.profile import ENV_NAME, Profile
+from day0.config.profile import Profile, key_variable_problem, shown_variable
 from day0.core.events import EVENTS_FILE, export_path
 from day0.core.inputs import refusal, term_safe
 from day0.core.numbers import whole_number
@@ -299,16 +299,15 @@ def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
     ``engine.api_key_env`` from ``--api-key-env``: the one key setting, read where a profile's is
     (:class:`day0.engine.Endpoint`). SettingsError naming the flag when that variable is not set."""
     engine: dict[str, Any] = {"mode": "external", "url": args.url}
-    if args.key_variable and not ENV_NAME.fullmatch(args.key_variable):  # said before the profile repeats the value
-        raise SettingsError("--api-key-env: not an environment variable name (letters, digits and _, not starting "
-                            "with a digit): it names the variable that holds the key, never the key itself")
+    if problem := key_variable_problem(args.key_variable):  # said before the profile repeats the value
+        raise SettingsError(f"--api-key-env: {problem}")
     if args.key_variable:
         engine["api_key_env"] = args.key_variable
     profile = Profile.model_validate({"name": "day0-latency", "engine": engine})
     try:
         return Endpoint.for_profile(profile, args.url, args.model or "")
     except EngineError:
-        raise SettingsError(f"--api-key-env: environment variable {args.key_variable} is not set (export it, "
+        raise SettingsError(f"--api-key-env: environment variable {shown_variable(args.key_variable)} is not set (export it, "
                             "or leave the flag out for an open deployment)") from None
 
 
