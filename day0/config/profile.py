@@ -118,6 +118,8 @@ class EngineSection(Section):
             if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, "
                                  "not starting with a digit)")
+            if "\0" in str(value[name]):  # the value unshown: it may be a secret
+                raise ValueError(f"{name}: its value holds a NUL byte, which no environment variable can")
         return value
 
     @field_validator("api_key_env")
@@ -138,6 +140,8 @@ class EngineSection(Section):
         def walk(v: Any, path: str) -> None:
             if isinstance(v, float) and not math.isfinite(v):
                 raise ValueError(f"{path}: {v} is not a finite number")
+            if isinstance(v, str) and "\0" in v:  # an argument of the engine's command line
+                raise ValueError(f"{path}: holds a NUL byte, which no command-line argument can")
             for k, item in (v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()):
                 walk(item, f"{path}.{k}")
         for key, item in value.items():
@@ -379,11 +383,13 @@ def toml_table(text: str, where: str) -> dict[str, Any]:
 
 
 def check_nesting(data: dict[str, Any], where: str) -> None:
-    """Refuse tables and arrays nested deeper than :data:`MAX_NESTING`, and a key or string holding
-    a NUL byte (TOML's ``\\u0000``), naming the key path.
+    """Refuse tables and arrays nested deeper than :data:`MAX_NESTING`, and a key holding a NUL byte
+    (TOML's ``\\u0000``), naming the key path.
 
-    Why: merging, validating and redacting a profile all walk it recursively; and no path, name or
-    argument can hold a NUL, which the OS refuses later as "embedded null byte", naming nothing.
+    Why: merging, validating and redacting a profile all walk it recursively; and a key becomes a
+    flag, a variable or a path, none of which can hold a NUL (the OS refuses it later as "embedded
+    null byte", naming nothing). A value may (a run's name is made safe where it becomes a path);
+    the engine's arguments and environment are checked where they are declared.
     """
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:
@@ -391,8 +397,8 @@ def check_nesting(data: dict[str, Any], where: str) -> None:
         if depth > MAX_NESTING:
             raise ProfileError(f"{where}: {key or 'top level'}: arrays or tables nested deeper than "
                                f"{MAX_NESTING} levels")
-        if "\0" in key or (isinstance(value, str) and "\0" in value):
-            raise ProfileError(f"{where}: {key}: holds a NUL byte, which no path, name or argument can")
+        if "\0" in key:  # a key becomes a flag, a variable or a heading; a value may be a name (made safe where used)
+            raise ProfileError(f"{where}: {key}: the key holds a NUL byte, which no flag, variable or path can")
         if isinstance(value, dict):
             stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
         elif isinstance(value, list):

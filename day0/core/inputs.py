@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from day0.core.redact import Redactor
 
+NUL_PATH = "the path holds a NUL byte, which no file's can"
 MAX_DEPTH = 64  # a real record nests ~7 deep (evidence.charts[0].series[0].y); the report recurses per level
 # Characters a terminal acts on instead of showing: C0 and C1 controls, DEL, bidi overrides and
 # isolates (they reorder what follows), invisible direction marks, line/paragraph separators
@@ -126,6 +127,8 @@ def path_problem(path: Path | str) -> str:
         st = os.stat(path)
     except OSError as exc:
         return _why(exc, Path(path), None)
+    except ValueError:
+        return NUL_PATH
     return "" if stat.S_ISREG(st.st_mode) else f"is {file_kind(st.st_mode)}, not a file"
 
 
@@ -145,6 +148,8 @@ def open_regular(path: Path | str, what: str | None = None, error: type[InputErr
         fd = os.open(path, flags)
     except OSError as exc:
         raise error(label, _why(exc, Path(path), what)) from None
+    except ValueError:  # "embedded null byte": the OS's own words name no file
+        raise error(label, NUL_PATH) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

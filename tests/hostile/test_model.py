@@ -341,6 +341,14 @@ def test_manifest_fifo_is_a_finding(ckpt: Path) -> None:
     found(out, "weights.manifest", "day0-manifest.json", problem="FIFO")
 
 
+def test_a_config_path_holding_a_nul_byte_is_one_line_naming_it(tmp_path: Path) -> None:
+    """`model.config = "/tmp/a\\u0000b.json"` was "day0: embedded null byte", naming nothing: every
+    reader opens through day0.core.inputs.open_regular, which names the path (escaped)."""
+    profile = tmp_path / "nul.toml"
+    profile.write_text('extends = "h200x8"\n[model]\nconfig = "/tmp/a\\u0000b.json"\n')
+    hostile.refused(hostile.day0("plan", "--profile", profile), "/tmp/a\\x00b.json", problem="NUL byte")
+
+
 @pytest.mark.parametrize("name", ["a\u0000b", "../outside.bin", "./x.safetensors", "sub/../x"])
 def test_a_manifest_name_outside_the_folder_is_a_finding_naming_it(ckpt: Path, name: str) -> None:
     """The manifest read its names by a rule of its own: a NUL byte stopped the whole audit

@@ -358,13 +358,11 @@ def test_a_set_value_past_the_parser_is_one_line_naming_the_set(tmp_path, value)
     hostile.refused(import_(p, "--set", f"x={value}"), "--set 'x=", problem="not usable TOML")
 
 
-@pytest.mark.parametrize("value, problem", [("[" * 100 + "]" * 100, "nested deeper"), ('"a\\u0000b"', "NUL byte")],
-                         ids=["deep", "nul"])
-def test_a_set_value_a_profile_would_refuse_is_refused(tmp_path, value, problem):
-    """Under the parser's recursion limit but past what a profile may nest, or holding a NUL: the
-    profile's own check, which the --set values and a JSON --settings file skipped (the review)."""
+def test_a_set_value_nested_past_what_a_profile_may_is_refused(tmp_path):
+    """Under the parser's recursion limit but past what a profile may nest: the profile's own
+    check, which the --set values and a JSON --settings file skipped (the review)."""
     p = write(tmp_path, "all_reduce_perf.log", nccl_tests())
-    hostile.refused(import_(p, "--set", f"x={value}"), "--set", problem=problem)
+    hostile.refused(import_(p, "--set", "x=" + "[" * 100 + "]" * 100), "--set", problem="nested deeper")
 
 
 # --------------------------------------------------------------------------- the table's shape
