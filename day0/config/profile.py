@@ -46,6 +46,13 @@ from day0.core.redact import Redactor
 PRESETS_DIR = Path(__file__).with_name("presets")
 # A name a POSIX shell can export: [engine.env] names reach every node's `export NAME=...` (ssh).
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DEFAULT_PROFILE = "cpu-tiny"
+# Bounds on what a profile file may be. A real profile is a few KB, extends one or two others and
+# nests tables four deep; far past that it is a generated or corrupted file, refused in one line
+# before it costs memory or Python's recursion limit.
+MAX_PROFILE_BYTES = 1 << 20
+MAX_EXTENDS = 16  # files in one extends chain, the profile itself included
+MAX_NESTING = 32  # tables and arrays inside one another
 
 
 def key_variable_problem(name: str | None) -> str:
@@ -66,13 +73,6 @@ def key_variable_problem(name: str | None) -> str:
 def shown_variable(name: str) -> str:
     """``name`` as a message may show it: in capitals, as variables are named; else not at all."""
     return name if name.isupper() else "(a name not in capitals, not shown: a key pasted there?)"
-DEFAULT_PROFILE = "cpu-tiny"
-# Bounds on what a profile file may be. A real profile is a few KB, extends one or two others and
-# nests tables four deep; far past that it is a generated or corrupted file, refused in one line
-# before it costs memory or Python's recursion limit.
-MAX_PROFILE_BYTES = 1 << 20
-MAX_EXTENDS = 16  # files in one extends chain, the profile itself included
-MAX_NESTING = 32  # tables and arrays inside one another
 
 
 class ProfileError(ValueError):
