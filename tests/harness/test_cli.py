@@ -13,6 +13,13 @@ from day0 import cli
 from day0.cli import main
 
 
+def test_python_dash_m_day0_is_the_day0_command():
+    """An environment without the scripts folder on PATH (a bare venv python, a container's
+    entrypoint) runs ``python -m day0``: before, "No module named day0.__main__"."""
+    proc = subprocess.run([sys.executable, "-m", "day0", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("day0 "), proc.stderr
+
+
 def test_profiles_lists_every_preset(capsys):
     assert main(["profiles"]) == 0
     out = capsys.readouterr().out
