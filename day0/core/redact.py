@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Mapping
 
-from day0.core.secret_lists import FLAG_LIST_ITEMS, LIST_ITEMS, YAML_BLOCK_ITEM, YAML_GAP, YAML_ITEM, has_secret_item
+from day0.core.secret_lists import (
+    FLAG_LIST_ITEMS,
+    LETTER,
+    LIST_ITEMS,
+    YAML_BLOCK_ITEM,
+    YAML_GAP,
+    YAML_ITEM,
+    has_secret_item,
+)
 
 REDACTED = "<redacted>"
 
@@ -78,6 +86,8 @@ _CONTINUED = r"(?:\\\r?\n|\\{3}n|\\{7}n)[ \t]{0,64}+"
 # inside it (`--api-key K1,K2` is one key to vLLM; `,--hf-token` is the next flag); after `=` it may
 # start with a dash (`--api-key=-Xy3k`), after a blank that is the next flag.
 _BARE_VALUE = r"(?:(?<==)-|[^\s'\",`\-\\\[|;&<>()])(?:[^\s'\",`\\]|,(?=[^\s'\",`\-])|\\(?!\r?\n|\\\\n|\\{6}n))*+"
+_MANY_VALUES = frozenset({"--api-key", "--api_key"})  # vLLM's: a list of keys (nargs="+")
+_MANY_FLAG = "(?:" + "|".join(map(re.escape, sorted(_MANY_VALUES))) + ")"  # in text, as the argv rule reads them
 # The words after the first value of a flag that takes several (vLLM's --api-key): each after blanks,
 # a continued line, a list's comma or a YAML list's dash; already gone (a known value), quoted (not
 # a flag's) or bare, to a blank, quote, bracket, backslash or shell operator (`K2>/tmp/log`: K2
@@ -127,7 +137,7 @@ _SHAPES: tuple[re.Pattern[str], ...] = tuple(re.compile(p, re.IGNORECASE) for p 
     # that ends the command or the line's end: `--api-key K1 K2 --port 8000`, `['--api-key', 'K1',
     # 'K2']`. A sentence that goes on after a literal key loses its words too (`pass --api-key K to
     # the server`): no rule tells its words from keys, and a key left in a log is the worse error.
-    r"(?<![\w\-])--api[\-_]key" + _QUOTE + r"(?:=|" + YAML_ITEM + "|" + _GAP + r"{1,64}+|" + _LISTED + ")"
+    r"(?<![\w\-])" + _MANY_FLAG + _QUOTE + r"(?:=|" + YAML_ITEM + "|" + _GAP + r"{1,64}+|" + _LISTED + ")"
     r"(?P<q>" + _Q + r")?<redacted>(?(q)(?P=q)|(?:(?<==<redacted>)" + _Q + "(?=" + _LISTED + _Q + "|" + YAML_ITEM
     + "|[ \t]{1,16}+" + _Q + "))?)(?P<words>" + _MORE_WORDS + ")",
     # Bearer X anywhere (a header quoted in an error body, a curl line), the token on the next line too
@@ -202,7 +212,6 @@ _SECRET_NAME_END = re.compile(_CREDENTIAL_END + "|token$", re.IGNORECASE)
 # A name whose value is a secret even when it is all digits (`password=12345678`); a token's or a
 # variable's `_KEY` may be a count or an index (`token: 142`), so those want a letter.
 _DIGITS_SECRET_NAME = re.compile(_CREDENTIAL_END, re.IGNORECASE)
-_LETTER = re.compile(r"[a-z]", re.IGNORECASE)
 _ENV_KEY = re.compile(r"[A-Z0-9]_KEY$")  # MY_KEY, STORAGE_KEY: a variable's name, whatever its first words
 # Between the characters of a known value in text: a line break (a wrapped line, a continued command).
 _WRAP = r"(?:\\?\r?\n[ \t]{0,64})?"
@@ -358,7 +367,6 @@ class Redactor:
 
 
 _USER_FLAGS = frozenset({"-u", "-U", "--user", "--proxy-user"})  # curl's: user:password
-_MANY_VALUES = frozenset({"--api-key", "--api_key"})  # vLLM's: a list of keys (nargs="+")
 
 
 def _hidden(flag: str, value: str) -> str:
@@ -417,7 +425,7 @@ def _redact_value(m: re.Match[str]) -> str:
     if name is not None and (not _text_names_secret(name) or _prose(m)):
         return m.group()
     digits_ok = bool(_DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")))
-    if groups.get("bare") is not None and not _LETTER.search(groups["bare"]) and not digits_ok:
+    if groups.get("bare") is not None and not LETTER.search(groups["bare"]) and not digits_ok:
         return m.group()
     for group in ("litems", "bitems"):
         if groups.get(group) is not None:

@@ -57,7 +57,7 @@ _BLANKS = re.compile(r"(?:\s|\\{1,7}[nrt])*+")
 _ITEM_LEAD = re.compile(r"[\s\[\]\\\"']*+")
 _ITEM_TAIL = re.compile(r"(?:[\s\[\]\"']|[nrt]\\{1,7}|\\)*+")
 _NOT_VALUES = frozenset({"true", "false", "null", "none"})
-_LETTER = re.compile(r"[a-z]", re.IGNORECASE)
+LETTER = re.compile(r"[a-z]", re.IGNORECASE)  # a bare value is a word, not a number, when it holds one
 
 
 def has_secret_item(items: str, *, yaml: bool, digits_ok: bool, min_len: int) -> bool:
@@ -83,4 +83,4 @@ def _item_is_secret(piece: str, digits_ok: bool, min_len: int) -> bool:
         return True
     word = _BLANK.split(inner, 1)[0]  # a bare item with blanks: its first word, as a bare value is read
     return (len(word) >= min_len and word.lower() not in _NOT_VALUES
-            and (digits_ok or bool(_LETTER.search(word))))
+            and (digits_ok or bool(LETTER.search(word))))
