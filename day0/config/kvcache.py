@@ -13,6 +13,12 @@ from day0.config.section import Section
 MAX_WORKLOAD_TOKENS = 1 << 26
 
 
+def default_context_lengths(target_context: int, output_tokens: int) -> list[int]:
+    """target_context, /2, /4, /8 (those longer than the output), when the profile names none."""
+    out = [target_context // d for d in (1, 2, 4, 8)]
+    return [n for n in out if n > output_tokens] or [target_context]
+
+
 class KvCacheSection(Section):
     """Limits and the long-context workload of the kvcache stage (docs/stages/kvcache.md)."""
 
@@ -53,7 +59,7 @@ class KvCacheSection(Section):
     def _bounded_workload(self) -> None:
         """The workload's tokens, at most (the default lengths before those no longer than the
         output are dropped), against :data:`MAX_WORKLOAD_TOKENS`, naming the keys that make it."""
-        long = sum(self.context_lengths) if self.context_lengths else sum(self.target_context // d for d in (1, 2, 4, 8))
+        long = sum(self.context_lengths or default_context_lengths(self.target_context, 0))  # 0: none dropped
         parts = {"context_lengths" if self.context_lengths else "target_context (its default lengths)": long,
                  "short_requests x short_lengths[1]": self.short_requests * self.short_lengths[1],
                  "shared_prefix_requests x (shared_prefix_tokens + short_lengths[1])":  # each: the prefix, then a short suffix

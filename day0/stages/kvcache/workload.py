@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from day0.config.kvcache import default_context_lengths
 from day0.stages.kvcache.errors import KvCacheError, WorkloadRejected
 
 
@@ -28,12 +29,6 @@ class KvRequest:
     @property
     def context(self) -> int:
         return len(self.prompt) + self.max_tokens
-
-
-def default_context_lengths(target_context: int, output_tokens: int) -> list[int]:
-    """target_context, /2, /4, /8 (those longer than the output), when the profile names none."""
-    out = [target_context // d for d in (1, 2, 4, 8)]
-    return [n for n in out if n > output_tokens] or [target_context]
 
 
 def build_workload(settings: Any, vocab_size: int, special_ids: Iterable[int] = (), *, salt: str = "") -> list[KvRequest]:
