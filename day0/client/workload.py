@@ -110,13 +110,14 @@ def _json_object(path: Path, *, missing: str | None) -> dict | None:
     (optional), else WorkloadError ``f"{path}: {missing}"``. Any other problem (a FIFO, a file past
     the cap, bad JSON, an integer of 5,000 digits): WorkloadError naming the file, in bounded time
     and memory."""
-    if missing is None and not os.path.lexists(path):
-        return None
+    if not os.path.lexists(path):  # a dangling link is there: the reader names it
+        if missing is None:
+            return None
+        raise WorkloadError(f"{path}: {missing}")
     try:
         data = loose_json(read_regular(path, None, TOKENIZER_CAP), str(path))
     except InputError as exc:
-        problem = f"{path}: {missing}" if missing is not None and not os.path.lexists(path) else str(exc)
-        raise WorkloadError(problem) from None
+        raise WorkloadError(str(exc)) from None
     if not isinstance(data, dict):
         raise WorkloadError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
