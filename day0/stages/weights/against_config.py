@@ -62,8 +62,13 @@ def check_against_config(a: AuditRun) -> None:
     dtype = config_dtype(config) or "no torch_dtype"
     quant = config.get("quantization_config")
     qnote = f", quantized ({quant.get('quant_method')})" if isinstance(quant, dict) else ""
-    a.ok("weights.config", f"{CONFIG_NAME}: {arch or 'architecture unknown to day0'}, "
-                           f"{config.get('num_hidden_layers')} layers, {dtype}{qnote}")
+    layers = config.get("num_hidden_layers")
+    lnote = f"{layers} layers" if layers is not None else "no num_hidden_layers"
+    if names_no_model(config):
+        a.fail("weights.config", f"{CONFIG_NAME}: neither 'architectures' nor 'model_type' is set: vLLM "
+                                 "cannot tell which model class to load")
+    else:
+        a.ok("weights.config", f"{CONFIG_NAME}: {arch or 'architecture unknown to day0'}, {lnote}, {dtype}{qnote}")
     if not a.headers:
         for cat in _LATER:
             a.skip(cat, "not checked: no readable shard header")
@@ -109,6 +114,13 @@ def read_config(a: AuditRun) -> dict[str, Any] | None:
         a.fail("weights.config", f"{CONFIG_NAME}: top level is a {type(config).__name__}, not an object")
         return None
     return config
+
+
+def names_no_model(config: dict[str, Any]) -> bool:
+    """No model class at all: vLLM's registry refuses empty ``architectures``, and transformers'
+    AutoConfig cannot map a config without ``model_type``; a model day0 merely does not know is
+    another matter (shapes skipped, the rest still judged)."""
+    return not config.get("architectures") and not config.get("model_type")
 
 
 def _architecture(a: AuditRun, config: dict[str, Any], archs: Any) -> tuple[str | None, str]:

@@ -297,6 +297,19 @@ def test_config_that_is_not_json_or_not_an_object(ckpt: cf.Ckpt) -> None:
     assert c.message == "config.json: top level is a list, not an object"
 
 
+def test_config_that_names_no_model_fails_and_never_prints_none(ckpt: cf.Ckpt) -> None:
+    """``{}`` once passed as "architecture unknown to day0, None layers": vLLM could not load it."""
+    (ckpt.dir / "config.json").write_text("{}")
+    checks = audit(ckpt.dir)
+    [c] = failures(checks, "weights.config")
+    assert c.message == ("config.json: neither 'architectures' nor 'model_type' is set: vLLM cannot tell "
+                         "which model class to load")
+    assert "None" not in " ".join(ch.message for ch in checks)
+    cf.write_config(ckpt, architectures=["GPT2LMHeadModel"], num_hidden_layers=None)
+    [ok] = by_id(audit(ckpt.dir))["weights.config"]
+    assert ok.status == "pass" and "no num_hidden_layers" in ok.message
+
+
 def test_config_with_wrong_layer_count_fails_shapes_and_count(ckpt: cf.Ckpt) -> None:
     cf.write_config(ckpt, num_hidden_layers=4)
     checks = audit(ckpt.dir)
