@@ -424,6 +424,8 @@ def _redact_value(m: re.Match[str]) -> str:
     name = groups.get("name")
     if name is not None and (not _text_names_secret(name) or _prose(m)):
         return m.group()
+    if groups.get("bare") == "expected" and _DIAGNOSIS.match(m.string, m.start("bare")):
+        return m.group()
     digits_ok = bool(_DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")))
     if groups.get("bare") is not None and not LETTER.search(groups["bare"]) and not digits_ok:
         return m.group()
@@ -463,6 +465,9 @@ def _replaced(m: re.Match[str], group: str) -> str:
 # A bare "token" after a word and a space is prose, not a name: "KV bytes per token: config.json x TP",
 # "time per output token: 12 ms". A named one (hf_token, "token": at a line's start) still goes.
 _PROSE_TOKEN = re.compile(r"\w[ \t]token$", re.IGNORECASE)
+# day0's own checks say `engine.env.HF_TOKEN: expected a string, got 3`: under a secret's name that
+# word, followed by more words, is the message, not the value.
+_DIAGNOSIS = re.compile(r"expected[ \t]{1,16}+[a-z]")
 
 
 def _prose(m: re.Match[str]) -> bool:

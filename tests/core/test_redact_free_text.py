@@ -502,3 +502,17 @@ def test_the_free_text_rules_stay_linear_on_hostile_lines() -> None:
     ratios = json.loads(out.stdout)
     slow = {k: round(v, 1) for k, v in ratios.items() if v > 20}
     assert not slow, f"hostile lines cost this many benign lines of the same length: {slow}"
+
+
+def test_day0s_own_type_error_under_a_secret_name_keeps_its_words() -> None:
+    """The hostile hunt read ``engine.env.HF_TOKEN: <redacted> a string`` in a record: the profile's
+    own message, with "expected" taken for the token. A value after the same name still goes."""
+    from day0.config.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError) as caught:
+        load_profile("cpu-tiny", overrides={"engine": {"env": {"HF_TOKEN": 3}}})
+    message = str(caught.value)
+    assert message.endswith("engine.env.HF_TOKEN: expected a string")
+    assert Redactor().text(message) == message
+    _gone(f"engine.env.HF_TOKEN: {SECRET} a string")
+    _gone("HF_TOKEN: expected" + SECRET)
