@@ -7,17 +7,23 @@ Kept apart from the static audit (day0/stages/weights/audit.py), which reads hea
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+from day0.core.inputs import InputError, path_problem
 from day0.core.outputs import write_file
 from day0.engine.handle import Completion, ViewUnavailable
+from day0.model.jsonfile import MAX_CONFIG_BYTES, read_json
 from day0.model.reference import RefSequence, greedy_reference
 
 GOLDEN_PROMPTS = ["The supernode serves", "Paged attention keeps blocks", "A signed report says",
                   "Tensor parallel ranks exchange"]
 GOLDEN_TOKENS = 16
+# Four prompts of 16 tokens with top-k logprobs are a few kB; a golden file is the user's path, so
+# a FIFO or a runaway file must be one line, not a hang or the host's memory.
+MAX_GOLDEN_BYTES = 64 << 20
 
 
 def _persistent_buffers(model: Any) -> int:
@@ -107,7 +113,7 @@ def write_reference_golden(model_dir: Path, path: Path, *, model: str, top_k: in
 def read_golden(path: Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, limit=MAX_GOLDEN_BYTES, what="a golden file")
         prompts = data["prompts"]
         _ = [(p["prompt"], p["token_ids"]) for p in prompts]
         int(data["max_tokens"])
@@ -120,9 +126,11 @@ def read_golden(path: Path) -> dict[str, Any]:
                     RefSequence.from_dict(p["sequence"])
                 except ValueError as exc:
                     raise ValueError(f"prompts[{i}].sequence: {exc}") from None
-    except FileNotFoundError:
-        raise ValueError(f"{path}: golden file not found (write one with `day0 weights golden`)") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except InputError as exc:  # not there, not a regular file, too large, not JSON: named as it is
+        if path_problem(path) == "does not exist":
+            raise ValueError(f"{path}: golden file not found (write one with `day0 weights golden`)") from None
+        raise ValueError(str(exc)) from None
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not a day0 golden file ({type(exc).__name__}: {exc})") from None
     return data
 
@@ -134,21 +142,26 @@ def expert_placement(model_dir: Path | None, args: dict[str, Any], logs: list[Pa
     """Where a MoE engine put its experts, for the record's engine note: what the layout implies
     (every rank a 1/TP slice of each expert, or whole experts over TP x DP under expert
     parallelism, placed as vLLM's ``determine_expert_map`` does) and, where vLLM logged it, what
-    each EP rank says it holds. None for a dense model or a model whose config is not local."""
+    each EP rank says it holds. None for a dense model or a model whose config is not local, and
+    for one day0 does not model or cannot read: this runs once the engine is healthy, and a note
+    must never stop an engine that serves (preflight and ``weights.config`` say what is wrong)."""
     from day0.model import archs
     from day0.model.ranks import ep_size_of, experts_on_rank
 
     config_path = model_dir / "config.json" if model_dir else None
-    if config_path is None or not config_path.is_file():
+    if config_path is None or not os.path.lexists(config_path):
         return None
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    routed = archs.routed_experts(config)
+    try:
+        config = read_json(config_path, limit=MAX_CONFIG_BYTES, what="a config.json")
+        routed = archs.routed_experts(config) if isinstance(config, dict) else 0
+        per_token, shared = (archs.experts_per_token(config), archs.shared_experts(config)) if routed else (0, 0)
+    except (InputError, archs.ConfigError):
+        return None
     if not routed:
         return None
     tp = int(args.get("tensor_parallel_size") or 1)
     ep = ep_size_of(args)
-    note: dict[str, Any] = {"routed_experts": routed, "experts_per_token": archs.experts_per_token(config),
-                            "shared_experts": archs.shared_experts(config)}
+    note: dict[str, Any] = {"routed_experts": routed, "experts_per_token": per_token, "shared_experts": shared}
     if ep > 1:
         note.update(layout="expert_parallel", ep_size=ep,
                     experts_per_rank=[experts_on_rank(routed, ep, r) for r in range(ep)])

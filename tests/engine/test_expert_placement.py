@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from day0.engine.loaded import expert_placement
 
@@ -42,3 +43,18 @@ def test_a_dense_or_remote_model_has_no_note(tmp_path):
     (dense / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     assert expert_placement(dense, {}, []) is None
     assert expert_placement(None, {}, []) is None
+
+
+def test_a_model_day0_does_not_model_or_cannot_read_has_no_note_and_stops_nothing(tmp_path):
+    """The note is taken once the engine is healthy: a Day-0 architecture day0 does not know yet
+    (ConfigError) stopped an engine that served. A FIFO where config.json stands must not hang."""
+    unknown = tmp_path / "new"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3"}))
+    assert expert_placement(unknown, {}, []) is None
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "config.json")
+    assert expert_placement(fifo, {}, []) is None
+    wrong = _model(tmp_path, num_experts="eight")
+    assert expert_placement(wrong, {}, []) is None

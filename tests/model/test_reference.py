@@ -219,3 +219,25 @@ def test_equal_tokens_from_logprobs_further_apart_than_the_drift_limit_diverge_a
     close = from_completion("p", [1, 2], [5, 6, 7], [{5: -0.1, 6: -2.0}, {6: -0.505, 9: -1.5}, {7: -0.2, 9: -3.0}],
                             device="e", dtype="f")
     assert compare_tokens(ref, close, 0.01, drift_limit=0.01).status == "match"
+
+
+def test_a_golden_file_that_is_a_fifo_or_too_large_is_one_line_not_a_hang(tmp_path, monkeypatch):
+    """``weights.golden`` is the user's path: it is read as any input file is, capped."""
+    import os
+
+    import day0.engine.loaded as loaded
+
+    fifo = tmp_path / "golden.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError) as err:
+        loaded.read_golden(fifo)
+    assert str(err.value).startswith(str(fifo)) and "FIFO" in str(err.value)
+    big = tmp_path / "golden.json"
+    big.write_text(json.dumps({"model": "m", "max_tokens": 1, "prompts": [{"prompt": "p", "token_ids": [1]}]}))
+    assert loaded.read_golden(big)["max_tokens"] == 1
+    monkeypatch.setattr(loaded, "MAX_GOLDEN_BYTES", 16)
+    with pytest.raises(ValueError) as err:
+        loaded.read_golden(big)
+    assert str(err.value).startswith(str(big)) and "golden file" in str(err.value)
+    with pytest.raises(ValueError, match="golden file not found"):
+        loaded.read_golden(tmp_path / "absent.json")
