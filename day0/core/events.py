@@ -53,7 +53,8 @@ EVENTS_FILE = "events.jsonl"
 # Bounds on what is read: generous (one event of the benchmark's 150,000-sample record is ~1 MB)
 # but finite, so a sparse file claiming a terabyte is refused before it is read (run.json's bound
 # is day0.core.record.MAX_RECORD_BYTES).
-MAX_EVENTS_BYTES = 256 << 20  # run.json, indented, is 2-3x its compact log: a rebuilt log must still load
+MAX_EVENTS_BYTES = 256 << 20  # run.json, indented, is 2-3x day0's own compact log: a rebuilt log must still load
+# (a log of deeply nested values pads far more: its record is refused as it is written, record_text)
 MAX_EVENT_LINE = 64 << 20
 # A run writes one line per check and note: a few hundred (154 for cpu-tiny's default run). Folding
 # takes ~12 us a line, so 256 MiB of one-byte lines held `record rebuild` for ~27 minutes: bounded.

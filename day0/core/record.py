@@ -282,7 +282,29 @@ class RunRecord:
         }
 
     def write(self, path: Path) -> Path:
-        return write_file(path, json.dumps(self.to_dict(), indent=2) + "\n", error=RecordError)
+        return write_file(path, record_text(self.to_dict(), path), error=RecordError)
+
+
+def record_text(obj: dict[str, Any], where: Path | str) -> str:
+    """A record's JSON as run.json holds it (indented), refused past :data:`MAX_RECORD_BYTES`.
+
+    Why count while encoding: indentation pads every item by its depth, so a 10 MB event log of
+    deeply nested lists (a hand edit, a log from elsewhere) became a 560 MB run.json that no reader
+    loads, built whole in memory first. A record that could not be read back is not written, and is
+    never built past the cap; its event log stays."""
+    blocks: list[str] = []
+    chunks: list[str] = []  # joined into a block every 64 Ki chunks: a small str costs ~50 bytes of its own
+    size = 0
+    for chunk in json.JSONEncoder(indent=2).iterencode(obj):
+        size += len(chunk)  # ASCII (ensure_ascii), so characters are bytes
+        if size > MAX_RECORD_BYTES:
+            raise RecordError(where, f"the record would be over the {MAX_RECORD_BYTES >> 20} MiB a run record "
+                                     "may hold (a value too large or too deeply nested); not written")
+        chunks.append(chunk)
+        if len(chunks) >= 1 << 16:
+            blocks.append("".join(chunks))
+            chunks.clear()
+    return "".join(blocks) + "".join(chunks) + "\n"
 
 
 def _seconds(v: Any) -> float | None:
@@ -326,7 +348,7 @@ def scrubbed(record: RunRecord, where: str) -> tuple[RunRecord, str] | None:
     clean = redacted(plain, Redactor.from_sources())
     if clean == plain:
         return None
-    text = json.dumps(clean, indent=2) + "\n"
+    text = record_text(clean, where)
     return parse_record(text, where), text
 
 

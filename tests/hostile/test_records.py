@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from day0.core.events import EventLog
 from day0.core.inputs import MAX_DEPTH, lines, term_safe
-from day0.core.record import SKIPPED_NOTE, Check, load
+from day0.core.record import SKIPPED_NOTE, Check, RecordError, load
 from day0.results.report import render
 from day0.results.signoff import Signatory, keygen, parse_report, sign_report
 from tests.support import hostile
@@ -709,3 +709,26 @@ def test_a_signature_value_of_the_wrong_type_is_a_failed_verification(tmp_path: 
     entries[0]["signer"] = {"name": "Ada"}
     report.write_text(rep.with_entries(entries), encoding="utf-8")
     hostile.refused(hostile.day0("verify", report, "--pubkey", keys[1]), report, code=1, problem="missing fields")
+
+
+def test_rebuild_refuses_a_record_that_indenting_would_put_past_the_cap(tmp_path: Path, monkeypatch) -> None:
+    """The hunt's 9.6 MB log of deeply nested lists became a 562 MB run.json (indent pads each item by
+    its depth) that `report` then refused: a record that could not be read back is not written, the
+    log stays, and the refusal names run.json (the cap is lowered so the test stays small)."""
+    import day0.core.record as record_mod
+    from day0.core.events import rebuild
+
+    run = tmp_path / "r"
+    log = _events(run)
+    deep = "[" * 50 + ",".join(["0"] * 20_000) + "]" * 50
+    text = log.read_text().splitlines()
+    text.insert(1, '{"type": "note", "key": "deep", "value": ' + deep + "}")
+    log.write_text("\n".join(text) + "\n")
+    before = log.read_bytes()
+    assert len(before) < 100_000 and rebuild(run).notes["deep"]  # under the real cap it is kept
+    (run / "run.json").unlink()
+    monkeypatch.setattr(record_mod, "MAX_RECORD_BYTES", 1 << 20)
+    with pytest.raises(RecordError) as err:
+        rebuild(run)
+    assert str(err.value).startswith(f"{run / 'run.json'}: the record would be over the 1 MiB")
+    assert not (run / "run.json").exists() and log.read_bytes() == before
