@@ -23,7 +23,6 @@ waiting, a busy controller's failed answers are asked again (``POLL_FAILURES_TOL
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -32,8 +31,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from day0.core.commands import run_command
-from day0.core.events import EVENTS_FILE, EventLog, rebuild
-from day0.core.record import RUN_FILE, SCHEDULER_NOTE
+from day0.core.events import EVENTS_FILE, EventLog, read_events, rebuild
+from day0.core.record import RUN_FILE, SCHEDULER_NOTE, RecordError
 from day0.core.terminal import Terminal
 
 EXIT_BLOCKED = 3
@@ -254,16 +253,23 @@ def find_run(out_dir: Path, job_id: str) -> Path | None:
     if not out_dir.is_dir():
         return None
     runs = [p for p in out_dir.glob(f"*/{EVENTS_FILE}") if not p.parent.is_symlink()]  # not `latest`
-    for events in sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True):
-        try:
-            with events.open("rb") as fh:
-                first = json.loads(fh.readline(8 << 20) or b"{}")
-        except (OSError, ValueError):
+    for events in sorted(runs, key=_mtime, reverse=True):
+        try:  # a folder there may be anything (a FIFO, a hand edit): each is read as any event log is
+            first = next(read_events(events), {})
+        except RecordError:
             continue
-        slurm = (first.get("environment") or {}).get("slurm") if isinstance(first, dict) else None
+        environment = first.get("environment")
+        slurm = environment.get("slurm") if isinstance(environment, dict) else None
         if isinstance(slurm, dict) and str(slurm.get("job_id")) == job_id:
             return events.parent
     return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # a dangling link: last
+        return 0.0
 
 
 def record_the_end(run_dir: Path, job: JobState, render: Render, log: Log) -> str:

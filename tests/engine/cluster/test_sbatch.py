@@ -140,3 +140,31 @@ def test_a_failed_sinfo_while_a_job_waits_on_nodes_is_asked_again(monkeypatch: p
     outcome = wait_for("42", 300, None, said.append)
     assert (outcome.job.state, fake.ran("scancel")) == ("COMPLETED", [])
     assert said == ["`sinfo -h -N` did not finish within 20 s; asking again"]
+
+
+def test_find_run_passes_over_anything_that_is_not_a_runs_event_log(tmp_path) -> None:
+    """A stray folder under --out once ended every later submit (the hunt): a FIFO hung it, an
+    ``environment`` that is a string raised AttributeError, a deep first line RecursionError; and
+    the job's record was never rebuilt. Each is passed over; the job's own run is still found."""
+    import json
+    import os
+
+    from day0.core.events import EventLog
+
+    out = tmp_path / "out"
+    for name, line in (("string-env", '{"type": "run_started", "environment": "hand-edited"}'),
+                       ("list-env", '{"type": "run_started", "environment": [1]}'),
+                       ("deep", "[" * 100_000 + "]" * 100_000), ("not-json", "garbage")):
+        (out / name).mkdir(parents=True)
+        (out / name / "events.jsonl").write_text(line + "\n")
+    (out / "fifo").mkdir()
+    os.mkfifo(out / "fifo" / "events.jsonl")
+    (out / "dangling").mkdir()
+    (out / "dangling" / "events.jsonl").symlink_to(tmp_path / "nowhere")
+    assert sbatch.find_run(out, "123") is None
+    mine = out / "mine"
+    mine.mkdir()
+    EventLog(mine / "events.jsonl").run_started("r1", {"slurm": {"job_id": "123"}}, {}, ["weights"])
+    os.utime(mine / "events.jsonl", (1, 1))  # the oldest: every stray folder is read before it
+    assert sbatch.find_run(out, "123") == mine
+    assert json.loads((mine / "events.jsonl").read_text().splitlines()[0])["environment"]["slurm"]["job_id"] == "123"
