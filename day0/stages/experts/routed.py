@@ -29,6 +29,7 @@ from day0.stages.experts.load import LayerLoad, merge
 NPY_MAGIC = b"\x93NUMPY"
 # The dtypes vLLM writes (uint8 up to 256 experts, uint16 beyond; int32 from its device buffer).
 DTYPES = {"|u1": "B", "<u1": "B", "|i1": "b", "<u2": "H", "<i2": "h", "<u4": "I", "<i4": "i", "<i8": "q", "<u8": "Q"}
+MAX_NPY_HEADER = 10_000  # numpy's own bound (np.load's max_header_size): its writer pads to 64 bytes
 MAX_ROUTED_BYTES = 256 << 20  # one response's array; far beyond 1M tokens x 61 layers x top-8 in uint8
 
 
@@ -76,6 +77,8 @@ def read_npy(raw: bytes) -> Routed:
         (hlen,), start = struct.unpack("<I", raw[8:12]), 12
     else:
         raise RoutedError(f"routed_experts: .npy format version {major} is not one of 1, 2, 3")
+    if hlen > MAX_NPY_HEADER:
+        raise RoutedError(f"routed_experts: a .npy header of {hlen:,} bytes, over the {MAX_NPY_HEADER:,} numpy reads")
     header = _header(raw[start:start + hlen])
     code = DTYPES.get(header["descr"])
     if code is None:
@@ -85,6 +88,8 @@ def read_npy(raw: bytes) -> Routed:
         raise RoutedError(f"routed_experts: expected a C-ordered (tokens, layers, top_k) array, got shape {shape}"
                           f"{' in Fortran order' if header['fortran_order'] else ''}")
     tokens, layers, top_k = shape
+    if not layers or not top_k:
+        raise RoutedError(f"routed_experts: shape {shape} routes nothing (no layer or no expert a token)")
     body = memoryview(raw)[start + hlen:]
     size = struct.calcsize(code)
     if len(body) != tokens * layers * top_k * size:
@@ -99,7 +104,7 @@ def read_npy(raw: bytes) -> Routed:
 def _header(text: bytes) -> dict[str, Any]:
     try:
         header = ast.literal_eval(text.decode("latin-1").strip())
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # `-` x 10,000 nests that deep
         raise RoutedError("routed_experts: unreadable .npy header") from None
     ok = (isinstance(header, dict) and isinstance(header.get("descr"), str)
           and isinstance(header.get("fortran_order"), bool) and isinstance(header.get("shape"), tuple)

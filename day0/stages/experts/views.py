@@ -38,6 +38,7 @@ class Answer:
     prompt_tokens: int | None  # None: the response did not say (no usable usage)
     completion_tokens: int | None
     routed: Routed | None  # vLLM's routed_experts, when the engine returns it
+    routed_error: str | None = None  # it returned one that cannot be read: that view could not measure
 
     @property
     def forwarded(self) -> int | None:
@@ -73,8 +74,11 @@ class HttpDriver:
         out = self.endpoint.json("/v1/completions", body)
         choice, usage = out["choices"][0], out.get("usage")
         raw = choice.get("routed_experts")
-        return Answer(_usage_count(usage, "prompt_tokens"), _usage_count(usage, "completion_tokens"),
-                      decode(raw) if raw is not None else None)
+        prompt, completion = _usage_count(usage, "prompt_tokens"), _usage_count(usage, "completion_tokens")
+        try:
+            return Answer(prompt, completion, decode(raw) if raw is not None else None)
+        except RoutedError as exc:  # one bad response: the view could not measure, the stage goes on
+            return Answer(prompt, completion, None, routed_error=str(exc))
 
     def run(self, reqs: Sequence[Request], extra: dict[str, Any], concurrency: int) -> list[Answer]:
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(reqs)))) as pool:
@@ -315,6 +319,9 @@ def observe(driver: Driver, reqs: Sequence[Request], extra: dict[str, Any], conc
 
 def _routed(answers: Sequence[Answer], num_experts: int, moe_layers: Sequence[int] | None
             ) -> tuple[dict[int, LayerLoad] | None, str | None]:
+    unreadable = next((a.routed_error for a in answers if a.routed_error), None)
+    if unreadable:
+        return None, unreadable
     have = [a.routed for a in answers if a.routed is not None]
     if have and num_experts < 1:
         return None, "the responses carry routed_experts, but without a config.json here the number of experts is unknown"

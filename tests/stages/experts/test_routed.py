@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
 
 import pytest
 
@@ -81,6 +82,24 @@ def test_a_truncated_array_is_refused():
     np.save(buf, np.array(IDS, dtype="int32"))
     with pytest.raises(RoutedError, match="data bytes for shape"):
         read_npy(buf.getvalue()[:-4])
+
+
+def _npy(header: bytes, body: bytes = b"", version: int = 1) -> bytes:
+    size = struct.pack("<H", len(header)) if version == 1 else struct.pack("<I", len(header))
+    return b"\x93NUMPY" + bytes([version, 0]) + size + header + body
+
+
+@pytest.mark.parametrize("raw, named", [
+    # numpy reads at most 10,000 header bytes; a 2 MB list in one took ~1 GB to parse (the hunt)
+    (_npy(b"{'descr': '<u1', 'fortran_order': False, 'shape': (1, 1, 1), 'x': [" + b"0," * 20_000 + b"]}", version=2),
+     "over the 10,000 numpy reads"),
+    (_npy(b"-" * 9_000 + b"1"), "unreadable .npy header"),  # nests past Python's recursion limit
+    (_npy(b"{'descr': '<u1', 'fortran_order': False, 'shape': (2, 3, 0)}"), "routes nothing"),
+    (_npy(b"{'descr': '<u1', 'fortran_order': False, 'shape': (2, 0, 2)}"), "routes nothing"),
+], ids=["header-of-2MB", "deep-unary-minus", "top_k-0", "layers-0"])
+def test_a_hostile_npy_header_is_one_routed_error_in_bounded_memory(raw, named):
+    with pytest.raises(RoutedError, match=named):
+        read_npy(raw)
 
 
 def test_moe_layers_from_tensor_names():

@@ -261,6 +261,30 @@ def test_a_response_without_usage_leaves_the_router_view_unverified():
     assert (counted.prompt_tokens, counted.completion_tokens, counted.forwarded) == (45, 6, 50)
 
 
+
+class _Routing(_Endpoint):
+    """An answer whose ``routed_experts`` is what it is given."""
+
+    def __init__(self, routed):
+        super().__init__({"prompt_tokens": 45, "completion_tokens": 6})
+        self.routed = routed
+
+    def json(self, path, body):
+        out = super().json(path, body)
+        out["choices"][0]["routed_experts"] = self.routed
+        return out
+
+
+def test_one_unreadable_routed_experts_answer_is_that_views_could_not_measure_not_a_traceback():
+    """Before: HttpDriver decoded each answer where it came, so one bad array ended the stage."""
+    from day0.stages.experts.views import _routed
+
+    req = Request(index=0, prompt=[1] * 45, input_len=45, output_len=6)
+    bad = HttpDriver(_Routing("not base64!")).complete(req, {})
+    assert bad.routed is None and bad.prompt_tokens == 45 and "not base64" in bad.routed_error
+    assert _routed([bad], 4, None) == (None, bad.routed_error)
+
+
 def test_a_router_view_without_every_moe_layer_is_not_trusted():
     """config.json's MoE layers are 1 and 2; the hook counted layer 1 only (layer 2 ran a monolithic
     kernel, or was never hooked). Before: the view was trusted and balance, hot expert and spread
