@@ -26,7 +26,7 @@ from day0.core.events import export_path
 from day0.core.inputs import InputError, refusal, term_safe
 from day0.core.numbers import whole_number
 from day0.core.outputs import write_file
-from day0.core.record import RUN_FILE, Check, RecordError, RunRecord, load, one_line
+from day0.core.record import Check, RecordError, RunRecord, load, one_line, record_file
 from day0.core.stages import REGRESSION_STAGE
 from day0.core.terminal import Terminal
 from day0.results import history
@@ -35,6 +35,7 @@ from day0.results.regression import (
     CompareResult,
     CompareSettings,
     Row,
+    check_compatible,
     fmt,
     is_number,
     judge_history,
@@ -82,14 +83,11 @@ def resolve_baselines(specs: Sequence[str], run: RunRecord, folder: Path, n: int
         first, last = found[0][0].label, found[-1][0].label
         label = (first if first == last else f"{first}..{last}") + f", {keywords[0]}"
         return Baselines(label, [(e.label, rec) for e, rec in found], [str(e.path) for e, _ in found], skipped)
-    runs, paths = [], []
-    for spec in specs:
-        path = Path(spec)
-        rec = load(path)
-        runs.append((rec.run_id, rec))
-        paths.append(str(path / RUN_FILE if path.is_dir() else path))
-    runs.sort(key=lambda lr: str(lr[1].started_at))
-    return Baselines(", ".join(lbl for lbl, _ in runs), runs, paths)
+    loaded = sorted(((str(record_file(Path(spec))), load(Path(spec))) for spec in specs),
+                    key=lambda pr: str(pr[1].started_at))  # paths in the runs' order
+    check_compatible(loaded, run)  # here, where each baseline's file is known
+    return Baselines(", ".join(rec.run_id for _, rec in loaded), [(rec.run_id, rec) for _, rec in loaded],
+                     [path for path, _ in loaded])
 
 
 # --------------------------------------------------------------------------- output
@@ -268,7 +266,7 @@ def regressed(record: RunRecord | None) -> bool:
 def _cmd_compare(args: argparse.Namespace) -> int:
     run_path = Path(args.run)
     run = load(run_path)
-    settings = settings_for(run).with_overrides(args.tolerance or [])
+    settings = settings_for(run, str(record_file(run_path))).with_overrides(args.tolerance or [])
     if args.fail_on_missing:
         settings = settings.model_copy(update={"fail_on_missing": True})
     if args.runs is not None:

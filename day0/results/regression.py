@@ -68,9 +68,11 @@ DISCRIMINATORS: tuple[str, ...] = (
 CompareSettings = CompareSection
 
 
-def settings_for(record: RunRecord) -> CompareSettings:
-    """The ``[compare]`` table a run was made with, from its resolved profile in ``run.json``."""
-    return CompareSettings.from_mapping(history.compare_section(record.profile), f"{record.run_id}: profile compare")
+def settings_for(record: RunRecord, where: str = "") -> CompareSettings:
+    """The ``[compare]`` table a run was made with, from its resolved profile in ``run.json``;
+    ``where`` names that file in a refusal (the run id where the record was never a file)."""
+    return CompareSettings.from_mapping(history.compare_section(record.profile),
+                                        f"{where or record.run_id}: profile compare")
 
 
 # --------------------------------------------------------------------------- metrics of one run
@@ -402,15 +404,16 @@ class CompareResult:
                 "rows": [r.to_dict() for r in self.rows]}
 
 
-def check_compatible(past: Sequence[RunRecord], run: RunRecord) -> None:
-    """Earlier runs of the same profile, never the run itself; raises CompareError otherwise."""
+def check_compatible(past: Sequence[tuple[str, RunRecord]], run: RunRecord) -> None:
+    """Earlier runs of the same profile, never the run itself; raises CompareError otherwise, naming
+    the baseline as ``past`` does (its file, where it was read from one)."""
     pr = history.profile_name(run)
-    for base in past:
+    for name, base in past:
         if base.run_id == run.run_id:
-            raise CompareError(f"baseline {base.run_id}: is this run itself; compare with earlier runs "
+            raise CompareError(f"baseline {name}: is this run itself; compare with earlier runs "
                                "(fixed paths, latest or latest-accepted)")
         if history.profile_name(base) != pr:
-            raise CompareError(f"baseline {base.run_id}: profile {history.profile_name(base)!r} differs from this "
+            raise CompareError(f"baseline {name}: profile {history.profile_name(base)!r} differs from this "
                                f"run's {pr!r}; a baseline must be a run of the same profile")
 
 
@@ -467,7 +470,7 @@ def judge_history(
     """Judge every performance metric of ``run`` against ``past`` (label, record; oldest first)."""
     if not past:
         raise CompareError("no earlier run to compare with")
-    check_compatible([rec for _, rec in past], run)
+    check_compatible(past, run)
     settings = settings or settings_for(run)
     tables, notes = metrics_by_key([rec for _, rec in past] + [run])
     now, before = tables[-1], list(zip((lbl for lbl, _ in past), tables[:-1]))

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from day0.config.profile import load_profile
-from day0.core.record import Check, RunRecord, load, measured
+from day0.core.record import Check, RunRecord, load, measured, record_file
 from day0.results import compare, history
 from day0.results.compare import trend_charts
 from day0.results.regression import CompareError, CompareSettings, Tolerance, effective_k, fmt, judge_history
@@ -497,7 +497,16 @@ def test_cli_exit_codes_and_table(tmp_path, capsys):
     assert "nope: run record not found" in err(["compare", str(slow), "--baseline", str(tmp_path / "nope")])
     other = system_run("x", random.Random(1))
     other.profile = {**other.profile, "name": "other"}
-    assert "differs from this run's" in err(["compare", str(rf.write(other, tmp_path / "o")), "--baseline", paths[0]])
+    named = err(["compare", str(rf.write(other, tmp_path / "o")), "--baseline", paths[0]])
+    assert f"baseline {record_file(Path(paths[0]))}: profile" in named and "differs from this run's" in named
+    # the run's own [compare] table, unusable: the file is named, not only the run id (the hunt)
+    odd = json.loads(Path(record_file(Path(paths[0]))).read_text())
+    odd["profile"]["compare"] = {"history_runs": "many"}
+    odd["run_id"] = "nightly-42"
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "run.json").write_text(json.dumps(odd))
+    assert f"{tmp_path / 'odd' / 'run.json'}: profile compare.history_runs" in err(
+        ["compare", str(tmp_path / "odd"), "--baseline", paths[0]])
     newer = json.loads(Path(paths[0]).read_text())
     newer["schema_version"] = 99
     (tmp_path / "n").mkdir()
@@ -515,7 +524,7 @@ def test_a_fault_of_day0s_own_exits_2_never_1_which_a_nightly_reads_as_a_regress
     """An unexpected exception ended `day0 compare` with Python's exit 1, the code of a regression."""
     runs = nights(2, seed=3)
     paths = [str(rf.write(r, tmp_path / r.run_id)) for r in runs]
-    monkeypatch.setattr(compare, "settings_for", lambda run: (_ for _ in ()).throw(TypeError("a bug")))
+    monkeypatch.setattr(compare, "settings_for", lambda *_: (_ for _ in ()).throw(TypeError("a bug")))
     assert _cli(["compare", paths[1], "--baseline", paths[0]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("day0: could not compare (TypeError: a bug); a fault of day0's own") and err.count("\n") == 1
