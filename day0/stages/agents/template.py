@@ -9,10 +9,12 @@ and text on both sides.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from day0.core.inputs import InputError, decode_utf8, read_regular
 from day0.core.record import Check
 from day0.stages.agents.corpus import Conversation
 
@@ -27,16 +29,45 @@ class Template:
     source: str  # where it came from, for the check's message
 
 
+# vLLM's ``load_chat_template``: a value that names no file and holds none of these is a path that
+# failed to open (an error), not a template
+JINJA_CHARS = "{}\n"
+MAX_TEMPLATE_BYTES = 1 << 20  # published chat templates are a few kB
+
+
 def reference_template(declared: str | None, engine_template: Any) -> Template:
     """``agents.chat_template`` when set, else the engine's ``chat_template`` arg, else the
-    tokenizer's. Either may be a file (vLLM's ``--chat-template`` takes a path or the text)."""
+    tokenizer's. Either is read as vLLM's ``--chat-template`` reads it: a file when one is there,
+    else one of vLLM's bundled templates by name, else the text itself if it holds Jinja; a value
+    that looks like a path and opens nothing is an InputError naming the key, never a template
+    whose text is a file name (the check would then fail on a typo, blaming the server)."""
     for value, where in ((declared, "agents.chat_template"), (engine_template, "engine.args.chat_template")):
         if isinstance(value, str) and value:
             path = Path(value).expanduser()
-            if "{" not in value and path.is_file():
-                return Template(path.read_text(encoding="utf-8"), f"{where} ({path})")
-            return Template(value, f"{where} (inline)")
+            if os.path.lexists(path):
+                return Template(_read(path, where), f"{where} ({path})")
+            if any(c in value for c in JINJA_CHARS):
+                return Template(value, f"{where} (inline)")
+            bundled = _bundled(value)
+            if bundled is not None and bundled.is_file():
+                return Template(_read(bundled, where), f"{where} (vLLM's {bundled.name})")
+            raise InputError(f"{where}: {value!r} looks like a file path (no '{{', '}}' or newline), but there is no "
+                             f"such file{'' if bundled is None else ' nor a template of that name bundled with vLLM'}")
     return Template(None, "the tokenizer's own (tokenizer_config.json)")
+
+
+def _read(path: Path, where: str) -> str:
+    data = read_regular(path, "chat template", MAX_TEMPLATE_BYTES, label=f"{where}: {path}")
+    return decode_utf8(data, f"{where}: {path}")
+
+
+def _bundled(name: str) -> Path | None:
+    """Where vLLM keeps the templates ``--chat-template NAME`` finds; None without vLLM here."""
+    try:
+        from vllm.transformers_utils.chat_templates.registry import CHAT_TEMPLATES_DIR
+    except ImportError:
+        return None
+    return Path(CHAT_TEMPLATES_DIR) / name
 
 
 @dataclass(frozen=True)

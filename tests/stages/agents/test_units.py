@@ -175,6 +175,24 @@ def test_the_reference_template_is_the_declared_one(tmp_path):
     assert reference_template(None, None).text is None
 
 
+def test_a_template_path_is_read_as_vllm_reads_it_and_a_typo_is_named(tmp_path):
+    """Before, a path that opened nothing (a typo, a folder) became the template's text, and the
+    check failed blaming the server. vLLM's rule: a value without '{', '}' or a newline that opens
+    no file is one of vLLM's bundled templates, else an error."""
+    from day0.core.inputs import InputError
+
+    missing = str(tmp_path / "tool_chat.jinja")
+    with pytest.raises(InputError, match=r"^agents.chat_template: '.*tool_chat.jinja' looks like a file path"):
+        reference_template(missing, None)
+    with pytest.raises(InputError, match=r"^engine.args.chat_template: .*: is a directory"):
+        reference_template(None, str(tmp_path))
+    (tmp_path / "latin1.jinja").write_bytes(b"{{ caf\xe9 }}")
+    with pytest.raises(InputError, match="not UTF-8"):
+        reference_template(str(tmp_path / "latin1.jinja"), None)
+    bundled = reference_template(None, "template_chatml.jinja")  # vLLM's own, by name
+    assert bundled.source == "engine.args.chat_template (vLLM's template_chatml.jinja)" and "im_start" in bundled.text
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
