@@ -85,7 +85,7 @@ def resolve_baselines(specs: Sequence[str], run: RunRecord, folder: Path, n: int
         return Baselines(label, [(e.label, rec) for e, rec in found], [str(e.path) for e, _ in found], skipped)
     loaded = sorted(((str(record_file(Path(spec))), load(Path(spec))) for spec in specs),
                     key=lambda pr: str(pr[1].started_at))  # paths in the runs' order
-    check_compatible(loaded, run)  # here, where each baseline's file is known
+    check_compatible([(f"{path} (run {rec.run_id})", rec) for path, rec in loaded], run)  # here, where the file is known
     return Baselines(", ".join(rec.run_id for _, rec in loaded), [(rec.run_id, rec) for _, rec in loaded],
                      [path for path, _ in loaded])
 

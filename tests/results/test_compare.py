@@ -498,7 +498,7 @@ def test_cli_exit_codes_and_table(tmp_path, capsys):
     other = system_run("x", random.Random(1))
     other.profile = {**other.profile, "name": "other"}
     named = err(["compare", str(rf.write(other, tmp_path / "o")), "--baseline", paths[0]])
-    assert f"baseline {record_file(Path(paths[0]))}: profile" in named and "differs from this run's" in named
+    assert f"baseline {record_file(Path(paths[0]))} (run " in named and "differs from this run's" in named
     # the run's own [compare] table, unusable: the file is named, not only the run id (the hunt)
     odd = json.loads(Path(record_file(Path(paths[0]))).read_text())
     odd["profile"]["compare"] = {"history_runs": "many"}
