@@ -188,13 +188,14 @@ def _settings(doc: Doc, b: dict[str, Any], n: int) -> LatencySection:
     """GuideLLM's strategy as a ``[latency]`` table: poisson and constant are open loop (constant:
     evenly spaced, burstiness inf), concurrent and synchronous closed loop, throughput all at once."""
     strat = doc.obj(b, "config", "strategy")
-    kind = doc.text(strat, "type_")
+    sd = doc.at("config", "strategy")  # its reads name their whole key path
+    kind = sd.text(strat, "type_")
     table: dict[str, Any] = {"num_requests": max(1, n), "warmup_requests": 0, "server_metrics": False}
     if kind in ("poisson", "constant"):
-        table.update(load="rate", concurrency=0, request_rate=float(doc.number(strat, "rate", minimum=0.0) or math.inf),
+        table.update(load="rate", concurrency=0, request_rate=float(sd.number(strat, "rate", minimum=0.0) or math.inf),
                      burstiness=1.0 if kind == "poisson" else math.inf)
     elif kind in ("concurrent", "synchronous"):
-        streams = doc.count(strat, "streams", default=1) or 1
+        streams = sd.count(strat, "streams", default=1) or 1
         table.update(load="concurrency", concurrency=max(1, streams))
     else:
         table.update(load="rate", concurrency=0, request_rate=math.inf)

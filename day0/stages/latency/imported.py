@@ -124,16 +124,21 @@ class Doc:
         return OutOfDomain(f"{self.path}: {key_path((*self.base, *keys))}: {problem}")
 
     def get(self, obj: Any, *keys: Any, default: Any = _MISSING) -> Any:
-        """The value at ``keys`` (dict keys and list indexes); ``default`` when absent, if given."""
+        """The value at ``keys`` (dict keys and list indexes); ``default`` when absent (a key not
+        there, an index past the end, a null on the way), if given. A value of the wrong kind on the
+        way is refused even then: ``"requests": [1]`` is no object of request groups, not zero
+        requests."""
         cur = obj
         for i, k in enumerate(keys):
-            present = (isinstance(cur, list) and isinstance(k, int) and 0 <= k < len(cur)) or (
-                isinstance(cur, dict) and isinstance(k, str) and k in cur)
+            kind = dict if isinstance(k, str) else list
+            if i and cur is not None and not isinstance(cur, kind):
+                raise self.fail(keys[:i], f"expected {'an object' if kind is dict else 'a list'}, got {got(cur)}")
+            present = isinstance(cur, kind) and (k in cur if kind is dict else 0 <= k < len(cur))
             if not present:
                 if default is not _MISSING:
                     return default
-                if i and not isinstance(cur, (dict, list)):
-                    raise self.fail(keys[:i], f"expected an object, got {got(cur)}")
+                if i and cur is None:
+                    raise self.fail(keys[:i], "expected an object, got null")
                 raise self.fail(keys[:i + 1], "missing" + (f" ({self.hint})" if self.hint else ""))
             cur = cur[k]
         return cur

@@ -168,6 +168,22 @@ def test_a_sampled_guidellm_report_is_refused(tmp_path, capsys):
     assert "benchmarks[0].requests.successful: 3 of 7 requests kept (GuideLLM sampled" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit, named", [
+    # a strategy's keys were named as if they sat on the benchmark itself (the hunt)
+    (lambda b: b["config"]["strategy"].update(type_="poisson", rate="x"),
+     "benchmarks[0].config.strategy.rate: expected a number"),
+    (lambda b: b["config"]["strategy"].update(type_=3), "benchmarks[0].config.strategy.type_: expected text"),
+    # a request group of the wrong kind read as no requests at all
+    (lambda b: b.update(requests=[1]), "benchmarks[0].requests: expected an object, got a list"),
+], ids=["rate", "type", "requests-a-list"])
+def test_a_guidellm_value_of_the_wrong_kind_is_named_by_its_whole_path(tmp_path, capsys, edit, named):
+    raw = json.loads(GUIDELLM.read_text())
+    edit(raw["benchmarks"][0])
+    assert main(["import", str(_write(tmp_path, "g.json", raw))]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1, err
+
+
 def test_a_window_shorter_than_its_requests_is_widened_to_hold_them(tmp_path):
     """Each request may lie up to 1 ms outside the window a file claims (the tools' clocks), so a
     window of 1e-9 s around requests of 0.5 ms read as 3e11 req/s; throughput is over at least the
