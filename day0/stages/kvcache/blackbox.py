@@ -149,28 +149,27 @@ async def _models(session: Any, base_url: str) -> dict[str, Any]:
 
 async def _stream(session: Any, url: str, payload: dict[str, Any], flight: Flight) -> None:
     """One streamed completion; updates ``flight`` as chunks arrive; never raises."""
+    from day0.client.stream import StreamCut, data_events
+
     try:
         async with session.post(url, json=payload) as resp:
             if resp.status != 200:
                 body = " ".join((await resp.text()).split())[:400]
                 flight.error = f"http_{resp.status}: {body}"
                 return
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                obj = json.loads(data)
-                if "error" in obj:
-                    flight.error = f"server error: {str(obj['error'])[:300]}"
-                    return
-                usage = obj.get("usage")
-                if usage and usage.get("completion_tokens") is not None:
-                    flight.received = int(usage["completion_tokens"])
-                if any(c.get("finish_reason") for c in obj.get("choices") or []):
-                    flight.done = True
+            try:
+                async for data in data_events(resp):  # day0's one SSE reader: events bounded in size
+                    obj = json.loads(data)
+                    if "error" in obj:
+                        flight.error = f"server error: {str(obj['error'])[:300]}"
+                        return
+                    usage = obj.get("usage")
+                    if usage and usage.get("completion_tokens") is not None:
+                        flight.received = int(usage["completion_tokens"])
+                    if any(c.get("finish_reason") for c in obj.get("choices") or []):
+                        flight.done = True
+            except StreamCut:  # no [DONE]: what counts is whether the request finished
+                pass
             if not flight.done:
                 flight.error = "stream ended before the request finished"
     except asyncio.CancelledError:

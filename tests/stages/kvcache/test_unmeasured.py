@@ -84,3 +84,55 @@ def test_kv(day0_checks):
     result = pytester.runpytest("--day0-out", "out")
     result.stdout.fnmatch_lines(["*verdict: INCOMPLETE*could not measure: risks.reference: RuntimeError: the "
                                  "accuracy reference engine did not start*"])
+
+
+class _Content:
+    """A labelled fake of aiohttp's body reader: the chunks it is given, as they would arrive."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def iter_any(self):
+        for c in self.chunks:
+            yield c
+
+
+class _Session:
+    """A labelled fake of an aiohttp session whose one POST answers 200 with ``chunks``."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.content = _Content(chunks)
+        self.status = 200
+
+    def post(self, url, json):
+        session = self
+
+        class _Ctx:
+            async def __aenter__(self):
+                return session
+
+            async def __aexit__(self, *exc):
+                return False
+
+        return _Ctx()
+
+
+def test_the_black_box_reads_its_streams_with_days_one_sse_reader():
+    """An event split across chunks, a comment line and a missing [DONE] after the finish are read
+    as the timed client reads them; a stream cut before its finish is the request's error."""
+    import asyncio
+    import json
+
+    from day0.stages.kvcache.blackbox import Flight, _stream
+
+    def event(obj) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    tokens = event({"choices": [{"text": "a"}], "usage": {"completion_tokens": 1}})
+    finish = event({"choices": [{"text": "b", "finish_reason": "length"}], "usage": {"completion_tokens": 2}})
+    done = Flight(8, 2)
+    asyncio.run(_stream(_Session([b": keep-alive\n\n", tokens[:9], tokens[9:], finish]), "u", {}, done))
+    assert (done.received, done.done, done.error) == (2, True, None)
+    cut = Flight(8, 2)
+    asyncio.run(_stream(_Session([tokens, finish[:20]]), "u", {}, cut))
+    assert cut.received == 1 and cut.error == "stream ended before the request finished"
