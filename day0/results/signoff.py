@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from day0.core.inputs import InputError, open_regular, read_regular, strict_json, term_safe
+from day0.core.names import is_component
 from day0.core.outputs import write_file, write_new
 from day0.core.record import MAX_RECORD_BYTES, RecordError, RunRecord, parse_record, utcnow
 from day0.results.summary import verdict_line
@@ -319,7 +320,7 @@ def key_id(public_key: Ed25519PublicKey) -> str:
 
 def keygen(directory: Path, name: str = "day0_ed25519") -> tuple[Path, Path]:
     """Write ``name.pem`` (private, PKCS#8, mode 0600, created that way) and ``name.pub.pem``."""
-    if not name or name in (".", "..") or "/" in name or "\0" in name:  # `../k` was checked at one place, written at another
+    if not (is_component(name) and is_component(f"{name}.pub.pem")):  # the one rule for a name that is one file
         raise SignoffError(f"key name {name!r}: a file name, not a path (the keys go into {directory})")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
