@@ -10,22 +10,20 @@ the ``[compare]`` reader of stored run records all turn the first of them into t
     collectives.max_bytes: cannot read 'lots' as bytes (e.g. 1024, '64K', '1G')
 
 Files that cannot be read at all are :mod:`day0.core.inputs`' question; the names this module
-gave its answers (``InputError``, ``path_problem``, ``open_regular`` that returns just the file)
-stay importable from here for the config, model and weights readers that use them.
+gave its answers (``InputError``, ``path_problem``) stay importable from here for the config
+readers that use them.
 """
 
 from __future__ import annotations
 
 import difflib
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from day0.core import inputs
 from day0.core.inputs import InputError, path_problem
 
-__all__ = ["InputError", "SettingsError", "first_error", "known_keys", "open_regular", "path_problem"]
+__all__ = ["InputError", "SettingsError", "first_error", "known_keys", "path_problem"]
 
 _EXPECTED = {
     "float_type": "expected a number",
@@ -91,11 +89,3 @@ def first_error(exc: ValidationError, root: type[BaseModel], prefix: str = "") -
         msg = f"{err['msg'].lower()}, got {err['input']!r}"
     return f"{loc}: {msg}" if loc else msg
 
-
-# --------------------------------------------------------------------------- input files
-
-
-def open_regular(path: Path, label: str | None = None, buffering: int = -1) -> BinaryIO:
-    """:func:`day0.core.inputs.open_regular` for readers that stream a file (shards, hashed
-    files) and want only the file, not its stat."""
-    return inputs.open_regular(path, label=label, buffering=buffering)[0]

@@ -426,11 +426,6 @@ def _first_error(exc: ValidationError) -> str:
     return first_error(exc, Profile)
 
 
-def redact_secrets(data: Any) -> Any:
-    """Values under keys that name a secret, redacted (day0.core.redact has the one rule)."""
-    return Redactor()(data)
-
-
 def _split_assignment(text: str) -> tuple[str, str] | None:
     """KEY=VALUE at the first ``=`` outside a quoted key part (``engine.env."A=B"=1``); None without one."""
     quote = ""

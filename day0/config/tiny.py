@@ -78,10 +78,6 @@ class TinySpec(Section):
                 raise ValueError(f"router_bias key {key!r} is not an expert index below {self.num_experts}")
         return self
 
-    @property
-    def is_moe(self) -> bool:
-        return self.arch != "llama"
-
     def identity(self) -> dict[str, object]:
         """What the cache key hashes: every key that changes the bytes, and no other."""
         data = self.model_dump()

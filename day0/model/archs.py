@@ -111,17 +111,6 @@ def is_mla(config: dict[str, Any]) -> bool:
     return architecture(config) in MLA_ARCHITECTURES and config.get("kv_lora_rank") is not None
 
 
-def is_moe(config: dict[str, Any]) -> bool:
-    arch = architecture(config)
-    if arch in MIXTRAL:
-        return True
-    if arch in QWEN_MOE:
-        return get(config, "num_experts") > 0
-    if arch in DEEPSEEK:
-        return get(config, "n_routed_experts", 0) > 0
-    return False
-
-
 def num_layers(config: dict[str, Any]) -> int:
     return get(config, "num_hidden_layers")
 

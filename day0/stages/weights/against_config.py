@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from day0.config.errors import InputError, path_problem
+from day0.core.inputs import InputError, path_problem
 from day0.model.jsonfile import MAX_CONFIG_BYTES, read_json
 from day0.model.safetensors_header import TensorEntry
 from day0.stages.weights.findings import CONFIG_NAME, AuditRun

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from day0.config.errors import path_problem
+from day0.core.inputs import path_problem
 from day0.core.record import Check
 from day0.stages.weights import against_config, headers, index, integrity
 from day0.stages.weights.findings import CATEGORIES, DEFAULT_MAX_CHECKS_PER_CATEGORY, AuditRun

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from day0.config.errors import InputError, path_problem
+from day0.core.inputs import InputError, path_problem
 from day0.model.jsonfile import MAX_INDEX_BYTES, read_json
 from day0.model.safetensors_header import short_name
 from day0.stages.weights.findings import INDEX_NAME, AuditRun, human

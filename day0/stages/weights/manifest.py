@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
-from day0.config.errors import InputError, open_regular
-from day0.core.inputs import file_kind
+from day0.core.inputs import InputError, file_kind, open_regular
 from day0.core.outputs import write_file
 from day0.core.record import utcnow
 from day0.model.jsonfile import MAX_MANIFEST_BYTES, read_json
@@ -52,7 +51,7 @@ def sha256_file(path: Path, *, chunk_bytes: int = CHUNK_BYTES, on_bytes: Callabl
     digest = hashlib.sha256()
     buf = bytearray(chunk_bytes)
     view = memoryview(buf)
-    with open_regular(path, buffering=0) as fh:  # a FIFO or a device would never end: refused, not read
+    with open_regular(path, buffering=0)[0] as fh:  # a FIFO or a device would never end: refused, not read
         while True:
             n = fh.readinto(buf)
             if not n:
