@@ -19,6 +19,11 @@ from day0.config.errors import SettingsError
 from day0.core.inputs import InputError, key_path, read_regular, strict_json
 
 DATASET_CAP = 2 << 30  # ShareGPT_V3_unfiltered_cleaned_split.json is ~670 MiB
+# Parsed, a JSON object or list costs Python a few hundred bytes whatever its size in the file: a
+# file of 300,000 empty conversations (13 MB) held 14 times its bytes, which at DATASET_CAP is ~28 GB.
+# Counting '{' and '[' before parsing bounds that part (an upper bound: text may hold them too);
+# ShareGPT V3's ~94,000 conversations of a few turns each are well under it.
+MAX_DATASET_CONTAINERS = 8_000_000
 # vLLM bench's filter (benchmarks/datasets/datasets.py is_valid_sequence): prompt and output of at
 # least 4 tokens; without the engine's max_model_len, its defaults (prompt <= 1024, total <= 2048).
 MIN_TOKENS = 4
@@ -92,7 +97,14 @@ def sharegpt_lengths(path: Path | str, tokenizer_dir: Path | None = None,
     :class:`InputError` (one line naming the file and the key path) for a file that cannot be
     used: unreadable, not JSON, not ShareGPT's shape, or nothing left after the filter."""
     where = str(path)
-    turns = _turns(strict_json(read_regular(path, "ShareGPT dataset", DATASET_CAP), where), where)
+    raw = read_regular(path, "ShareGPT dataset", DATASET_CAP)
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > MAX_DATASET_CONTAINERS:
+        raise InputError(where, f"{containers:,} '{{' and '[' where a ShareGPT file of this kind holds at most "
+                                f"{MAX_DATASET_CONTAINERS:,} (its parse would hold far more memory than its bytes); "
+                                "pass a sample of its conversations")
+    turns = _turns(strict_json(raw, where), where)
+    del raw
     count, counted_with = _counter(tokenizer_dir)
     prompts, outputs = count(t for t, _ in turns), count(o for _, o in turns)
     max_prompt = max_model_len if max_model_len else VLLM_MAX_PROMPT

@@ -90,6 +90,21 @@ def test_an_unusable_dataset_is_one_line_naming_the_file_and_key(tmp_path, conte
     assert str(path) in str(exc.value) and where in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_a_dataset_whose_parse_would_dwarf_its_bytes_is_refused_before_parsing(tmp_path, monkeypatch):
+    """300,000 empty conversations (13 MB) held 14 times their bytes once parsed (the hunt): the
+    objects and lists are counted first, and the cap is lowered here so the file stays small."""
+    import day0.stages.latency.datasets as datasets
+
+    one = b'{"conversations": [{"from": "human", "value": "a b c d e"}, {"from": "gpt", "value": "f g h i j"}]}'
+    path = tmp_path / "many.json"
+    path.write_bytes(b"[" + b",".join([one] * 100) + b"]")
+    assert len(sharegpt_lengths(path).pairs) == 100
+    monkeypatch.setattr(datasets, "MAX_DATASET_CONTAINERS", 400)  # 100 x (3 objects + 1 list) + 1 = 401
+    with pytest.raises(InputError) as exc:
+        sharegpt_lengths(path)
+    assert str(exc.value).startswith(f"{path}: 401 '{{' and '['") and "pass a sample" in str(exc.value)
+
+
 def test_day0_latency_exits_2_on_an_unusable_dataset(tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text('[{"conversations": 5}]')
