@@ -293,6 +293,13 @@ def test_a_site_template_cannot_run_code(tmp_path: Path) -> None:
     # what Jinja2's own sandbox lets one expression build: 400 MB, a gigabyte-wide format
     ('{{ "x" * 400000000 }}', "template error: a repetition of 400000000 items"),
     ('{{ "%999999999d" % 1 }}', "template error: a format width of 999999999"),
+    # the calls that pad, format or replace, which the operators' bounds did not see (the hunt: 200 MB each)
+    ('{{ "x"|center(200000000) }}', "template error: the filter center of 200000000 items"),
+    ('{{ "%200000000d"|format(1) }}', "template error: the filter format of 200000000 items"),
+    ('{{ "{:>200000000}".format(1) }}', "template error: str.format of 200000000 items"),
+    ('{{ "{0:{1}}".format(1, 200000000) }}', "template error: str.format of 200000000 items"),
+    ('{{ ("x" * 1000000)|replace("x", "y" * 40) }}', "template error: the filter replace of 40000000 items"),
+    ('{{ "x".rjust(200000000) }}', "template error: str.rjust of 200000000 items"),
 ])
 def test_a_site_template_that_fails_or_builds_without_bound_is_one_line(tmp_path: Path, body: str, problem: str) -> None:
     site = tmp_path / "site"
