@@ -276,6 +276,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     folder = Path(".")
     if any(b in history.BASELINE_KEYWORDS for b in args.baseline):
         root = Path(args.history) if args.history else history.default_root(run_path)  # never the record's
+        if args.history and root.exists() and not root.is_dir():  # else read as a history with no run yet
+            raise CompareError(f"--history {root}: not a directory (the folder `day0 history add` stores runs in)")
         folder = history.folder_for(root, run, args.machine or "")
     if args.json:
         export_path(args.json, "--json")

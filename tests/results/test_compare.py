@@ -515,6 +515,8 @@ def test_cli_exit_codes_and_table(tmp_path, capsys):
     assert "no latest-accepted run in" in err(["compare", str(slow), "--baseline", "latest-accepted",
                                                "--history", str(tmp_path / "h")])
     assert "is this run itself" in err(["compare", str(slow), "--baseline", str(slow)])
+    assert f"--history {slow}: not a directory" in err(["compare", str(slow), "--baseline", "latest",
+                                                        "--history", str(slow)])  # was "no latest run in"
     assert "cannot be combined" in err(["compare", str(slow), "--baseline", "latest", "--baseline", paths[0]])
     assert "--tolerance" in err(["compare", str(slow), "--baseline", paths[0], "--tolerance", "ttft_p99"])
     assert "--runs 1" in err(["compare", str(slow), "--baseline", paths[0], "--runs", "1"])
