@@ -34,7 +34,7 @@ def expected_tensors(config: dict[str, Any], *, include_mtp: bool = False) -> Sh
     """
     arch = check_config(config)
     builder = _BUILDERS[arch]
-    sparse = _sparse_rule(config, arch)
+    sparse = _sparse_rule(config)
     out: Shapes = {}
     hidden = archs.get(config, "hidden_size")
     vocab = archs.get(config, "vocab_size")
@@ -82,9 +82,7 @@ def tensor_count_bound(config: dict[str, Any]) -> int:
     Per layer: attention <= 10 (q, k, v, o with biases, q/k norms), MLP <= 6, a router with its bias,
     a shared expert <= 4, 2 norms, 7 for an MTP layer; plus 3 per routed expert.
     """
-    layers = archs.num_layers(config)
-    if archs.architecture(config) in archs.DEEPSEEK:
-        layers += archs.num_mtp_layers(config)
+    layers = archs.num_layers(config) + archs.num_mtp_layers(config)
     return 8 + layers * (32 + 3 * archs.routed_experts(config))
 
 
@@ -104,7 +102,7 @@ def check_config(config: Any) -> str:
         raise archs.ConfigError("num_hidden_layers",
                                 f"{layers} layers x {experts} routed experts imply up to {bound} tensors, "
                                 f"more than day0 lists (at most {MAX_TENSORS})")
-    sparse = _sparse_rule(config, arch)
+    sparse = _sparse_rule(config)
     kinds: set[bool] = set()
     for i in range(layers):  # at most MAX_LAYERS cheap tests; stops once both kinds were built
         kind = sparse(i)
@@ -123,24 +121,16 @@ def moe_layer_count(config: dict[str, Any]) -> int:
     """Decoder layers whose MLP is a routed MoE (the rest are dense), as the tensor list builds them."""
     if not archs.routed_experts(config):
         return 0
-    sparse = _sparse_rule(config, archs.architecture(config))
+    sparse = _sparse_rule(config)
     return sum(1 for i in range(archs.num_layers(config)) if sparse(i))
 
 
-def _sparse_rule(config: dict[str, Any], arch: str) -> Callable[[int], bool]:
-    """Which layers are MoE layers, as a test on the layer number, the config read once."""
-    if arch in archs.QWEN_MOE:
-        experts = archs.get(config, "num_experts", 0)
-        step = archs.get(config, "decoder_sparse_step", 1)
-        dense = frozenset(config.get("mlp_only_layers") or ())
-        return lambda i: experts > 0 and i not in dense and (i + 1) % step == 0
-    if arch in archs.DEEPSEEK:
-        routed = archs.get(config, "n_routed_experts", 0)
-        first = archs.get(config, "first_k_dense_replace", 0)
-        freq = archs.get(config, "moe_layer_freq", 1)
-        return lambda i: routed > 0 and i >= first and i % freq == 0
-    moe = arch in archs.MIXTRAL
-    return lambda i: moe
+def _sparse_rule(config: dict[str, Any]) -> Callable[[int], bool]:
+    """Which layers are MoE layers, as a test on the layer number, the config read once (none
+    without routed experts)."""
+    if not archs.routed_experts(config):
+        return lambda i: False
+    return archs.family(config).sparse(config)
 
 
 # --------------------------------------------------------------------------- per-architecture layers

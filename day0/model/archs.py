@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import math
 import reprlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from day0.model import arch_defaults
 
@@ -29,7 +30,6 @@ LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwe
 MIXTRAL = ("MixtralForCausalLM",)
 QWEN_MOE = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 DEEPSEEK = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-MLA_ARCHITECTURES = DEEPSEEK
 
 # model_type fallbacks for configs that lack "architectures" (hand-written or stripped configs).
 _MODEL_TYPES = {
@@ -77,7 +77,63 @@ def example_config(name: str) -> dict[str, Any]:
 
 
 def known_architectures() -> tuple[str, ...]:
-    return LLAMA_LIKE + MIXTRAL + QWEN_MOE + DEEPSEEK
+    return tuple(name for f in FAMILIES for name in f.names)
+
+
+Rule = Callable[[dict[str, Any]], int]
+
+
+def _none(config: dict[str, Any]) -> int:
+    return 0
+
+
+def _every_layer(config: dict[str, Any]) -> Callable[[int], bool]:
+    return lambda i: True
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one family's config.json keys say about its experts, each read as vLLM's model class
+    reads it; one spec per family, so a new MoE family is one entry, not a branch in each question."""
+
+    names: tuple[str, ...]
+    routed: Rule = _none  # routed experts per MoE layer (0: dense)
+    shared: Rule = _none  # shared experts per MoE layer, asked only when some are routed
+    mtp: Rule = _none  # multi-token-prediction layers after the decoder
+    # which decoder layers are MoE layers (asked only when some experts are routed): config read once
+    sparse: Callable[[dict[str, Any]], Callable[[int], bool]] = _every_layer
+    mla: bool = False  # multi-head latent attention, where config.json sets kv_lora_rank
+
+
+def _qwen_sparse(config: dict[str, Any]) -> Callable[[int], bool]:
+    step = get(config, "decoder_sparse_step", 1)
+    dense = frozenset(config.get("mlp_only_layers") or ())
+    return lambda i: i not in dense and (i + 1) % step == 0
+
+
+def _deepseek_sparse(config: dict[str, Any]) -> Callable[[int], bool]:
+    first = get(config, "first_k_dense_replace", 0)
+    freq = get(config, "moe_layer_freq", 1)
+    return lambda i: i >= first and i % freq == 0
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(LLAMA_LIKE),
+    Family(MIXTRAL, routed=lambda config: get(config, "num_local_experts")),
+    # Qwen MoE: one shared_expert when shared_expert_intermediate_size > 0
+    Family(QWEN_MOE, routed=lambda config: get(config, "num_experts", 0),
+           shared=lambda config: 1 if get(config, "shared_expert_intermediate_size", 0) else 0, sparse=_qwen_sparse),
+    # DeepSeek fuses n_shared_experts into one MLP of n x moe_intermediate_size
+    Family(DEEPSEEK, routed=lambda config: get(config, "n_routed_experts", 0),
+           shared=lambda config: get(config, "n_shared_experts", 0),
+           mtp=lambda config: get(config, "num_nextn_predict_layers", 0), sparse=_deepseek_sparse, mla=True),
+)
+_BY_NAME = {name: f for f in FAMILIES for name in f.names}
+
+
+def family(config: dict[str, Any]) -> Family:
+    """The family of the architecture config.json names (:func:`architecture`'s error otherwise)."""
+    return _BY_NAME[architecture(config)]
 
 
 def architecture(config: dict[str, Any]) -> str:
@@ -108,7 +164,7 @@ def _architecture_names(config: Any) -> list[str]:
 
 def is_mla(config: dict[str, Any]) -> bool:
     """Multi-head latent attention caches one compressed latent per token, not K and V per head."""
-    return architecture(config) in MLA_ARCHITECTURES and config.get("kv_lora_rank") is not None
+    return family(config).mla and config.get("kv_lora_rank") is not None
 
 
 def num_layers(config: dict[str, Any]) -> int:
@@ -133,35 +189,17 @@ def head_dim(config: dict[str, Any]) -> int:
 
 
 def num_mtp_layers(config: dict[str, Any]) -> int:
-    return get(config, "num_nextn_predict_layers", 0) if architecture(config) in DEEPSEEK else 0
+    return family(config).mtp(config)
 
 
 def routed_experts(config: dict[str, Any]) -> int:
     """Routed experts per MoE layer (0 for dense models); shared experts are not routed."""
-    arch = architecture(config)
-    if arch in MIXTRAL:
-        return get(config, "num_local_experts")
-    if arch in QWEN_MOE:
-        return get(config, "num_experts", 0)
-    if arch in DEEPSEEK:
-        return get(config, "n_routed_experts", 0)
-    return 0
+    return family(config).routed(config)
 
 
 def shared_experts(config: dict[str, Any]) -> int:
-    """Shared experts per MoE layer (every token passes them; they are never routed nor EP-split).
-
-    DeepSeek fuses ``n_shared_experts`` into one MLP of ``n x moe_intermediate_size``; Qwen MoE has
-    one ``shared_expert`` when ``shared_expert_intermediate_size`` > 0; Mixtral has none.
-    """
-    arch = architecture(config)
-    if not routed_experts(config):
-        return 0
-    if arch in DEEPSEEK:
-        return get(config, "n_shared_experts", 0)
-    if arch in QWEN_MOE:
-        return 1 if get(config, "shared_expert_intermediate_size", 0) else 0
-    return 0
+    """Shared experts per MoE layer (every token passes them; they are never routed nor EP-split)."""
+    return family(config).shared(config) if routed_experts(config) else 0
 
 
 def experts_per_token(config: dict[str, Any]) -> int:
