@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from day0.config.latency import SlaSection
 from day0.core.events import EVENTS_FILE, EventLog, rebuild
@@ -34,7 +34,40 @@ from day0.stages.latency.imported import ImportedRun, result_json
 from day0.stages.latency.metrics import LatencyMetrics, compute_metrics, rounded, summarize
 
 MAX_RESULT_BYTES = 256 << 20  # as a run record: a detailed vLLM result of 100,000 x 64-token requests is ~150 MB
-FORMATS = ("auto", "vllm", "guidellm")
+
+
+@dataclass(frozen=True)
+class ImportFormat:
+    """One tool's result file: how to tell it, what it lacks when it is not one, how to read a run."""
+
+    name: str
+    looks_like: Callable[[Any], bool]  # the file's first document
+    lacks: str  # "a GuideLLM report (no ...)": said when no format matches
+    read: Callable[[Path, list[Any], int | None], ImportedRun]  # (file, its documents, --benchmark)
+
+
+def _guidellm(path: Path, runs: list[Any], benchmark: int | None) -> ImportedRun:
+    first = runs[0]
+    if len(runs) != 1 or not isinstance(first, dict) or not isinstance(first.get("benchmarks"), list):
+        raise InputError(f"{path}: benchmarks: missing; not a GuideLLM report")
+    return read_guidellm(path, first, _pick(path, benchmark, benchmark_labels(first), "benchmarks"))
+
+
+def _vllm(path: Path, runs: list[Any], benchmark: int | None) -> ImportedRun:
+    labels = [str(r.get("date", i)) if isinstance(r, dict) else str(i) for i, r in enumerate(runs)]
+    i = _pick(path, benchmark, labels, "results (one per line, --append-result)")
+    if not isinstance(runs[i], dict):
+        raise InputError(f"{path}: result {i}: expected an object, not a vllm bench serve result")
+    return read_vllm(path, runs[i], f"result {i} ({labels[i]})" if len(runs) > 1 else labels[i])
+
+
+# detection asks each in turn: a GuideLLM report first (its own keys are the more specific)
+IMPORT_FORMATS: tuple[ImportFormat, ...] = (
+    ImportFormat("guidellm", looks_like_guidellm, "a GuideLLM report (no 'benchmarks' and 'metadata.guidellm_version')",
+                 _guidellm),
+    ImportFormat("vllm", looks_like_vllm, "a vllm bench serve result (no 'duration' and 'completed')", _vllm),
+)
+FORMATS = ("auto", *(f.name for f in IMPORT_FORMATS))
 
 
 def read_result(path: Path, fmt: str = "auto", benchmark: int | None = None) -> ImportedRun:
@@ -42,22 +75,11 @@ def read_result(path: Path, fmt: str = "auto", benchmark: int | None = None) -> 
     the file and key of anything that cannot be used."""
     path = Path(path)
     runs, sha256 = _read(path)
-    first = runs[0]
-    kind = fmt if fmt != "auto" else ("guidellm" if looks_like_guidellm(first) else
-                                      "vllm" if looks_like_vllm(first) else "")
-    if not kind:
-        raise InputError(f"{path}: neither a vllm bench serve result (no 'duration' and 'completed') nor a "
-                         "GuideLLM report (no 'benchmarks' and 'metadata.guidellm_version')")
-    if kind == "guidellm":
-        if len(runs) != 1 or not isinstance(first, dict) or not isinstance(first.get("benchmarks"), list):
-            raise InputError(f"{path}: benchmarks: missing; not a GuideLLM report")
-        run = read_guidellm(path, first, _pick(path, benchmark, benchmark_labels(first), "benchmarks"))
-    else:
-        labels = [str(r.get("date", i)) if isinstance(r, dict) else str(i) for i, r in enumerate(runs)]
-        i = _pick(path, benchmark, labels, "results (one per line, --append-result)")
-        if not isinstance(runs[i], dict):
-            raise InputError(f"{path}: result {i}: expected an object, not a vllm bench serve result")
-        run = read_vllm(path, runs[i], f"result {i} ({labels[i]})" if len(runs) > 1 else labels[i])
+    named = {f.name: f for f in IMPORT_FORMATS}
+    found = named.get(fmt) if fmt != "auto" else next((f for f in IMPORT_FORMATS if f.looks_like(runs[0])), None)
+    if found is None:
+        raise InputError(f"{path}: neither " + " nor ".join(f.lacks for f in reversed(IMPORT_FORMATS)))
+    run = found.read(path, runs, benchmark)
     run.sha256 = sha256
     return run
 
