@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from day0.core.inputs import size_text
+
 
 @dataclass(slots=True)
 class SSEEvent:
@@ -80,7 +82,7 @@ class SSEParser:
             self._line.clear()
         self._line += tail
         if len(self._line) > self._max:
-            raise SSEError(f"a line of the event stream goes on past {_size(self._max)} without an end")
+            raise SSEError(f"a line of the event stream goes on past {size_text(self._max)} without an end")
         out: list[SSEEvent] = []
         for raw in lines:
             if not raw:
@@ -98,7 +100,7 @@ class SSEParser:
             if name == "data":
                 self._data_bytes += len(raw)
                 if self._data_bytes > self._max:
-                    raise SSEError(f"an event of the stream holds data past {_size(self._max)}")
+                    raise SSEError(f"an event of the stream holds data past {size_text(self._max)}")
                 self._data.append(value)
             elif name == "event":
                 self._event = value
@@ -112,6 +114,3 @@ class SSEParser:
         """Whether bytes or fields of an unfinished event are buffered (a cut stream)."""
         return bool(self._line) or bool(self._data)
 
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n} bytes"

@@ -108,12 +108,13 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-def _mib(n: int) -> str:
+def size_text(n: int) -> str:
+    """A size in a refusal ("over the 256 MiB ..."): MiB from one, else bytes."""
     return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
 
 
 def _over(cap: int, what: str | None) -> str:
-    return f"over the {_mib(cap)} {_a(what or 'file')} may hold"
+    return f"over the {size_text(cap)} {_a(what or 'file')} may hold"
 
 
 def path_problem(path: Path | str) -> str:
@@ -155,7 +156,7 @@ def open_regular(path: Path | str, what: str | None = None, error: type[InputErr
         if not stat.S_ISREG(st.st_mode):
             raise error(label, f"is {file_kind(st.st_mode)}, not {_file(what)}")
         if cap is not None and st.st_size > cap:
-            raise error(label, f"{_mib(st.st_size)}, {_over(cap, what)}")
+            raise error(label, f"{size_text(st.st_size)}, {_over(cap, what)}")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb", buffering=buffering), st
     except BaseException:

@@ -455,8 +455,8 @@ def test_the_bound_is_the_bodys_own(payload, bound):
 
 
 @pytest.mark.parametrize(("stream", "why"), [
-    (b"data: " + b"x" * 4000, "a line of the event stream goes on past 1024 bytes without an end"),
-    (b"data: x\n" * 500, "an event of the stream holds data past 1024 bytes"),  # lines, no blank line
+    (b"data: " + b"x" * 4000, "a line of the event stream goes on past 1,024 bytes without an end"),
+    (b"data: x\n" * 500, "an event of the stream holds data past 1,024 bytes"),  # lines, no blank line
 ], ids=["endless_line", "endless_event"])
 def test_a_line_or_event_without_end_is_refused_at_the_cap(stream, why):
     p = SSEParser(max_bytes=1024)
