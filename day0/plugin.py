@@ -415,18 +415,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     day0 = _session(config)
     if day0 is None or day0.record is None:
         return
+    from day0.results.report import stage_lines, summary_lines
+
     tr = terminalreporter
     record = day0.record
     tr.section("day0")
-    width = max((len(st.verdict) for st in record.stages), default=8)
-    for st in record.stages:
-        counts: dict[str, int] = {}
-        for c in st.checks:
-            counts[c.status] = counts.get(c.status, 0) + 1
-        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
-        took = f"{st.duration_s:6.1f} s" if st.duration_s is not None else " " * 8
-        tr.write_line(f"  {st.name:<12} {st.verdict:<{width}} {took}  ({detail})")
-    from day0.results.report import summary_lines
+    for line in stage_lines(record):
+        tr.write_line(line)
 
     colour = {"accepted": {"green": True}, "rejected": {"red": True}}.get(record.verdict, {"yellow": True})
     lines = summary_lines(record, day0.outputs)

@@ -251,6 +251,21 @@ def _render(
 # --------------------------------------------------------------------------- summary / publish
 
 
+def stage_lines(record: RunRecord) -> list[str]:
+    """One line a stage for the terminal's day0 section: its verdict, how long it took, how many
+    checks of each status (``weights     accepted   12.3 s  (2 pass, 1 skip)``)."""
+    width = max((len(st.verdict) for st in record.stages), default=8)
+    lines = []
+    for st in record.stages:
+        counts: dict[str, int] = {}
+        for c in st.checks:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
+        took = f"{st.duration_s:6.1f} s" if st.duration_s is not None else " " * 8
+        lines.append(term_safe(f"  {st.name:<12} {st.verdict:<{width}} {took}  ({detail})"))
+    return lines
+
+
 def summary_lines(record: RunRecord, paths: Mapping[str, Path | str] | Sequence[Path | str],
                   first: summary.Summary | None = None) -> list[str]:
     """Lines for the terminal at the end of a run: verdict, what failed, where the files are.

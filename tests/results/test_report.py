@@ -679,3 +679,16 @@ def test_samples_near_a_floats_limit_keep_the_checks_other_evidence(tmp_path: Pa
     assert "kept" in box.one(tag="table", cls="evidence-table").text() and "ENGINE LOG: CUDA error" in box.text()
     assert "latency.huge evidence.samples: values up to 1.6e+308 are too large to draw" in box.text()
     assert charts.sample_stats([1.5e308, 1.6e308])["mean"] == pytest.approx(1.55e308)
+
+
+def test_stage_lines_count_each_stages_checks_by_status():
+    """The terminal's day0 section, one line a stage (the plugin's hook only writes them)."""
+    from day0.results.report import stage_lines
+
+    record = rf.rejected()
+    lines = stage_lines(record)
+    assert len(lines) == len(record.stages)
+    for line, stage in zip(lines, record.stages):
+        counts = {s: sum(c.status == s for c in stage.checks) for s in {c.status for c in stage.checks}}
+        assert line.split()[:2] == [stage.name, stage.verdict]
+        assert line.endswith("(" + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks") + ")")
