@@ -270,7 +270,8 @@ def _write_tokens(run: DeviceRun) -> None:
 
 
 def load_tokens(path: Path) -> dict[str, list[RefSequence]]:
-    """The references of a tokens.json back as :class:`RefSequence` lists (golden files, re-comparison)."""
+    """The references of a tokens.json back as :class:`RefSequence` lists: how a test proves the file
+    the device check writes holds what it compared (nothing in day0 reads it back yet)."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     return {k: [RefSequence.from_dict(r) for r in v] for k, v in data["references"].items()}
 

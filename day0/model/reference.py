@@ -15,11 +15,13 @@ torch and transformers are imported when a reference is computed, never at impor
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
+
+from day0.core.inputs import InputError
+from day0.model.jsonfile import MAX_CONFIG_BYTES, read_json
 
 DTYPES = ("float32", "bfloat16", "float16")
 # Near-tie margin and drift limit, nats: how far two correct numerics may move a logprob. float32 on
@@ -347,9 +349,9 @@ def host_reference_unavailable(model_dir: Path | str | None, *, headroom: float 
         return "the model is not a local directory"
     root = Path(model_dir)
     try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return f"{root / 'config.json'} is unreadable ({type(exc).__name__})"
+        config = read_json(root / "config.json", limit=MAX_CONFIG_BYTES, what="a config.json")
+    except InputError as exc:  # a FIFO, a folder, 50 MB, not JSON: named, never waited on or read whole
+        return f"{root / 'config.json'} is unreadable ({exc})"
     if isinstance(config, dict) and config.get("quantization_config"):
         method = (config["quantization_config"] or {}).get("quant_method", "?")
         return f"the checkpoint is quantized ({method}): transformers does not reproduce vLLM's kernels for it"

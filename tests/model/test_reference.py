@@ -241,3 +241,11 @@ def test_a_golden_file_that_is_a_fifo_or_too_large_is_one_line_not_a_hang(tmp_pa
     assert str(err.value).startswith(str(big)) and "golden file" in str(err.value)
     with pytest.raises(ValueError, match="golden file not found"):
         loaded.read_golden(tmp_path / "absent.json")
+
+
+def test_a_config_that_is_a_fifo_makes_the_reference_unavailable_without_waiting(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "config.json")
+    why = host_reference_unavailable(tmp_path)
+    assert why.startswith(f"{tmp_path / 'config.json'} is unreadable (") and "FIFO" in why
