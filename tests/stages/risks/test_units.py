@@ -573,7 +573,7 @@ def test_a_probe_answered_by_a_line_without_end_is_that_probes_error(monkeypatch
         result = asyncio.run(probe())
     finally:
         listener.close()
-    assert result.error == f"{url}/v1/completions: SSEError: a line of the event stream goes on past 65536 bytes " \
+    assert result.error == f"{url}/v1/completions: SSEError: a line of the event stream goes on past 65,536 bytes " \
                            "without an end", result.error
 
 
