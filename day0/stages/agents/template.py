@@ -43,16 +43,20 @@ def reference_template(declared: str | None, engine_template: Any) -> Template:
     whose text is a file name (the check would then fail on a typo, blaming the server)."""
     for value, where in ((declared, "agents.chat_template"), (engine_template, "engine.args.chat_template")):
         if isinstance(value, str) and value:
-            path = Path(value).expanduser()
+            # vLLM opens the engine's value as given; day0's own key may start with ~
+            path = Path(value).expanduser() if where.startswith("agents.") else Path(value)
             if os.path.lexists(path):
                 return Template(_read(path, where), f"{where} ({path})")
             if any(c in value for c in JINJA_CHARS):
                 return Template(value, f"{where} (inline)")
             bundled = _bundled(value)
-            if bundled is not None and bundled.is_file():
+            if bundled is None:  # vLLM may serve a template of that name: day0 cannot read it here
+                raise InputError(f"{where}: {value!r} is no file here, and vLLM is not installed beside day0 to read "
+                                 "its bundled template of that name; point agents.chat_template at the file")
+            if bundled.is_file():
                 return Template(_read(bundled, where), f"{where} (vLLM's {bundled.name})")
             raise InputError(f"{where}: {value!r} looks like a file path (no '{{', '}}' or newline), but there is no "
-                             f"such file{'' if bundled is None else ' nor a template of that name bundled with vLLM'}")
+                             "such file nor a template of that name bundled with vLLM")
     return Template(None, "the tokenizer's own (tokenizer_config.json)")
 
 

@@ -193,6 +193,18 @@ def test_a_template_path_is_read_as_vllm_reads_it_and_a_typo_is_named(tmp_path):
     assert bundled.source == "engine.args.chat_template (vLLM's template_chatml.jinja)" and "im_start" in bundled.text
 
 
+def test_a_bundled_template_name_without_vllm_beside_day0_is_could_not_measure(monkeypatch):
+    """vLLM is not one of day0's dependencies (a remote engine): a name vLLM may serve from its own
+    templates is not called a typo, it is said that day0 cannot read it here."""
+    import sys
+
+    from day0.core.inputs import InputError
+
+    monkeypatch.setitem(sys.modules, "vllm.transformers_utils.chat_templates.registry", None)
+    with pytest.raises(InputError, match="vLLM is not installed beside day0 to read its bundled template"):
+        reference_template(None, "template_chatml.jinja")
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
