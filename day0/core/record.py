@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 from day0.core import record_shape as shape
-from day0.core.inputs import read_regular, strict_json
+from day0.core.inputs import read_regular, size_text, strict_json
 from day0.core.outputs import write_file
 from day0.core.record_shape import (  # noqa: F401  (re-exported: the record's contract lives in one place)
     DIRECTIONS,
@@ -291,15 +291,16 @@ def record_text(obj: dict[str, Any], where: Path | str) -> str:
     Why count while encoding: indentation pads every item by its depth, so a 10 MB event log of
     deeply nested lists (a hand edit, a log from elsewhere) became a 560 MB run.json that no reader
     loads, built whole in memory first. A record that could not be read back is not written, and is
-    never built past the cap; its event log stays."""
+    never built past the cap; its event log stays. Read back (:func:`scrubbed`), a compact foreign
+    record that would pass the cap only once indented is refused the same way."""
     blocks: list[str] = []
     chunks: list[str] = []  # joined into a block every 64 Ki chunks: a small str costs ~50 bytes of its own
-    size = 0
+    size = 1  # the closing newline
     for chunk in json.JSONEncoder(indent=2).iterencode(obj):
         size += len(chunk)  # ASCII (ensure_ascii), so characters are bytes
         if size > MAX_RECORD_BYTES:
-            raise RecordError(where, f"the record would be over the {MAX_RECORD_BYTES >> 20} MiB a run record "
-                                     "may hold (a value too large or too deeply nested); not written")
+            raise RecordError(where, f"the record would be over the {size_text(MAX_RECORD_BYTES)} a run record "
+                                     "may hold, indented as run.json is (a value too large or too deeply nested)")
         chunks.append(chunk)
         if len(chunks) >= 1 << 16:
             blocks.append("".join(chunks))

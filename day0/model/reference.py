@@ -351,7 +351,7 @@ def host_reference_unavailable(model_dir: Path | str | None, *, headroom: float 
     try:
         config = read_json(root / "config.json", limit=MAX_CONFIG_BYTES, what="a config.json")
     except InputError as exc:  # a FIFO, a folder, 50 MB, not JSON: named, never waited on or read whole
-        return f"{root / 'config.json'} is unreadable ({exc})"
+        return str(exc)  # names the file and why
     if isinstance(config, dict) and config.get("quantization_config"):
         method = (config["quantization_config"] or {}).get("quant_method", "?")
         return f"the checkpoint is quantized ({method}): transformers does not reproduce vLLM's kernels for it"

@@ -739,3 +739,10 @@ def test_rebuild_refuses_a_record_that_indenting_would_put_past_the_cap(tmp_path
         rebuild(run)
     assert str(err.value).startswith(f"{run / 'run.json'}: the record would be over the 1 MiB")
     assert not (run / "run.json").exists() and log.read_bytes() == before
+    # the cap is what a reader takes, closing newline included: a record of exactly it is written
+    text = record_mod.record_text({"a": "x"}, "w")
+    monkeypatch.setattr(record_mod, "MAX_RECORD_BYTES", len(text))
+    assert record_mod.record_text({"a": "x"}, "w") == text
+    monkeypatch.setattr(record_mod, "MAX_RECORD_BYTES", len(text) - 1)
+    with pytest.raises(RecordError, match="^w: the record would be over the"):
+        record_mod.record_text({"a": "x"}, "w")
