@@ -15,6 +15,7 @@ from day0.stages.weights import (
     memory_checks,
     smoke_checks,
 )
+from day0.stages.weights.against_config import overridden_architectures
 from day0.stages.weights.beside import beside_checks
 from day0.stages.weights.memory import measure_weights
 
@@ -33,7 +34,8 @@ def test_checkpoint_audit(model_dir, day0_profile, day0_checks):
     """Index, shards, header offsets, dtypes/shapes vs config.json, parameter count, manifest."""
     w = day0_profile.weights
     day0_checks.extend(audit(model_dir, verify_manifest=w.verify_manifest, workers=w.hash_workers or None,
-                             manifest_name=w.manifest, max_checks_per_category=w.max_checks_per_category))
+                             manifest_name=w.manifest, max_checks_per_category=w.max_checks_per_category,
+                             architectures=overridden_architectures(day0_profile.engine.args)))
 
 
 def test_weight_memory_per_rank(day0_profile, day0_session, day0_checks):

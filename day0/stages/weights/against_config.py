@@ -13,10 +13,11 @@ unquantized model.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from day0.core.inputs import InputError, path_problem
 from day0.model.jsonfile import MAX_CONFIG_BYTES, read_json
@@ -64,9 +65,9 @@ def check_against_config(a: AuditRun) -> None:
     qnote = f", quantized ({quant.get('quant_method')})" if isinstance(quant, dict) else ""
     layers = config.get("num_hidden_layers")
     lnote = f"{layers} layers" if layers is not None else "no num_hidden_layers"
-    if names_no_model(config):
-        a.fail("weights.config", f"{CONFIG_NAME}: neither 'architectures' nor 'model_type' is set: vLLM "
-                                 "cannot tell which model class to load")
+    problem = model_class_problem(config, a.architectures)
+    if problem:
+        a.fail("weights.config", f"{CONFIG_NAME}: {problem}")
     else:
         a.ok("weights.config", f"{CONFIG_NAME}: {arch or 'architecture unknown to day0'}, {lnote}, {dtype}{qnote}")
     if not a.headers:
@@ -116,11 +117,35 @@ def read_config(a: AuditRun) -> dict[str, Any] | None:
     return config
 
 
-def names_no_model(config: dict[str, Any]) -> bool:
-    """No model class at all: vLLM's registry refuses empty ``architectures``, and transformers'
-    AutoConfig cannot map a config without ``model_type``; a model day0 merely does not know is
-    another matter (shapes skipped, the rest still judged)."""
-    return not config.get("architectures") and not config.get("model_type")
+def overridden_architectures(engine_args: Mapping[str, Any]) -> tuple[str, ...]:
+    """``engine.args.hf_overrides.architectures`` (a table, or the JSON text ``--hf-overrides`` takes)."""
+    overrides = engine_args.get("hf_overrides")
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except ValueError:
+            return ()
+    archs = overrides.get("architectures") if isinstance(overrides, Mapping) else None
+    archs = [archs] if isinstance(archs, str) else archs
+    return tuple(a for a in archs if isinstance(a, str) and a) if isinstance(archs, list) else ()
+
+
+def model_class_problem(config: dict[str, Any], overridden: Sequence[str] = ()) -> str:
+    """Why vLLM would not build a generative model class from this config.json ("" when it would).
+
+    Without ``architectures`` vLLM (``transformers_utils.config.get_config``) takes ``model_type``'s
+    base class from transformers' MODEL_MAPPING (``llama`` -> ``LlamaModel``: no LM head, a pooling
+    model), and without either it has no class at all; ``overridden`` is the engine's
+    ``hf_overrides.architectures``, which vLLM puts over the file's. A model day0 merely does not
+    know is another matter (its shapes are skipped, the rest still judged)."""
+    if config.get("architectures") or overridden:
+        return ""
+    model_type = config.get("model_type")
+    if not model_type:
+        return "neither 'architectures' nor 'model_type' is set: vLLM cannot tell which model class to load"
+    return (f"no 'architectures': vLLM would load model_type {str(model_type)[:64]!r} as transformers' base "
+            "class for it (no LM head: a pooling model, not one that generates); name the class here or in "
+            "engine.args.hf_overrides.architectures")
 
 
 def _architecture(a: AuditRun, config: dict[str, Any], archs: Any) -> tuple[str | None, str]:

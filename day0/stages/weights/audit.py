@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from day0.core.inputs import path_problem
 from day0.core.record import Check
@@ -33,15 +33,17 @@ def audit(
     progress: Progress = False,
     manifest_name: str = MANIFEST_NAME,
     max_checks_per_category: int = DEFAULT_MAX_CHECKS_PER_CATEGORY,
+    architectures: Sequence[str] = (),
 ) -> list[Check]:
     """Audit ``model_dir`` without loading tensor data; one check list, every problem in it.
 
     ``workers`` bounds the threads that read headers and hash files (default: usable CPUs).
     ``progress`` is True for a stderr bar, or a callable ``(bytes_done, bytes_total)`` for hashing.
     At most ``max_checks_per_category`` failed checks are emitted per category; the rest are
-    folded into one more failed check whose evidence table lists them all.
+    folded into one more failed check whose evidence table lists them all. ``architectures``: the
+    engine's ``hf_overrides.architectures``, which vLLM takes over config.json's.
     """
-    run = AuditRun(Path(model_dir), verify_manifest, workers, progress, manifest_name)
+    run = AuditRun(Path(model_dir), verify_manifest, workers, progress, manifest_name, architectures)
     try:
         with _gc_paused():
             run_steps(run)

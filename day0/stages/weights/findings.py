@@ -12,7 +12,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from day0.core.record import Check
 from day0.model.safetensors_header import ShardHeader
@@ -78,8 +78,9 @@ class AuditRun:
     """One audit run: collects findings per category, then renders them as checks."""
 
     def __init__(self, model_dir: Path, verify_manifest: bool, workers: int | None,
-                 progress: Progress, manifest_name: str) -> None:
+                 progress: Progress, manifest_name: str, architectures: Sequence[str] = ()) -> None:
         self.dir = model_dir
+        self.architectures = tuple(architectures)  # the engine's hf_overrides.architectures, over config.json's
         self.verify_manifest = verify_manifest
         self.workers = workers or manifest_mod.default_workers()
         self.progress = progress

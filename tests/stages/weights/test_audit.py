@@ -310,6 +310,23 @@ def test_config_that_names_no_model_fails_and_never_prints_none(ckpt: cf.Ckpt) -
     assert ok.status == "pass" and "no num_hidden_layers" in ok.message
 
 
+def test_a_config_without_architectures_is_a_base_model_to_vllm_unless_the_engine_names_one(ckpt: cf.Ckpt) -> None:
+    """vLLM maps a bare model_type to transformers' base class (llama -> LlamaModel: no LM head, a
+    pooling model), so a checkpoint day0 would judge as a causal LM is not what vLLM serves; the
+    engine's hf_overrides.architectures puts that right, as it does for vLLM."""
+    from day0.stages.weights.against_config import overridden_architectures
+
+    cf.write_config(ckpt, architectures=None)  # model_type stays
+    [c] = failures(audit(ckpt.dir), "weights.config")
+    assert "no 'architectures': vLLM would load model_type 'llama' as transformers' base class" in c.message
+    for args in ({"hf_overrides": {"architectures": ["LlamaForCausalLM"]}},
+                 {"hf_overrides": '{"architectures": ["LlamaForCausalLM"]}'}):
+        named = overridden_architectures(args)
+        assert named == ("LlamaForCausalLM",)
+        assert not failures(audit(ckpt.dir, architectures=named), "weights.config")
+    assert overridden_architectures({"hf_overrides": "not json"}) == () == overridden_architectures({})
+
+
 def test_config_with_wrong_layer_count_fails_shapes_and_count(ckpt: cf.Ckpt) -> None:
     cf.write_config(ckpt, num_hidden_layers=4)
     checks = audit(ckpt.dir)
