@@ -4,14 +4,18 @@ build 400 MB, ``"%999999999d" % 1`` ask for a gigabyte, and ``"x"|center(2000000
 ``"{:>200000000}".format(1)`` build 200 MB; a report page is about a megabyte.
 
 Each call that can build far more than it is given is sized from its arguments before it is made:
-the operators, ``str``'s padding, format, tab and replace methods, and the filters that pad, format,
-indent or slice. Not bounded: the time of a template's own loops (a site template is code its
-operator chose, as a conftest is; the record's own template folder is never used).
+the operators, ``str``'s padding, format, join, tab and replace methods, and the filters that pad,
+format, indent, join, wrap, dump JSON or slice. What is bounded is amplification: concatenation
+(``~``, ``+``) builds only the sum of what it is given, so a template builds more only by doing more.
+Not bounded: the time of a template's own loops (a site template is code its operator chose, as a
+conftest is; the record's own template folder is never used).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sized
 from functools import wraps
 from typing import Any, Callable
 
@@ -20,7 +24,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 MAX_BUILT = 1 << 24  # characters or items one operator or call may produce
 MAX_POWER_BITS = 1 << 20  # an integer power's size: 10 ** 10 ** 8 would hold the renderer for minutes
-_WIDTH = re.compile(r"%[-#0 +]*(\d+)?(?:\.(\d+))?")  # a %-format's width and precision
+_WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")  # a %-format's width, precision
 _BRACE_SPEC = re.compile(r"\{[^{}]*:([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")  # a str.format field's spec
 _DIGITS = re.compile(r"\d+")
 
@@ -35,18 +39,65 @@ def _int(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-def _percent_size(fmt: Any) -> int:
-    return max((int(w) for m in _WIDTH.finditer(str(fmt)) for w in m.groups() if w), default=0)
+def _widest(values: Any) -> int:
+    """The largest width any of ``values`` could give a field taking its width from an argument:
+    an int, digits as text, or either one level inside a list, tuple or dict (``{1[0]}``)."""
+    def one(v: Any) -> int:
+        if isinstance(v, str):
+            return int(v) if v.isdigit() and len(v) < 20 else 0
+        return _int(v)
+    out = 0
+    for v in values:
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        out = max(out, *(one(x) for x in inner), 0)
+    return out
+
+
+def _percent_size(fmt: Any, args: Any = ()) -> int:
+    """The widest field of a %-format; ``*`` takes its width from the arguments (``args``)."""
+    widths = [w for m in _WIDTH.finditer(str(fmt)) for w in m.groups() if w]
+    star = _widest(args if isinstance(args, (tuple, list)) else (args,)) if "*" in widths else 0
+    return max([int(w) for w in widths if w != "*"] + [star], default=0)
 
 
 def _format_size(fmt: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """The widest field of a ``str.format`` string: its specs' numbers, and any argument a nested
-    field (``{0:{1}}``) could take its width from."""
+    field (``{0:{1}}``, ``{0:{1[0]}}``) could take its width from."""
     specs = [m.group(1) for m in _BRACE_SPEC.finditer(str(fmt))]
     widths = [int(d) for s in specs for d in _DIGITS.findall(s)]
     if any("{" in s for s in specs):
-        widths += [_int(v) for v in (*args, *kwargs.values())]
+        widths.append(_widest((*args, *kwargs.values())))
     return max(widths, default=0)
+
+
+def _join_size(sep: Any, items: Any) -> int:
+    if not isinstance(items, Sized):
+        return 0
+    n = len(items)
+    own = sum(len(str(x)) for x in items) if isinstance(items, (list, tuple)) else 0
+    return own + len(str(sep)) * max(0, n - 1)
+
+
+def _wrap_size(s: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    text, width = str(s), max(1, _int(_arg(args, kwargs, 0, "width", 79)))
+    wrap = _arg(args, kwargs, 2, "wrapstring", None)
+    return len(text) + len(str(wrap) if wrap is not None else "\n") * (len(text) // width + 1)
+
+
+def _json_size(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """An indented dump's size, bounded above by the compact one's times the indent."""
+    indent = _int(_arg(args, kwargs, 0, "indent", None))
+    if indent <= 1:
+        return 0
+    try:
+        return len(json.dumps(value, default=str)) * indent
+    except (TypeError, ValueError, RecursionError):
+        return 0
+
+
+def _indent_size(v: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    width = _arg(args, kwargs, 0, "width", 4)
+    return (len(width) if isinstance(width, str) else _int(width)) * (str(v).count("\n") + 1)
 
 
 def _replace_size(s: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -62,6 +113,7 @@ STR_METHODS: dict[str, Sizer] = {
     "zfill": lambda s, a, k: _int(_arg(a, k, 0, "width")),
     "expandtabs": lambda s, a, k: s.count("\t") * _int(_arg(a, k, 0, "tabsize", 8)),
     "format": lambda s, a, k: _format_size(s, a, k),
+    "join": lambda s, a, k: _join_size(s, _arg(a, k, 0, "iterable", ())),
     "format_map": lambda s, a, k: _format_size(s, (), dict(a[0]) if a and isinstance(a[0], dict) else {}),
     "replace": _replace_size,
 }
@@ -69,8 +121,11 @@ STR_METHODS: dict[str, Sizer] = {
 #: Jinja2's filters that build more than they are given, sized from the value and the arguments
 FILTERS: dict[str, Sizer] = {
     "center": lambda v, a, k: _int(_arg(a, k, 0, "width", 80)),
-    "format": lambda v, a, k: _percent_size(v),  # do_format is `value % args`
-    "indent": lambda v, a, k: _int(_arg(a, k, 0, "width", 4)) * (str(v).count("\n") + 1),
+    "format": lambda v, a, k: _percent_size(v, tuple(a) or tuple(k.values())),  # do_format is `value % args`
+    "indent": _indent_size,
+    "join": lambda v, a, k: _join_size(_arg(a, k, 0, "d", ""), v),
+    "tojson": _json_size,
+    "wordwrap": _wrap_size,
     "replace": lambda v, a, k: _replace_size(v, a, k),
     "slice": lambda v, a, k: _int(_arg(a, k, 0, "slices")),
 }
@@ -110,8 +165,9 @@ class BoundedSandbox(SandboxedEnvironment):
             if right > 0 and right * max(1, abs(left).bit_length()) > MAX_POWER_BITS:
                 raise SecurityError(f"a power of {right * abs(left).bit_length()} bits, past {MAX_POWER_BITS}")
         elif operator == "%" and isinstance(left, str):
-            if _percent_size(left) > MAX_BUILT:
-                raise SecurityError(f"a format width of {_percent_size(left)}, past {MAX_BUILT}")
+            width = _percent_size(left, right.values() if isinstance(right, dict) else right)
+            if width > MAX_BUILT:
+                raise SecurityError(f"a format width of {width}, past {MAX_BUILT}")
         return super().call_binop(context, operator, left, right)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:

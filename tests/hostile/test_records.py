@@ -300,6 +300,15 @@ def test_a_site_template_cannot_run_code(tmp_path: Path) -> None:
     ('{{ "{0:{1}}".format(1, 200000000) }}', "template error: str.format of 200000000 items"),
     ('{{ ("x" * 1000000)|replace("x", "y" * 40) }}', "template error: the filter replace of 40000000 items"),
     ('{{ "x".rjust(200000000) }}', "template error: str.rjust of 200000000 items"),
+    # a review's routes past those: a keyed or starred %-width, a width given as text or in a list,
+    # join, wordwrap, tojson and indent amplifying what they are given
+    ("{{ '%(a)20000000s'|format(a=1) }}", "template error: the filter format of 20000000 items"),
+    ("{{ '%*d' % (20000000, 1) }}", "template error: a format width of 20000000"),
+    ("{{ '{0:{1[0]}}'.format(1, ['20000000']) }}", "template error: str.format of 20000000 items"),
+    ("{{ (['a'] * 20000)|join('x' * 1000) }}", "template error: the filter join of 20019000 items"),
+    ("{{ ('a ' * 200000)|wordwrap(2, wrapstring='y' * 100) }}", "template error: the filter wordwrap of"),
+    ("{{ (['a'] * 20)|tojson(indent=1000000) }}", "template error: the filter tojson of"),
+    ("{{ ('a' ~ '\n' ~ 'b')|indent('y' * 10000000) }}", "template error: the filter indent of 20000000 items"),
 ])
 def test_a_site_template_that_fails_or_builds_without_bound_is_one_line(tmp_path: Path, body: str, problem: str) -> None:
     site = tmp_path / "site"
