@@ -19,11 +19,12 @@ from day0.config.errors import SettingsError
 from day0.core.inputs import InputError, key_path, read_regular, strict_json
 
 DATASET_CAP = 2 << 30  # ShareGPT_V3_unfiltered_cleaned_split.json is ~670 MiB
-# Parsed, a JSON object or list costs Python a few hundred bytes whatever its size in the file: a
-# file of 300,000 empty conversations (13 MB) held 14 times its bytes, which at DATASET_CAP is ~28 GB.
-# Counting '{' and '[' before parsing bounds that part (an upper bound: text may hold them too);
-# ShareGPT V3's ~94,000 conversations of a few turns each are well under it.
-MAX_DATASET_CONTAINERS = 8_000_000
+# Parsed, a JSON object or list costs Python ~100-250 bytes whatever its size in the file: a file of
+# 300,000 empty conversations (13 MB) held 14 times its bytes, which at DATASET_CAP is ~28 GB.
+# Counting '{' and '[' before parsing bounds that part to a few GB. The count is an upper bound (text
+# holds them too: code in answers); ShareGPT V3's structure is ~1M of them in ~670 MiB, and its text
+# would need one in every ~25 bytes to reach the cap (not measured on the file: none on this box).
+MAX_DATASET_CONTAINERS = 32_000_000
 # vLLM bench's filter (benchmarks/datasets/datasets.py is_valid_sequence): prompt and output of at
 # least 4 tokens; without the engine's max_model_len, its defaults (prompt <= 1024, total <= 2048).
 MIN_TOKENS = 4
