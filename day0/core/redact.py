@@ -424,7 +424,8 @@ def _redact_value(m: re.Match[str]) -> str:
     name = groups.get("name")
     if name is not None and (not _text_names_secret(name) or _prose(m)):
         return m.group()
-    if groups.get("bare") == "expected" and _DIAGNOSIS.match(m.string, m.start("bare")):
+    if (groups.get("bare") == "expected" and _DIAGNOSIS.match(m.string, m.start("bare"))
+            and m.string[m.start():m.start("bare")].rstrip().endswith(":")):  # day0's `KEY: problem`, not `K=v`
         return m.group()
     digits_ok = bool(_DIGITS_SECRET_NAME.search(_CAMEL_HUMP.sub("_", name or "")))
     if groups.get("bare") is not None and not LETTER.search(groups["bare"]) and not digits_ok:

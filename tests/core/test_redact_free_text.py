@@ -516,3 +516,4 @@ def test_day0s_own_type_error_under_a_secret_name_keeps_its_words() -> None:
     assert Redactor().text(message) == message
     _gone(f"engine.env.HF_TOKEN: {SECRET} a string")
     _gone("HF_TOKEN: expected" + SECRET)
+    assert Redactor().text("PASSWORD=expected horse") == "PASSWORD=<redacted> horse"  # an assignment: a value
