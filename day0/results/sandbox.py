@@ -44,7 +44,7 @@ def _widest(values: Any) -> int:
     an int, digits as text, or either one level inside a list, tuple or dict (``{1[0]}``)."""
     def one(v: Any) -> int:
         if isinstance(v, str):
-            return int(v) if v.isdigit() and len(v) < 20 else 0
+            return int(v) if v.isascii() and v.isdigit() and len(v) < 20 else 0
         return _int(v)
     out = 0
     for v in values:
