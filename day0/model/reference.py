@@ -352,11 +352,20 @@ def host_reference_unavailable(model_dir: Path | str | None, *, headroom: float 
         config = read_json(root / "config.json", limit=MAX_CONFIG_BYTES, what="a config.json")
     except InputError as exc:  # a FIFO, a folder, 50 MB, not JSON: named, never waited on or read whole
         return str(exc)  # names the file and why
-    if isinstance(config, dict) and config.get("quantization_config"):
-        method = (config["quantization_config"] or {}).get("quant_method", "?")
+    if not isinstance(config, dict):
+        return f"{root / 'config.json'}: top level is {type(config).__name__}, not an object"
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else str(quant)[:64]
         return f"the checkpoint is quantized ({method}): transformers does not reproduce vLLM's kernels for it"
     width = _DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "float32"), 2)
-    need = sum(p.stat().st_size for p in root.glob("*.safetensors")) * (4 / width) * headroom
+    need = 0
+    for shard in sorted(root.glob("*.safetensors")):
+        try:
+            need += shard.stat().st_size
+        except OSError as exc:  # a dangling link: an HF cache whose blob is gone
+            return f"{shard}: cannot be read ({exc.strerror or exc})"
+    need *= (4 / width) * headroom
     have = _available_bytes()
     if have is not None and need > have:
         return (f"the float32 reference needs ~{need / 2**30:.1f} GiB of host memory, "

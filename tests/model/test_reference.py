@@ -249,3 +249,16 @@ def test_a_config_that_is_a_fifo_makes_the_reference_unavailable_without_waiting
     os.mkfifo(tmp_path / "config.json")
     why = host_reference_unavailable(tmp_path)
     assert why.startswith(f"{tmp_path / 'config.json'}: is a FIFO") and why.count(str(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("config, named", [
+    ("[]", "config.json: top level is list, not an object"),
+    ('{"quantization_config": "fp8"}', "the checkpoint is quantized (fp8)"),
+    ("{}", "model.safetensors: cannot be read (No such file or directory)"),
+], ids=["a-list", "quantization-a-string", "dangling-shard"])
+def test_a_broken_checkpoint_makes_the_reference_unavailable_naming_why_not_a_traceback(tmp_path, config, named):
+    """Parity, risks and the weights golden check ask this first; an AttributeError or a
+    FileNotFoundError here lost what those stages had already measured (a hunt)."""
+    (tmp_path / "config.json").write_text(config)
+    (tmp_path / "model.safetensors").symlink_to(tmp_path / "gone")  # an HF cache whose blob was deleted
+    assert named in host_reference_unavailable(tmp_path)
