@@ -46,13 +46,36 @@ def _skip(message: str) -> Check:
     return Check(id=CHECK_ID, title=TITLE, status="skip", message=message, source="profile")
 
 
+MAX_TASK_FILES = 10_000  # files mirrored from one task folder: lm-eval's own task tree is ~8,000
+
+
 def include_dir(settings: AccuracySettings, work: Path) -> Path:
-    """The shipped task YAMLs with their data file made absolute (lm-eval resolves it from the cwd)."""
+    """One folder for lm-eval's one ``--include_path`` (its CLI keeps only the last of several, and
+    its index does not follow a linked folder): the shipped task YAMLs with their data file made
+    absolute (lm-eval resolves it from the cwd), and each of ``task_paths`` mirrored under
+    ``site-N/``, folders made and files linked, so a task's ``!function utils.x`` and ``include:``
+    still find their neighbours. TaskError names a task path that is no folder."""
     work.mkdir(parents=True, exist_ok=True)
     for yaml in TASK_DIR.glob("*.yaml"):
         data = TASK_DIR / (yaml.stem + ".jsonl")
         write_file(work / yaml.name, yaml.read_text(encoding="utf-8").replace("DATA_FILE", str(data)))
+    for i, folder in enumerate(settings.task_paths):
+        _mirror(Path(folder).expanduser(), work / f"site-{i}", f"risks.accuracy.task_paths[{i}]")
     return work
+
+
+def _mirror(src: Path, dest: Path, key: str) -> None:
+    if not src.is_dir():
+        raise TaskError(f"{key}: {src} is not a folder of lm-eval task YAMLs")
+    count = 0
+    for parent, dirs, files in os.walk(src):  # not into linked folders: a loop cannot hold it
+        here = dest / Path(parent).relative_to(src)
+        here.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            count += 1
+            if count > MAX_TASK_FILES:
+                raise TaskError(f"{key}: {src} holds more than {MAX_TASK_FILES:,} files; name the task folder itself")
+            (here / name).symlink_to(Path(parent, name).absolute())
 
 
 @dataclass
@@ -193,7 +216,10 @@ def check_tasks(endpoint: Endpoint, profile: Any, run_dir: Path) -> Check:
     if reason is not None:
         return _skip(f"not verified: no transformers reference for the tasks here: {reason}")
     work = Path(run_dir) / "lm-eval"
-    include = [include_dir(settings, work / "tasks"), *(Path(p) for p in settings.task_paths)]
+    try:
+        include = [include_dir(settings, work / "tasks")]
+    except TaskError as exc:
+        return Check(id=CHECK_ID, title=TITLE, status="error", message=str(exc), source="profile")
     tok = local_model_dir(profile) or model_dir
     served = (f"model={endpoint.model},base_url={endpoint.base_url}/v1/completions,tokenizer={tok},"
               f"tokenized_requests=False,max_retries=1,num_concurrent=1")

@@ -530,6 +530,29 @@ def test_the_shipped_task_files_are_package_data_and_name_their_data(tmp_path):
     assert len((TASK_DIR / "day0_tiny_qa.jsonl").read_text().splitlines()) >= 30
 
 
+def test_task_paths_join_the_shipped_tasks_in_the_one_folder_lm_eval_reads(tmp_path):
+    """lm-eval's CLI keeps only the last --include_path (a hunt parsed day0's argv with it): the
+    shipped task and all but the last task folder vanished. Each folder is now mirrored under one
+    include folder, its helpers beside its YAML; a task path that is no folder is named by its key."""
+    from day0.stages.risks.task_accuracy import LmEval, TaskError, include_dir
+
+    sites = [tmp_path / "a", tmp_path / "b" / "deep"]
+    for i, site in enumerate(sites):
+        site.mkdir(parents=True)
+        (site / f"task{i}.yaml").write_text(f"task: site_task_{i}\n")
+        (site / "utils.py").write_text("def f(x):\n    return x\n")
+    settings = AccuracySettings(task_paths=[str(s) for s in sites])
+    folder = include_dir(settings, tmp_path / "t")
+    assert sorted(str(p.relative_to(folder)) for p in folder.glob("**/*.yaml")) == [
+        "day0_tiny_qa.yaml", "site-0/task0.yaml", "site-1/task1.yaml"]
+    assert (folder / "site-1" / "utils.py").read_text().startswith("def f")
+    cmd = LmEval("hf", "pretrained=m", tmp_path / "o").command(["t"], [folder])
+    assert cmd.count("--include_path") == 1
+    (tmp_path / "file.yaml").write_text("task: x\n")
+    with pytest.raises(TaskError, match=r"^risks.accuracy.task_paths\[1\]: .*file.yaml is not a folder"):
+        include_dir(AccuracySettings(task_paths=[str(sites[0]), str(tmp_path / "file.yaml")]), tmp_path / "t2")
+
+
 def test_a_tasks_score_is_read_under_the_key_its_task_reports():
     """Only exact_match,none was read: gsm8k reports exact_match,strict-match and an acc task acc,none,
     and either was a KeyError traceback instead of a check."""
