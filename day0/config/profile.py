@@ -14,7 +14,6 @@ table (``kvcache``, ``weights``, ``preflight``, ``topology``, ``latency`` with `
 from __future__ import annotations
 
 import copy
-import math
 import os
 import re
 import reprlib
@@ -35,7 +34,7 @@ from day0.config.latency import LatencySection, SlaSection
 from day0.config.parity import ParitySection
 from day0.config.preflight import PreflightSection
 from day0.config.risks import RisksSection
-from day0.config.section import Section
+from day0.config.section import ENV_NAME, Section, checked_args, checked_env
 from day0.config.tiny import TinySpec
 from day0.config.topology import TopologySection
 from day0.config.weights import WeightsSection
@@ -44,8 +43,6 @@ from day0.core.inputs import InputError, decode_utf8, path_problem, read_regular
 from day0.core.redact import Redactor
 
 PRESETS_DIR = Path(__file__).with_name("presets")
-# A name a POSIX shell can export: [engine.env] names reach every node's `export NAME=...` (ssh).
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_PROFILE = "cpu-tiny"
 # Bounds on what a profile file may be. A real profile is a few KB, extends one or two others and
 # nests tables four deep; far past that it is a generated or corrupted file, refused in one line
@@ -111,16 +108,7 @@ class EngineSection(Section):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        """Names a shell can export: each goes into the environment of every rank on every node,
-        over ssh by ``export NAME=...``, where ``X=1;touch f`` would run and ``NCCL-DEBUG`` would
-        kill the rank before vLLM starts."""
-        for name in value:
-            if not ENV_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, "
-                                 "not starting with a digit)")
-            if "\0" in str(value[name]):  # the value unshown: it may be a secret
-                raise ValueError(f"{name}: its value holds a NUL byte, which no environment variable can")
-        return value
+        return checked_env(value)
 
     @field_validator("api_key_env")
     @classmethod
@@ -135,18 +123,7 @@ class EngineSection(Section):
     @field_validator("args")
     @classmethod
     def _finite_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """Passed through unchanged, so outside the sections' own ``allow_inf_nan = False``: a nan here
-        was shown as "not set" by `profile show` while vLLM got ``--gpu-memory-utilization nan``."""
-        def walk(v: Any, path: str) -> None:
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{path}: {v} is not a finite number")
-            if isinstance(v, str) and "\0" in v:  # an argument of the engine's command line
-                raise ValueError(f"{path}: holds a NUL byte, which no command-line argument can")
-            for k, item in (v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()):
-                walk(item, f"{path}.{k}")
-        for key, item in value.items():
-            walk(item, key)
-        return value
+        return checked_args(value)
 
     @model_validator(mode="after")
     def _url(self) -> "EngineSection":

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from day0.config.section import Section
+from day0.config.section import Section, checked_args, checked_env
 
 # A fixed evaluation text: plain prose that any tokenizer splits into ordinary tokens. Only the
 # first ``max_tokens`` tokens are scored, so the same text serves a 384-token toy vocabulary and
@@ -78,6 +78,18 @@ class AccuracySettings(_Table):
     task_paths: list[str] = []
     max_task_delta: float = Field(0.05, ge=0, le=1)  # accuracy points, as a fraction
     task_timeout_s: float = Field(600, gt=0)  # per side
+
+    @field_validator("reference_env")
+    @classmethod
+    def _reference_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return checked_env(value)  # merged into a reference engine's [engine.env]: the same rules
+
+    @field_validator("reference_args")
+    @classmethod
+    def _reference_args(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, args in enumerate(value):  # merged into a reference engine's [engine.args] without a second check
+            checked_args(args, f"[{i}].")
+        return value
 
     @model_validator(mode="after")
     def _args(self) -> "AccuracySettings":

@@ -230,6 +230,14 @@ def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
     ('[engine.env]\n"X=1;touch f;Y" = "v"\n', "engine.env: 'X=1;touch f;Y' is not an environment variable name"),
     ('[engine.env]\nNCCL-DEBUG = "INFO"\n', "engine.env: 'NCCL-DEBUG' is not an environment variable name"),
     ('[topology]\nhosts = ["gpu01", "-Eday0-ssh.log"]\n', "topology.hosts: '-Eday0-ssh.log' is not a host name"),
+    # a reference engine's env and args are merged into [engine.env] and [engine.args] unchecked (a hunt)
+    ('[risks.accuracy]\nreference_env = { "X=1;touch /tmp/pwn" = "v" }\n',
+     "risks.accuracy.reference_env: 'X=1;touch /tmp/pwn' is not an environment variable name"),
+    ('[risks.accuracy]\nreference_env = { NCCL_DEBUG = "a\\u0000b" }\n', "NCCL_DEBUG: its value holds a NUL byte"),
+    ('[risks.accuracy]\nreference_args = [{ gpu_memory_utilization = nan }]\n',
+     "risks.accuracy.reference_args: [0].gpu_memory_utilization: nan is not a finite number"),
+    ('[risks.accuracy]\nreference_args = [{}, { dtype = "bf\\u0000loat16" }]\n',
+     "risks.accuracy.reference_args: [1].dtype: holds a NUL byte"),
 ])
 def test_names_that_reach_a_remote_shell_or_ssh_are_refused_in_one_line(tmp_path, text, message):
     """An [engine.env] name goes to every node as `export NAME=...`, a host to ssh's argv: a name

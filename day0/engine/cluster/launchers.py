@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
-from day0.config.profile import ENV_NAME
+from day0.config.section import ENV_NAME
 from day0.engine.process import die_with_parent
 
 
