@@ -40,7 +40,9 @@ class IsolationSettings(_Table):
     # cache_salt to a per-tenant value; "none": requests carry no salt. Measured as declared.
     salt: Literal["per_tenant", "none"] = "per_tenant"
     # Prompt length of the probes: long enough to span many KV blocks and make a cache hit visible.
-    prompt_tokens: int = Field(1024, ge=64)
+    # At most 2^24, as parity's long context: past every context window, and each probe's prompt is
+    # built whole in memory (~18 MiB a million tokens) before the first request.
+    prompt_tokens: int = Field(1024, ge=64, le=1 << 24)
     timing_samples: int = Field(5, ge=1, le=100)  # TTFT samples per side (hit, miss)
     # Declared, not measured: what keeps tenants apart outside the engine; a person confirms
     # these at sign-off. Empty with tenants > 1 fails the check (nothing to confirm).
@@ -114,7 +116,7 @@ class CostSettings(_Table):
     max_per_million_output_tokens: Optional[float] = Field(None, gt=0)
     max_per_hour: Optional[float] = Field(None, gt=0)
     # Own short measurement when stage 3 did not record latency.output_throughput in this run.
-    measure_requests: int = Field(8, ge=1)
+    measure_requests: int = Field(8, ge=1, le=100_000)  # a short measurement; its requests are held in memory
 
 
 class RisksSection(Section):

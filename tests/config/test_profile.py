@@ -227,6 +227,18 @@ def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
 
 
 @pytest.mark.parametrize("text, message", [
+    ("[risks.isolation]\nprompt_tokens = 100000000000\n", "risks.isolation.prompt_tokens: input should be less than"),
+    ("[risks.cost]\nmeasure_requests = 1000000000000\n", "risks.cost.measure_requests: input should be less than"),
+])
+def test_risks_sizes_that_would_be_built_in_memory_are_bounded(tmp_path, text, message):
+    """10^11 prompt tokens were accepted, about 5 TB of prompts built before the first request (a hunt)."""
+    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p.toml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text, message", [
     ('[engine.env]\n"X=1;touch f;Y" = "v"\n', "engine.env: 'X=1;touch f;Y' is not an environment variable name"),
     ('[engine.env]\nNCCL-DEBUG = "INFO"\n', "engine.env: 'NCCL-DEBUG' is not an environment variable name"),
     ('[topology]\nhosts = ["gpu01", "-Eday0-ssh.log"]\n', "topology.hosts: '-Eday0-ssh.log' is not a host name"),
