@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from day0.core.events import EVENTS_FILE
+from day0.core.terminal import Terminal
 from day0.device_check.runner import DeviceRun, HardStop, Options
 from day0.device_check.steps import model_steps, token_steps
 from day0.device_check.sweep import sweep_steps
@@ -85,12 +86,15 @@ def options(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         raise UsageError(f"--out {out}: exists and is not a folder")
     if (out / EVENTS_FILE).exists():
         raise UsageError(f"--out {out}: holds an earlier run's {EVENTS_FILE}; pick an empty folder")
+    work_dir = Path(args.work_dir).resolve() if args.work_dir else None
+    if work_dir is not None and work_dir.exists() and not work_dir.is_dir():  # before the event log is begun
+        raise UsageError(f"--work-dir {work_dir}: exists and is not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot be created ({exc.strerror or exc})") from None
     return Options(out=out, budget_s=float(args.budget_s), grace_s=float(args.grace_s), model_dir=model_dir,
-                   work_dir=Path(args.work_dir).resolve() if args.work_dir else None,
+                   work_dir=work_dir,
                    max_new_tokens=args.max_new_tokens, top_k=args.top_k,
                    margins={"float32": args.margin_float32, "bfloat16": args.margin_bfloat16},
                    intra_node=args.intra_node)
@@ -135,7 +139,7 @@ def run_args(args: argparse.Namespace) -> int:
     try:
         opts = options(args)
     except UsageError as exc:
-        print(f"day0 device-check: {exc}", file=sys.stderr)
+        print(Terminal().line(f"day0 device-check: {exc}"), file=sys.stderr)  # paths as given: escaped
         return 2
     return execute(opts)
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, TextIO
 from day0.core.events import EVENTS_FILE, EventLog, rebuild
 from day0.core.outputs import open_output, write_file
 from day0.core.record import RUN_FILE, Check, jsonable
+from day0.core.terminal import Terminal
 
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"
 STAGES = ("device", "collectives")
@@ -131,7 +132,7 @@ class DeviceRun:
     def progress(self, message: str) -> None:
         """One line on stderr and in device-check.log, stamped with the time since the start."""
         line = f"[device-check {self.elapsed():7.1f}s] {message}"
-        print(line, file=self.stream, flush=True)
+        print(Terminal(self.events.redactor).line(line), file=self.stream, flush=True)  # paths, errors: escaped
         self.log(line + "\n")
 
     def log(self, text: str) -> None:

@@ -101,6 +101,23 @@ def test_out_must_be_a_fresh_folder(tmp_path, capsys):
     assert "cannot be created" in capsys.readouterr().err
 
 
+def test_a_work_dir_that_is_a_file_is_refused_before_anything_is_written(tmp_path, capsys):
+    """It was a FileExistsError traceback (exit 1) after the event log had begun, and the left
+    events.jsonl refused every rerun into the same --out (a hunt)."""
+    (tmp_path / "a.toml").write_text("x")
+    assert main(["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "a.toml")]) == 2
+    assert f"--work-dir {tmp_path / 'a.toml'}: exists and is not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "events.jsonl").exists()
+
+
+def test_a_path_with_escapes_is_printed_escaped(tmp_path, capsys):
+    """A window title, a cleared screen and reversed text came from --model-dir's name as given."""
+    name = "x\x1b]0;pwned\x07\x1b[2J\u202e"
+    assert main(["--out", str(tmp_path / "out"), "--model-dir", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert "no config.json there" in err and "\x1b" not in err and "\u202e" not in err and "\x07" not in err
+
+
 def test_malformed_command_line_is_argparse_exit_2():
     with pytest.raises(SystemExit) as exc:
         main(["--budget-s", "soon"])
