@@ -211,10 +211,15 @@ def _cmd_weights_golden(args: argparse.Namespace) -> int:
     profile = profiles.load_profile(args.profile)
     term = Terminal(profile.redactor())
     if args.reference == "transformers":  # no engine: an independent implementation reads the same shards
+        from day0.model.reference import host_reference_unavailable
+
         model_dir = local_model_dir(profile)
         if model_dir is None:
             raise ValueError(f"{args.profile}: model: not a folder on this machine; --reference transformers "
                              "reads the checkpoint locally")
+        why = host_reference_unavailable(model_dir)  # as the stage asks: float32 on this host, not the OOM killer
+        if why:
+            raise ValueError(f"--reference transformers: {why}")
         path = write_reference_golden(model_dir, Path(args.out), model=served_name(profile))
         term.print(f"wrote {path}")
         return 0

@@ -102,6 +102,18 @@ def test_weights_golden_with_the_transformers_reference(tmp_path, capsys):
     assert all(len(p["sequence"]["top_logprobs"]) == GOLDEN_TOKENS for p in data["prompts"])
 
 
+def test_weights_golden_with_transformers_asks_first_whether_the_host_can_hold_it(tmp_path, capsys, monkeypatch):
+    """The stage asks host_reference_unavailable before it loads a float32 copy; the command went
+    straight to loading, so a checkpoint past the host's memory met the OOM killer (a hunt)."""
+    import day0.model.reference as reference
+
+    monkeypatch.setattr(reference, "_available_bytes", lambda: 1)
+    assert main(["weights", "golden", "--reference", "transformers", "-o", str(tmp_path / "g.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("day0: --reference transformers: the float32 reference needs ~") and err.count("\n") == 1
+    assert not (tmp_path / "g.json").exists()
+
+
 # --------------------------------------------------------------------------- one command, one module
 
 
