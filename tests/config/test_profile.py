@@ -191,6 +191,14 @@ def test_the_schema_describes_every_section(capsys):
     assert "origin" not in schema["properties"] and schema["additionalProperties"] is False
 
 
+def _refused(tmp_path, text: str) -> str:
+    """The one-line refusal of a profile that extends cpu-tiny with ``text``."""
+    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p.toml")
+    return str(err.value)
+
+
 @pytest.mark.parametrize("text, message", [
     ("[latency]\nnum_request = 8\n", "latency.num_request: unknown key; did you mean 'num_requests'?"),
     ('[latency]\nendpoint = "embeddings"\n', "latency.endpoint: expected 'completions' or 'chat', got 'embeddings'"),
@@ -220,10 +228,8 @@ def test_the_schema_describes_every_section(capsys):
      "latency.search.start_concurrency: 9 is above max_concurrency (4)"),
 ])
 def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
-    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
-    with pytest.raises(ProfileError) as err:
-        load_profile(tmp_path / "p.toml")
-    assert message in str(err.value) and "\n" not in str(err.value)
+    err = _refused(tmp_path, text)
+    assert message in err and "\n" not in err
 
 
 @pytest.mark.parametrize("text, message", [
@@ -232,10 +238,8 @@ def test_latency_and_sla_are_typed_like_every_section(tmp_path, text, message):
 ])
 def test_risks_sizes_that_would_be_built_in_memory_are_bounded(tmp_path, text, message):
     """10^11 prompt tokens were accepted, about 5 TB of prompts built before the first request (a hunt)."""
-    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
-    with pytest.raises(ProfileError) as err:
-        load_profile(tmp_path / "p.toml")
-    assert message in str(err.value) and "\n" not in str(err.value)
+    err = _refused(tmp_path, text)
+    assert message in err and "\n" not in err
 
 
 @pytest.mark.parametrize("text, message", [
@@ -254,10 +258,8 @@ def test_risks_sizes_that_would_be_built_in_memory_are_bounded(tmp_path, text, m
 def test_names_that_reach_a_remote_shell_or_ssh_are_refused_in_one_line(tmp_path, text, message):
     """An [engine.env] name goes to every node as `export NAME=...`, a host to ssh's argv: a name
     that is not one would run as shell, kill the rank, or be read as an option."""
-    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
-    with pytest.raises(ProfileError) as err:
-        load_profile(tmp_path / "p.toml")
-    assert message in str(err.value) and "\n" not in str(err.value)
+    err = _refused(tmp_path, text)
+    assert message in err and "\n" not in err
 
 
 @pytest.mark.parametrize("table", [
@@ -350,10 +352,8 @@ def test_latency_and_sla_load_typed_with_any_percentile_limit(tmp_path):
     ("[compare]\nspread_k = inf\n", "compare.spread_k: "),
 ])
 def test_collectives_and_compare_are_typed_like_every_section(tmp_path, text, message):
-    (tmp_path / "p.toml").write_text(f'extends = "cpu-tiny"\n{text}')
-    with pytest.raises(ProfileError) as err:
-        load_profile(tmp_path / "p.toml")
-    assert message in str(err.value) and "\n" not in str(err.value) and "p.toml: " in str(err.value)
+    err = _refused(tmp_path, text)
+    assert message in err and "\n" not in err and "p.toml: " in err
 
 
 def test_an_unknown_collectives_key_on_the_command_line_is_named_with_a_suggestion():
