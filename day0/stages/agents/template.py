@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from day0.core.inputs import InputError, decode_utf8, read_regular
+from day0.core.inputs import InputError, read_text
 from day0.core.record import Check
 from day0.stages.agents.corpus import Conversation
 
@@ -61,8 +61,7 @@ def reference_template(declared: str | None, engine_template: Any) -> Template:
 
 
 def _read(path: Path, where: str) -> str:
-    data = read_regular(path, "chat template", MAX_TEMPLATE_BYTES, label=f"{where}: {path}")
-    return decode_utf8(data, f"{where}: {path}")
+    return read_text(path, "chat template", cap=MAX_TEMPLATE_BYTES, label=f"{where}: {path}")
 
 
 def _bundled(name: str) -> Path | None:
